@@ -1,0 +1,20 @@
+"""Flower client per local objective; YAML's ``client.method`` selects one here."""
+
+from __future__ import annotations
+
+import importlib
+
+# method name -> "module:Class" (imported lazily so one broken method can't break others)
+CLIENTS: dict[str, str] = {
+    "fedavg": "clients.fedavg:FedAvgClient",
+}
+
+
+def client_class(method: str):
+    if method not in CLIENTS:
+        from fedrcl_flwr.config import ConfigError
+
+        raise ConfigError(f"'client.method' must be one of {', '.join(sorted(CLIENTS))}, "
+                          f"got {method!r}")
+    module, cls = CLIENTS[method].split(":")
+    return getattr(importlib.import_module(module), cls)

@@ -1,0 +1,187 @@
+"""The Flower client every local objective builds on.
+
+A method is a subclass that declares its hyper-parameters (``defaults``) and its loss
+terms (:meth:`loss_terms`); optional hooks let it read what the server sent
+(:meth:`on_round_start`), transform batches (:meth:`batch_transform`), restrict the trained
+parameters (:meth:`trainable_parameters`) and report or upload after training
+(:meth:`on_round_end`). The training loop itself lives in ``fedrcl_flwr.training`` and is
+shared by all methods.
+
+Which data a client trains on: in simulation the server assigns a partition id per
+round (``partition_id`` in the fit config; sampling depends only on the seed and round);
+on a real device the node's own data (node-config ``data-path``) is used instead.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from flwr.client import NumPyClient
+
+from fedrcl_flwr import runtime
+from fedrcl_flwr.config import ConfigError, ExperimentConfig
+from fedrcl_flwr.training import (
+    LocalTrainSettings,
+    LossTerm,
+    batch_size_for,
+    cross_entropy_term,
+    round_lr,
+    train_local,
+)
+
+
+@dataclass
+class LocalData:
+    """A client's view of its training data: the shared dataset plus its indices."""
+
+    dataset: Any
+    indices: np.ndarray
+    labels: np.ndarray
+    num_classes: int
+
+    @property
+    def size(self) -> int:
+        return int(len(self.indices))
+
+    def class_counts(self) -> np.ndarray:
+        return np.bincount(self.labels[self.indices], minlength=self.num_classes)
+
+
+def resolve_params(method: str, defaults: dict, given: dict) -> dict:
+    """Merge ``client.params`` over a method's defaults; unknown keys are an error."""
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        allowed = ", ".join(sorted(defaults)) or "(none)"
+        raise ConfigError(f"client.params: unknown key(s) {', '.join(unknown)} for method "
+                          f"'{method}' (allowed: {allowed})")
+    out = dict(defaults)
+    for k, v in given.items():
+        d = defaults[k]
+        if isinstance(d, bool) != isinstance(v, bool) or (
+            isinstance(d, (int, float)) and not isinstance(v, (int, float))
+        ) or (isinstance(d, str) and not isinstance(v, str)) or (
+            isinstance(d, list) and not isinstance(v, list)
+        ):
+            raise ConfigError(f"client.params.{k} for method '{method}' must be "
+                              f"{type(d).__name__}, got {v!r}")
+        out[k] = float(v) if isinstance(d, float) and not isinstance(v, bool) else v
+    return out
+
+
+class FederatedClient(NumPyClient):
+    """Base client: cross-entropy on the local data with the shared training loop."""
+
+    method = "base"
+    defaults: dict = {}
+
+    def __init__(self, cfg: ExperimentConfig, *, local_data: Optional[LocalData] = None,
+                 partition_id: Optional[int] = None, state_dir: Optional[str] = None):
+        self.cfg = cfg
+        self.p = resolve_params(self.method, self.defaults, cfg.client.params)
+        self._fixed_data = local_data
+        self.default_partition_id = partition_id
+        self.state_dir = state_dir
+        self.device = runtime.pick_device(cfg.client.device)
+        self.model: Optional[torch.nn.Module] = None
+        self.global_weights: Optional[list] = None
+        self.server_round = 0
+        self.partition_id = -1
+        self.data: Optional[LocalData] = None
+
+    # ------------------------------------------------------------------ hooks
+    def loss_terms(self) -> list[LossTerm]:
+        """Named, weighted loss terms of this method (default: cross-entropy)."""
+        return [cross_entropy_term()]
+
+    def on_round_start(self, config: dict) -> None:
+        """Read extras the server sent (after the global weights are loaded)."""
+
+    def batch_transform(self):
+        """Optional ``f(x, y, model) -> (x, y, extra)`` applied before each forward."""
+        return None
+
+    def trainable_parameters(self) -> Optional[list]:
+        """Parameters to optimise (default: all that require grad)."""
+        return None
+
+    def on_round_end(self, metrics: dict) -> None:
+        """Add method metrics / uploads (``bytes`` values allowed) after training."""
+
+    # --------------------------------------------------------------- plumbing
+    def local_data(self, partition_id: int) -> LocalData:
+        if self._fixed_data is not None:
+            return self._fixed_data
+        bundle = runtime.load_bundle(self.cfg)
+        parts = runtime.client_partitions(self.cfg)
+        if not 0 <= partition_id < len(parts):
+            raise ValueError(f"partition id {partition_id} out of range "
+                             f"(num_clients={len(parts)})")
+        return LocalData(bundle.train, parts[partition_id], bundle.train_labels,
+                         bundle.num_classes)
+
+    def _model(self) -> torch.nn.Module:
+        bundle = runtime.load_bundle(self.cfg) if self._fixed_data is None else None
+        if bundle is None:
+            from types import SimpleNamespace
+
+            d = self._fixed_data
+            x0, _ = d.dataset[int(d.indices[0])]
+            bundle = SimpleNamespace(num_classes=d.num_classes, in_channels=x0.shape[0],
+                                     image_size=x0.shape[-1])
+        return runtime.worker_model(self.cfg, bundle, self.device)
+
+    def get_parameters(self, config):
+        return runtime.get_weights(self._model())
+
+    def fit(self, parameters, config):
+        t0 = time.time()
+        c = self.cfg.client
+        self.server_round = int(config.get("server_round", 1))
+        pid = config.get("partition_id", self.default_partition_id)
+        self.partition_id = int(pid) if pid is not None else -1
+        self.data = self.local_data(self.partition_id)
+        seed = runtime.client_seed(self.cfg.seed, self.server_round, self.partition_id)
+        torch.manual_seed(seed)
+        np.random.seed(seed % (2**32))
+
+        self.model = self._model()
+        runtime.set_weights(self.model, parameters)
+        self.global_weights = parameters
+        self.on_round_start(config)
+
+        bs = batch_size_for(self.data.size, c.batch_size, c.iterations_per_epoch)
+        batches = runtime.make_batches(self.data.dataset, self.data.indices, bs, seed)
+        settings = LocalTrainSettings(
+            lr=float(config.get("lr", round_lr(c.lr, c.lr_decay, self.server_round))),
+            epochs=c.local_epochs, momentum=c.momentum, weight_decay=c.weight_decay,
+            grad_clip=c.grad_clip, iterations_per_epoch=c.iterations_per_epoch,
+        )
+        stats = train_local(self.model, batches, self.loss_terms(), settings, self.device,
+                            transform=self.batch_transform(),
+                            params=self.trainable_parameters())
+        metrics: dict = {
+            "partition_id": self.partition_id,
+            "train_loss": stats.loss,
+            "steps": stats.steps,
+            "fit_time_s": time.time() - t0,
+        }
+        for name, value in stats.terms.items():
+            metrics[f"loss_{name}"] = value
+        self.on_round_end(metrics)
+        return runtime.get_weights(self.model), self.data.size, metrics
+
+    def evaluate(self, parameters, config):
+        """Local evaluation on the client's training data (federated evaluation)."""
+        from fedrcl_flwr.evaluation import evaluate_model
+        from torch.utils.data import Subset
+
+        pid = config.get("partition_id", self.default_partition_id)
+        data = self.local_data(int(pid) if pid is not None else -1)
+        model = self._model()
+        runtime.set_weights(model, parameters)
+        res = evaluate_model(model, Subset(data.dataset, data.indices.tolist()), self.device)
+        return res.loss, res.num_samples, {"accuracy": res.accuracy}

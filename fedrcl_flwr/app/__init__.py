@@ -1,0 +1,1 @@
+"""Flower adapters: the ServerApp and ClientApp (the only Flower code in ``fedrcl_flwr``)."""

@@ -1,0 +1,54 @@
+"""Flower ClientApp: builds the configured method's client for each message.
+
+Data: a node-config ``data-path`` (an ``.npz`` file with x_train/y_train/x_test/y_test
+or an image-folder tree) makes the client train on that local data (real devices);
+otherwise it trains on the partition the server assigns (simulation), falling back to
+the node-config ``partition-id``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.client import ClientApp
+from flwr.common import Context
+
+from clients import client_class
+from clients.base import LocalData
+from fedrcl_flwr.app.common import config_from_run_config, quiet
+
+
+_DEVICE_DATA: dict = {}
+
+
+def _device_data(path: str, cfg) -> LocalData:
+    """The node's own training data, loaded once per process."""
+    if path in _DEVICE_DATA:
+        return _DEVICE_DATA[path]
+    from fedrcl_flwr.data.datasets import load_dataset
+
+    name = "npz" if path.endswith(".npz") else "imagefolder"
+    d = cfg.dataset
+    bundle = load_dataset(name, root=path, path=path, download=False, augment=d.augment,
+                          normalize=d.normalize, image_size=d.image_size, seed=cfg.seed)
+    data = LocalData(bundle.train, np.arange(len(bundle.train_labels)), bundle.train_labels,
+                     bundle.num_classes)
+    _DEVICE_DATA[path] = data
+    return data
+
+
+def client_fn(context: Context):
+    quiet()
+    cfg = config_from_run_config(context.run_config)
+    torch.set_num_threads(max(1, int(cfg.simulation.num_cpus)))
+    node = context.node_config
+    local = None
+    if node.get("data-path"):
+        local = _device_data(str(node["data-path"]), cfg)
+    pid = node.get("partition-id")
+    cls = client_class(cfg.client.method)
+    return cls(cfg, local_data=local,
+               partition_id=int(pid) if pid is not None else None).to_client()
+
+
+app = ClientApp(client_fn=client_fn)

@@ -1,0 +1,53 @@
+"""Reading the experiment from Flower's run config (shared by ServerApp and ClientApp).
+
+Run-config keys (declared in ``pyproject.toml`` under ``[tool.flwr.app.config]``):
+
+* ``experiment`` - YAML path, absolute or relative to the app directory
+* ``overrides``  - ``;``-separated dotted ``key=value`` pairs applied on top
+* ``output-dir`` - absolute output directory (empty: ``output.dir`` from the YAML)
+* ``resume``     - ``true`` to continue the run found in the output directory
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+from fedrcl_flwr.config import ExperimentConfig, load_config
+
+APP_DIR = Path(__file__).resolve().parents[2]
+
+
+def resolve_experiment_path(path: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        p = APP_DIR / p
+    return p
+
+
+@lru_cache(maxsize=8)
+def _load(path: str, overrides: str) -> ExperimentConfig:
+    items = [s.strip() for s in overrides.split(";") if s.strip()]
+    return load_config(resolve_experiment_path(path), items)
+
+
+def config_from_run_config(run_config: dict) -> ExperimentConfig:
+    return _load(str(run_config.get("experiment", "experiments/quickstart.yaml")),
+                 str(run_config.get("overrides", "")))
+
+
+def output_dir_from_run_config(run_config: dict, cfg: ExperimentConfig) -> Path:
+    out = str(run_config.get("output-dir", "") or "")
+    return Path(out).expanduser() if out else cfg.output_dir().resolve()
+
+
+def quiet(verbose: bool = False) -> None:
+    """Silence library noise unless FEDRCL_VERBOSE=1."""
+    if verbose or os.environ.get("FEDRCL_VERBOSE") == "1":
+        return
+    warnings.filterwarnings("ignore")
+    for name in ("flwr", "ray"):
+        logging.getLogger(name).setLevel(logging.WARNING)

@@ -1,0 +1,114 @@
+"""Flower ServerApp: builds the configured strategy, the centralised evaluation and the
+run's recorder (metrics.jsonl, summary.json, model, plot, checkpoints)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from flwr.common import Context
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+
+from fedrcl_flwr import runtime
+from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
+from fedrcl_flwr.checkpoint import load_checkpoint, rng_states, save_checkpoint
+from fedrcl_flwr.config import dump_config
+from fedrcl_flwr.evaluation import EMATracker, evaluate_model
+from fedrcl_flwr.results import CONFIG_FILE, RunRecorder, format_round_line
+from strategies import strategy_class
+
+
+def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
+    """Strategy + number of rounds left to run (also used in-process by tests)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bundle = runtime.load_bundle(cfg)
+    model = runtime.initial_model(cfg, bundle)
+    device = runtime.pick_device(cfg.client.device)
+    eval_model = runtime.new_model(cfg, bundle).to(device)
+    ema = EMATracker(cfg.evaluation.ema)
+    ckpt = load_checkpoint(out_dir) if resume else None
+    done = int(ckpt["round"]) if ckpt else 0
+    recorder = RunRecorder(out_dir, method=cfg.client.method, strategy=cfg.server.strategy,
+                           rounds=cfg.federation.rounds,
+                           target_rounds=cfg.evaluation.target_rounds,
+                           elapsed_before=float(ckpt["wall_time_s"]) if ckpt else 0.0)
+    if ckpt:
+        recorder.load_existing(done)
+        ema.value = ckpt["ema"]
+    else:
+        recorder.metrics_path.unlink(missing_ok=True)
+    dump_config(cfg, out_dir / CONFIG_FILE)
+    groups = getattr(bundle, "test_domains", None)
+    if groups is not None and len(set(groups.tolist())) < 2:
+        groups = None
+
+    def evaluate_fn(rnd: int, weights):
+        runtime.set_weights(eval_model, weights)
+        res = evaluate_model(eval_model, bundle.test, device,
+                             batch_size=cfg.evaluation.batch_size, groups=groups,
+                             group_names=getattr(bundle, "domain_names", None))
+        metrics = {"test_accuracy": res.accuracy, "ema_accuracy": ema.update(res.accuracy)}
+        if res.per_group:
+            metrics["domain_accuracy"] = res.per_group
+        every = cfg.evaluation.representation_every
+        if every and rnd % every == 0:
+            from fedrcl_flwr.representation import representation_record
+
+            metrics.update(representation_record(eval_model, bundle.test, device))
+        return res.loss, metrics
+
+    strategy = None
+
+    def on_record(rec: dict) -> None:
+        rec["wall_time_s"] = round(recorder.wall_time(), 3)
+        recorder.append(rec)
+        print(format_round_line(rec, cfg.federation.rounds), flush=True)
+        if rec["round"] >= cfg.federation.rounds:
+            state = None
+            if cfg.output.save_model:
+                runtime.set_weights(eval_model, strategy.weights)
+                state = {k: v.detach().cpu() for k, v in eval_model.state_dict().items()}
+            recorder.finish(state)
+
+    def on_checkpoint(rnd: int) -> None:
+        every = cfg.output.checkpoint_every
+        if every and (rnd % every == 0 or rnd == cfg.federation.rounds):
+            save_checkpoint(out_dir, {
+                "round": rnd, "strategy": strategy.state_dict(), "ema": ema.value,
+                "wall_time_s": recorder.wall_time(), "rng": rng_states(),
+            })
+
+    cls = strategy_class(cfg.server.strategy)
+    strategy = cls(
+        initial_weights=runtime.get_weights(model), trainable=runtime.trainable_mask(model),
+        num_clients=cfg.federation.num_clients,
+        clients_per_round=cfg.federation.sampled_per_round(),
+        rounds=cfg.federation.rounds, seed=cfg.seed, weighting=cfg.server.weighting,
+        eval_every=cfg.federation.eval_every, params=cfg.server.params,
+        evaluate_fn=evaluate_fn, on_record=on_record, on_checkpoint=on_checkpoint,
+        max_consecutive_failed_rounds=cfg.federation.max_consecutive_failed_rounds,
+        expected_nodes=expected_nodes, round_offset=done,
+    )
+    if ckpt:
+        strategy.load_state_dict(ckpt["strategy"])
+    if done >= cfg.federation.rounds:
+        recorder.finish(None)
+    return strategy, max(cfg.federation.rounds - done, 0)
+
+
+def server_fn(context: Context):
+    quiet()
+    cfg = config_from_run_config(context.run_config)
+    torch.set_num_threads(max(1, int(cfg.simulation.num_cpus)))
+    out_dir = output_dir_from_run_config(context.run_config, cfg)
+    resume = str(context.run_config.get("resume", "false")).lower() in ("1", "true", "yes")
+    nodes = context.run_config.get("expected-nodes", 0) or None
+    strategy, rounds_left = build_server(cfg, out_dir, resume=resume,
+                                         expected_nodes=int(nodes) if nodes else None)
+    print(f"[fedrcl-flwr] {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
+          f"{rounds_left} rounds to run, output {out_dir}", file=sys.stderr, flush=True)
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds_left))
+
+
+app = ServerApp(server_fn=server_fn)

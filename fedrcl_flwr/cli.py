@@ -1,0 +1,142 @@
+"""Command line: ``fedrcl-flwr run | report | partition``.
+
+Exit codes: 0 success, 2 bad input (configuration or command line), 1 failed run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from fedrcl_flwr.config import ConfigError, apply_overrides, config_from_dict, read_yaml
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # exit 2 with one line, as argparse does, but no usage spam
+        self.print_usage(sys.stderr)
+        print(f"fedrcl-flwr: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _load(path: str, sets: list[str], out: str | None):
+    data = read_yaml(path)
+    overrides = list(sets or [])
+    if out:
+        overrides.append(("output.dir", str(Path(out).resolve())))
+    if overrides:
+        data = apply_overrides(data, overrides)
+    cfg = config_from_dict(data, f"{path} (with overrides)" if overrides else str(path))
+    from fedrcl_flwr.app.validate import validate_components
+
+    validate_components(cfg)
+    return cfg
+
+
+def cmd_run(args) -> int:
+    from fedrcl_flwr.config import dump_config, load_config
+    from fedrcl_flwr.runner import RunFailed, run_simulation_via_flower
+
+    if args.resume:
+        run_dir = Path(args.resume).resolve()
+        cfg_file = run_dir / "config.yaml"
+        if not cfg_file.exists():
+            raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a run dir)")
+        if not (run_dir / "checkpoint.pt").exists():
+            raise ConfigError(f"--resume {run_dir}: no checkpoint.pt there (start runs with "
+                              "output.checkpoint_every > 0 to be able to resume them)")
+        sets = list(args.set or []) + [f"output.dir={run_dir}"]
+        cfg = _load(str(cfg_file), sets, None)
+        out_dir = run_dir
+    else:
+        if not args.experiment:
+            raise ConfigError("give an EXPERIMENT.yaml (or --resume DIR)")
+        cfg = _load(args.experiment, args.set, args.out)
+        out_dir = cfg.output_dir().resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, out_dir / "config.yaml")
+    print(f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
+          f"{cfg.federation.num_clients} clients, {cfg.federation.sampled_per_round()} per "
+          f"round, {cfg.federation.rounds} rounds -> {out_dir}", flush=True)
+    t0 = time.time()
+    try:
+        summary = run_simulation_via_flower(cfg, out_dir, resume=bool(args.resume),
+                                            verbose=args.verbose)
+    except RunFailed as exc:
+        print(f"fedrcl-flwr: run failed: {exc}", file=sys.stderr)
+        return 1
+    acc = summary.get("final_accuracy")
+    ema = summary.get("ema_accuracy")
+    print(f"fedrcl-flwr: done in {time.time() - t0:.0f}s: final accuracy "
+          f"{100 * (acc or 0):.2f}%, EMA {100 * (ema or 0):.2f}% -> {out_dir}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from fedrcl_flwr.results import report_table
+
+    try:
+        print(report_table([Path(d) for d in args.dirs]))
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    return 0
+
+
+def cmd_partition(args) -> int:
+    from fedrcl_flwr.data.partition import PartitionError
+    from fedrcl_flwr.data.report import class_counts, format_counts_table, plot_counts_heatmap
+    from fedrcl_flwr.runtime import client_partitions, load_bundle
+
+    cfg = _load(args.experiment, args.set, None)
+    bundle = load_bundle(cfg)
+    try:
+        parts = client_partitions(cfg)
+    except PartitionError as exc:
+        raise ConfigError(f"{args.experiment}: {exc}") from None
+    counts = class_counts(parts, bundle.train_labels, bundle.num_classes)
+    print(format_counts_table(counts, max_rows=args.max_rows))
+    if args.plot:
+        plot_counts_heatmap(counts, args.plot, title=f"{cfg.name}: {cfg.partition.scheme}")
+        print(f"heatmap written to {args.plot}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fedrcl-flwr", description=__doc__.splitlines()[0])
+    p.add_argument("--verbose", action="store_true", help="show Flower/Ray logs")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    r = sub.add_parser("run", help="run an experiment as a Flower simulation")
+    r.add_argument("experiment", nargs="?", help="experiment YAML")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key (dotted), repeatable")
+    r.add_argument("--out", help="output directory (overrides output.dir)")
+    r.add_argument("--resume", metavar="DIR", help="continue the run in DIR")
+    r.add_argument("--verbose", action="store_true", help="show Flower/Ray logs")
+    r.set_defaults(func=cmd_run)
+    rep = sub.add_parser("report", help="Markdown table from run directories")
+    rep.add_argument("dirs", nargs="+")
+    rep.set_defaults(func=cmd_report)
+    pa = sub.add_parser("partition", help="print / plot the client split of an experiment")
+    pa.add_argument("experiment")
+    pa.add_argument("--set", action="append", metavar="KEY=VALUE")
+    pa.add_argument("--plot", metavar="FILE.png")
+    pa.add_argument("--max-rows", type=int, default=None)
+    pa.set_defaults(func=cmd_partition)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"fedrcl-flwr: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedrcl-flwr: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

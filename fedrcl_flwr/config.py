@@ -1,0 +1,471 @@
+"""Experiment configuration: a typed schema with defaults, YAML loading, dotted overrides.
+
+An experiment is one YAML file whose top-level sections map onto the dataclasses below.
+Every key is checked on load: unknown keys, wrong types and out-of-range values raise a
+single :class:`ConfigError` that names the offending key and the file it came from.
+
+Overrides use dotted keys, e.g. ``client.lr=0.05`` or ``partition.alpha=0.1``; values are
+parsed as YAML scalars (``true``, ``0.3``, ``[0, 1]``, ``null``) and then validated like
+keys in the file.
+
+Method- and strategy-specific parameters live in the free-form mappings ``client.params``
+and ``server.params``; each client or strategy validates its own keys when it is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Raised for any invalid experiment configuration (bad key, type or value)."""
+
+
+# --------------------------------------------------------------------------------------
+# Schema
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class SyntheticConfig:
+    """Parameters of the embedded synthetic image dataset (``dataset.name: synthetic``)."""
+
+    num_train: int = 20000
+    num_test: int = 4000
+    num_classes: int = 10
+    image_size: int = 32
+    channels: int = 3
+    subclusters: int = 3  # sub-clusters per class (intra-class structure)
+    num_domains: int = 1  # >1: restyled "domains" for inter-domain splits
+
+
+@dataclass
+class DatasetConfig:
+    """Which data to use and how to load it.
+
+    ``name``: synthetic | cifar10 | cifar100 | mnist | fmnist | svhn | usps | stl10 |
+    imagefolder | npz. ``root`` is where torchvision datasets / image folders live;
+    ``path`` is the ``.npz`` file for ``npz``; ``download`` lets torchvision fetch
+    missing data (needs a network).
+    """
+
+    name: str = "synthetic"
+    root: str = "~/data"
+    path: Optional[str] = None
+    download: bool = False
+    augment: bool = True
+    normalize: bool = True
+    image_size: Optional[int] = None
+    val_fraction: float = 0.0
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass
+class PartitionConfig:
+    """How the training set is split over clients (see ``fedrcl_flwr.data.partition``)."""
+
+    scheme: str = "dirichlet"  # iid | dirichlet | shards | domain
+    alpha: float = 0.3
+    balanced: bool = True
+    shards_per_client: int = 2
+    min_size: int = 10
+    domains_per_client: int = 1
+
+
+@dataclass
+class ModelConfig:
+    """Model from the registry in ``fedrcl_flwr.models`` (e.g. resnet18_gn, cnn5, cnn4)."""
+
+    name: str = "cnn5"
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class FederationConfig:
+    """Size of the federation. Give ``participation`` (fraction) or ``clients_per_round``."""
+
+    num_clients: int = 100
+    rounds: int = 50
+    participation: Optional[float] = 0.05
+    clients_per_round: Optional[int] = None
+    eval_every: int = 1
+    max_consecutive_failed_rounds: int = 3
+
+    def sampled_per_round(self) -> int:
+        if self.clients_per_round is not None:
+            return self.clients_per_round
+        assert self.participation is not None
+        return max(1, int(round(self.participation * self.num_clients)))
+
+
+@dataclass
+class ClientConfig:
+    """Local objective and local optimisation (identical for every method).
+
+    ``lr`` at round t (1-based) is ``lr * lr_decay ** (t - 1)``; a fresh SGD optimiser is
+    built every round. ``iterations_per_epoch`` (if set) overrides ``batch_size`` so that
+    one local epoch is exactly that many steps (the FedRCL authors use 10).
+    """
+
+    method: str = "fedavg"
+    params: dict = field(default_factory=dict)
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    lr_decay: float = 0.998
+    momentum: float = 0.0
+    weight_decay: float = 1e-3
+    local_epochs: int = 5
+    batch_size: int = 50
+    iterations_per_epoch: Optional[int] = None
+    grad_clip: Optional[float] = 10.0
+    device: str = "auto"  # auto | cpu | cuda
+
+
+@dataclass
+class ServerConfig:
+    """Server rule (``strategy``) and its parameters (``params``)."""
+
+    strategy: str = "fedavg"
+    weighting: str = "uniform"  # uniform | samples
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class EvaluationConfig:
+    """Centralised evaluation of the global model. EMA_t = ema*EMA_{t-1} + (1-ema)*acc_t."""
+
+    ema: float = 0.9
+    target_rounds: list = field(default_factory=list)
+    batch_size: int = 500
+    representation_every: int = 0  # >0: representation metrics every k rounds
+
+
+@dataclass
+class SimulationConfig:
+    """Flower simulation resources: per-client CPUs/GPUs and Ray's init caps."""
+
+    num_cpus: int = 1
+    num_gpus: float = 0.0
+    init_num_cpus: Optional[int] = None
+    init_num_gpus: Optional[float] = None
+    num_supernodes: Optional[int] = None  # default: federation.num_clients
+
+
+@dataclass
+class OutputConfig:
+    """Where results go. ``dir`` is relative to the working directory unless absolute."""
+
+    dir: str = "runs/{name}"
+    checkpoint_every: int = 0
+    save_model: bool = True
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "experiment"
+    seed: int = 0
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    simulation: SimulationConfig = field(default_factory=SimulationConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def output_dir(self) -> Path:
+        return Path(self.output.dir.format(name=self.name)).expanduser()
+
+
+# --------------------------------------------------------------------------------------
+# Range checks (key -> predicate, message). Types are checked from the annotations.
+# --------------------------------------------------------------------------------------
+
+_DATASETS = (
+    "synthetic", "cifar10", "cifar100", "mnist", "fmnist", "svhn", "usps", "stl10",
+    "imagefolder", "npz",
+)
+
+_CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
+    "seed": (lambda v: v >= 0, "must be >= 0"),
+    "dataset.name": (lambda v: v in _DATASETS, f"must be one of {', '.join(_DATASETS)}"),
+    "dataset.val_fraction": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
+    "dataset.image_size": (lambda v: v is None or v >= 8, "must be >= 8"),
+    "dataset.synthetic.num_train": (lambda v: v >= 1, "must be >= 1"),
+    "dataset.synthetic.num_test": (lambda v: v >= 1, "must be >= 1"),
+    "dataset.synthetic.num_classes": (lambda v: v >= 2, "must be >= 2"),
+    "dataset.synthetic.image_size": (lambda v: v >= 8, "must be >= 8"),
+    "dataset.synthetic.channels": (lambda v: v >= 1, "must be >= 1"),
+    "dataset.synthetic.subclusters": (lambda v: v >= 1, "must be >= 1"),
+    "dataset.synthetic.num_domains": (lambda v: v >= 1, "must be >= 1"),
+    "partition.scheme": (
+        lambda v: v in ("iid", "dirichlet", "shards", "domain"),
+        "must be one of iid, dirichlet, shards, domain",
+    ),
+    "partition.alpha": (lambda v: v > 0, "must be > 0"),
+    "partition.shards_per_client": (lambda v: v >= 1, "must be >= 1"),
+    "partition.min_size": (lambda v: v >= 0, "must be >= 0"),
+    "partition.domains_per_client": (lambda v: v >= 1, "must be >= 1"),
+    "federation.num_clients": (lambda v: v >= 1, "must be >= 1"),
+    "federation.rounds": (lambda v: v >= 1, "must be >= 1"),
+    "federation.participation": (
+        lambda v: v is None or 0.0 < v <= 1.0, "must be in (0, 1]"
+    ),
+    "federation.clients_per_round": (lambda v: v is None or v >= 1, "must be >= 1"),
+    "federation.eval_every": (lambda v: v >= 1, "must be >= 1"),
+    "federation.max_consecutive_failed_rounds": (lambda v: v >= 1, "must be >= 1"),
+    "client.optimizer": (lambda v: v in ("sgd",), "must be 'sgd'"),
+    "client.lr": (lambda v: v > 0, "must be > 0"),
+    "client.lr_decay": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "client.momentum": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "client.weight_decay": (lambda v: v >= 0, "must be >= 0"),
+    "client.local_epochs": (lambda v: v >= 1, "must be >= 1"),
+    "client.batch_size": (lambda v: v >= 1, "must be >= 1"),
+    "client.iterations_per_epoch": (lambda v: v is None or v >= 1, "must be >= 1"),
+    "client.grad_clip": (lambda v: v is None or v > 0, "must be > 0 (or null)"),
+    "client.device": (lambda v: v in ("auto", "cpu", "cuda"), "must be auto, cpu or cuda"),
+    "server.weighting": (
+        lambda v: v in ("uniform", "samples"), "must be 'uniform' or 'samples'"
+    ),
+    "evaluation.ema": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "evaluation.target_rounds": (
+        lambda v: all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in v),
+        "must be a list of positive integers",
+    ),
+    "evaluation.batch_size": (lambda v: v >= 1, "must be >= 1"),
+    "evaluation.representation_every": (lambda v: v >= 0, "must be >= 0"),
+    "simulation.num_cpus": (lambda v: v >= 1, "must be a whole number >= 1"),
+    "simulation.num_gpus": (lambda v: v >= 0, "must be >= 0"),
+    "simulation.init_num_cpus": (lambda v: v is None or v >= 1, "must be >= 1"),
+    "simulation.init_num_gpus": (lambda v: v is None or v >= 0, "must be >= 0"),
+    "simulation.num_supernodes": (lambda v: v is None or v >= 1, "must be >= 1"),
+    "output.checkpoint_every": (lambda v: v >= 0, "must be >= 0"),
+}
+
+
+# --------------------------------------------------------------------------------------
+# Building dataclasses from mappings, with checks
+# --------------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args) + " or null"
+    if origin is not None:
+        return origin.__name__
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
+    """Check ``value`` against annotation ``tp``; ints are accepted for floats."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key, source)
+            except ConfigError:
+                pass
+        raise ConfigError(
+            f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} "
+            f"({value!r})"
+        )
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif tp is dict or origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        if value is None:
+            return {}
+    elif tp is list or origin is list:
+        if isinstance(value, list):
+            return list(value)
+    elif dataclasses.is_dataclass(tp):
+        if value is None:
+            value = {}
+        if isinstance(value, dict):
+            return _build(tp, value, key, source)
+    else:  # pragma: no cover - schema uses only the types above
+        return value
+    raise ConfigError(
+        f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} ({value!r})"
+    )
+
+
+def _build(cls: type, data: dict, prefix: str, source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in names:
+            where = f"{prefix}.{k}" if prefix else str(k)
+            allowed = ", ".join(sorted(names))
+            raise ConfigError(f"{source}: unknown key '{where}' (allowed here: {allowed})")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            key = f"{prefix}.{f.name}" if prefix else f.name
+            kwargs[f.name] = _coerce(data[f.name], hints[f.name], key, source)
+    return cls(**kwargs)
+
+
+def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
+    for key, (pred, msg) in _CHECKS.items():
+        value = get_key(cfg, key)
+        if not pred(value):
+            raise ConfigError(f"{source}: '{key}' {msg}, got {value!r}")
+    fed = cfg.federation
+    if fed.participation is None and fed.clients_per_round is None:
+        raise ConfigError(
+            f"{source}: set one of 'federation.participation' or "
+            "'federation.clients_per_round'"
+        )
+    if fed.clients_per_round is not None and fed.clients_per_round > fed.num_clients:
+        raise ConfigError(
+            f"{source}: 'federation.clients_per_round' ({fed.clients_per_round}) exceeds "
+            f"'federation.num_clients' ({fed.num_clients})"
+        )
+    if cfg.dataset.name == "npz" and not cfg.dataset.path:
+        raise ConfigError(f"{source}: 'dataset.path' is required when dataset.name is npz")
+    if cfg.partition.scheme == "domain" and cfg.dataset.name == "synthetic":
+        if cfg.dataset.synthetic.num_domains < 2:
+            raise ConfigError(
+                f"{source}: 'partition.scheme' domain needs "
+                "'dataset.synthetic.num_domains' >= 2"
+            )
+    if not cfg.name or any(c in cfg.name for c in "/\\"):
+        raise ConfigError(f"{source}: 'name' must be a non-empty name without slashes")
+    _check_registries(cfg, source)
+
+
+def _check_registries(cfg: ExperimentConfig, source: str) -> None:
+    """Names that select code (model) are checked here; methods/strategies by their
+    registries (imported lazily to keep this module free of Flower)."""
+    from fedrcl_flwr.models import MODEL_NAMES
+
+    if cfg.model.name not in MODEL_NAMES:
+        raise ConfigError(
+            f"{source}: 'model.name' must be one of {', '.join(sorted(MODEL_NAMES))}, "
+            f"got {cfg.model.name!r}"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------
+
+
+def get_key(cfg: Any, dotted: str) -> Any:
+    obj = cfg
+    for part in dotted.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``key=value`` (value as a YAML scalar/list) into ``(key, value)``."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{text}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override '{text}': value is not valid YAML ({exc})") from None
+    return key, value
+
+
+def apply_overrides(data: dict, overrides: list[str] | list[tuple[str, Any]]) -> dict:
+    """Apply dotted overrides to a raw mapping (before validation)."""
+    data = _deepcopy(data)
+    for item in overrides:
+        key, value = parse_override(item) if isinstance(item, str) else item
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override '{key}': '{part}' is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _deepcopy(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _deepcopy(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_deepcopy(v) for v in d]
+    return d
+
+
+def config_from_dict(data: dict, source: str = "<config>") -> ExperimentConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping of sections")
+    cfg = _build(ExperimentConfig, data, "", source)
+    _check_ranges(cfg, source)
+    return cfg
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"experiment file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load, override and validate an experiment YAML file."""
+    data = read_yaml(path)
+    if overrides:
+        data = apply_overrides(data, overrides)
+        source = f"{path} (with overrides)"
+    else:
+        source = str(path)
+    return config_from_dict(data, source)
+
+
+def to_dict(cfg: ExperimentConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:
+    """Write the resolved config (after defaults and overrides) as YAML."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

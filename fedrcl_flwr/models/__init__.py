@@ -1,0 +1,59 @@
+"""Model registry: YAML's ``model.name`` selects a builder here.
+
+Every model follows one interface: ``model(x)`` returns logits; ``model(x,
+return_features=True)`` returns ``(logits, feats)`` where ``feats`` maps tap names to
+pooled ``(B, C)`` tensors and always contains ``"penultimate"`` (the input of the final
+linear classifier ``model.fc``). ``model.levels`` lists the taps in network order.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import nn
+
+
+def _resnet18_gn(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
+    from fedrcl_flwr.models.resnet import ResNet18GN
+
+    return ResNet18GN(num_classes=num_classes, in_channels=in_channels,
+                      image_size=image_size, **params)
+
+
+def _cnn4(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
+    from fedrcl_flwr.models.cnn import CNN4
+
+    return CNN4(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
+                **params)
+
+
+def _cnn5(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
+    from fedrcl_flwr.models.cnn import CNN5
+
+    return CNN5(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
+                **params)
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {
+    "resnet18_gn": _resnet18_gn,
+    "cnn4": _cnn4,
+    "cnn5": _cnn5,
+}
+MODEL_NAMES = frozenset(MODELS)
+
+
+def register_model(name: str, builder: Callable[..., nn.Module]) -> None:
+    """Add a model builder ``builder(num_classes, in_channels, image_size, **params)``."""
+    MODELS[name] = builder
+    global MODEL_NAMES
+    MODEL_NAMES = frozenset(MODELS)
+
+
+def build_model(name: str, *, num_classes: int, in_channels: int, image_size: int,
+                params: dict | None = None) -> nn.Module:
+    if name not in MODELS:
+        raise ValueError(f"unknown model '{name}' (known: {', '.join(sorted(MODELS))})")
+    try:
+        return MODELS[name](num_classes, in_channels, image_size, **(params or {}))
+    except TypeError as exc:
+        raise ValueError(f"model '{name}': bad model.params ({exc})") from None

@@ -1,0 +1,199 @@
+"""What a run leaves on disk, and reading it back.
+
+Files in a run directory:
+
+* ``config.yaml``   - the resolved experiment (defaults + overrides)
+* ``metrics.jsonl`` - one JSON object per evaluated round
+* ``summary.json``  - method, strategy, final/EMA accuracy, accuracy at target rounds, time
+* ``model.pt``      - the final global model's state_dict
+* ``accuracy.png``  - test accuracy and EMA accuracy per round
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.yaml"
+MODEL_FILE = "model.pt"
+PLOT_FILE = "accuracy.png"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item"):
+        return _clean(value.item())
+    return value
+
+
+def format_round_line(rec: dict, total_rounds: int) -> str:
+    """One concise progress line for a round."""
+    parts = [f"round {rec['round']:>4}/{total_rounds}"]
+    if rec.get("test_accuracy") is not None:
+        parts.append(f"acc {100 * rec['test_accuracy']:6.2f}%")
+    if rec.get("ema_accuracy") is not None:
+        parts.append(f"ema {100 * rec['ema_accuracy']:6.2f}%")
+    if rec.get("test_loss") is not None:
+        parts.append(f"test_loss {rec['test_loss']:.4f}")
+    if rec.get("train_loss") is not None:
+        parts.append(f"train_loss {rec['train_loss']:.4f}")
+    parts.append(f"clients {rec.get('num_clients', 0)}")
+    if rec.get("failures"):
+        parts.append(f"failures {rec['failures']}")
+    parts.append(f"{rec.get('round_time_s', 0.0):.1f}s")
+    return " | ".join(parts)
+
+
+class RunRecorder:
+    """Appends round records, writes the summary, plot and model at the end."""
+
+    def __init__(self, out_dir: Path, *, method: str, strategy: str, rounds: int,
+                 target_rounds: Iterable[int] = (), start_time: Optional[float] = None,
+                 elapsed_before: float = 0.0):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.method = method
+        self.strategy = strategy
+        self.rounds = rounds
+        self.target_rounds = sorted(set(int(r) for r in target_rounds))
+        self.start = start_time if start_time is not None else time.time()
+        self.elapsed_before = elapsed_before
+        self.records: list[dict] = []
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.out_dir / METRICS_FILE
+
+    def wall_time(self) -> float:
+        return self.elapsed_before + time.time() - self.start
+
+    def load_existing(self, up_to_round: int) -> None:
+        """Resume: keep records up to ``up_to_round`` and truncate the file to them."""
+        self.records = [r for r in read_metrics(self.out_dir) if r["round"] <= up_to_round]
+        atomic_write_text(self.metrics_path,
+                          "".join(json.dumps(r) + "\n" for r in self.records))
+
+    def append(self, record: dict) -> dict:
+        record = _clean(record)
+        self.records.append(record)
+        with open(self.metrics_path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+        return record
+
+    def summary(self) -> dict:
+        evaluated = [r for r in self.records if r.get("test_accuracy") is not None]
+        last = evaluated[-1] if evaluated else {}
+        accuracy_at = {}
+        for t in self.target_rounds:
+            upto = [r for r in evaluated if r["round"] <= t]
+            accuracy_at[str(t)] = upto[-1]["ema_accuracy"] if upto else None
+        return {
+            "method": self.method,
+            "strategy": self.strategy,
+            "rounds": last.get("round", 0),
+            "final_accuracy": last.get("test_accuracy"),
+            "final_loss": last.get("test_loss"),
+            "ema_accuracy": last.get("ema_accuracy"),
+            "best_accuracy": max((r["test_accuracy"] for r in evaluated), default=None),
+            "accuracy_at": accuracy_at,
+            "wall_time_s": round(self.wall_time(), 3),
+        }
+
+    def finish(self, model_state: Optional[dict] = None) -> dict:
+        summary = self.summary()
+        atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+        if model_state is not None:
+            import torch
+
+            tmp = self.out_dir / (MODEL_FILE + ".tmp")
+            torch.save(model_state, tmp)
+            os.replace(tmp, self.out_dir / MODEL_FILE)
+        plot_accuracy(self.records, self.out_dir / PLOT_FILE,
+                      title=f"{self.method} + {self.strategy}")
+        return summary
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a torn last line from a killed run
+    return out
+
+
+def plot_accuracy(records: list[dict], path: Path, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rs = [r for r in records if r.get("test_accuracy") is not None]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if rs:
+        x = [r["round"] for r in rs]
+        ax.plot(x, [100 * r["test_accuracy"] for r in rs], label="test accuracy", alpha=0.6)
+        ax.plot(x, [100 * r["ema_accuracy"] for r in rs], label="EMA accuracy")
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def report_table(run_dirs: list[Path]) -> str:
+    """Markdown table (method, strategy, EMA accuracy at each target round, final accuracy)."""
+    rows = []
+    targets: set[str] = set()
+    for d in run_dirs:
+        p = Path(d) / SUMMARY_FILE
+        if not p.exists():
+            raise FileNotFoundError(f"{d}: no {SUMMARY_FILE} (is this a finished run dir?)")
+        s = json.loads(p.read_text())
+        rows.append((Path(d).name, s))
+        targets.update((s.get("accuracy_at") or {}).keys())
+    tcols = sorted(targets, key=int)
+
+    def pct(v):
+        return "-" if v is None else f"{100 * v:.2f}"
+
+    header = ["run", "method", "strategy"] + [f"EMA@{t}" for t in tcols] + [
+        "EMA final", "final acc", "rounds", "time (s)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, s in rows:
+        at = s.get("accuracy_at") or {}
+        cells = [name, str(s.get("method")), str(s.get("strategy"))]
+        cells += [pct(at.get(t)) for t in tcols]
+        cells += [pct(s.get("ema_accuracy")), pct(s.get("final_accuracy")),
+                  str(s.get("rounds")), f"{s.get('wall_time_s', 0):.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

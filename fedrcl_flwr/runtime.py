@@ -1,0 +1,157 @@
+"""Per-process building blocks shared by the server and the clients (no Flower here).
+
+A Ray worker (or a SuperNode's ClientApp process) loads the dataset and computes the
+partition once and keeps them for every round and every virtual client it serves; clients
+only hold index arrays into the one shared training set. Models are built once per process
+and re-loaded with the global weights each round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from functools import lru_cache
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedrcl_flwr.config import ExperimentConfig
+from fedrcl_flwr.models import build_model
+
+
+def _key(obj) -> str:
+    return json.dumps(dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj,
+                      sort_keys=True, default=str)
+
+
+@lru_cache(maxsize=4)
+def _bundle_cached(dataset_key: str, seed: int):
+    from fedrcl_flwr.data.datasets import load_dataset
+
+    d = json.loads(dataset_key)
+    return load_dataset(
+        d["name"], root=d["root"], path=d["path"], download=d["download"],
+        augment=d["augment"], normalize=d["normalize"], image_size=d["image_size"],
+        synthetic=d["synthetic"], seed=seed, val_fraction=d["val_fraction"],
+    )
+
+
+def load_bundle(cfg: ExperimentConfig):
+    """The experiment's dataset (cached per process)."""
+    return _bundle_cached(_key(cfg.dataset), cfg.seed)
+
+
+@lru_cache(maxsize=4)
+def _partition_cached(dataset_key: str, partition_key: str, num_clients: int, seed: int):
+    from fedrcl_flwr.data.partition import partition
+
+    bundle = _bundle_cached(dataset_key, seed)
+    p = json.loads(partition_key)
+    return partition(
+        bundle.train_labels, num_clients, p["scheme"], alpha=p["alpha"],
+        balanced=p["balanced"], shards_per_client=p["shards_per_client"],
+        min_size=p["min_size"], domains=bundle.train_domains,
+        domains_per_client=p["domains_per_client"], seed=seed,
+    )
+
+
+def client_partitions(cfg: ExperimentConfig) -> list:
+    """Index arrays of every client (computed once per process)."""
+    return _partition_cached(_key(cfg.dataset), _key(cfg.partition),
+                             cfg.federation.num_clients, cfg.seed)
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("client.device is 'cuda' but no CUDA device is visible")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def new_model(cfg: ExperimentConfig, bundle) -> nn.Module:
+    return build_model(cfg.model.name, num_classes=bundle.num_classes,
+                       in_channels=bundle.in_channels, image_size=bundle.image_size,
+                       params=cfg.model.params)
+
+
+def initial_model(cfg: ExperimentConfig, bundle) -> nn.Module:
+    """The round-0 global model, initialised deterministically from ``cfg.seed``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return new_model(cfg, bundle)
+
+
+_MODEL_CACHE: dict = {}
+
+
+def worker_model(cfg: ExperimentConfig, bundle, device: torch.device) -> nn.Module:
+    """One model instance per process (re-used by every virtual client it serves)."""
+    key = (cfg.model.name, _key(cfg.model.params), bundle.num_classes, bundle.in_channels,
+           bundle.image_size, str(device))
+    if key not in _MODEL_CACHE:
+        _MODEL_CACHE.clear()
+        _MODEL_CACHE[key] = new_model(cfg, bundle).to(device)
+    return _MODEL_CACHE[key]
+
+
+def get_weights(model: nn.Module) -> list[np.ndarray]:
+    """All state_dict entries (parameters and buffers) in a fixed order, as NumPy."""
+    return [v.detach().cpu().numpy().copy() for v in model.state_dict().values()]
+
+
+def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
+    sd = model.state_dict()
+    if len(weights) != len(sd):
+        raise ValueError(f"expected {len(sd)} arrays for the model, got {len(weights)}")
+    new = {}
+    for (k, v), w in zip(sd.items(), weights):
+        if tuple(v.shape) != tuple(np.shape(w)):
+            raise ValueError(f"shape mismatch for '{k}': model {tuple(v.shape)} vs "
+                             f"received {tuple(np.shape(w))}")
+        new[k] = torch.as_tensor(np.asarray(w), dtype=v.dtype)
+    model.load_state_dict(new, strict=True)
+
+
+def trainable_mask(model: nn.Module) -> list[bool]:
+    """For each state_dict entry: True for trainable parameters, False for buffers."""
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return [k in names for k in model.state_dict().keys()]
+
+
+def client_seed(seed: int, server_round: int, partition_id: int) -> int:
+    """Seed of a client's local randomness: depends only on (seed, round, partition id)."""
+    h = hashlib.sha256(f"{seed}:{server_round}:{partition_id}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+def sample_partitions(seed: int, server_round: int, num_clients: int, k: int) -> list[int]:
+    """The partition ids trained in ``server_round``.
+
+    Depends only on (seed, round, num_clients, k): identical for every method, strategy
+    and number of workers.
+    """
+    if not 1 <= k <= num_clients:
+        raise ValueError(f"cannot sample {k} of {num_clients} clients")
+    rng = np.random.default_rng([int(seed), int(server_round), 0x5A3F])
+    return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
+
+
+def make_batches(dataset, indices: np.ndarray, batch_size: int, seed: int):
+    """``batches(epoch)`` for :func:`fedrcl_flwr.training.train_local`: shuffled with a
+    generator seeded from ``seed`` and the epoch; also seeds augmentation."""
+    from torch.utils.data import DataLoader, Subset
+
+    subset = Subset(dataset, np.asarray(indices).tolist())
+
+    def batches(epoch: int):
+        g = torch.Generator()
+        g.manual_seed((seed + 1000003 * epoch) & ((1 << 63) - 1))
+        torch.manual_seed((seed * 7 + epoch) & ((1 << 63) - 1))  # augmentation draws
+        return DataLoader(subset, batch_size=batch_size, shuffle=True, generator=g,
+                          num_workers=0, drop_last=False)
+
+    return batches

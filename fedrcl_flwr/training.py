@@ -1,0 +1,147 @@
+"""The one local training loop every client method uses.
+
+A method does not copy this loop: it contributes *named, weighted loss terms*
+(:class:`LossTerm`) and, when it must, a batch transform (e.g. adversarial examples or two
+augmented views). The loop
+
+* builds a fresh SGD optimiser every round (lr = base * decay^(round-1)),
+* runs ``epochs`` passes (or ``iterations_per_epoch`` steps per epoch) over the client's
+  data,
+* asks the model for intermediate features only when a term needs them,
+* skips terms whose weight is zero (no wasted forward passes),
+* clips the gradient norm when configured, and
+* returns per-term running means so the server can log them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class Batch:
+    """Everything a loss term may look at for one mini-batch."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    logits: torch.Tensor
+    feats: Optional[dict]
+    model: nn.Module
+    step: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class LossTerm:
+    """A named loss term ``weight * fn(batch)``; ``needs_features`` asks for model taps."""
+
+    name: str
+    fn: Callable[[Batch], torch.Tensor]
+    weight: float = 1.0
+    needs_features: bool = False
+
+
+def cross_entropy_term(weight: float = 1.0) -> LossTerm:
+    return LossTerm("ce", lambda b: F.cross_entropy(b.logits, b.y), weight)
+
+
+@dataclass
+class LocalTrainSettings:
+    lr: float
+    epochs: int = 1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: Optional[float] = None
+    iterations_per_epoch: Optional[int] = None
+
+
+@dataclass
+class TrainStats:
+    steps: int = 0
+    samples: int = 0
+    loss: float = 0.0
+    terms: dict = field(default_factory=dict)
+    grad_norm: float = 0.0
+
+
+def round_lr(base_lr: float, decay: float, server_round: int) -> float:
+    """Learning rate of round ``server_round`` (1-based): base * decay^(round-1)."""
+    return base_lr * decay ** max(server_round - 1, 0)
+
+
+def batch_size_for(num_samples: int, batch_size: int,
+                   iterations_per_epoch: Optional[int]) -> int:
+    """Batch size so an epoch is ``iterations_per_epoch`` steps (FedRCL: 10), if given."""
+    if iterations_per_epoch:
+        return max(1, math.ceil(num_samples / iterations_per_epoch))
+    return batch_size
+
+
+def train_local(
+    model: nn.Module,
+    batches: Callable[[int], Iterable],
+    terms: list[LossTerm],
+    settings: LocalTrainSettings,
+    device: torch.device,
+    *,
+    transform: Optional[Callable[[torch.Tensor, torch.Tensor, nn.Module], tuple]] = None,
+    params: Optional[list] = None,
+) -> TrainStats:
+    """Run local SGD on ``model`` in place.
+
+    ``batches(epoch)`` yields ``(x, y)`` mini-batches for one epoch. ``transform(x, y,
+    model)`` may replace a batch (returning ``(x, y, extra)``) before the forward pass.
+    ``params`` restricts the optimised parameters (default: all that require grad).
+    """
+    active = [t for t in terms if t.weight != 0.0]
+    if not active:
+        raise ValueError("no active loss terms: every term has weight 0")
+    need_feats = any(t.needs_features for t in active)
+    if params is None:
+        params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum,
+                          weight_decay=settings.weight_decay)
+    model.train()
+    stats = TrainStats(terms={t.name: 0.0 for t in active})
+    step = 0
+    for epoch in range(settings.epochs):
+        for i, (x, y) in enumerate(batches(epoch)):
+            if settings.iterations_per_epoch and i >= settings.iterations_per_epoch:
+                break
+            x = x.to(device, non_blocking=True)
+            y = y.to(device, non_blocking=True)
+            extra: dict = {}
+            if transform is not None:
+                x, y, extra = transform(x, y, model)
+            if need_feats:
+                logits, feats = model(x, return_features=True)
+            else:
+                logits, feats = model(x), None
+            batch = Batch(x=x, y=y, logits=logits, feats=feats, model=model, step=step,
+                          extra=extra)
+            total = None
+            for t in active:
+                value = t.fn(batch)
+                stats.terms[t.name] += float(value.detach())
+                total = t.weight * value if total is None else total + t.weight * value
+            opt.zero_grad(set_to_none=True)
+            total.backward()
+            if settings.grad_clip:
+                gn = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+                stats.grad_norm += float(gn)
+            opt.step()
+            stats.loss += float(total.detach())
+            stats.samples += int(y.shape[0])
+            step += 1
+    stats.steps = step
+    if step:
+        stats.loss /= step
+        stats.grad_norm /= step
+        stats.terms = {k: v / step for k, v in stats.terms.items()}
+    return stats
