@@ -111,6 +111,30 @@ class FederatedClient(NumPyClient):
     def on_round_end(self, metrics: dict) -> None:
         """Add method metrics / uploads (``bytes`` values allowed) after training."""
 
+    # -------------------------------------------------------------- helpers
+    def received_trainable(self) -> list[torch.Tensor]:
+        """The received (global) values of the model's trainable parameters, aligned with
+        ``model.parameters()``, as constant tensors on the device (computed once/round)."""
+        if getattr(self, "_received", None) is None or self._received[0] != id(
+                self.global_weights):
+            keys = list(self.model.state_dict().keys())
+            by_key = dict(zip(keys, self.global_weights))
+            tensors = [torch.as_tensor(by_key[n], device=self.device)
+                       for n, p in self.model.named_parameters() if p.requires_grad]
+            self._received = (id(self.global_weights), tensors)
+        return self._received[1]
+
+    def distance_to_received_term(self, name: str, weight: float) -> LossTerm:
+        """``weight * Σ‖w − w_received‖²`` over trainable parameters (FedACG; FedProx
+        uses it with weight μ/2)."""
+        received = self.received_trainable()
+
+        def fn(batch):
+            params = [p for p in batch.model.parameters() if p.requires_grad]
+            return sum(((p - g) ** 2).sum() for p, g in zip(params, received))
+
+        return LossTerm(name, fn, weight)
+
     # --------------------------------------------------------------- plumbing
     def local_data(self, partition_id: int) -> LocalData:
         if self._fixed_data is not None:
@@ -160,7 +184,10 @@ class FederatedClient(NumPyClient):
             epochs=c.local_epochs, momentum=c.momentum, weight_decay=c.weight_decay,
             grad_clip=c.grad_clip, iterations_per_epoch=c.iterations_per_epoch,
         )
-        stats = train_local(self.model, batches, self.loss_terms(), settings, self.device,
+        terms = self.loss_terms()
+        if "acg_beta" in config:  # FedACG's client regulariser, for any method
+            terms.append(self.distance_to_received_term("acg", float(config["acg_beta"])))
+        stats = train_local(self.model, batches, terms, settings, self.device,
                             transform=self.batch_transform(),
                             params=self.trainable_parameters())
         metrics: dict = {

@@ -6,6 +6,9 @@ import importlib
 
 STRATEGIES: dict[str, str] = {
     "fedavg": "strategies.fedavg:FedAvg",
+    "fedavgm": "strategies.fedavgm:FedAvgM",
+    "fedadam": "strategies.fedadam:FedAdam",
+    "fedacg": "strategies.fedacg:FedACG",
 }
 
 

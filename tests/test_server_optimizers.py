@@ -1,0 +1,139 @@
+"""Server update rules checked against hand-computed values for two rounds."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+
+from fedrcl_flwr.runtime import get_weights, trainable_mask
+from strategies import strategy_class
+
+
+class P:
+    cid = "x"
+
+
+class Mgr:
+    def __init__(self, n=4):
+        self.p = {str(i): P() for i in range(n)}
+
+    def wait_for(self, n, timeout=0):
+        return True
+
+    def all(self):
+        return self.p
+
+
+def res(arrays, pid=0):
+    return (P(), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 10,
+                        {"partition_id": pid, "train_loss": 0.5}))
+
+
+def make(name, w0, trainable=None, **params):
+    return strategy_class(name)(initial_weights=w0, trainable=trainable or [True] * len(w0),
+                                num_clients=4, clients_per_round=2, rounds=3, params=params)
+
+
+def step(st, rnd, *client_arrays):
+    st.configure_fit(rnd, None, Mgr())
+    out, _ = st.aggregate_fit(rnd, [res(a, i) for i, a in enumerate(client_arrays)], [])
+    return parameters_to_ndarrays(out)
+
+
+def test_fedavgm_two_rounds():
+    st = make("fedavgm", [np.array([1.0, 2.0])], momentum=0.4, server_lr=1.0)
+    # round 1: avg [2,2]: Δ=[1,0], M=[1,0], w=[2,2]
+    w = step(st, 1, [np.array([2.0, 1.0])], [np.array([2.0, 3.0])])
+    np.testing.assert_allclose(w[0], [2.0, 2.0])
+    # round 2: avg [2,4]: Δ=[0,2], M=0.4*[1,0]+[0,2]=[0.4,2], w=[2.4,4]
+    w = step(st, 2, [np.array([2.0, 4.0])])
+    np.testing.assert_allclose(w[0], [2.4, 4.0])
+
+
+def test_fedavgm_server_lr():
+    st = make("fedavgm", [np.array([0.0])], momentum=0.5, server_lr=0.5)
+    w = step(st, 1, [np.array([2.0])])  # M=2, w=0+0.5*2=1
+    np.testing.assert_allclose(w[0], [1.0])
+    w = step(st, 2, [np.array([1.0])])  # Δ=0, M=1, w=1.5
+    np.testing.assert_allclose(w[0], [1.5])
+
+
+def test_fedadam_two_rounds():
+    st = make("fedadam", [np.array([0.0])], server_lr=0.01, beta1=0.9, beta2=0.99, tau=1e-3)
+    w = step(st, 1, [np.array([1.0])])
+    # m=0.1, v=0.01 -> w1 = 0.01*0.1/(0.1+0.001)
+    w1 = 0.01 * 0.1 / (0.1 + 0.001)
+    np.testing.assert_allclose(w[0], [w1], rtol=1e-12)
+    w = step(st, 2, [np.array([w1 + 1.0])])
+    # Δ=1: m=0.9*0.1+0.1=0.19, v=0.99*0.01+0.01=0.0199
+    w2 = w1 + 0.01 * 0.19 / (math.sqrt(0.0199) + 0.001)
+    np.testing.assert_allclose(w[0], [w2], rtol=1e-12)
+
+
+def test_fedadam_default_lr_is_not_one():
+    st = make("fedadam", [np.array([0.0])])
+    assert st.p["server_lr"] < 1.0
+
+
+def test_fedacg_lookahead_and_update():
+    st = make("fedacg", [np.array([0.0])], lam=0.85, beta=0.001)
+    ins = st.configure_fit(1, None, Mgr())
+    sent = parameters_to_ndarrays(ins[0][1].parameters)[0]
+    np.testing.assert_allclose(sent, [0.0])
+    assert ins[0][1].config["acg_beta"] == pytest.approx(0.001)
+    out, _ = st.aggregate_fit(1, [res([np.array([1.0])])], [])
+    np.testing.assert_allclose(parameters_to_ndarrays(out)[0], [1.0])  # w = avg
+    ins = st.configure_fit(2, None, Mgr())
+    # look-ahead: w + λM = 1 + 0.85*1
+    np.testing.assert_allclose(parameters_to_ndarrays(ins[0][1].parameters)[0], [1.85])
+    out, _ = st.aggregate_fit(2, [res([np.array([2.0])])], [])
+    # Δ = 2 - 1.85 = 0.15; M = 0.85 + 0.15 = 1.0; w = 2
+    np.testing.assert_allclose(parameters_to_ndarrays(out)[0], [2.0])
+    np.testing.assert_allclose(st.m_buf[0], [1.0])
+    ins = st.configure_fit(3, None, Mgr())
+    np.testing.assert_allclose(parameters_to_ndarrays(ins[0][1].parameters)[0], [2.85])
+
+
+class BNNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.bn = torch.nn.BatchNorm1d(2)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedavgm", "fedadam", "fedacg"])
+def test_buffers_averaged_counters_kept_params_optimised(name):
+    net = BNNet()
+    w0 = get_weights(net)
+    mask = trainable_mask(net)
+    keys = list(net.state_dict().keys())
+    st = make(name, w0, trainable=mask)
+    c1 = [w + 1.0 if np.issubdtype(w.dtype, np.floating) else w + 3 for w in w0]
+    c2 = [w + 3.0 if np.issubdtype(w.dtype, np.floating) else w + 5 for w in w0]
+    st.configure_fit(1, None, Mgr())
+    out, _ = st.aggregate_fit(1, [res(c1, 0), res(c2, 1)], [])
+    out = dict(zip(keys, parameters_to_ndarrays(out)))
+    base = dict(zip(keys, w0))
+    # float buffers: plain average, whatever the server optimiser
+    np.testing.assert_allclose(out["bn.running_mean"], base["bn.running_mean"] + 2.0)
+    np.testing.assert_allclose(out["bn.running_var"], base["bn.running_var"] + 2.0)
+    # integer counter: not averaged (max of clients), dtype kept
+    assert out["bn.num_batches_tracked"] == base["bn.num_batches_tracked"] + 5
+    assert out["bn.num_batches_tracked"].dtype == base["bn.num_batches_tracked"].dtype
+    # trainable params: moved by the rule (FedAdam moves by ~server_lr per coordinate)
+    moved = out["lin.weight"] - base["lin.weight"]
+    expected = {"fedavg": 2.0, "fedavgm": 2.0, "fedacg": 2.0, "fedadam": 0.01}[name]
+    np.testing.assert_allclose(moved, expected, rtol=1e-2)
+
+
+@pytest.mark.parametrize("name", ["fedavgm", "fedadam", "fedacg"])
+def test_state_roundtrip(name):
+    a = make(name, [np.array([0.0, 1.0])])
+    step(a, 1, [np.array([1.0, 1.0])])
+    b = make(name, [np.array([0.0, 1.0])])
+    b.load_state_dict(a.state_dict())
+    wa = step(a, 2, [np.array([2.0, 0.0])])
+    wb = step(b, 2, [np.array([2.0, 0.0])])
+    np.testing.assert_array_equal(wa[0], wb[0])
