@@ -7,6 +7,12 @@ import importlib
 # method name -> "module:Class" (imported lazily so one broken method can't break others)
 CLIENTS: dict[str, str] = {
     "fedavg": "clients.fedavg:FedAvgClient",
+    "fedrcl": "clients.fedrcl:FedRCLClient",
+    "fedscl": "clients.fedscl:FedSCLClient",
+    "fedcl": "clients.fedcl:FedCLClient",
+    "faulty": "clients.faulty:FaultyClient",
+    "univarfl": "clients.univarfl:UniVarFLClient",
+    "freeze": "clients.freeze:FreezeClient",
 }
 
 

@@ -52,6 +52,11 @@ class AllClientsFailed(RuntimeError):
     pass
 
 
+def copy_arrays(arrays):
+    """Independent copies of a list of arrays (``None`` entries kept)."""
+    return [None if a is None else np.array(a, copy=True) for a in arrays]
+
+
 def resolve_server_params(name: str, defaults: dict, given: dict) -> dict:
     unknown = sorted(set(given) - set(defaults))
     if unknown:
@@ -134,10 +139,11 @@ class FederatedStrategy(Strategy):
         return {}
 
     def state_dict(self) -> dict:
-        return {"weights": self.weights, "consecutive_empty": self.consecutive_empty}
+        return {"weights": copy_arrays(self.weights),
+                "consecutive_empty": self.consecutive_empty}
 
     def load_state_dict(self, state: dict) -> None:
-        self.weights = [np.asarray(w) for w in state["weights"]]
+        self.weights = copy_arrays(state["weights"])
         self.consecutive_empty = int(state.get("consecutive_empty", 0))
 
     # --------------------------------------------------------------- Strategy

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.base import FederatedStrategy
+from strategies.base import FederatedStrategy, copy_arrays
 
 
 class FedAdam(FederatedStrategy):
@@ -46,8 +46,8 @@ class FedAdam(FederatedStrategy):
         self.weights = new
 
     def state_dict(self):
-        return {**super().state_dict(), "m": self.m, "v": self.v}
+        return {**super().state_dict(), "m": copy_arrays(self.m), "v": copy_arrays(self.v)}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.m, self.v = state["m"], state["v"]
+        self.m, self.v = copy_arrays(state["m"]), copy_arrays(state["v"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.base import FederatedStrategy
+from strategies.base import FederatedStrategy, copy_arrays
 
 
 class FedAvgM(FederatedStrategy):
@@ -37,8 +37,8 @@ class FedAvgM(FederatedStrategy):
         self.weights = new
 
     def state_dict(self):
-        return {**super().state_dict(), "momentum": self.m_buf}
+        return {**super().state_dict(), "momentum": copy_arrays(self.m_buf)}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self.m_buf = state["momentum"]
+        self.m_buf = copy_arrays(state["momentum"])

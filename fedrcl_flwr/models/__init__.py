@@ -34,10 +34,18 @@ def _cnn5(num_classes: int, in_channels: int, image_size: int, **params) -> nn.M
                 **params)
 
 
+def _lightcnn(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
+    from fedrcl_flwr.models.lightcnn import LightCNN
+
+    return LightCNN(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
+                    **params)
+
+
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet18_gn": _resnet18_gn,
     "cnn4": _cnn4,
     "cnn5": _cnn5,
+    "lightcnn": _lightcnn,
 }
 MODEL_NAMES = frozenset(MODELS)
 
@@ -51,9 +59,18 @@ def register_model(name: str, builder: Callable[..., nn.Module]) -> None:
 
 def build_model(name: str, *, num_classes: int, in_channels: int, image_size: int,
                 params: dict | None = None) -> nn.Module:
+    """Build a registered model. ``params.projector: W`` (W > 0) inserts UniVarFL's
+    two-layer projector of width W before a new classifier."""
     if name not in MODELS:
         raise ValueError(f"unknown model '{name}' (known: {', '.join(sorted(MODELS))})")
+    params = dict(params or {})
+    width = int(params.pop("projector", 0) or 0)
     try:
-        return MODELS[name](num_classes, in_channels, image_size, **(params or {}))
+        model = MODELS[name](num_classes, in_channels, image_size, **params)
     except TypeError as exc:
         raise ValueError(f"model '{name}': bad model.params ({exc})") from None
+    if width > 0:
+        from fedrcl_flwr.models.projector import WithProjector
+
+        model = WithProjector(model, num_classes, width)
+    return model
