@@ -13,6 +13,7 @@ CLIENTS: dict[str, str] = {
     "faulty": "clients.faulty:FaultyClient",
     "univarfl": "clients.univarfl:UniVarFLClient",
     "freeze": "clients.freeze:FreezeClient",
+    "fedccl": "clients.fedccl:FedCCLClient",
 }
 
 

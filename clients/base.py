@@ -85,6 +85,7 @@ class FederatedClient(NumPyClient):
         self._fixed_data = local_data
         self.default_partition_id = partition_id
         self.state_dir = state_dir
+        self._state_store = None
         self.device = runtime.pick_device(cfg.client.device)
         self.model: Optional[torch.nn.Module] = None
         self.global_weights: Optional[list] = None
@@ -112,6 +113,18 @@ class FederatedClient(NumPyClient):
         """Add method metrics / uploads (``bytes`` values allowed) after training."""
 
     # -------------------------------------------------------------- helpers
+    @property
+    def state_store(self):
+        """Per-client persistent state on disk (see ``fedrcl_flwr.client_state``)."""
+        if self._state_store is None:
+            from fedrcl_flwr.client_state import ClientStateStore
+            import tempfile
+
+            root = self.state_dir or tempfile.mkdtemp(prefix="fedrcl-client-state-")
+            self.state_dir = root
+            self._state_store = ClientStateStore(root)
+        return self._state_store
+
     def received_trainable(self) -> list[torch.Tensor]:
         """The received (global) values of the model's trainable parameters, aligned with
         ``model.parameters()``, as constant tensors on the device (computed once/round)."""
@@ -165,7 +178,10 @@ class FederatedClient(NumPyClient):
         t0 = time.time()
         c = self.cfg.client
         self.server_round = int(config.get("server_round", 1))
-        pid = config.get("partition_id", self.default_partition_id)
+        if self._fixed_data is not None:  # a real device: its own data, its own id
+            pid = self.default_partition_id if self.default_partition_id is not None else 0
+        else:  # simulation: the partition the server assigned this round
+            pid = config.get("partition_id", self.default_partition_id)
         self.partition_id = int(pid) if pid is not None else -1
         self.data = self.local_data(self.partition_id)
         seed = runtime.client_seed(self.cfg.seed, self.server_round, self.partition_id)

@@ -135,6 +135,8 @@ class ServerConfig:
     strategy: str = "fedavg"
     weighting: str = "uniform"  # uniform | samples
     params: dict = field(default_factory=dict)
+    # signal exchange for FedCCL / FedProto / FPL (see strategies/signal_exchange.py)
+    signals: dict = field(default_factory=dict)
 
 
 @dataclass

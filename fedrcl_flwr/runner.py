@@ -255,9 +255,14 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
     return json.loads(summary_path.read_text())
 
 
-def _error_tail(text: str, lines: int = 25) -> str:
+def _error_tail(text: str, lines: int = 12) -> str:
+    """The end of the last traceback in a log (its final line names the error)."""
     rows = [r for r in text.splitlines() if r.strip()]
-    for i, r in enumerate(rows):  # start at the first traceback/error if any
-        if "Traceback" in r or "ERROR" in r:
-            return "\n".join(rows[i:i + lines])
+    starts = [i for i, r in enumerate(rows) if "Traceback" in r]
+    if starts:
+        block = rows[starts[-1]:]
+        end = next((i for i, r in enumerate(block) if i > 0 and not r.startswith((" ", "\t"))
+                    and "Traceback" not in r and ":" in r), len(block) - 1)
+        block = block[: end + 1]
+        return "\n".join(block[-lines:])
     return "\n".join(rows[-lines:])

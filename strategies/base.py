@@ -99,6 +99,7 @@ class FederatedStrategy(Strategy):
         expected_nodes: Optional[int] = None,
         node_wait_s: float = 120.0,
         round_offset: int = 0,
+        exchange=None,
     ):
         super().__init__()
         self.p = resolve_server_params(self.name, self.defaults, params or {})
@@ -117,6 +118,8 @@ class FederatedStrategy(Strategy):
         self.expected_nodes = expected_nodes
         self.node_wait_s = node_wait_s
         self.round_offset = round_offset
+        self.exchange = exchange  # optional SignalExchange (FedCCL, FedProto, FPL)
+        self.model_bytes = int(sum(np.asarray(w).nbytes for w in self.weights))
         self.consecutive_empty = 0
         self._fit_info: dict = {}
         self._round_start = time.time()
@@ -139,12 +142,17 @@ class FederatedStrategy(Strategy):
         return {}
 
     def state_dict(self) -> dict:
-        return {"weights": copy_arrays(self.weights),
-                "consecutive_empty": self.consecutive_empty}
+        state = {"weights": copy_arrays(self.weights),
+                 "consecutive_empty": self.consecutive_empty}
+        if self.exchange is not None:
+            state["exchange"] = self.exchange.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.weights = copy_arrays(state["weights"])
         self.consecutive_empty = int(state.get("consecutive_empty", 0))
+        if self.exchange is not None and "exchange" in state:
+            self.exchange.load_state_dict(state["exchange"])
 
     # --------------------------------------------------------------- Strategy
     def initialize_parameters(self, client_manager: ClientManager) -> Optional[Parameters]:
@@ -176,6 +184,8 @@ class FederatedStrategy(Strategy):
         for slot, pid in zip(slots, pids):
             config = {"server_round": rnd, "partition_id": pid}
             config.update(self.fit_extras(rnd, pid))
+            if self.exchange is not None:
+                config.update(self.exchange.fit_extras(rnd, pid))
             out.append((slot, FitIns(send, config)))
         self._sampled = pids
         return out
@@ -203,7 +213,13 @@ class FederatedStrategy(Strategy):
         for r in reasons:
             log.warning("round %d: dropped a client result (%s)", rnd, r)
 
-        info = {"num_clients": len(kept), "failures": len(reasons)}
+        info = {"num_clients": len(kept), "failures": len(reasons),
+                "model_bytes_down": self.model_bytes * len(getattr(self, "_sampled", [])),
+                "model_bytes_up": self.model_bytes * len(kept)}
+        if self.exchange is not None:
+            info["signal_bytes_down"] = (self.exchange.bytes_down_per_client(rnd)
+                                         * len(getattr(self, "_sampled", [])))
+            info.update(self.exchange.ingest(rnd, [(pid, r.metrics) for pid, r, _ in kept]))
         if not kept:
             self.consecutive_empty += 1
             log.warning("round %d: every client failed; global model unchanged "

@@ -15,7 +15,11 @@ from flwr.common import Context
 
 from clients import client_class
 from clients.base import LocalData
-from fedrcl_flwr.app.common import config_from_run_config, quiet
+from fedrcl_flwr.app.common import (
+    config_from_run_config,
+    output_dir_from_run_config,
+    quiet,
+)
 
 
 _DEVICE_DATA: dict = {}
@@ -46,9 +50,13 @@ def client_fn(context: Context):
     if node.get("data-path"):
         local = _device_data(str(node["data-path"]), cfg)
     pid = node.get("partition-id")
+    if node.get("state-dir"):
+        state_dir = str(node["state-dir"])
+    else:
+        state_dir = str(output_dir_from_run_config(context.run_config, cfg) / "client_state")
     cls = client_class(cfg.client.method)
-    return cls(cfg, local_data=local,
-               partition_id=int(pid) if pid is not None else None).to_client()
+    return cls(cfg, local_data=local, partition_id=int(pid) if pid is not None else None,
+               state_dir=state_dir).to_client()
 
 
 app = ClientApp(client_fn=client_fn)

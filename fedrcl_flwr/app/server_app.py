@@ -19,6 +19,19 @@ from fedrcl_flwr.results import CONFIG_FILE, RunRecorder, format_round_line
 from strategies import strategy_class
 
 
+def make_exchange(cfg, num_classes: int):
+    """The signal exchange the client method needs (``None`` for most methods)."""
+    from clients import client_class
+    from strategies.signal_exchange import SignalExchange
+
+    cls = client_class(cfg.client.method)
+    needs = getattr(cls, "exchange_settings", None)
+    if needs is None:
+        return None
+    params = {**needs(cfg), **cfg.server.signals}
+    return SignalExchange(params, num_classes=num_classes)
+
+
 def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
     """Strategy + number of rounds left to run (also used in-process by tests)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -79,6 +92,7 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
                 "wall_time_s": recorder.wall_time(), "rng": rng_states(),
             })
 
+    exchange = make_exchange(cfg, bundle.num_classes)
     cls = strategy_class(cfg.server.strategy)
     strategy = cls(
         initial_weights=runtime.get_weights(model), trainable=runtime.trainable_mask(model),
@@ -88,7 +102,7 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
         eval_every=cfg.federation.eval_every, params=cfg.server.params,
         evaluate_fn=evaluate_fn, on_record=on_record, on_checkpoint=on_checkpoint,
         max_consecutive_failed_rounds=cfg.federation.max_consecutive_failed_rounds,
-        expected_nodes=expected_nodes, round_offset=done,
+        expected_nodes=expected_nodes, round_offset=done, exchange=exchange,
     )
     if ckpt:
         strategy.load_state_dict(ckpt["strategy"])

@@ -15,6 +15,16 @@ def validate_components(cfg: ExperimentConfig) -> None:
     resolve_params(cls.method, cls.defaults, cfg.client.params)
     scls = strategy_class(cfg.server.strategy)
     resolve_server_params(scls.name, scls.defaults, cfg.server.params)
+    needs = getattr(cls, "exchange_settings", None)
+    if needs is not None:
+        from strategies.signal_exchange import SignalExchange
+
+        SignalExchange({**needs(cfg), **cfg.server.signals})
+    elif cfg.server.signals:
+        from fedrcl_flwr.config import ConfigError
+
+        raise ConfigError(f"server.signals is set but method '{cfg.client.method}' "
+                          "exchanges no signals")
     check = getattr(cls, "check_config", None)
     if check is not None:
         check(cfg)

@@ -1,0 +1,125 @@
+"""FedCCL (Qiao et al., 2024, "Federated Learning with Dual Clustered Feature Contrast").
+
+Local objective (Eq. 18): L = CE + w_local·L_local + w_global·L_global on the penultimate
+feature ξ = f(x):
+
+* L_local  (Eq. 16): each sample against *all* local cluster signals the server relayed
+  (from every client banked in the last ``server.signals.max_age`` rounds): positives are
+  the signals of its class, −log(Σ_pos e^{cos/τ} / Σ_all e^{cos/τ});
+* L_global (Eq. 17): the same against one global signal per class (server: FINCH over the
+  banked signals of a class, Eq. 14, averaged, Eq. 15).
+
+Samples whose class has no signal are left out of the mean (see
+``fedrcl_flwr.losses.fedccl``). Round one has no signals: CE alone (no zero terms).
+
+After training the client embeds its training data with the updated model (eval mode),
+runs FINCH per class and uploads the cluster means with their class labels and sizes
+(Eqs. 8-10). Which FINCH level: ``signal_level`` — ``coarsest`` by default: the finest
+partition (first neighbours) yields ~N/3 clusters, i.e. near-per-sample signals that cost
+bandwidth and carry noise, while the coarsest kept level is the most compact grouping
+FINCH still considers meaningful (it drops single-cluster levels), matching the paper's
+"repeat until the number of clusters no longer changes".
+
+Ablations (Tables 5-7): ``use_local`` / ``use_global`` switch the terms; ``local_signal:
+mean`` uploads class-mean prototypes instead of clusters; ``global_signal: mean`` makes
+the server average signals instead of clustering them.
+
+FedCCL+ (Appendix A): ``adversarial: true`` trains on PGD examples (ε, step, steps) with
+CE and both contrast terms on the adversarial features (Eqs. 21-24).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from clients.base import FederatedClient
+from fedrcl_flwr.signals import SignalSet, class_cluster_signals, decode_signals, encode_signals
+from fedrcl_flwr.training import LossTerm, cross_entropy_term
+
+
+class FedCCLClient(FederatedClient):
+    method = "fedccl"
+    defaults = {"tau": 0.07, "w_local": 1.0, "w_global": 1.0, "use_local": True,
+                "use_global": True, "local_signal": "cluster", "global_signal": "cluster",
+                "signal_level": "coarsest", "feature": "penultimate",
+                "adversarial": False, "eps": 8 / 255, "step": 2 / 255, "steps": 10,
+                "embed_batch": 500}
+
+    @classmethod
+    def exchange_settings(cls, cfg) -> dict:
+        p = {**cls.defaults, **cfg.client.params}
+        return {"global_mode": "mean" if p["global_signal"] == "mean" else "finch_mean",
+                "send_local": bool(p["use_local"])}
+
+    def on_round_start(self, config):
+        def load(key):
+            if key not in config:
+                return None
+            s = decode_signals(config[key])
+            return (torch.as_tensor(s.vectors, device=self.device),
+                    torch.as_tensor(s.labels, device=self.device))
+
+        self.local_signals = load("signals_local") if self.p["use_local"] else None
+        self.global_signals = load("signals_global") if self.p["use_global"] else None
+
+    def loss_terms(self):
+        from fedrcl_flwr.losses.fedccl import global_cluster_contrast, local_cluster_contrast
+
+        terms = [cross_entropy_term()]
+        tau, feat = float(self.p["tau"]), self.p["feature"]
+        if self.local_signals is not None:
+            sv, sl = self.local_signals
+            terms.append(LossTerm(
+                "local", lambda b: local_cluster_contrast(b.feats[feat], b.y, sv, sl, tau=tau),
+                weight=float(self.p["w_local"]), needs_features=True))
+        if self.global_signals is not None:
+            gv, gl = self.global_signals
+            terms.append(LossTerm(
+                "global",
+                lambda b: global_cluster_contrast(b.feats[feat], b.y, gv, gl, tau=tau),
+                weight=float(self.p["w_global"]), needs_features=True))
+        return terms
+
+    def batch_transform(self):
+        if not self.p["adversarial"]:
+            return None
+        from fedrcl_flwr.losses.fedccl import pgd_attack
+
+        p = self.p
+
+        def adversarial(x, y, model):
+            x_adv = pgd_attack(model, x, y, eps=float(p["eps"]), step=float(p["step"]),
+                               steps=int(p["steps"]), clamp=None)
+            return x_adv.detach(), y, {"clean": x}
+
+        return adversarial
+
+    @torch.no_grad()
+    def embed_local_data(self) -> tuple[np.ndarray, np.ndarray]:
+        from torch.utils.data import DataLoader, Subset
+
+        model = self.model
+        model.eval()
+        data = self.data
+        loader = DataLoader(Subset(data.dataset, data.indices.tolist()),
+                            batch_size=int(self.p["embed_batch"]), shuffle=False)
+        feats, labels = [], []
+        for x, y in loader:
+            _, f = model(x.to(self.device), return_features=True)
+            feats.append(f[self.p["feature"]].float().cpu().numpy())
+            labels.append(y.numpy())
+        model.train()
+        return np.concatenate(feats), np.concatenate(labels)
+
+    def on_round_end(self, metrics):
+        feats, labels = self.embed_local_data()
+        mode = "mean" if self.p["local_signal"] == "mean" else "cluster"
+        s: SignalSet = class_cluster_signals(feats, labels, level=self.p["signal_level"],
+                                             mode=mode)
+        metrics["signals"] = encode_signals(s)
+        metrics["num_signals"] = len(s)
+        metrics["used_local_signals"] = 0 if self.local_signals is None else int(
+            self.local_signals[0].shape[0])
+        metrics["used_global_signals"] = 0 if self.global_signals is None else int(
+            self.global_signals[0].shape[0])

@@ -1,0 +1,150 @@
+"""Server side of signal-exchanging methods (FedCCL; FedProto, FPL reuse it).
+
+Attached to *any* server-optimizer strategy (it does not touch the model update), it
+
+1. receives each client's uploaded signals (``signals`` bytes in the fit metrics),
+   validates them and rejects malformed uploads without stopping the round;
+2. keeps a bounded bank with the most recent upload of each client, dropping uploads older
+   than ``max_age`` rounds — with 2–5 % participation each round then sees signals from
+   many more clients than the handful it samples. Memory: at most
+   ``num_clients × max_signals_per_client × dim × 4`` bytes, in practice
+   (clients seen in the last ``max_age`` rounds) × (signals per client) × dim × 4, e.g.
+   25 clients × 30 signals × 128-d ≈ 0.4 MB;
+3. computes the global signals (``global_mode``):
+   * ``finch_mean`` — FedCCL Eqs. 14-15: FINCH (cosine) over all banked signals of a
+     class, the mean of each global cluster, then the average of a class's global
+     clusters: one global signal per class;
+   * ``mean`` — count-weighted class mean of the banked signals (FedProto, and FedCCL's
+     averaged-signal ablation);
+   * ``finch_clusters`` — the global cluster means themselves, several per class (FPL);
+4. sends every sampled client the banked local signals (``signals_local``) and the
+   global signals (``signals_global``) in its fit config;
+5. logs the bytes of signals uploaded / downloaded per round next to the model bytes
+   (the paper's communication claim).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from fedrcl_flwr.signals import SignalError, SignalSet, decode_signals, encode_signals
+
+log = logging.getLogger("fedrcl_flwr")
+
+GLOBAL_MODES = ("finch_mean", "mean", "finch_clusters")
+
+
+class SignalExchange:
+    defaults = {"max_age": 5, "global_mode": "finch_mean", "distance": "cosine",
+                "max_signals_per_client": 1000, "send_local": True}
+
+    def __init__(self, params: dict | None = None, num_classes: int | None = None):
+        from fedrcl_flwr.config import ConfigError
+
+        params = dict(params or {})
+        unknown = sorted(set(params) - set(self.defaults))
+        if unknown:
+            raise ConfigError(f"server.signals: unknown key(s) {unknown} "
+                              f"(allowed: {sorted(self.defaults)})")
+        self.p = {**self.defaults, **params}
+        if self.p["global_mode"] not in GLOBAL_MODES:
+            raise ConfigError(f"server.signals.global_mode must be one of {GLOBAL_MODES}")
+        if int(self.p["max_age"]) < 1:
+            raise ConfigError("server.signals.max_age must be >= 1")
+        self.num_classes = num_classes
+        self.dim: int | None = None
+        self.bank: dict[int, tuple[int, SignalSet]] = {}
+        self._round_cache: tuple[int, dict] | None = None
+        self.global_signals = SignalSet.empty()
+        self.rejected = 0
+
+    # ----------------------------------------------------------------- global
+    def compute_global(self, local: SignalSet) -> SignalSet:
+        if not len(local):
+            return SignalSet.empty(local.vectors.shape[1] if local.vectors.ndim == 2 else 0)
+        mode = self.p["global_mode"]
+        vecs, labs, cnts = [], [], []
+        for c in np.unique(local.labels):
+            m = local.labels == c
+            v, n = local.vectors[m], local.counts[m]
+            if mode == "mean":
+                vecs.append((v * n[:, None]).sum(0) / n.sum())
+                labs.append(c)
+                cnts.append(int(n.sum()))
+                continue
+            if len(v) >= 2:
+                from fedrcl_flwr.clustering import finch
+
+                parts, _ = finch(v, distance=self.p["distance"])
+                assign = parts[:, -1]
+            else:
+                assign = np.zeros(len(v), np.int64)
+            centers = [v[assign == k].mean(0) for k in np.unique(assign)]
+            sizes = [int(n[assign == k].sum()) for k in np.unique(assign)]
+            if mode == "finch_mean":
+                vecs.append(np.mean(centers, axis=0))
+                labs.append(c)
+                cnts.append(int(n.sum()))
+            else:
+                vecs.extend(centers)
+                labs.extend([c] * len(centers))
+                cnts.extend(sizes)
+        return SignalSet(np.asarray(vecs, np.float32), np.asarray(labs, np.int64),
+                         np.asarray(cnts, np.int64))
+
+    def _prepare(self, rnd: int) -> dict:
+        if self._round_cache and self._round_cache[0] == rnd:
+            return self._round_cache[1]
+        max_age = int(self.p["max_age"])
+        self.bank = {pid: (r, s) for pid, (r, s) in self.bank.items() if rnd - r <= max_age}
+        local = SignalSet.concat([s for _, (_, s) in sorted(self.bank.items())])
+        self.global_signals = self.compute_global(local)
+        extras: dict = {}
+        if len(local):
+            if self.p["send_local"]:
+                extras["signals_local"] = encode_signals(local)
+            extras["signals_global"] = encode_signals(self.global_signals)
+        self._round_cache = (rnd, extras)
+        return extras
+
+    # ------------------------------------------------------------------ hooks
+    def fit_extras(self, rnd: int, partition_id: int) -> dict:
+        return self._prepare(rnd)
+
+    def bytes_down_per_client(self, rnd: int) -> int:
+        return sum(len(b) for b in self._prepare(rnd).values())
+
+    def ingest(self, rnd: int, results: list[tuple[int, dict]]) -> dict:
+        """Validate and bank the uploads of a round; returns metrics for the record."""
+        up, accepted, rejected = 0, 0, 0
+        for pid, metrics in results:
+            blob = metrics.get("signals")
+            if blob is None:
+                continue
+            up += len(blob) if isinstance(blob, (bytes, bytearray)) else 0
+            try:
+                s = decode_signals(blob, dim=self.dim, num_classes=self.num_classes,
+                                   max_signals=int(self.p["max_signals_per_client"]))
+            except SignalError as exc:
+                rejected += 1
+                log.warning("round %d: rejected signals from partition %d: %s", rnd, pid, exc)
+                continue
+            if len(s):
+                self.dim = self.dim or int(s.vectors.shape[1])
+                self.bank[pid] = (rnd, s)
+                accepted += 1
+        self.rejected += rejected
+        return {"signal_bytes_up": up, "signals_accepted": accepted,
+                "signals_rejected": rejected, "signal_bank_clients": len(self.bank)}
+
+    def state_dict(self) -> dict:
+        return {"bank": {pid: (r, s.vectors, s.labels, s.counts)
+                         for pid, (r, s) in self.bank.items()}, "dim": self.dim}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.bank = {int(pid): (int(r), SignalSet(np.array(v), np.array(lab), np.array(c)))
+                     for pid, (r, v, lab, c) in state["bank"].items()}
+        self.dim = state.get("dim")
+        self._round_cache = None

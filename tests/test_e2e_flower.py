@@ -1,0 +1,71 @@
+"""Real Flower runs through the CLI (each ~30 s of start-up): wiring, files, exit codes,
+and no SuperLink / simulation / Ray process left behind."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.flwr
+
+SMALL = [
+    "dataset.synthetic.num_train=2000", "dataset.synthetic.num_test=500",
+    "federation.num_clients=10", "federation.clients_per_round=3",
+    "federation.participation=null", "client.local_epochs=1", "client.lr=0.05",
+    "evaluation.target_rounds=[2,4]",
+]
+
+
+def _procs_with(marker: str) -> list[int]:
+    out = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker.encode() in (d / "environ").read_bytes() and int(d.name) != os.getpid():
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
+def _run(tmp_path, *sets, rounds=4):
+    args = [sys.executable, "-m", "fedrcl_flwr.cli", "run",
+            str(ROOT / "experiments" / "quickstart.yaml"), "--out", str(tmp_path / "run")]
+    for s in [*SMALL, f"federation.rounds={rounds}", *sets]:
+        args += ["--set", s]
+    return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+
+
+def test_cli_runs_fedavg_end_to_end(tmp_path):
+    res = _run(tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = tmp_path / "run"
+    for f in ["config.yaml", "metrics.jsonl", "summary.json", "model.pt", "accuracy.png"]:
+        assert (run / f).exists(), f
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in recs] == [1, 2, 3, 4]
+    for r in recs:
+        for k in ["test_accuracy", "test_loss", "ema_accuracy", "train_loss", "num_clients",
+                  "wall_time_s"]:
+            assert k in r, k
+        assert r["num_clients"] == 3
+    s = json.loads((run / "summary.json").read_text())
+    assert s["method"] == "fedavg" and s["strategy"] == "fedavg" and s["rounds"] == 4
+    assert 0.0 <= s["final_accuracy"] <= 1.0
+    assert s["final_accuracy"] > 0.2, s  # chance is 0.1
+    assert set(s["accuracy_at"]) == {"2", "4"}
+    # one progress line per round on stdout
+    assert sum(line.startswith("round ") for line in res.stdout.splitlines()) == 4
+    assert not _procs_with("fedrcl-flwr-home-"), "left processes behind"
+
+
+def test_cli_exits_1_on_failed_run(tmp_path):
+    res = _run(tmp_path, "client.method=faulty", "federation.max_consecutive_failed_rounds=1",
+               rounds=2)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "run failed" in res.stderr
+    assert "consecutive" in res.stderr  # the server's abort message reaches the user
+    assert not _procs_with("fedrcl-flwr-home-"), "left processes behind"
