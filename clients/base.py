@@ -219,12 +219,14 @@ class FederatedClient(NumPyClient):
 
     def evaluate(self, parameters, config):
         """Local evaluation on the client's training data (federated evaluation)."""
-        from fedrcl_flwr.evaluation import evaluate_model
         from torch.utils.data import Subset
+
+        from fedrcl_flwr.evaluation import evaluate_model
 
         pid = config.get("partition_id", self.default_partition_id)
         data = self.local_data(int(pid) if pid is not None else -1)
         model = self._model()
         runtime.set_weights(model, parameters)
-        res = evaluate_model(model, Subset(data.dataset, data.indices.tolist()), self.device)
+        plain = data.dataset.plain() if hasattr(data.dataset, "plain") else data.dataset
+        res = evaluate_model(model, Subset(plain, data.indices.tolist()), self.device)
         return res.loss, res.num_samples, {"accuracy": res.accuracy}

@@ -97,13 +97,12 @@ class FedCCLClient(FederatedClient):
 
     @torch.no_grad()
     def embed_local_data(self) -> tuple[np.ndarray, np.ndarray]:
-        from torch.utils.data import DataLoader, Subset
+        from fedrcl_flwr.data.datasets import iterate_batches
 
         model = self.model
         model.eval()
         data = self.data
-        loader = DataLoader(Subset(data.dataset, data.indices.tolist()),
-                            batch_size=int(self.p["embed_batch"]), shuffle=False)
+        loader = iterate_batches(data.dataset, data.indices, int(self.p["embed_batch"]))
         feats, labels = [], []
         for x, y in loader:
             _, f = model(x.to(self.device), return_features=True)

@@ -51,9 +51,12 @@ class DatasetConfig:
     """Which data to use and how to load it.
 
     ``name``: synthetic | cifar10 | cifar100 | mnist | fmnist | svhn | usps | stl10 |
-    imagefolder | npz. ``root`` is where torchvision datasets / image folders live;
-    ``path`` is the ``.npz`` file for ``npz``; ``download`` lets torchvision fetch
-    missing data (needs a network).
+    tinyimagenet | imagefolder | digit5 | npz. ``root`` is where torchvision datasets /
+    image folders live; ``path`` is the ``.npz`` file for ``npz``; ``download`` lets
+    torchvision fetch missing data (needs a network). ``domains`` names the domain
+    sub-folders of an image-folder tree (PACS, Office-10, DomainNet) or a subset of
+    Digit-5's domains; ``test_fraction`` is held out for testing from image folders that
+    have no ``train``/``test`` split.
     """
 
     name: str = "synthetic"
@@ -64,6 +67,8 @@ class DatasetConfig:
     normalize: bool = True
     image_size: Optional[int] = None
     val_fraction: float = 0.0
+    domains: list = field(default_factory=list)
+    test_fraction: float = 0.2
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -85,6 +90,9 @@ class ModelConfig:
 
     name: str = "cnn5"
     params: dict = field(default_factory=dict)
+    # number of classes; null = from the dataset. Set it for real devices whose local
+    # data may not contain every class.
+    num_classes: Optional[int] = None
 
 
 @dataclass
@@ -147,6 +155,13 @@ class EvaluationConfig:
     target_rounds: list = field(default_factory=list)
     batch_size: int = 500
     representation_every: int = 0  # >0: representation metrics every k rounds
+    # FGSM / PGD robust accuracy of the global model (FedCCL Table 8), any method.
+    # eps/step are in the units of the model's (normalised) input.
+    robust_every: int = 0
+    robust_eps: float = 0.031
+    robust_step: float = 0.0078
+    robust_steps: int = 20
+    robust_samples: int = 1000
 
 
 @dataclass
@@ -193,13 +208,16 @@ class ExperimentConfig:
 
 _DATASETS = (
     "synthetic", "cifar10", "cifar100", "mnist", "fmnist", "svhn", "usps", "stl10",
-    "imagefolder", "npz",
+    "tinyimagenet", "imagefolder", "digit5", "npz",
 )
 
 _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "seed": (lambda v: v >= 0, "must be >= 0"),
     "dataset.name": (lambda v: v in _DATASETS, f"must be one of {', '.join(_DATASETS)}"),
     "dataset.val_fraction": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
+    "dataset.test_fraction": (lambda v: 0.0 < v < 1.0, "must be in (0, 1)"),
+    "dataset.domains": (lambda v: all(isinstance(d, str) and d for d in v),
+                        "must be a list of domain (folder) names"),
     "dataset.image_size": (lambda v: v is None or v >= 8, "must be >= 8"),
     "dataset.synthetic.num_train": (lambda v: v >= 1, "must be >= 1"),
     "dataset.synthetic.num_test": (lambda v: v >= 1, "must be >= 1"),
@@ -216,6 +234,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "partition.shards_per_client": (lambda v: v >= 1, "must be >= 1"),
     "partition.min_size": (lambda v: v >= 0, "must be >= 0"),
     "partition.domains_per_client": (lambda v: v >= 1, "must be >= 1"),
+    "model.num_classes": (lambda v: v is None or v >= 2, "must be >= 2"),
     "federation.num_clients": (lambda v: v >= 1, "must be >= 1"),
     "federation.rounds": (lambda v: v >= 1, "must be >= 1"),
     "federation.participation": (
@@ -244,6 +263,11 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     ),
     "evaluation.batch_size": (lambda v: v >= 1, "must be >= 1"),
     "evaluation.representation_every": (lambda v: v >= 0, "must be >= 0"),
+    "evaluation.robust_every": (lambda v: v >= 0, "must be >= 0"),
+    "evaluation.robust_eps": (lambda v: v > 0, "must be > 0"),
+    "evaluation.robust_step": (lambda v: v > 0, "must be > 0"),
+    "evaluation.robust_steps": (lambda v: v >= 1, "must be >= 1"),
+    "evaluation.robust_samples": (lambda v: v >= 1, "must be >= 1"),
     "simulation.num_cpus": (lambda v: v >= 1, "must be a whole number >= 1"),
     "simulation.num_gpus": (lambda v: v >= 0, "must be >= 0"),
     "simulation.init_num_cpus": (lambda v: v is None or v >= 1, "must be >= 1"),
@@ -352,12 +376,20 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
         )
     if cfg.dataset.name == "npz" and not cfg.dataset.path:
         raise ConfigError(f"{source}: 'dataset.path' is required when dataset.name is npz")
-    if cfg.partition.scheme == "domain" and cfg.dataset.name == "synthetic":
-        if cfg.dataset.synthetic.num_domains < 2:
+    if cfg.partition.scheme == "domain":
+        ds = cfg.dataset
+        if ds.name == "synthetic" and ds.synthetic.num_domains < 2:
             raise ConfigError(
                 f"{source}: 'partition.scheme' domain needs "
                 "'dataset.synthetic.num_domains' >= 2"
             )
+        if ds.name == "imagefolder" and len(ds.domains) < 2:
+            raise ConfigError(f"{source}: 'partition.scheme' domain on an image folder needs "
+                              "'dataset.domains' (two or more domain sub-folders)")
+        if ds.name not in ("synthetic", "imagefolder", "digit5", "npz"):
+            raise ConfigError(f"{source}: 'partition.scheme' domain needs a dataset with "
+                              f"domains (synthetic, digit5, imagefolder, npz with d_train), "
+                              f"not {ds.name!r}")
     if not cfg.name or any(c in cfg.name for c in "/\\"):
         raise ConfigError(f"{source}: 'name' must be a non-empty name without slashes")
     _check_registries(cfg, source)

@@ -30,7 +30,7 @@ def evaluate_model(model: nn.Module, dataset: Dataset, device: torch.device, *,
     unweighted average under ``per_group``.
     """
     model.eval()
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=0)
+    loader = _batches(dataset, batch_size)
     loss_sum, correct, n = 0.0, 0, 0
     preds = []
     for x, y in loader:
@@ -56,6 +56,18 @@ def evaluate_model(model: nn.Module, dataset: Dataset, device: torch.device, *,
     return result
 
 
+def _batches(dataset, batch_size: int, indices=None):
+    """In-order, un-augmented batches (fast path for the project's datasets)."""
+    idx = np.arange(len(dataset)) if indices is None else np.asarray(indices)
+    if hasattr(dataset, "get_batch"):
+        from fedrcl_flwr.data.datasets import iterate_batches
+
+        return iterate_batches(dataset, idx, batch_size)
+    from torch.utils.data import Subset
+
+    return DataLoader(Subset(dataset, idx.tolist()), batch_size=batch_size, shuffle=False)
+
+
 class EMATracker:
     """EMA_t = factor * EMA_{t-1} + (1 - factor) * acc_t, as FedRCL reports.
 
@@ -72,3 +84,32 @@ class EMATracker:
         else:
             self.value = self.factor * self.value + (1.0 - self.factor) * acc
         return self.value
+
+
+def robust_accuracy(model: nn.Module, dataset: Dataset, device: torch.device, *,
+                    eps: float, step: float, steps: int = 20, max_samples: int = 1000,
+                    batch_size: int = 250, seed: int = 0) -> dict:
+    """Clean, FGSM and PGD-``steps`` accuracy of ``model`` on up to ``max_samples``
+    samples (FedCCL Table 8). ``eps``/``step`` are in the model's input units."""
+    from fedrcl_flwr.losses.fedccl import fgsm_attack, pgd_attack
+
+    n = len(dataset)
+    idx = np.arange(n)
+    if n > max_samples:
+        idx = np.sort(np.random.default_rng(seed).choice(n, max_samples, replace=False))
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    hits = {"clean": 0, "fgsm": 0, f"pgd{steps}": 0}
+    total = 0
+    for x, y in _batches(dataset, batch_size, idx):
+        x, y = x.to(device), y.to(device)
+        with torch.no_grad():
+            hits["clean"] += int((model(x).argmax(1) == y).sum())
+        x_f = fgsm_attack(model, x, y, eps=eps, clamp=None)
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        x_p = pgd_attack(model, x, y, eps=eps, step=step, steps=steps, clamp=None)
+        with torch.no_grad():
+            hits["fgsm"] += int((model(x_f).argmax(1) == y).sum())
+            hits[f"pgd{steps}"] += int((model(x_p).argmax(1) == y).sum())
+        total += int(y.shape[0])
+    return {f"robust_{k}_accuracy": v / max(total, 1) for k, v in hits.items()}

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Subset
+
+from fedrcl_flwr.evaluation import _batches
 
 
 @torch.no_grad()
@@ -17,7 +18,7 @@ def embed(model, dataset, device, *, feature: str = "penultimate", max_samples: 
         idx = np.sort(np.random.default_rng(seed).choice(n, max_samples, replace=False))
     model.eval()
     feats, labels = [], []
-    for x, y in DataLoader(Subset(dataset, idx.tolist()), batch_size=batch_size):
+    for x, y in _batches(dataset, batch_size, idx):
         _, f = model(x.to(device), return_features=True)
         feats.append(f[feature].double().cpu())
         labels.append(y)

@@ -36,6 +36,7 @@ def _bundle_cached(dataset_key: str, seed: int):
         d["name"], root=d["root"], path=d["path"], download=d["download"],
         augment=d["augment"], normalize=d["normalize"], image_size=d["image_size"],
         synthetic=d["synthetic"], seed=seed, val_fraction=d["val_fraction"],
+        domains=d["domains"], test_fraction=d["test_fraction"],
     )
 
 
@@ -73,7 +74,7 @@ def pick_device(name: str = "auto") -> torch.device:
 
 
 def new_model(cfg: ExperimentConfig, bundle) -> nn.Module:
-    return build_model(cfg.model.name, num_classes=bundle.num_classes,
+    return build_model(cfg.model.name, num_classes=cfg.model.num_classes or bundle.num_classes,
                        in_channels=bundle.in_channels, image_size=bundle.image_size,
                        params=cfg.model.params)
 
@@ -90,7 +91,8 @@ _MODEL_CACHE: dict = {}
 
 def worker_model(cfg: ExperimentConfig, bundle, device: torch.device) -> nn.Module:
     """One model instance per process (re-used by every virtual client it serves)."""
-    key = (cfg.model.name, _key(cfg.model.params), bundle.num_classes, bundle.in_channels,
+    key = (cfg.model.name, _key(cfg.model.params), cfg.model.num_classes, bundle.num_classes,
+           bundle.in_channels,
            bundle.image_size, str(device))
     if key not in _MODEL_CACHE:
         _MODEL_CACHE.clear()
@@ -141,17 +143,22 @@ def sample_partitions(seed: int, server_round: int, num_clients: int, k: int) ->
 
 
 def make_batches(dataset, indices: np.ndarray, batch_size: int, seed: int):
-    """``batches(epoch)`` for :func:`fedrcl_flwr.training.train_local`: shuffled with a
-    generator seeded from ``seed`` and the epoch; also seeds augmentation."""
-    from torch.utils.data import DataLoader, Subset
-
-    subset = Subset(dataset, np.asarray(indices).tolist())
+    """``batches(epoch)`` for :func:`fedrcl_flwr.training.train_local`: a permutation of
+    the client's indices and the augmentation draws, both from a generator seeded with
+    ``(seed, epoch)`` only. Datasets with ``get_batch`` (every built-in one) fetch and
+    augment a whole batch at once; others are read sample by sample."""
+    indices = np.asarray(indices, dtype=np.int64)
 
     def batches(epoch: int):
         g = torch.Generator()
         g.manual_seed((seed + 1000003 * epoch) & ((1 << 63) - 1))
-        torch.manual_seed((seed * 7 + epoch) & ((1 << 63) - 1))  # augmentation draws
-        return DataLoader(subset, batch_size=batch_size, shuffle=True, generator=g,
-                          num_workers=0, drop_last=False)
+        order = indices[torch.randperm(len(indices), generator=g).numpy()]
+        for i in range(0, len(order), batch_size):
+            chunk = order[i:i + batch_size]
+            if hasattr(dataset, "get_batch"):
+                yield dataset.get_batch(chunk, generator=g)
+            else:
+                xs, ys = zip(*(dataset[int(j)] for j in chunk))
+                yield torch.stack(xs), torch.as_tensor(ys)
 
     return batches

@@ -69,6 +69,13 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
             from fedrcl_flwr.representation import representation_record
 
             metrics.update(representation_record(eval_model, bundle.test, device))
+        ev = cfg.evaluation
+        if ev.robust_every and (rnd % ev.robust_every == 0 or rnd == cfg.federation.rounds):
+            from fedrcl_flwr.evaluation import robust_accuracy
+
+            metrics.update(robust_accuracy(eval_model, bundle.test, device, eps=ev.robust_eps,
+                                           step=ev.robust_step, steps=ev.robust_steps,
+                                           max_samples=ev.robust_samples, seed=cfg.seed))
         return res.loss, metrics
 
     strategy = None

@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny experiment configs on the embedded synthetic data."""
+
+from pathlib import Path
+
+import pytest
+
+from fedrcl_flwr.config import config_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(tmp_path=None, **sections):
+    """A seconds-sized experiment: 8 clients, 2 per round, 16x16 synthetic images."""
+    data = {
+        "name": "tiny",
+        "seed": 0,
+        "dataset": {"name": "synthetic", "synthetic": {
+            "num_train": 800, "num_test": 300, "num_classes": 4, "image_size": 16,
+            "channels": 3, "subclusters": 2}},
+        "partition": {"scheme": "dirichlet", "alpha": 0.5, "balanced": True},
+        "model": {"name": "cnn5"},
+        "federation": {"num_clients": 8, "rounds": 3, "participation": None,
+                       "clients_per_round": 2},
+        "client": {"method": "fedavg", "lr": 0.05, "local_epochs": 1, "batch_size": 32,
+                   "device": "cpu"},
+        "server": {"strategy": "fedavg"},
+        "evaluation": {"target_rounds": [2]},
+        "output": {"dir": str(tmp_path / "run") if tmp_path else "runs/tiny"},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            merged = dict(data[key])
+            merged.update(value)
+            data[key] = merged
+        else:
+            data[key] = value
+    return config_from_dict(data, "tiny")
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return lambda **kw: tiny_config(tmp_path, **kw)
