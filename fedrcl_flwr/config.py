@@ -44,6 +44,11 @@ class SyntheticConfig:
     channels: int = 3
     subclusters: int = 3  # sub-clusters per class (intra-class structure)
     num_domains: int = 1  # >1: restyled "domains" for inter-domain splits
+    # difficulty: pixel noise, strength of class-independent distractor patterns, and
+    # weight of the class pattern against the (shared) sub-cluster patterns
+    noise: float = 0.9
+    distractor_strength: float = 1.0
+    class_weight: float = 1.0
 
 
 @dataclass
@@ -105,6 +110,9 @@ class FederationConfig:
     clients_per_round: Optional[int] = None
     eval_every: int = 1
     max_consecutive_failed_rounds: int = 3
+    # a client that has not answered after this many seconds is dropped from the round
+    # (counted in ``failures``); null = wait for every client
+    round_timeout_s: Optional[float] = None
 
     def sampled_per_round(self) -> int:
         if self.clients_per_round is not None:
@@ -226,6 +234,9 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "dataset.synthetic.channels": (lambda v: v >= 1, "must be >= 1"),
     "dataset.synthetic.subclusters": (lambda v: v >= 1, "must be >= 1"),
     "dataset.synthetic.num_domains": (lambda v: v >= 1, "must be >= 1"),
+    "dataset.synthetic.noise": (lambda v: v >= 0, "must be >= 0"),
+    "dataset.synthetic.distractor_strength": (lambda v: v >= 0, "must be >= 0"),
+    "dataset.synthetic.class_weight": (lambda v: v > 0, "must be > 0"),
     "partition.scheme": (
         lambda v: v in ("iid", "dirichlet", "shards", "domain"),
         "must be one of iid, dirichlet, shards, domain",
@@ -243,6 +254,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "federation.clients_per_round": (lambda v: v is None or v >= 1, "must be >= 1"),
     "federation.eval_every": (lambda v: v >= 1, "must be >= 1"),
     "federation.max_consecutive_failed_rounds": (lambda v: v >= 1, "must be >= 1"),
+    "federation.round_timeout_s": (lambda v: v is None or v > 0, "must be > 0 (or null)"),
     "client.optimizer": (lambda v: v in ("sgd",), "must be 'sgd'"),
     "client.lr": (lambda v: v > 0, "must be > 0"),
     "client.lr_decay": (lambda v: 0 < v <= 1, "must be in (0, 1]"),

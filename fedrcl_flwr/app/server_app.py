@@ -129,7 +129,8 @@ def server_fn(context: Context):
                                          expected_nodes=int(nodes) if nodes else None)
     print(f"[fedrcl-flwr] {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
           f"{rounds_left} rounds to run, output {out_dir}", file=sys.stderr, flush=True)
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds_left))
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(
+        num_rounds=rounds_left, round_timeout=cfg.federation.round_timeout_s))
 
 
 app = ServerApp(server_fn=server_fn)

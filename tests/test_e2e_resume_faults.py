@@ -1,0 +1,95 @@
+"""Real Flower runs (marked ``flwr``): a run killed after round k and resumed with
+``--resume`` ends with the same metrics as an uninterrupted run, and a client that hangs
+past ``federation.round_timeout_s`` is dropped and counted instead of stalling the run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedrcl_flwr.results import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.flwr
+
+SMALL = [
+    "dataset.synthetic.num_train=1200", "dataset.synthetic.num_test=300",
+    "dataset.synthetic.image_size=16", "dataset.synthetic.num_classes=4",
+    "federation.num_clients=6", "federation.clients_per_round=2",
+    "federation.participation=null", "client.local_epochs=1", "client.lr=0.05",
+    "output.checkpoint_every=1",
+]
+
+
+def _args(out, *sets):
+    args = [sys.executable, "-m", "fedrcl_flwr.cli", "run",
+            str(ROOT / "experiments" / "quickstart.yaml"), "--out", str(out)]
+    for s in [*SMALL, *sets]:
+        args += ["--set", s]
+    return args
+
+
+def _strip(recs):
+    drop = ("wall_time_s", "round_time_s")
+    return [{k: v for k, v in r.items() if k not in drop} for r in recs]
+
+
+def _procs_with(marker: str) -> list[int]:
+    out = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker.encode() in (d / "environ").read_bytes() and int(d.name) != os.getpid():
+                out.append(int(d.name))
+        except OSError:
+            continue
+    return out
+
+
+def test_killed_run_resumes_to_identical_metrics(tmp_path):
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    sets = ["federation.rounds=4", "server.strategy=fedavgm"]
+    res = subprocess.run(_args(full, *sets), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+    proc = subprocess.Popen(_args(cut, *sets), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(read_metrics(cut)) < 2 and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, "run ended before it could be killed"
+    proc.send_signal(signal.SIGTERM)  # the CLI tears its SuperLink and Ray down
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    done = len(read_metrics(cut))
+    assert 2 <= done < 4, done
+    assert not (cut / "summary.json").exists()
+    assert not _procs_with("fedrcl-flwr-home-"), "left processes behind"
+
+    res = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "run", "--resume",
+                          str(cut)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    a, b = read_metrics(full), read_metrics(cut)
+    assert [r["round"] for r in b] == [1, 2, 3, 4]
+    assert _strip(a) == _strip(b)
+    assert json.loads((cut / "summary.json").read_text())["final_accuracy"] == \
+        json.loads((full / "summary.json").read_text())["final_accuracy"]
+
+
+def test_hanging_client_is_dropped_after_round_timeout(tmp_path):
+    from fedrcl_flwr.runtime import sample_partitions
+
+    slow = sample_partitions(0, 1, 6, 2)[0]  # one of round 1's two clients hangs
+    res = subprocess.run(_args(tmp_path / "run", "federation.rounds=2",
+                               "client.method=faulty",
+                               f"client.params={{mode: sleep, sleep_s: 60, partitions: [{slow}]}}",
+                               "federation.round_timeout_s=15"),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    recs = read_metrics(tmp_path / "run")
+    assert recs[0]["failures"] == 1 and recs[0]["num_clients"] == 1
+    assert "failures 1" in res.stdout
