@@ -14,6 +14,19 @@ CLIENTS: dict[str, str] = {
     "univarfl": "clients.univarfl:UniVarFLClient",
     "freeze": "clients.freeze:FreezeClient",
     "fedccl": "clients.fedccl:FedCCLClient",
+    # baselines (FedRCL / UniVarFL / FedCCL comparisons)
+    "fedprox": "clients.fedprox:FedProxClient",
+    "moon": "clients.moon:MOONClient",
+    "fedlc": "clients.fedlc:FedLCClient",
+    "fedntd": "clients.fedntd:FedNTDClient",
+    "feddecorr": "clients.feddecorr:FedDecorrClient",
+    "fedmlb": "clients.fedmlb:FedMLBClient",
+    "fitnet": "clients.fitnet:FitNetClient",
+    "fedproc": "clients.fedproc:FedProcClient",
+    "fedproto": "clients.fedproto:FedProtoClient",
+    "fpl": "clients.fpl:FPLClient",
+    "fedpcl": "clients.fedpcl:FedPCLClient",
+    "feddyn": "clients.feddyn:FedDynClient",
 }
 
 

@@ -230,3 +230,41 @@ class FederatedClient(NumPyClient):
         plain = data.dataset.plain() if hasattr(data.dataset, "plain") else data.dataset
         res = evaluate_model(model, Subset(plain, data.indices.tolist()), self.device)
         return res.loss, res.num_samples, {"accuracy": res.accuracy}
+
+    # ------------------------------------------------- helpers for baselines (appended)
+    def frozen_model(self, weights=None, slot: str = "global") -> torch.nn.Module:
+        """A second model instance (one per ``slot`` and process, cached like
+        ``runtime.worker_model``) loaded with ``weights`` (default: the received global
+        weights; a list of arrays or a state dict), in eval mode with
+        ``requires_grad=False``. Call once per round; run it under ``torch.no_grad()``
+        unless gradients must flow into its *input* (FedMLB's hybrid branches)."""
+        import copy
+
+        base = self._model()
+        cached = _FROZEN_MODELS.get(slot)
+        if cached is None or cached[0] is not base:
+            model = copy.deepcopy(base)
+            for p in model.parameters():
+                p.requires_grad_(False)
+                p.grad = None
+            vars(model).pop("forward", None)  # a per-round override is not the model
+            _FROZEN_MODELS[slot] = (base, model)
+        model = _FROZEN_MODELS[slot][1]
+        weights = self.global_weights if weights is None else weights
+        if isinstance(weights, dict):
+            model.load_state_dict(weights, strict=True)
+        else:
+            runtime.set_weights(model, weights)
+        return model.eval()
+
+    def persistent_state_store(self):
+        """:attr:`state_store`, rooted at the run's ``output_dir/client_state`` when the app
+        gave no ``state_dir`` (in-process runs create a client per message, so a temporary
+        directory would lose the state between rounds)."""
+        if self.state_dir is None and self._state_store is None:
+            self.state_dir = str(self.cfg.output_dir() / "client_state")
+        return self.state_store
+
+
+# frozen second model instances (slot -> (worker model they mirror, frozen copy))
+_FROZEN_MODELS: dict = {}

@@ -9,6 +9,7 @@ STRATEGIES: dict[str, str] = {
     "fedavgm": "strategies.fedavgm:FedAvgM",
     "fedadam": "strategies.fedadam:FedAdam",
     "fedacg": "strategies.fedacg:FedACG",
+    "feddyn": "strategies.feddyn:FedDyn",
 }
 
 

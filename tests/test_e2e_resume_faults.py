@@ -86,8 +86,8 @@ def test_hanging_client_is_dropped_after_round_timeout(tmp_path):
     slow = sample_partitions(0, 1, 6, 2)[0]  # one of round 1's two clients hangs
     res = subprocess.run(_args(tmp_path / "run", "federation.rounds=2",
                                "client.method=faulty",
-                               f"client.params={{mode: sleep, sleep_s: 60, partitions: [{slow}]}}",
-                               "federation.round_timeout_s=15"),
+                               f"client.params={{mode: sleep, sleep_s: 900, partitions: [{slow}]}}",
+                               "federation.round_timeout_s=60"),
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     recs = read_metrics(tmp_path / "run")

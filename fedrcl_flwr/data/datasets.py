@@ -347,7 +347,11 @@ def _npz(path: Path) -> tuple[RawSplit, RawSplit]:
                                    f"{len(y)} labels")
             if len(y) and y.min() < 0:
                 raise DatasetError(f"{path}: y_{s} has negative labels")
-            d = np.asarray(z[f"d_{s}"]).astype(np.int64) if f"d_{s}" in z.files else None
+            d = np.asarray(z[f"d_{s}"]).astype(np.int64).ravel() if f"d_{s}" in z.files \
+                else None
+            if d is not None and len(d) != len(y):
+                raise DatasetError(f"{path}: d_{s} has {len(d)} domain ids but y_{s} has "
+                                   f"{len(y)} labels")
             out.append(RawSplit(x, y, d))
     return out[0], out[1]
 

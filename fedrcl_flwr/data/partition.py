@@ -172,7 +172,9 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float
             raise PartitionError("partition.scheme 'domain' needs a dataset with domains "
                                  "(synthetic with num_domains >= 2, digit5, or imagefolder "
                                  "with dataset.domains)")
-        return by_domain(np.asarray(domains), num_clients, domains_per_client, balanced, alpha,
-                         rng)
+        domains = np.asarray(domains)
+        if len(domains) != n:
+            raise PartitionError(f"domain split: {len(domains)} domain ids for {n} samples")
+        return by_domain(domains, num_clients, domains_per_client, balanced, alpha, rng)
     raise PartitionError(f"unknown partition scheme {scheme!r} "
                          "(iid | dirichlet | shards | domain)")

@@ -41,11 +41,19 @@ def _lightcnn(num_classes: int, in_channels: int, image_size: int, **params) -> 
                     **params)
 
 
+def _backbone_mlp(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
+    from fedrcl_flwr.models.backbone import BackboneMLP
+
+    return BackboneMLP(num_classes=num_classes, in_channels=in_channels,
+                       image_size=image_size, **params)
+
+
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet18_gn": _resnet18_gn,
     "cnn4": _cnn4,
     "cnn5": _cnn5,
     "lightcnn": _lightcnn,
+    "backbone_mlp": _backbone_mlp,
 }
 MODEL_NAMES = frozenset(MODELS)
 

@@ -47,6 +47,28 @@ class CNN4(nn.Module):
         feats = {"conv1": c1.mean((2, 3)), "conv2": c2.mean((2, 3)), "penultimate": z}
         return logits, feats
 
+    # ---- FedMLB block interface (block i's output feeds block i+1; the last is the
+    # penultimate feature, the input of ``fc``)
+    def block_forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Outputs of the blocks [conv1+pool, conv2+pool, fc1 (= penultimate)]."""
+        h1 = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        h2 = F.max_pool2d(F.relu(self.conv2(h1)), 2)
+        z = F.relu(self.fc1(h2.flatten(1)))
+        return [h1, h2, z]
+
+    def forward_from(self, k: int, h: torch.Tensor, return_features: bool = False):
+        """Logits from ``h`` = the output of block ``k`` (index into
+        :meth:`block_forward`'s list): runs blocks k+1.. and ``fc``; with
+        ``return_features`` also ``{"penultimate": z}``."""
+        if not 0 <= k < 3:
+            raise ValueError(f"block index {k} out of range [0, 3)")
+        if k < 1:
+            h = F.max_pool2d(F.relu(self.conv2(h)), 2)
+        if k < 2:
+            h = F.relu(self.fc1(h.flatten(1)))
+        logits = self.fc(h)
+        return (logits, {"penultimate": h}) if return_features else logits
+
 
 class CNN5(nn.Module):
     """5-layer CNN (2 conv + 3 fc) for CIFAR-10-like data; 128-d feature before ``fc``."""
@@ -79,3 +101,28 @@ class CNN5(nn.Module):
             "penultimate": z,
         }
         return logits, feats
+
+    # ---- FedMLB block interface (block i's output feeds block i+1; the last is the
+    # penultimate feature, the input of ``fc``)
+    def block_forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Outputs of the blocks [conv1+pool, conv2+pool, fc1, fc2 (= penultimate)]."""
+        h1 = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        h2 = F.max_pool2d(F.relu(self.conv2(h1)), 2)
+        f1 = F.relu(self.fc1(h2.flatten(1)))
+        z = F.relu(self.fc2(f1))
+        return [h1, h2, f1, z]
+
+    def forward_from(self, k: int, h: torch.Tensor, return_features: bool = False):
+        """Logits from ``h`` = the output of block ``k`` (index into
+        :meth:`block_forward`'s list): runs blocks k+1.. and ``fc``; with
+        ``return_features`` also ``{"penultimate": z}``."""
+        if not 0 <= k < 4:
+            raise ValueError(f"block index {k} out of range [0, 4)")
+        if k < 1:
+            h = F.max_pool2d(F.relu(self.conv2(h)), 2)
+        if k < 2:
+            h = F.relu(self.fc1(h.flatten(1)))
+        if k < 3:
+            h = F.relu(self.fc2(h))
+        logits = self.fc(h)
+        return (logits, {"penultimate": h}) if return_features else logits

@@ -1,0 +1,116 @@
+"""FedProto with parameter averaging (Tan et al., AAAI 2022, "FedProto: Federated Prototype
+Learning across Heterogeneous Clients"; compared this way by FedCCL, Sec. 5.1).
+
+Local objective: L = CE + λ·L_R with
+
+    L_R = Σ_j ‖f(x_j) − C̄^{(y_j)}‖²    (as the official code: MSE, mean over batch × dim)
+
+where C̄^{(c)} is the global prototype of class c (loss term ``proto``;
+:func:`fedrcl_flwr.losses.baselines.fedproto_loss`). Samples of a class without a global
+prototype add zero; round one (no prototypes yet) is plain CE.
+
+Prototypes travel through the signal exchange (``strategies/signal_exchange.py``,
+``global_mode: mean``, ``send_local: false``): after training the client embeds its data
+with the updated model (eval mode, no augmentation) and uploads one class-mean prototype
+per class it holds (``metrics["signals"]``); the server's global prototype of a class is
+the sample-count-weighted mean of the uploads (the exchange's ``mean`` mode; FedProto's
+released code averages the clients' prototypes uniformly). ``max_age: 1``: only
+the previous round's uploads count, as in the original (override with
+``server.signals.max_age``). The model update itself is averaged by the configured
+server optimizer.
+
+Parameters: ``lam`` (λ, FedProto's ``ld``) = 1, the FedProto default; ``feature`` =
+``penultimate``; ``embed_batch`` = 500.
+
+This module also holds :class:`PrototypeClient`, the plumbing FedProc, FPL and FedPCL
+share (reading the relayed prototypes, uploading class means).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from clients.base import FederatedClient
+from fedrcl_flwr.signals import SignalSet, decode_signals, encode_signals
+from fedrcl_flwr.training import LossTerm, cross_entropy_term
+
+
+def class_mean_signals(features: np.ndarray, labels: np.ndarray) -> SignalSet:
+    """One mean prototype per class present (the ``mode="mean"`` output of
+    :func:`fedrcl_flwr.signals.class_cluster_signals`, without importing FINCH)."""
+    classes = np.unique(labels)
+    if not len(classes):
+        return SignalSet.empty(features.shape[1] if features.ndim == 2 else 0)
+    vecs = np.stack([features[labels == c].mean(0) for c in classes]).astype(np.float32)
+    counts = np.asarray([int((labels == c).sum()) for c in classes], np.int64)
+    return SignalSet(vecs, classes.astype(np.int64), counts)
+
+
+class PrototypeClient(FederatedClient):
+    """Clients that exchange class prototypes with the server's SignalExchange."""
+
+    global_mode = "mean"        # how the server builds the global prototypes
+    send_local = False          # whether it also relays the banked client prototypes
+    normalize_protos = False    # FedPCL: prototypes are means of L2-normalised features
+
+    @classmethod
+    def exchange_settings(cls, cfg) -> dict:
+        return {"global_mode": cls.global_mode, "send_local": cls.send_local, "max_age": 1}
+
+    def on_round_start(self, config):
+        def load(key):
+            if key not in config:
+                return None
+            s = decode_signals(config[key])
+            if not len(s):
+                return None
+            return (torch.as_tensor(s.vectors, device=self.device),
+                    torch.as_tensor(s.labels, device=self.device))
+
+        self.global_protos = load("signals_global")
+        self.local_protos = load("signals_local") if self.send_local else None
+
+    @torch.no_grad()
+    def embed_local_data(self) -> tuple[np.ndarray, np.ndarray]:
+        from fedrcl_flwr.data.datasets import iterate_batches
+
+        model, feat = self.model, self.p["feature"]
+        was_training = model.training
+        model.eval()
+        feats, labels = [], []
+        for x, y in iterate_batches(self.data.dataset, self.data.indices,
+                                    int(self.p["embed_batch"])):
+            _, f = model(x.to(self.device), return_features=True)
+            feats.append(f[feat].float().cpu().numpy())
+            labels.append(np.asarray(y))
+        model.train(was_training)
+        return np.concatenate(feats), np.concatenate(labels)
+
+    def on_round_end(self, metrics):
+        feats, labels = self.embed_local_data()
+        if self.normalize_protos:
+            feats = feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
+        s = class_mean_signals(feats, labels)
+        metrics["signals"] = encode_signals(s)
+        metrics["num_signals"] = len(s)
+        metrics["used_global_signals"] = 0 if self.global_protos is None else int(
+            self.global_protos[0].shape[0])
+
+
+class FedProtoClient(PrototypeClient):
+    method = "fedproto"
+    defaults = {"lam": 1.0, "feature": "penultimate", "embed_batch": 500}
+
+    def loss_terms(self):
+        terms = [cross_entropy_term()]
+        if self.global_protos is None:
+            return terms
+        from fedrcl_flwr.losses.baselines import fedproto_loss
+
+        pv, pl = self.global_protos
+        feat, c = self.p["feature"], self.data.num_classes
+        terms.append(LossTerm(
+            "proto", lambda b: fedproto_loss(b.feats[feat], b.y, pv, pl, c),
+            weight=float(self.p["lam"]), needs_features=True))
+        return terms
