@@ -10,8 +10,9 @@ with 2 threads:
 
 Steps of the two methods are interleaved (A, B, A, B, ...) after a warm-up so that a
 changing machine load hits both alike; the median step time of each is reported, plus the
-isolated forward+backward time of the loss itself on the 5 pooled taps. The last line is
-the ratio.
+isolated forward+backward time of the loss itself on the 5 pooled taps (with 2 threads and
+with 1: on a shared machine each of its ~100 tiny ops can stall waiting for the second
+thread). The last line is the ratio.
 
     python benchmarks/bench_fedrcl_step.py [--steps 7] [--warmup 1] [--batch 50]
 """
@@ -84,12 +85,17 @@ def main() -> int:
     with torch.no_grad():
         _, feats = models["fedrcl"](x, return_features=True)
     taps = [feats[lv].clone().requires_grad_() for lv in models["fedrcl"].levels]
-    loss_times = []
-    for i in range(50):
-        t0 = time.perf_counter()
-        rcl_loss(taps, y).backward()
-        if i >= 5:
-            loss_times.append(time.perf_counter() - t0)
+    loss_ms = {}
+    for threads in (2, 1):   # tiny ops: with 2 threads a busy second core stalls each op
+        torch.set_num_threads(threads)
+        ts = []
+        for i in range(60):
+            t0 = time.perf_counter()
+            rcl_loss(taps, y).backward()
+            if i >= 10:
+                ts.append(time.perf_counter() - t0)
+        loss_ms[threads] = statistics.median(ts) * 1e3
+    torch.set_num_threads(2)
 
     med = {m: statistics.median(v) for m, v in times.items()}
     print(f"batch {args.batch}, 32x32x3, ResNet-18-GN, CPU, {torch.get_num_threads()} threads, "
@@ -97,7 +103,8 @@ def main() -> int:
     for m in ("fedavg", "fedrcl"):
         print(f"{m:>7}: median step {med[m] * 1e3:8.1f} ms  "
               f"(min {min(times[m]) * 1e3:.1f}, max {max(times[m]) * 1e3:.1f})")
-    print(f"rcl_loss alone (5 levels, fwd+bwd): median {statistics.median(loss_times) * 1e3:.2f} ms")
+    print(f"rcl_loss alone (5 levels, fwd+bwd): median {loss_ms[2]:.2f} ms with 2 threads, "
+          f"{loss_ms[1]:.2f} ms with 1 thread")
     print(f"fedrcl vs fedavg step time ratio: {med['fedrcl'] / med['fedavg']:.2f}x")
     return 0
 

@@ -167,14 +167,44 @@ class _Neighbours:
         n = geo.n
         if block_size is None:
             block_size = _auto_block(np.dtype(geo.dtype).itemsize)
-        self.full: Optional[np.ndarray] = None
-        if n <= block_size:
+        self.full: Optional[np.ndarray] = None  # all distances (single-product case)
+        self.sim: Optional[np.ndarray] = None  # or, for cosine, all similarities
+        if n <= block_size and geo.cosine:
+            self._cosine_full()
+        elif n <= block_size:
             dist = geo.block(0, n, 0, n)
             np.fill_diagonal(dist, _DIAG)
             self.kappa = dist.argmin(axis=1)
             self.dmin = dist[np.arange(n), self.kappa]
             self.full = dist
-            return
+        else:
+            self._blocked(block_size)
+
+    def _cosine_full(self) -> None:
+        """argmin_j clip(1 - s_ij, 0, 2) from one arg-max over the similarities.
+
+        1 - s is exact for s in [0.5, 2] (Sterbenz), so on (0.5, 1) the distance is a
+        one-to-one function of the similarity and the arg-max (lowest index on ties) is the
+        reference's arg-min. Rows whose best similarity is outside (0.5, 1) can have several
+        similarities rounding or clipping to the same distance: those rows are redone on the
+        distances themselves.
+        """
+        geo, n = self.geo, self.geo.n
+        sim = geo.z @ geo.z.T  # one SYRK, bit-identical to sklearn's
+        np.fill_diagonal(sim, -np.inf)
+        kappa = sim.argmax(axis=1)
+        best = sim[np.arange(n), kappa]
+        redo = np.flatnonzero(~((best > 0.5) & (best < 1)))
+        for s in range(0, len(redo), 1024):
+            rows = redo[s:s + 1024]
+            d = geo._finish(sim[rows], None, None)
+            d[np.arange(len(rows)), rows] = _DIAG
+            kappa[rows] = d.argmin(axis=1)
+        self.kappa, self.sim = kappa, sim
+        self.dmin = geo._finish(sim[np.arange(n), kappa], None, None)
+
+    def _blocked(self, block_size: int) -> None:
+        geo, n = self.geo, self.geo.n
         best = np.full(n, np.inf, dtype=geo.dtype)
         arg = np.zeros(n, dtype=np.int64)
         starts = list(range(0, n, block_size))
@@ -195,16 +225,21 @@ class _Neighbours:
         self.kappa, self.dmin = arg, best
 
     def dist(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        if self.sim is not None:
+            return self.geo._finish(self.sim[i, j], None, None)
         if self.full is not None:
             return self.full[i, j]
         return self.geo.pairs(i, j)
 
     def group_max(self, idx: np.ndarray) -> float:
-        if self.full is not None:
+        if self.sim is not None:
+            sub = self.geo._finish(self.sim[np.ix_(idx, idx)], None, None)
+        elif self.full is not None:
             sub = self.full[np.ix_(idx, idx)].copy()
-            np.fill_diagonal(sub, -np.inf)
-            return float(sub.max())
-        return self.geo.subset_max(idx)
+        else:
+            return self.geo.subset_max(idx)
+        np.fill_diagonal(sub, -np.inf)
+        return float(sub.max())
 
 
 def _update(best: np.ndarray, arg: np.ndarray, blk: np.ndarray, offset: int) -> None:

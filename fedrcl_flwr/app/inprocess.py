@@ -37,7 +37,8 @@ def run_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
     strategy, rounds_left = build_server(cfg, Path(out_dir), resume=resume)
     manager = _Manager(cfg.federation.sampled_per_round())
     cls = client_class(cfg.client.method)
-    make = client_factory or (lambda: cls(cfg))
+    state_dir = str(Path(out_dir) / "client_state")  # as the ClientApp: per-client state
+    make = client_factory or (lambda: cls(cfg, state_dir=state_dir))
     for server_round in range(1, rounds_left + 1):
         ins = strategy.configure_fit(server_round, None, manager)
         results, failures = [], []

@@ -64,6 +64,10 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
         metrics = {"test_accuracy": res.accuracy, "ema_accuracy": ema.update(res.accuracy)}
         if res.per_group:
             metrics["domain_accuracy"] = res.per_group
+        if getattr(bundle, "val", None) is not None:  # dataset.val_fraction hold-out
+            val = evaluate_model(eval_model, bundle.val, device,
+                                 batch_size=cfg.evaluation.batch_size)
+            metrics["val_accuracy"], metrics["val_loss"] = val.accuracy, val.loss
         every = cfg.evaluation.representation_every
         if every and rnd % every == 0:
             from fedrcl_flwr.representation import representation_record
