@@ -1,6 +1,6 @@
 """FedRCL (Seo et al., CVPR 2024, "Relaxed Contrastive Learning for Federated Learning").
 
-Local objective (paper Eq. 6): L = CE + L_RCL, where L_RCL (Eq. 5) is the supervised
+Local objective (paper Algorithm 1, line 10): L = CE + L_RCL, where L_RCL (Eq. 5) is the supervised
 contrastive loss plus a divergence penalty that relaxes it for same-class pairs whose
 similarity exceeds λ, applied to the pooled features of several levels (stem + the four
 ResNet stages) and averaged over levels. The loss itself is

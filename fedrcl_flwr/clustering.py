@@ -119,15 +119,13 @@ class _Geometry:
 
     def block(self, a: int, b: int, c: int, d: int) -> np.ndarray:
         """Distances between rows a:b and rows c:d."""
+        # Same buffer for a diagonal block -> NumPy uses SYRK, as sklearn does for cosine
+        # and for float64 euclidean. (For float32 euclidean sklearn multiplies separate
+        # float64 copies of its chunks with GEMM; the float64 products are rounded to
+        # float32 afterwards, which absorbs the difference between the two kernels.)
+        g = self.z[a:b] @ self.z[c:d].T
         if self.cosine:
-            # same buffer for a diagonal block -> NumPy uses SYRK, as sklearn does
-            g = self.z[a:b] @ self.z[c:d].T
             return self._finish(g, None, None)
-        if self.dtype == np.float64:
-            g = self.z[a:b] @ self.z[c:d].T
-        else:
-            # sklearn upcasts float32 chunks to separate float64 copies (GEMM, not SYRK)
-            g = self.z[a:b] @ self.z[c:d].copy().T
         return self._finish(g, self.sq[a:b, None], self.sq[None, c:d])
 
     def pairs(self, i: np.ndarray, j: np.ndarray) -> np.ndarray:

@@ -180,3 +180,46 @@ def test_float64_input_is_cast_like_reference():
     parts, num = finch(ref["X"].astype(np.float64))
     assert list(num) == ref["num_clust_cosine_ee1"].tolist()
     assert_same_partitions(parts, ref["c_cosine_ee1"])
+
+
+def test_fedccl_and_fpl_pipeline_assignments():
+    """The FINCH calls of the FedCCL-style / FPL reference pipeline (fpl_fedccl_losses.npz):
+    per client and class on local embeddings (first or last partition, early exit on/off),
+    on the server over all clients' signals of a class (last partition, no early exit), and
+    FPL's prototype aggregation (class means of the clients, last partition)."""
+    ref = np.load(DATA / "fpl_fedccl_losses.npz")
+    checked = 0
+    for tag in ("first_ee0", "first_ee1", "last_ee0", "last_ee1"):
+        which, ee = tag.split("_")
+        for k in range(6):
+            feats, labels = ref[f"client{k}_features"], ref[f"client{k}_labels"]
+            for c in np.unique(labels):
+                parts, _ = finch(feats[labels == c], distance="cosine",
+                                 ensure_early_exit=ee == "ee1")
+                got = parts[:, 0] if which == "first" else parts[:, -1]
+                assert_same_partitions(got[:, None],
+                                       ref[f"fedccl_{tag}_client{k}_class{c}_assign"][:, None])
+                checked += 1
+        for c in range(5):
+            signals = ref[f"fedccl_{tag}_local_signals_class{c}"]
+            parts, _ = finch(signals, distance="cosine", ensure_early_exit=False)
+            assign = parts[:, -1]
+            assert_same_partitions(assign[:, None],
+                                   ref[f"fedccl_{tag}_server_assign_class{c}"][:, None])
+            means = np.stack([signals[assign == u].mean(0) for u in np.unique(assign)])
+            np.testing.assert_allclose(means, ref[f"fedccl_{tag}_server_cluster_means_class{c}"],
+                                       rtol=0, atol=1e-6)
+            checked += 1
+    assert checked == 124
+    for c in range(5):  # FPL.proto_aggregation
+        protos = np.stack([ref[f"client{k}_local_protos"][
+            ref[f"client{k}_local_proto_classes"] == c][0]
+            for k in range(6) if c in ref[f"client{k}_local_proto_classes"]])
+        expected = ref[f"fpl_global_cluster_protos_class{c}"]
+        if len(protos) == 1:
+            assert expected.shape[0] == 1
+            continue
+        parts, _ = finch(protos, distance="cosine", ensure_early_exit=False)
+        assign = parts[:, -1]
+        means = np.stack([protos[assign == u].mean(0) for u in np.unique(assign)])
+        np.testing.assert_allclose(means, expected, rtol=0, atol=1e-6)
