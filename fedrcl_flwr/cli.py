@@ -54,6 +54,12 @@ def cmd_run(args) -> int:
             raise ConfigError("give an EXPERIMENT.yaml (or --resume DIR)")
         cfg = _load(args.experiment, args.set, args.out)
         out_dir = cfg.output_dir().resolve()
+    if cfg.dataset.name != "synthetic" and not cfg.dataset.download:
+        # fail fast, before any Flower process starts: a missing dataset or an impossible
+        # split is one clear error (exit 2), not a failed run
+        from fedrcl_flwr.runtime import client_partitions
+
+        client_partitions(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out_dir / "config.yaml")
     print(f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "

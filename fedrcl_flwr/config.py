@@ -386,6 +386,11 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
             f"{source}: 'federation.clients_per_round' ({fed.clients_per_round}) exceeds "
             f"'federation.num_clients' ({fed.num_clients})"
         )
+    if cfg.dataset.name == "synthetic" and fed.num_clients > cfg.dataset.synthetic.num_train:
+        raise ConfigError(
+            f"{source}: 'federation.num_clients' ({fed.num_clients}) exceeds "
+            f"'dataset.synthetic.num_train' ({cfg.dataset.synthetic.num_train}): every "
+            "client needs at least one sample")
     if cfg.dataset.name == "npz" and not cfg.dataset.path:
         raise ConfigError(f"{source}: 'dataset.path' is required when dataset.name is npz")
     if cfg.partition.scheme == "domain":
