@@ -121,7 +121,9 @@ ALL_METHODS = sorted(m for m in CLIENTS if m != "faulty")
 
 @pytest.mark.parametrize("method", ALL_METHODS)
 def test_synthetic_all_is_valid_for_every_method(method):
+    strategy = "feddyn" if method == "feddyn" else "fedavg"  # as the file's loop
     cfg = load_config(SYNTHETIC_ALL, [f"client.method={method}",
+                                      f"server.strategy={strategy}",
                                       f"name=synthetic_all_{method}"])
     validate_components(cfg)
 
