@@ -26,19 +26,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedrcl_flwr.clustering import finch  # noqa: E402
+from fedrcl_flwr.clustering import canonical_labels, finch  # noqa: E402
 
 
-def canonical(parts: np.ndarray) -> np.ndarray:
-    """Relabel every column by order of first occurrence."""
-    parts = np.asarray(parts)
-    out = np.empty(parts.shape, np.int64)
-    for c in range(parts.shape[1]):
-        _, first, inv = np.unique(parts[:, c], return_index=True, return_inverse=True)
-        rank = np.empty(len(first), np.int64)
-        rank[np.argsort(first)] = np.arange(len(first))
-        out[:, c] = rank[inv.ravel()]
-    return out
+canonical = canonical_labels
 
 
 def features(n: int, dim: int, k: int = 20, seed: int = 0) -> np.ndarray:

@@ -468,3 +468,19 @@ def finch(x: np.ndarray, *, distance: str = "cosine", ensure_early_exit: bool = 
         level = max(i for i, v in enumerate(counts) if v >= req_clust)
         req = _refine(data, partitions[:, level], req_clust, distance, block_size)
     return partitions, counts, req
+
+
+def canonical_labels(parts) -> np.ndarray:
+    """Relabel every column of an (N,) or (N, P) label array by order of first occurrence,
+    so two partitions are equal up to relabelling iff their canonical forms are equal."""
+    parts = np.asarray(parts)
+    if parts.ndim == 1:
+        parts = parts[:, None]
+    out = np.empty(parts.shape, np.int64)
+    for c in range(parts.shape[1]):
+        _, first, inv = np.unique(parts[:, c], return_index=True, return_inverse=True)
+        rank = np.empty(len(first), np.int64)
+        rank[np.argsort(first)] = np.arange(len(first))
+        out[:, c] = rank[inv.ravel()]
+    return out
+

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import procs_with
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.flwr
@@ -21,15 +22,7 @@ SMALL = [
 ]
 
 
-def _procs_with(marker: str) -> list[int]:
-    out = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            if marker.encode() in (d / "environ").read_bytes() and int(d.name) != os.getpid():
-                out.append(int(d.name))
-        except OSError:
-            continue
-    return out
+_procs_with = procs_with
 
 
 def _run(tmp_path, *sets, rounds=4):

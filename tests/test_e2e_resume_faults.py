@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import procs_with
 
 from fedrcl_flwr.results import read_metrics
 
@@ -39,15 +40,7 @@ def _strip(recs):
     return [{k: v for k, v in r.items() if k not in drop} for r in recs]
 
 
-def _procs_with(marker: str) -> list[int]:
-    out = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            if marker.encode() in (d / "environ").read_bytes() and int(d.name) != os.getpid():
-                out.append(int(d.name))
-        except OSError:
-            continue
-    return out
+_procs_with = procs_with
 
 
 def test_killed_run_resumes_to_identical_metrics(tmp_path):

@@ -15,26 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedrcl_flwr.clustering import finch, first_neighbours
+from fedrcl_flwr.clustering import canonical_labels, finch, first_neighbours
 
 DATA = Path(__file__).resolve().parent / "data" / "fedccl"
 SETS = sorted(p.name for p in DATA.glob("finch_*.npz") if "reqclust" not in p.name)
 RUNS = [(m, ee) for m in ("cosine", "euclidean") for ee in (1, 0)]
 
 
-def canonical(parts) -> np.ndarray:
-    """Relabel every column of an (N,) or (N, P) label array by order of first occurrence,
-    so two partitions are equal up to relabelling iff their canonical forms are equal."""
-    parts = np.asarray(parts)
-    if parts.ndim == 1:
-        parts = parts[:, None]
-    out = np.empty(parts.shape, np.int64)
-    for c in range(parts.shape[1]):
-        _, first, inv = np.unique(parts[:, c], return_index=True, return_inverse=True)
-        rank = np.empty(len(first), np.int64)
-        rank[np.argsort(first)] = np.arange(len(first))
-        out[:, c] = rank[inv.ravel()]
-    return out
+canonical = canonical_labels
 
 
 def assert_same_partitions(ours, ref):
