@@ -17,7 +17,8 @@ SMALL = [
     "dataset.synthetic.num_train=2000", "dataset.synthetic.num_test=500",
     "federation.num_clients=10", "federation.clients_per_round=3",
     "federation.participation=null", "client.local_epochs=2", "client.lr=0.1",
-    "dataset.synthetic.image_size=16",
+    "dataset.synthetic.image_size=16", "dataset.synthetic.noise=0.3",
+    "dataset.synthetic.class_weight=3.0", "dataset.synthetic.distractor_strength=0.2",
     "evaluation.target_rounds=[2,4]",
 ]
 
@@ -49,7 +50,7 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     s = json.loads((run / "summary.json").read_text())
     assert s["method"] == "fedavg" and s["strategy"] == "fedavg" and s["rounds"] == 4
     assert 0.0 <= s["final_accuracy"] <= 1.0
-    assert s["best_accuracy"] > 0.2, s  # chance is 0.1 (learning is asserted in-process)
+    assert s["best_accuracy"] > 0.15, s  # chance is 0.1; learning speed is asserted in-process
     assert set(s["accuracy_at"]) == {"2", "4"}
     # one progress line per round on stdout
     assert sum(line.startswith("round ") for line in res.stdout.splitlines()) == 4
