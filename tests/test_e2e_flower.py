@@ -23,7 +23,11 @@ SMALL = [
 ]
 
 
-_procs_with = procs_with
+
+
+def _procs_with(marker, _before=set(procs_with("fedrcl-flwr-home-"))):
+    """Processes of a run that are still alive (ignoring any that predate this module)."""
+    return sorted(set(procs_with(marker)) - _before)
 
 
 def _run(tmp_path, *sets, rounds=4):

@@ -39,7 +39,11 @@ def _strip(recs):
     return [{k: v for k, v in r.items() if k not in drop} for r in recs]
 
 
-_procs_with = procs_with
+
+
+def _procs_with(marker, _before=set(procs_with("fedrcl-flwr-home-"))):
+    """Processes of a run that are still alive (ignoring any that predate this module)."""
+    return sorted(set(procs_with(marker)) - _before)
 
 
 def test_killed_run_resumes_to_identical_metrics(tmp_path):
