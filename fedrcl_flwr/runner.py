@@ -167,18 +167,34 @@ class LocalSuperLink:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
-def _kill_ray_of(home: Path) -> None:
-    """Ray may daemonise (own session); kill processes whose environment names our
-    private FLWR_HOME."""
+def _procs_of(home: Path) -> list[int]:
+    """PIDs (other than ours) whose environment names our private FLWR_HOME."""
     marker = f"FLWR_HOME={home}".encode()
+    pids = []
     for pid_dir in Path("/proc").glob("[0-9]*"):
         try:
-            if pid_dir.name == str(os.getpid()):
-                continue
-            if marker in (pid_dir / "environ").read_bytes():
-                os.kill(int(pid_dir.name), signal.SIGKILL)
+            if pid_dir.name != str(os.getpid()) and marker in (pid_dir / "environ").read_bytes():
+                pids.append(int(pid_dir.name))
         except (OSError, ValueError):
             continue
+    return pids
+
+
+def _kill_ray_of(home: Path, timeout: float = 15.0) -> None:
+    """Ray may daemonise (own session) and its raylet may still be spawning workers while
+    we kill: SIGKILL every process whose environment names our private FLWR_HOME, and
+    repeat until none is left (or ``timeout`` passes)."""
+    deadline = time.time() + timeout
+    while True:
+        pids = _procs_of(home)
+        if not pids or time.time() > deadline:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.2)
 
 
 def _run_id(text: str) -> Optional[int]:

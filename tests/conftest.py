@@ -1,6 +1,7 @@
 """Shared fixtures: tiny experiment configs on the embedded synthetic data."""
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,26 @@ def procs_with(marker: str) -> list[int]:
             continue
     return out
 
+
+
+RUN_MARKER = "fedrcl-flwr-home-"
+PROCS_BEFORE_TESTS = frozenset(procs_with(RUN_MARKER))
+
+
+def leftover_procs(grace: float = 10.0) -> dict[int, str]:
+    """Processes of our runs still alive ``grace`` seconds after the run returned (a
+    SIGKILLed Ray worker takes a moment to vanish), ignoring any that predate the test
+    session. Maps PID to its command line, for the assertion message."""
+    deadline = time.time() + grace
+    while True:
+        left = set(procs_with(RUN_MARKER)) - PROCS_BEFORE_TESTS
+        if not left or time.time() > deadline:
+            break
+        time.sleep(0.25)
+    out = {}
+    for pid in sorted(left):
+        try:
+            out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+        except OSError:
+            continue
+    return out

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import procs_with
+from conftest import leftover_procs
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.flwr
@@ -21,13 +21,6 @@ SMALL = [
     "dataset.synthetic.class_weight=3.0", "dataset.synthetic.distractor_strength=0.2",
     "evaluation.target_rounds=[2,4]",
 ]
-
-
-
-
-def _procs_with(marker, _before=set(procs_with("fedrcl-flwr-home-"))):
-    """Processes of a run that are still alive (ignoring any that predate this module)."""
-    return sorted(set(procs_with(marker)) - _before)
 
 
 def _run(tmp_path, *sets, rounds=4):
@@ -58,7 +51,8 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     assert set(s["accuracy_at"]) == {"2", "4"}
     # one progress line per round on stdout
     assert sum(line.startswith("round ") for line in res.stdout.splitlines()) == 4
-    assert not _procs_with("fedrcl-flwr-home-"), "left processes behind"
+    left = leftover_procs()
+    assert not left, f"left processes behind: {left}"
 
 
 def test_cli_exits_1_on_failed_run(tmp_path):
@@ -67,4 +61,5 @@ def test_cli_exits_1_on_failed_run(tmp_path):
     assert res.returncode == 1, res.stdout + res.stderr
     assert "run failed" in res.stderr
     assert "consecutive" in res.stderr  # the server's abort message reaches the user
-    assert not _procs_with("fedrcl-flwr-home-"), "left processes behind"
+    left = leftover_procs()
+    assert not left, f"left processes behind: {left}"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import procs_with
+from conftest import leftover_procs
 
 from fedrcl_flwr.results import read_metrics
 
@@ -39,13 +39,6 @@ def _strip(recs):
     return [{k: v for k, v in r.items() if k not in drop} for r in recs]
 
 
-
-
-def _procs_with(marker, _before=set(procs_with("fedrcl-flwr-home-"))):
-    """Processes of a run that are still alive (ignoring any that predate this module)."""
-    return sorted(set(procs_with(marker)) - _before)
-
-
 def test_killed_run_resumes_to_identical_metrics(tmp_path):
     full, cut = tmp_path / "full", tmp_path / "cut"
     sets = ["federation.rounds=4", "server.strategy=fedavgm"]
@@ -64,7 +57,8 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path):
     done = len(read_metrics(cut))
     assert 2 <= done < 4, done
     assert not (cut / "summary.json").exists()
-    assert not _procs_with("fedrcl-flwr-home-"), "left processes behind"
+    left = leftover_procs()
+    assert not left, f"left processes behind: {left}"
 
     res = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "run", "--resume",
                           str(cut)], capture_output=True, text=True, timeout=600)
