@@ -1,4 +1,4 @@
-"""Peak resident memory of a 500-client (2 %) vs a 100-client (5 %) simulation of the same
+"""Peak memory (PSS: shared pages counted once) of a 500-client (2 %) vs a 100-client (5 %) simulation of the same
 model and data (goal: ratio <= 1.2). Memory is summed over every process of the run
 (SuperLink, simulation process, Ray workers). Prints the ratio as its last line.
 
@@ -31,7 +31,7 @@ def main() -> int:
             print(f"run with {clients} clients failed (exit {rc})", file=sys.stderr)
             return 1
         peaks[clients] = peak
-        print(f"{clients} clients @ {part:.0%}: peak RSS {peak / 2**20:.0f} MiB, "
+        print(f"{clients} clients @ {part:.0%}: peak memory {peak / 2**20:.0f} MiB, "
               f"wall {wall:.0f}s")
     print(f"memory ratio 500 vs 100 clients: {peaks[500] / peaks[100]:.2f}x")
     return 0
