@@ -22,12 +22,16 @@ BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.flwr
 
 
-def _wait_health(port, proc, timeout=60):
+def _wait_health(port, proc, timeout=60, ca=None):
+    import ssl
+
+    url = f"{'https' if ca else 'http'}://127.0.0.1:{port}/health"
+    ctx = ssl.create_default_context(cafile=str(ca)) if ca else None
     deadline = time.time() + timeout
     while time.time() < deadline:
         assert proc.poll() is None, f"process exited with {proc.returncode}"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
                 if r.status == 200:
                     return
         except OSError:
@@ -35,8 +39,54 @@ def _wait_health(port, proc, timeout=60):
     raise TimeoutError(f"no health on port {port}")
 
 
+def _write_tls_material(d: Path) -> None:
+    """What the README's openssl / ssh-keygen commands produce: a CA, a server certificate
+    for 127.0.0.1 signed by it, and one NIST P-384 key pair per SuperNode (OpenSSH private
+    key, SSH public key)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(1)
+          .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP384R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
+            .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    (d / "ca.crt").write_bytes(ca.public_bytes(pem))
+    (d / "server.pem").write_bytes(cert.public_bytes(pem))
+    (d / "server.key").write_bytes(key.private_bytes(
+        pem, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()))
+    for i in range(2):
+        node = ec.generate_private_key(ec.SECP384R1())
+        (d / f"node{i}").write_bytes(node.private_bytes(
+            pem, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
+        (d / f"node{i}.pub").write_bytes(node.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+
+
 @pytest.fixture
-def loopback(tmp_path):
+def loopback(tmp_path, request):
+    """A SuperLink and two SuperNodes on loopback. ``@pytest.mark.parametrize("loopback",
+    ["secure"], indirect=True)`` runs them with TLS and SuperNode authentication, started
+    with the README's commands."""
+    secure = getattr(request, "param", "insecure") == "secure"
     home = Path(tempfile.mkdtemp(prefix="fedrcl-deploy-home-"))
     env = dict(os.environ, FLWR_HOME=str(home), PYTHONWARNINGS="ignore")
     link_port = free_port()
@@ -58,19 +108,37 @@ def loopback(tmp_path):
              y_train=rng.integers(0, 4, 60), x_test=rng.integers(0, 255, (20, 16, 16, 3),
                                                                     dtype=np.uint8),
              y_test=rng.integers(0, 4, 20))
+    tls = tmp_path / "tls"
+    if secure:
+        tls.mkdir()
+        _write_tls_material(tls)
+        link_sec = ["--ssl-ca-certfile", str(tls / "ca.crt"), "--ssl-certfile",
+                    str(tls / "server.pem"), "--ssl-keyfile", str(tls / "server.key"),
+                    "--enable-supernode-auth"]
+        conn = f'root-certificates = "{tls / "ca.crt"}"\n'
+    else:
+        link_sec, conn = ["--insecure"], "insecure = true\n"
     try:
-        link = start([str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1",
-                      "--port", str(link_port), "--disable-runtime-dependency-installation"],
-                     "superlink")
-        _wait_health(link_port, link)
-        for i, node_cfg in enumerate([f"partition-id=0 num-partitions=2",
-                                      f'partition-id=1 num-partitions=2 data-path="{npz}"']):
-            start([str(BIN / "flower-supernode"), "--insecure", "--superlink",
-                   f"127.0.0.1:{link_port}", "--port", str(free_port()),
-                   "--node-config", node_cfg], f"supernode{i}")
         (home / "config.toml").write_text(
             '[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
-            f'address = "127.0.0.1:{link_port}"\ninsecure = true\n')
+            f'address = "127.0.0.1:{link_port}"\n{conn}')
+        link = start([str(BIN / "flower-superlink"), *link_sec, "--host", "127.0.0.1",
+                      "--port", str(link_port), "--disable-runtime-dependency-installation"],
+                     "superlink")
+        _wait_health(link_port, link, ca=tls / "ca.crt" if secure else None)
+        for i, node_cfg in enumerate([f"partition-id=0 num-partitions=2",
+                                      f'partition-id=1 num-partitions=2 data-path="{npz}"']):
+            if secure:
+                reg = _flwr(env, home, "supernode", "register", str(tls / f"node{i}.pub"),
+                            "loopback", timeout=60)
+                assert reg.returncode == 0, reg.stdout + reg.stderr
+                node_sec = ["--root-certificates", str(tls / "ca.crt"),
+                            "--auth-supernode-private-key", str(tls / f"node{i}")]
+            else:
+                node_sec = ["--insecure"]
+            start([str(BIN / "flower-supernode"), *node_sec, "--superlink",
+                   f"127.0.0.1:{link_port}", "--port", str(free_port()),
+                   "--node-config", node_cfg], f"supernode{i}")
         yield home, env, tmp_path
     finally:
         for p in procs:
@@ -124,6 +192,7 @@ client: {{method: {method}, params: {params}, lr: 0.05, local_epochs: 1, batch_s
             break
         time.sleep(2)
     logs = _flwr(env, home, "log", str(run_id), "loopback", "--show")
+    (tmp / f"serverapp_{method}.log").write_text(logs.stdout + logs.stderr)
     assert status == "finished:completed", status + logs.stdout[-3000:]
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in recs] == list(range(1, rounds + 1))
@@ -141,12 +210,15 @@ def test_fedrcl_and_fedccl_over_the_wire(loopback):
     assert "train_loss_local" in recs[1] and "train_loss_global" in recs[1]
 
 
-def test_round_timeout_drops_a_hanging_device(loopback):
-    """Node 1 hangs in fit far longer than ``federation.round_timeout_s``: every round goes
-    on with node 0's update, counts the failure, and the run completes."""
+@pytest.mark.parametrize("loopback", ["secure"], indirect=True)
+def test_tls_node_auth_and_a_hanging_device(loopback):
+    """Over TLS with SuperNode authentication (both nodes registered with ``flwr supernode
+    register``), node 1 hangs in fit far longer than ``federation.round_timeout_s``: the
+    round goes on with node 0's update, counts the failure, and the run completes. (The
+    time-out leaves room for a cold ClientApp start: FAB install, torch import, data.)"""
     t0 = time.time()
     recs = _run(loopback, "faulty", params="{mode: sleep, partitions: [1], sleep_s: 600}",
-                federation=", round_timeout_s: 25")
+                rounds=1, federation=", round_timeout_s: 30")
     assert all(r["num_clients"] == 1 and r["failures"] == 1 for r in recs), recs
     assert all(np.isfinite(r["test_accuracy"]) for r in recs)
-    assert time.time() - t0 < 300  # did not wait for the sleeper
+    assert time.time() - t0 < 240  # did not wait for the sleeper
