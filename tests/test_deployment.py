@@ -101,7 +101,8 @@ def loopback(tmp_path, request):
         procs.append(p)
         return p
 
-    # node 1 trains on its own data file (a real device); node 0 on partition 0
+    # node 0 trains the partition the server assigns (0 or 1); node 1 is a real device: its
+    # own data file and its own id (7, which the server never assigns)
     rng = np.random.default_rng(0)
     npz = tmp_path / "device1.npz"
     np.savez(npz, x_train=rng.integers(0, 255, (60, 16, 16, 3), dtype=np.uint8),
@@ -127,7 +128,7 @@ def loopback(tmp_path, request):
                      "superlink")
         _wait_health(link_port, link, ca=tls / "ca.crt" if secure else None)
         for i, node_cfg in enumerate([f"partition-id=0 num-partitions=2",
-                                      f'partition-id=1 num-partitions=2 data-path="{npz}"']):
+                                      f'partition-id=7 num-partitions=2 data-path="{npz}"']):
             if secure:
                 reg = _flwr(env, home, "supernode", "register", str(tls / f"node{i}.pub"),
                             "loopback", timeout=60)
@@ -213,11 +214,11 @@ def test_fedrcl_and_fedccl_over_the_wire(loopback):
 @pytest.mark.parametrize("loopback", ["secure"], indirect=True)
 def test_tls_node_auth_and_a_hanging_device(loopback):
     """Over TLS with SuperNode authentication (both nodes registered with ``flwr supernode
-    register``), node 1 hangs in fit far longer than ``federation.round_timeout_s``: the
-    round goes on with node 0's update, counts the failure, and the run completes. (The
+    register``), the device with id 7 hangs in fit far longer than ``federation.round_timeout_s``: the
+    round goes on with the other node's update, counts the failure, and the run completes. (The
     time-out leaves room for a cold ClientApp start: FAB install, torch import, data.)"""
     t0 = time.time()
-    recs = _run(loopback, "faulty", params="{mode: sleep, partitions: [1], sleep_s: 600}",
+    recs = _run(loopback, "faulty", params="{mode: sleep, partitions: [7], sleep_s: 600}",
                 rounds=1, federation=", round_timeout_s: 30")
     assert all(r["num_clients"] == 1 and r["failures"] == 1 for r in recs), recs
     assert all(np.isfinite(r["test_accuracy"]) for r in recs)
