@@ -3,7 +3,11 @@ clients per round) vs the same local training in a bare sequential PyTorch loop 
 process (same model, data, partitions, steps, seeds, server averaging). Goal <= 1.15x.
 Prints the ratio as its last line.
 
-    python benchmarks/bench_simulation_overhead.py [--rounds 20]
+    python benchmarks/bench_simulation_overhead.py [--rounds 20] [--ray-cpus 1]
+
+By default Ray may run as many clients at once as the machine has cores, so the
+simulation can beat the sequential loop; ``--ray-cpus 1`` limits Ray to one core (one
+client at a time) to isolate the pure framework overhead.
 """
 
 from __future__ import annotations
@@ -60,12 +64,16 @@ def bare_loop(cfg) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--ray-cpus", type=int, default=None,
+                    help="cap Ray's CPUs (simulation.init_num_cpus); 1 = clients one at a time")
     args = ap.parse_args()
     from fedrcl_flwr.config import load_config
 
     sets = [f"federation.rounds={args.rounds}", "federation.clients_per_round=5",
             "federation.participation=null", "output.checkpoint_every=0",
             "simulation.num_cpus=1"]
+    if args.ray_cpus:
+        sets.append(f"simulation.init_num_cpus={args.ray_cpus}")
     exp = ROOT / "experiments" / "quickstart.yaml"
     cfg = load_config(exp, sets)
     bare = bare_loop(cfg)
