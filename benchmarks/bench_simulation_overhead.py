@@ -13,6 +13,7 @@ client at a time) to isolate the pure framework overhead.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -24,8 +25,10 @@ from _common import ROOT, run_cli_measuring
 
 sys.path.insert(0, str(ROOT))
 
+from fedrcl_flwr.results import read_metrics  # noqa: E402
 
-def bare_loop(cfg) -> float:
+
+def bare_loop(cfg) -> tuple[float, list[float]]:
     """Sequential FedAvg with plain PyTorch: no Flower, no Ray, no serialisation."""
     from fedrcl_flwr import runtime
     from fedrcl_flwr.evaluation import evaluate_model
@@ -39,7 +42,9 @@ def bare_loop(cfg) -> float:
     global_model = runtime.initial_model(cfg, bundle)
     model = runtime.new_model(cfg, bundle)
     c = cfg.client
+    round_times = []
     for rnd in range(1, cfg.federation.rounds + 1):
+        t_round = time.time()
         pids = runtime.sample_partitions(cfg.seed, rnd, cfg.federation.num_clients,
                                          cfg.federation.sampled_per_round())
         states = []
@@ -58,7 +63,8 @@ def bare_loop(cfg) -> float:
         avg = {k: sum(s[k].double() for s in states) / len(states) for k in states[0]}
         global_model.load_state_dict({k: v.to(states[0][k].dtype) for k, v in avg.items()})
         evaluate_model(global_model, bundle.test, torch.device("cpu"))
-    return time.time() - t0
+        round_times.append(time.time() - t_round)
+    return time.time() - t0, round_times
 
 
 def main() -> int:
@@ -76,17 +82,26 @@ def main() -> int:
         sets.append(f"simulation.init_num_cpus={args.ray_cpus}")
     exp = ROOT / "experiments" / "quickstart.yaml"
     cfg = load_config(exp, sets)
-    bare = bare_loop(cfg)
+    bare, bare_rounds = bare_loop(cfg)
     print(f"bare sequential PyTorch loop: {bare:.1f}s for {args.rounds} rounds")
     with tempfile.TemporaryDirectory() as out:
         cli = [str(exp), "--out", out]
         for s in sets:
             cli += ["--set", s]
         rc, wall, _ = run_cli_measuring(cli)
+        flower_rounds = [r["round_time_s"] for r in read_metrics(Path(out))]
     if rc != 0:
         print("flower run failed", file=sys.stderr)
         return 1
     print(f"flower simulation (fedrcl-flwr run, incl. start-up): {wall:.1f}s")
+    if len(flower_rounds) > 1:
+        fl, ba = statistics.median(flower_rounds[1:]), statistics.median(bare_rounds[1:])
+        print(f"first round: flower {flower_rounds[0]:.1f}s (Ray workers import torch and "
+              f"build the data) vs bare {bare_rounds[0]:.1f}s; outside rounds (SuperLink + Ray "
+              f"start-up, teardown): "
+              f"{wall - sum(flower_rounds):.1f}s")
+        print(f"steady state (median round 2..{args.rounds}): flower {fl:.2f}s vs bare "
+              f"{ba:.2f}s = {fl / ba:.2f}x")
     print(f"simulation overhead ratio: {wall / bare:.2f}x")
     return 0
 
