@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -10,6 +9,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fedrcl_flwr.runner import procs_with  # noqa: E402
 
 
 def _pss_bytes(proc_dir: Path) -> int:
@@ -28,16 +30,14 @@ def _pss_bytes(proc_dir: Path) -> int:
     return 0
 
 
-def memory_of_run_processes(cli_pid: int, marker: bytes = b"fedrcl-flwr-home-") -> int:
+def memory_of_run_processes(cli_pid: int, marker: str = "fedrcl-flwr-home-") -> int:
     """Total memory (bytes, PSS) of every process started for a CLI run (their environment
     names the run's private FLWR_HOME) plus the CLI process itself."""
     total = 0
-    for d in Path("/proc").glob("[0-9]*"):
+    for pid in {cli_pid, *procs_with(marker)}:
         try:
-            if d.name != str(cli_pid) and marker not in (d / "environ").read_bytes():
-                continue
-            total += _pss_bytes(d)
-        except OSError:
+            total += _pss_bytes(Path(f"/proc/{pid}"))
+        except OSError:  # ended between the scan and the read
             continue
     return total
 

@@ -167,13 +167,14 @@ class LocalSuperLink:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
-def _procs_of(home: Path) -> list[int]:
-    """PIDs (other than ours) whose environment names our private FLWR_HOME."""
-    marker = f"FLWR_HOME={home}".encode()
+def procs_with(marker: str) -> list[int]:
+    """PIDs (other than ours) of processes whose environment contains ``marker``, e.g.
+    ``FLWR_HOME=<a run's private home>``: what a run started."""
+    needle = marker.encode()
     pids = []
     for pid_dir in Path("/proc").glob("[0-9]*"):
         try:
-            if pid_dir.name != str(os.getpid()) and marker in (pid_dir / "environ").read_bytes():
+            if pid_dir.name != str(os.getpid()) and needle in (pid_dir / "environ").read_bytes():
                 pids.append(int(pid_dir.name))
         except (OSError, ValueError):
             continue
@@ -186,7 +187,7 @@ def _kill_ray_of(home: Path, timeout: float = 15.0) -> None:
     repeat until none is left (or ``timeout`` passes)."""
     deadline = time.time() + timeout
     while True:
-        pids = _procs_of(home)
+        pids = procs_with(f"FLWR_HOME={home}")
         if not pids or time.time() > deadline:
             return
         for pid in pids:

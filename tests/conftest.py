@@ -1,12 +1,12 @@
 """Shared fixtures: tiny experiment configs on the embedded synthetic data."""
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 
 from fedrcl_flwr.config import config_from_dict
+from fedrcl_flwr.runner import procs_with
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,20 +42,6 @@ def tiny_config(tmp_path=None, **sections):
 @pytest.fixture
 def tiny(tmp_path):
     return lambda **kw: tiny_config(tmp_path, **kw)
-
-
-def procs_with(marker: str) -> list[int]:
-    """PIDs of processes whose environment contains ``marker`` (e.g. a private FLWR_HOME):
-    what a run left behind."""
-    out = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            if marker.encode() in (d / "environ").read_bytes() and int(d.name) != os.getpid():
-                out.append(int(d.name))
-        except OSError:
-            continue
-    return out
-
 
 
 RUN_MARKER = "fedrcl-flwr-home-"

@@ -5,6 +5,7 @@ failure. Marked ``flwr`` (slow: each round starts fresh ClientApp processes)."""
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -23,8 +24,6 @@ pytestmark = pytest.mark.flwr
 
 
 def _wait_health(port, proc, timeout=60, ca=None):
-    import ssl
-
     url = f"{'https' if ca else 'http'}://127.0.0.1:{port}/health"
     ctx = ssl.create_default_context(cafile=str(ca)) if ca else None
     deadline = time.time() + timeout
@@ -163,7 +162,7 @@ def _flwr(env, home, *args, timeout=300):
                           text=True, timeout=timeout, cwd=str(home))
 
 
-def _run(loopback, method, rounds=2, params="{}", federation="", expect="finished:completed"):
+def _run(loopback, method, rounds=2, params="{}", federation=""):
     home, env, tmp = loopback
     out = tmp / f"out_{method}"
     exp = tmp / f"{method}.yaml"
@@ -214,9 +213,10 @@ def test_fedrcl_and_fedccl_over_the_wire(loopback):
 @pytest.mark.parametrize("loopback", ["secure"], indirect=True)
 def test_tls_node_auth_and_a_hanging_device(loopback):
     """Over TLS with SuperNode authentication (both nodes registered with ``flwr supernode
-    register``), the device with id 7 hangs in fit far longer than ``federation.round_timeout_s``: the
-    round goes on with the other node's update, counts the failure, and the run completes. (The
-    time-out leaves room for a cold ClientApp start: FAB install, torch import, data.)"""
+    register``), the device with id 7 hangs in fit far longer than
+    ``federation.round_timeout_s``: the round goes on with the other node's update, counts
+    the failure, and the run completes. (The time-out leaves room for a cold ClientApp
+    start: FAB install, torch import, data.)"""
     t0 = time.time()
     recs = _run(loopback, "faulty", params="{mode: sleep, partitions: [7], sleep_s: 600}",
                 rounds=1, federation=", round_timeout_s: 30")
