@@ -28,7 +28,7 @@ from flwr.common import FitRes, Status, Code, ndarrays_to_parameters  # noqa: E4
 
 from fedrcl_flwr.app.inprocess import run_inprocess  # noqa: E402
 from fedrcl_flwr.app.server_app import build_server  # noqa: E402
-from fedrcl_flwr.checkpoint import CHECKPOINT_FILE, rng_states, save_checkpoint  # noqa: E402
+from fedrcl_flwr.checkpoint import CHECKPOINT_FILE, save_checkpoint  # noqa: E402
 from fedrcl_flwr.config import load_config  # noqa: E402
 from fedrcl_flwr.results import read_metrics  # noqa: E402
 
@@ -75,8 +75,7 @@ def main() -> int:
             for _ in range(args.repeats):
                 t0 = time.perf_counter()
                 save_checkpoint(out / "srv", {"round": 1, "strategy": strategy.state_dict(),
-                                              "ema": 0.5, "wall_time_s": 1.0,
-                                              "rng": rng_states()})
+                                              "ema": 0.5, "wall_time_s": 1.0})
                 times.append(time.perf_counter() - t0)
             size = (out / "srv" / CHECKPOINT_FILE).stat().st_size
             run_inprocess(cfg, out / "run")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
+from fedrcl_flwr.components import Registry
 
 # method name -> "module:Class" (imported lazily so one broken method can't break others)
-CLIENTS: dict[str, str] = {
+CLIENTS = Registry("client.method", {
     "fedavg": "clients.fedavg:FedAvgClient",
     "fedrcl": "clients.fedrcl:FedRCLClient",
     "fedscl": "clients.fedscl:FedSCLClient",
@@ -27,14 +27,6 @@ CLIENTS: dict[str, str] = {
     "fpl": "clients.fpl:FPLClient",
     "fedpcl": "clients.fedpcl:FedPCLClient",
     "feddyn": "clients.feddyn:FedDynClient",
-}
+})
 
-
-def client_class(method: str):
-    if method not in CLIENTS:
-        from fedrcl_flwr.config import ConfigError
-
-        raise ConfigError(f"'client.method' must be one of {', '.join(sorted(CLIENTS))}, "
-                          f"got {method!r}")
-    module, cls = CLIENTS[method].split(":")
-    return getattr(importlib.import_module(module), cls)
+client_class = CLIENTS.load

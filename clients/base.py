@@ -1,8 +1,13 @@
 """The Flower client every local objective builds on.
 
-A method is a subclass that declares its hyper-parameters (``defaults``) and its loss
-terms (:meth:`loss_terms`); optional hooks let it read what the server sent
-(:meth:`on_round_start`), transform batches (:meth:`batch_transform`), restrict the trained
+A method is a subclass that declares its hyper-parameters (``defaults``, with their allowed
+values in ``rules``; see :mod:`fedrcl_flwr.components`) and its loss terms
+(:meth:`loss_terms`). Class-level declarations the app reads before a run:
+:meth:`exchange_settings` (the server-side signal exchange it needs) and
+:meth:`check_config` (checks across config sections); both are checked with the resolved
+parameters in ``fedrcl_flwr/app/validate.py`` when the config is loaded. Optional hooks let
+it read what the server sent (:meth:`on_round_start`), transform batches
+(:meth:`batch_transform`), change the forward pass (:meth:`forward`), restrict the trained
 parameters (:meth:`trainable_parameters`) and report or upload after training
 (:meth:`on_round_end`). The training loop itself lives in ``fedrcl_flwr.training`` and is
 shared by all methods.
@@ -23,7 +28,9 @@ import torch
 from flwr.client import NumPyClient
 
 from fedrcl_flwr import runtime
-from fedrcl_flwr.config import ConfigError, ExperimentConfig
+from fedrcl_flwr.components import resolve_params
+from fedrcl_flwr.config import ExperimentConfig
+from fedrcl_flwr.signals import SignalSet, decode_signals, encode_signals
 from fedrcl_flwr.training import (
     LocalTrainSettings,
     LossTerm,
@@ -51,37 +58,18 @@ class LocalData:
         return np.bincount(self.labels[self.indices], minlength=self.num_classes)
 
 
-def resolve_params(method: str, defaults: dict, given: dict) -> dict:
-    """Merge ``client.params`` over a method's defaults; unknown keys are an error."""
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        allowed = ", ".join(sorted(defaults)) or "(none)"
-        raise ConfigError(f"client.params: unknown key(s) {', '.join(unknown)} for method "
-                          f"'{method}' (allowed: {allowed})")
-    out = dict(defaults)
-    for k, v in given.items():
-        d = defaults[k]
-        if isinstance(d, bool) != isinstance(v, bool) or (
-            isinstance(d, (int, float)) and not isinstance(v, (int, float))
-        ) or (isinstance(d, str) and not isinstance(v, str)) or (
-            isinstance(d, list) and not isinstance(v, list)
-        ):
-            raise ConfigError(f"client.params.{k} for method '{method}' must be "
-                              f"{type(d).__name__}, got {v!r}")
-        out[k] = float(v) if isinstance(d, float) and not isinstance(v, bool) else v
-    return out
-
-
 class FederatedClient(NumPyClient):
     """Base client: cross-entropy on the local data with the shared training loop."""
 
     method = "base"
     defaults: dict = {}
+    rules: dict = {}  # parameter name -> fedrcl_flwr.components.Rule (allowed values)
+    strategies: Optional[tuple] = None  # the server strategies it needs (None: any)
 
     def __init__(self, cfg: ExperimentConfig, *, local_data: Optional[LocalData] = None,
                  partition_id: Optional[int] = None, state_dir: Optional[str] = None):
         self.cfg = cfg
-        self.p = resolve_params(self.method, self.defaults, cfg.client.params)
+        self.p = self.resolve(cfg)
         self._fixed_data = local_data
         self.default_partition_id = partition_id
         self.state_dir = state_dir
@@ -89,9 +77,28 @@ class FederatedClient(NumPyClient):
         self.device = runtime.pick_device(cfg.client.device)
         self.model: Optional[torch.nn.Module] = None
         self.global_weights: Optional[list] = None
-        self.server_round = 0
+        self.run_round = 0
         self.partition_id = -1
         self.data: Optional[LocalData] = None
+        self._received: Optional[tuple] = None
+
+    # ------------------------------------------------------- the contract (class level)
+    @classmethod
+    def resolve(cls, cfg: ExperimentConfig) -> dict:
+        """``client.params`` merged over :attr:`defaults`, every value checked."""
+        return resolve_params("client.params", f"method '{cls.method}'", cls.defaults,
+                              cls.rules, cfg.client.params)
+
+    @classmethod
+    def exchange_settings(cls, p: dict) -> Optional[dict]:
+        """Settings of the server's signal exchange this method needs, given its resolved
+        parameters ``p`` (``None``: it exchanges no signals)."""
+        return None
+
+    @classmethod
+    def check_config(cls, cfg: ExperimentConfig, p: dict) -> None:
+        """Checks across config sections (raise ``ConfigError``); ``p`` = resolved params.
+        Called before the run; per-parameter values are checked by :attr:`rules`."""
 
     # ------------------------------------------------------------------ hooks
     def loss_terms(self) -> list[LossTerm]:
@@ -103,6 +110,11 @@ class FederatedClient(NumPyClient):
 
     def batch_transform(self):
         """Optional ``f(x, y, model) -> (x, y, extra)`` applied before each forward."""
+        return None
+
+    def forward(self):
+        """Optional ``f(model, x, need_features) -> (logits, feats or None)`` replacing
+        the training loop's forward pass (FedMLB: through the model's blocks)."""
         return None
 
     def trainable_parameters(self) -> Optional[list]:
@@ -128,8 +140,7 @@ class FederatedClient(NumPyClient):
     def received_trainable(self) -> list[torch.Tensor]:
         """The received (global) values of the model's trainable parameters, aligned with
         ``model.parameters()``, as constant tensors on the device (computed once/round)."""
-        if getattr(self, "_received", None) is None or self._received[0] != id(
-                self.global_weights):
+        if self._received is None or self._received[0] != id(self.global_weights):
             keys = list(self.model.state_dict().keys())
             by_key = dict(zip(keys, self.global_weights))
             tensors = [torch.as_tensor(by_key[n], device=self.device)
@@ -160,7 +171,7 @@ class FederatedClient(NumPyClient):
         return LocalData(bundle.train, parts[partition_id], bundle.train_labels,
                          bundle.num_classes)
 
-    def _model(self) -> torch.nn.Module:
+    def _model(self, slot: str = "local") -> torch.nn.Module:
         bundle = runtime.load_bundle(self.cfg) if self._fixed_data is None else None
         if bundle is None:
             from types import SimpleNamespace
@@ -169,7 +180,7 @@ class FederatedClient(NumPyClient):
             x0, _ = d.dataset[int(d.indices[0])]
             bundle = SimpleNamespace(num_classes=d.num_classes, in_channels=x0.shape[0],
                                      image_size=x0.shape[-1])
-        return runtime.worker_model(self.cfg, bundle, self.device)
+        return runtime.worker_model(self.cfg, bundle, self.device, slot=slot)
 
     def get_parameters(self, config):
         return runtime.get_weights(self._model())
@@ -177,14 +188,14 @@ class FederatedClient(NumPyClient):
     def fit(self, parameters, config):
         t0 = time.time()
         c = self.cfg.client
-        self.server_round = int(config.get("server_round", 1))
+        self.run_round = int(config.get("run_round", 1))
         if self._fixed_data is not None:  # a real device: its own data, its own id
             pid = self.default_partition_id if self.default_partition_id is not None else 0
         else:  # simulation: the partition the server assigned this round
             pid = config.get("partition_id", self.default_partition_id)
         self.partition_id = int(pid) if pid is not None else -1
         self.data = self.local_data(self.partition_id)
-        seed = runtime.client_seed(self.cfg.seed, self.server_round, self.partition_id)
+        seed = runtime.client_seed(self.cfg.seed, self.run_round, self.partition_id)
         torch.manual_seed(seed)
         np.random.seed(seed % (2**32))
 
@@ -196,7 +207,7 @@ class FederatedClient(NumPyClient):
         bs = batch_size_for(self.data.size, c.batch_size, c.iterations_per_epoch)
         batches = runtime.make_batches(self.data.dataset, self.data.indices, bs, seed)
         settings = LocalTrainSettings(
-            lr=float(config.get("lr", round_lr(c.lr, c.lr_decay, self.server_round))),
+            lr=float(config.get("lr", round_lr(c.lr, c.lr_decay, self.run_round))),
             epochs=c.local_epochs, momentum=c.momentum, weight_decay=c.weight_decay,
             grad_clip=c.grad_clip, iterations_per_epoch=c.iterations_per_epoch,
         )
@@ -204,7 +215,7 @@ class FederatedClient(NumPyClient):
         if "acg_beta" in config:  # FedACG's client regulariser, for any method
             terms.append(self.distance_to_received_term("acg", float(config["acg_beta"])))
         stats = train_local(self.model, batches, terms, settings, self.device,
-                            transform=self.batch_transform(),
+                            transform=self.batch_transform(), forward=self.forward(),
                             params=self.trainable_parameters())
         metrics: dict = {
             "partition_id": self.partition_id,
@@ -219,37 +230,25 @@ class FederatedClient(NumPyClient):
 
     def evaluate(self, parameters, config):
         """Local evaluation on the client's training data (federated evaluation)."""
-        from torch.utils.data import Subset
-
         from fedrcl_flwr.evaluation import evaluate_model
 
         pid = config.get("partition_id", self.default_partition_id)
         data = self.local_data(int(pid) if pid is not None else -1)
         model = self._model()
         runtime.set_weights(model, parameters)
-        plain = data.dataset.plain() if hasattr(data.dataset, "plain") else data.dataset
-        res = evaluate_model(model, Subset(plain, data.indices.tolist()), self.device)
+        res = evaluate_model(model, data.dataset, self.device, indices=data.indices)
         return res.loss, res.num_samples, {"accuracy": res.accuracy}
 
-    # ------------------------------------------------- helpers for baselines (appended)
     def frozen_model(self, weights=None, slot: str = "global") -> torch.nn.Module:
-        """A second model instance (one per ``slot`` and process, cached like
+        """A second model instance from the process's model pool (one per ``slot``, see
         ``runtime.worker_model``) loaded with ``weights`` (default: the received global
         weights; a list of arrays or a state dict), in eval mode with
         ``requires_grad=False``. Call once per round; run it under ``torch.no_grad()``
         unless gradients must flow into its *input* (FedMLB's hybrid branches)."""
-        import copy
-
-        base = self._model()
-        cached = _FROZEN_MODELS.get(slot)
-        if cached is None or cached[0] is not base:
-            model = copy.deepcopy(base)
-            for p in model.parameters():
-                p.requires_grad_(False)
-                p.grad = None
-            vars(model).pop("forward", None)  # a per-round override is not the model
-            _FROZEN_MODELS[slot] = (base, model)
-        model = _FROZEN_MODELS[slot][1]
+        model = self._model(slot)
+        for p in model.parameters():
+            p.requires_grad_(False)
+            p.grad = None
         weights = self.global_weights if weights is None else weights
         if isinstance(weights, dict):
             model.load_state_dict(weights, strict=True)
@@ -266,5 +265,38 @@ class FederatedClient(NumPyClient):
         return self.state_store
 
 
-# frozen second model instances (slot -> (worker model they mirror, frozen copy))
-_FROZEN_MODELS: dict = {}
+
+class SignalClient(FederatedClient):
+    """A method that exchanges feature signals with the server's SignalExchange
+    (``strategies/signal_exchange.py``): FedCCL (cluster signals), FedProto, FedProc, FPL
+    and FedPCL (class prototypes). It reads what the server relayed
+    (:meth:`load_signals`), embeds its data with the trained model
+    (:meth:`embed_local_data`) and uploads signals built from it (:meth:`upload_signals`).
+    Its ``client.params`` include ``feature`` (the tap) and ``embed_batch``."""
+
+    def load_signals(self, config: dict, key: str) -> Optional[tuple]:
+        """``(vectors, labels)`` tensors on the device of the signals under ``key`` in the
+        fit config (``signals_local`` / ``signals_global``), or ``None`` when absent or
+        empty (round one)."""
+        if key not in config:
+            return None
+        s = decode_signals(config[key])
+        if not len(s):
+            return None
+        return (torch.as_tensor(s.vectors, device=self.device),
+                torch.as_tensor(s.labels, device=self.device))
+
+    def embed_local_data(self) -> tuple[np.ndarray, np.ndarray]:
+        """Features (``feature``) and labels of the client's training data under the
+        current model, un-augmented, in eval mode (the model's mode is restored)."""
+        from fedrcl_flwr.representation import embed
+
+        feats, labels = embed(self.model, self.data.dataset, self.device,
+                              indices=self.data.indices, feature=self.p["feature"],
+                              batch_size=int(self.p["embed_batch"]))
+        return feats.numpy(), labels.numpy()
+
+    @staticmethod
+    def upload_signals(metrics: dict, signals: SignalSet) -> None:
+        metrics["signals"] = encode_signals(signals)
+        metrics["num_signals"] = len(signals)

@@ -30,38 +30,48 @@ CE and both contrast terms on the adversarial features (Eqs. 21-24).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from clients.base import FederatedClient
-from fedrcl_flwr.signals import SignalSet, class_cluster_signals, decode_signals, encode_signals
+from clients.base import SignalClient
+from fedrcl_flwr.components import (
+    Rule,
+    at_least,
+    feature_tap,
+    non_negative,
+    one_of,
+    positive,
+)
+from fedrcl_flwr.signals import class_cluster_signals
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
+SIGNAL_LEVEL = Rule(lambda v: v in ("finest", "coarsest") or v.isdigit(),
+                    "must be finest, coarsest or a FINCH level index (0, 1, ...)",
+                    ("middle", "-1"))
 
-class FedCCLClient(FederatedClient):
+
+class FedCCLClient(SignalClient):
     method = "fedccl"
     defaults = {"tau": 0.07, "w_local": 1.0, "w_global": 1.0, "use_local": True,
                 "use_global": True, "local_signal": "cluster", "global_signal": "cluster",
                 "signal_level": "coarsest", "feature": "penultimate",
                 "adversarial": False, "eps": 8 / 255, "step": 2 / 255, "steps": 10,
                 "embed_batch": 500}
+    rules = {"tau": positive(), "w_local": non_negative(), "w_global": non_negative(),
+             "local_signal": one_of("cluster", "mean"),
+             "global_signal": one_of("cluster", "mean"), "signal_level": SIGNAL_LEVEL,
+             "feature": feature_tap(), "eps": positive(), "step": positive(),
+             "steps": at_least(1), "embed_batch": at_least(1)}
 
     @classmethod
-    def exchange_settings(cls, cfg) -> dict:
-        p = {**cls.defaults, **cfg.client.params}
+    def exchange_settings(cls, p: dict) -> dict:
         return {"global_mode": "mean" if p["global_signal"] == "mean" else "finch_mean",
                 "send_local": bool(p["use_local"])}
 
     def on_round_start(self, config):
-        def load(key):
-            if key not in config:
-                return None
-            s = decode_signals(config[key])
-            return (torch.as_tensor(s.vectors, device=self.device),
-                    torch.as_tensor(s.labels, device=self.device))
-
-        self.local_signals = load("signals_local") if self.p["use_local"] else None
-        self.global_signals = load("signals_global") if self.p["use_global"] else None
+        self.local_signals = (self.load_signals(config, "signals_local")
+                              if self.p["use_local"] else None)
+        self.global_signals = (self.load_signals(config, "signals_global")
+                               if self.p["use_global"] else None)
 
     def loss_terms(self):
         from fedrcl_flwr.losses.fedccl import global_cluster_contrast, local_cluster_contrast
@@ -91,33 +101,16 @@ class FedCCLClient(FederatedClient):
         def adversarial(x, y, model):
             x_adv = pgd_attack(model, x, y, eps=float(p["eps"]), step=float(p["step"]),
                                steps=int(p["steps"]), clamp=None)
-            return x_adv.detach(), y, {"clean": x}
+            return x_adv.detach(), y, {}
 
         return adversarial
 
-    @torch.no_grad()
-    def embed_local_data(self) -> tuple[np.ndarray, np.ndarray]:
-        from fedrcl_flwr.data.datasets import iterate_batches
-
-        model = self.model
-        model.eval()
-        data = self.data
-        loader = iterate_batches(data.dataset, data.indices, int(self.p["embed_batch"]))
-        feats, labels = [], []
-        for x, y in loader:
-            _, f = model(x.to(self.device), return_features=True)
-            feats.append(f[self.p["feature"]].float().cpu().numpy())
-            labels.append(y.numpy())
-        model.train()
-        return np.concatenate(feats), np.concatenate(labels)
-
     def on_round_end(self, metrics):
         feats, labels = self.embed_local_data()
-        mode = "mean" if self.p["local_signal"] == "mean" else "cluster"
-        s: SignalSet = class_cluster_signals(feats, labels, level=self.p["signal_level"],
-                                             mode=mode)
-        metrics["signals"] = encode_signals(s)
-        metrics["num_signals"] = len(s)
+        level = self.p["signal_level"]
+        s = class_cluster_signals(feats, labels, mode=self.p["local_signal"],
+                                  level=int(level) if level.isdigit() else level)
+        self.upload_signals(metrics, s)
         metrics["used_local_signals"] = 0 if self.local_signals is None else int(
             self.local_signals[0].shape[0])
         metrics["used_global_signals"] = 0 if self.global_signals is None else int(

@@ -10,60 +10,39 @@ then updates its gradient-correction state
 
     ∇L_k(θ_k^t) = ∇L_k(θ_k^{t−1}) − α·(θ_k^t − θ^{t−1}),   ∇L_k(θ_k^0) = 0.
 
-The state is per client and must outlive the round: it is stored in ``state_store`` under
-the partition id, one float32 tensor per trainable parameter (CNN5 at 32×32 ≈ 8.9 MB per
+The state is per client and must outlive the round: it is stored in the run's
+``persistent_state_store()`` under the partition id, one float32 tensor per trainable parameter (CNN5 at 32×32 ≈ 8.9 MB per
 client on disk; kept in float32 because it accumulates small corrections over rounds),
 loaded at the client's next participation. At a first participation it is zero and the
 linear term is skipped.
 
-Server side: ``server.strategy: feddyn`` (``strategies/feddyn.py``) keeps h and sends
-θ^t = mean(θ_k^t) − h^t/α. With any other server strategy this client still runs (the
-client objective above with the server's plain update) — that is *not* FedDyn, only its
-client regulariser; a warning is logged. ``client.params.alpha`` and
-``server.params.alpha`` must agree when both are used (checked before the run).
-
-Parameters: ``alpha`` (α) = 0.1 (FedDyn's CIFAR setting; not listed in FedRCL Sec. E).
+Server side: ``server.strategy: feddyn`` (``strategies/feddyn.py``), required (checked
+before the run: this client with another server rule would not be FedDyn), keeps h and
+sends θ^t = mean(θ_k^t) − h^t/α. α is one key, ``server.params.alpha`` (0.1, FedDyn's
+CIFAR setting; not listed in FedRCL Sec. E), sent to the clients in the fit config
+(``feddyn_alpha``) as FedACG sends its β; this client has no parameters of its own.
 """
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from clients.base import FederatedClient
-from fedrcl_flwr.config import ConfigError
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
-log = logging.getLogger("fedrcl_flwr")
 STATE_NAME = "feddyn_grad"
 
 
 class FedDynClient(FederatedClient):
     method = "feddyn"
-    defaults = {"alpha": 0.1}
-
-    @classmethod
-    def check_config(cls, cfg) -> None:
-        alpha = float({**cls.defaults, **cfg.client.params}["alpha"])
-        if alpha <= 0:
-            raise ConfigError("client.params.alpha must be > 0 for feddyn")
-        if cfg.server.strategy == "feddyn":
-            from strategies.feddyn import FedDyn
-
-            server_alpha = float({**FedDyn.defaults, **cfg.server.params}["alpha"])
-            if abs(server_alpha - alpha) > 1e-12:
-                raise ConfigError(f"feddyn: client.params.alpha ({alpha}) and "
-                                  f"server.params.alpha ({server_alpha}) must be equal")
-        else:
-            log.warning("client.method feddyn with server.strategy %s: only FedDyn's "
-                        "client regulariser is used (the server keeps no h)",
-                        cfg.server.strategy)
+    defaults: dict = {}  # α is server.params.alpha, sent in the fit config
+    strategies = ("feddyn",)
 
     def _named_trainable(self):
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
 
     def on_round_start(self, config):
+        self.alpha = float(config["feddyn_alpha"])
         state = self.persistent_state_store().load(self.partition_id, STATE_NAME)
         self.dyn_grads = None
         if state is not None:
@@ -73,8 +52,7 @@ class FedDynClient(FederatedClient):
     def loss_terms(self):
         from fedrcl_flwr.losses.baselines import feddyn_penalty
 
-        alpha, anchors, grads = float(self.p["alpha"]), self.received_trainable(), \
-            self.dyn_grads
+        alpha, anchors, grads = self.alpha, self.received_trainable(), self.dyn_grads
 
         def dyn(b):
             params = [p for p in b.model.parameters() if p.requires_grad]
@@ -84,7 +62,7 @@ class FedDynClient(FederatedClient):
 
     @torch.no_grad()
     def on_round_end(self, metrics):
-        alpha = float(self.p["alpha"])
+        alpha = self.alpha
         named = self._named_trainable()
         anchors = self.received_trainable()
         grads = self.dyn_grads or [torch.zeros_like(p) for _, p in named]

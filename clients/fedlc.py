@@ -20,20 +20,18 @@ from __future__ import annotations
 import torch
 
 from clients.base import FederatedClient
-from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.components import non_negative, one_of
 from fedrcl_flwr.training import LossTerm
 
 
 class FedLCClient(FederatedClient):
     method = "fedlc"
     defaults = {"tau": 1.0, "absent": "drop"}
+    rules = {"tau": non_negative(), "absent": one_of("drop", "clamp")}
 
     def loss_terms(self):
         from fedrcl_flwr.losses.baselines import fedlc_loss
 
-        if self.p["absent"] not in ("drop", "clamp"):
-            raise ConfigError(f"client.params.absent must be drop or clamp, "
-                              f"got {self.p['absent']!r}")
         counts = torch.as_tensor(self.data.class_counts(), dtype=torch.float32,
                                  device=self.device)
         tau, absent = float(self.p["tau"]), self.p["absent"]

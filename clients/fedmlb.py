@@ -13,10 +13,10 @@ hybrid branches (the global parameters are frozen, not the activations).
 
 Model interface: ``model.block_forward(x)`` → the list of block outputs up to the
 penultimate feature, and ``model.forward_from(k, h)`` → logits from block k's output
-(CNN4, CNN5 and ResNet18GN implement them); other models raise a ``ConfigError``. During
-local training the worker model's ``forward`` is routed through ``block_forward`` (same
-function, same outputs) so that the main pathway's intermediate maps come from the one
-forward the training loop already does; it is restored after the round.
+(CNN4, CNN5 and ResNet18GN implement them); other models are rejected before the run. The
+client's :meth:`forward` hook makes the training loop compute the main pathway through
+``block_forward`` (same function, same outputs), so its intermediate maps come from the
+one forward the loop already does; the shared model itself is not touched.
 
 Branches: ``branches: [all]`` = one per block output (for ResNet-18: after conv1,
 conv2_x .. conv5_x, as the paper's M = 6 blocks with the classifier last; for CNN5 after
@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from clients.base import FederatedClient
+from fedrcl_flwr.components import Rule, non_negative, positive
 from fedrcl_flwr.config import ConfigError
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
@@ -42,67 +43,65 @@ def has_blocks(model) -> bool:
         getattr(model, "forward_from", None))
 
 
-def _block_routed_forward(model):
-    """``forward`` computing the model's own function through its blocks, exposing them."""
+def block_forward(model, x, need_features: bool):
+    """The model's own function computed through its blocks (the training loop's forward
+    for FedMLB): ``(logits, feats)`` with the block outputs under ``feats["mlb_maps"]``."""
+    maps = model.block_forward(x)
+    logits, feats = model.forward_from(len(maps) - 1, maps[-1], return_features=True)
+    return logits, {**feats, MAPS_KEY: maps}
 
-    def forward(x, return_features: bool = False):
-        maps = model.block_forward(x)
-        if not return_features:
-            return model.forward_from(len(maps) - 1, maps[-1])
-        logits, feats = model.forward_from(len(maps) - 1, maps[-1], return_features=True)
-        return logits, {**feats, MAPS_KEY: maps}
 
-    return forward
+def resolve_branches(req: list, n_blocks: int) -> list[int]:
+    """Block indices that get a hybrid branch: ``[all]`` (or ``[]``) = every block."""
+    if req in (["all"], []):
+        return list(range(n_blocks))
+    bad = [k for k in req if not 0 <= k < n_blocks]
+    if bad:
+        raise ConfigError(f"client.params.branches: {bad} not in [0, {n_blocks}) "
+                          f"(or use [all])")
+    return sorted(set(req))
+
+
+def _branches_fit_model(req, model):
+    if not has_blocks(model):
+        return None  # check_config says so
+    with torch.no_grad():
+        n = len(model.block_forward(torch.zeros(2, *model.probe_input_shape)))
+    try:
+        resolve_branches(req, n)
+    except ConfigError as exc:
+        return str(exc).split(": ", 1)[1]
+    return None
+
+
+BRANCHES = Rule(lambda v: v == ["all"] or all(
+    isinstance(k, int) and not isinstance(k, bool) for k in v),
+    "must be [all] or a list of block indices", (["first"], [99], [-1]), _branches_fit_model)
 
 
 class FedMLBClient(FederatedClient):
     method = "fedmlb"
     defaults = {"lam1": 1.0, "lam2": 1.0, "temp": 1.0, "branches": ["all"]}
+    rules = {"lam1": non_negative(), "lam2": non_negative(), "temp": positive(),
+             "branches": BRANCHES}
 
     @classmethod
-    def check_config(cls, cfg) -> None:
+    def check_config(cls, cfg, p) -> None:
         """Fail before the run when the configured model has no block interface."""
-        from fedrcl_flwr.models import build_model
+        from fedrcl_flwr.runtime import probe_model
 
-        try:
-            model = build_model(cfg.model.name, num_classes=cfg.model.num_classes or 10,
-                                in_channels=3, image_size=cfg.dataset.image_size or 32,
-                                params=cfg.model.params)
-        except Exception:  # noqa: BLE001 - other problems are reported elsewhere
-            return
-        if not has_blocks(model):
-            raise ConfigError(cls.no_blocks_message(cfg.model.name))
-
-    @staticmethod
-    def no_blocks_message(name: str) -> str:
-        return (f"client.method 'fedmlb' needs a model split into blocks "
-                f"(model.block_forward / model.forward_from); model '{name}' has none "
-                f"(cnn4, cnn5 and resnet18_gn do)")
-
-    def fit(self, parameters, config):
-        try:
-            return super().fit(parameters, config)
-        finally:  # never leave the shared worker model routed through its blocks
-            if self.model is not None and "forward" in vars(self.model):
-                del self.model.forward
+        model = probe_model(cfg)
+        if model is not None and not has_blocks(model):
+            raise ConfigError(
+                f"client.method 'fedmlb' needs a model split into blocks "
+                f"(model.block_forward / model.forward_from); model '{cfg.model.name}' "
+                f"has none (cnn4, cnn5 and resnet18_gn do)")
 
     def on_round_start(self, config):
-        if not has_blocks(self.model):
-            raise ConfigError(self.no_blocks_message(self.cfg.model.name))
         self.global_net = self.frozen_model()
-        self.model.forward = _block_routed_forward(self.model)
 
-    def branches(self, n_blocks: int) -> list[int]:
-        """Block indices that get a hybrid branch (``branches`` resolved for this model)."""
-        req = self.p["branches"]
-        if req in (["all"], []):
-            return list(range(n_blocks))
-        bad = [k for k in req if isinstance(k, bool) or not isinstance(k, int)
-               or not 0 <= k < n_blocks]
-        if bad:
-            raise ConfigError(f"client.params.branches: {bad} not in [0, {n_blocks}) for "
-                              f"model '{self.cfg.model.name}' (or use [all])")
-        return sorted(set(req))
+    def forward(self):
+        return block_forward
 
     def loss_terms(self):
         from fedrcl_flwr.losses.baselines import fedmlb_branch_losses
@@ -112,7 +111,8 @@ class FedMLBClient(FederatedClient):
         def branch_losses(b):  # computed once per step, shared by both terms
             if "mlb" not in b.extra:
                 maps = b.feats[MAPS_KEY]
-                hybrid = [glob.forward_from(k, maps[k]) for k in self.branches(len(maps))]
+                branches = resolve_branches(self.p["branches"], len(maps))
+                hybrid = [glob.forward_from(k, maps[k]) for k in branches]
                 b.extra["mlb"] = fedmlb_branch_losses(b.logits, hybrid, b.y, temp)
             return b.extra["mlb"]
 

@@ -25,7 +25,7 @@ above; a value in [0, 1] fixes α); ``feature`` = ``penultimate``; ``embed_batch
 from __future__ import annotations
 
 from clients.fedproto import PrototypeClient
-from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.components import at_least, between, feature_tap, positive
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
@@ -39,13 +39,13 @@ def fedproc_alpha(server_round: int, rounds: int) -> float:
 class FedProcClient(PrototypeClient):
     method = "fedproc"
     defaults = {"tau": 0.07, "alpha": -1.0, "feature": "penultimate", "embed_batch": 500}
+    rules = {"tau": positive(), "alpha": between(0.0, 1.0, also=(-1.0,)),
+             "feature": feature_tap(), "embed_batch": at_least(1)}
 
     def alpha(self) -> float:
         a = float(self.p["alpha"])
         if a < 0:
-            return fedproc_alpha(self.server_round, self.cfg.federation.rounds)
-        if a > 1:
-            raise ConfigError(f"client.params.alpha must be in [0, 1] or -1, got {a}")
+            return fedproc_alpha(self.run_round, self.cfg.federation.rounds)
         return a
 
     def loss_terms(self):

@@ -22,32 +22,21 @@ server optimizer.
 Parameters: ``lam`` (λ, FedProto's ``ld``) = 1, the FedProto default; ``feature`` =
 ``penultimate``; ``embed_batch`` = 500.
 
-This module also holds :class:`PrototypeClient`, the plumbing FedProc, FPL and FedPCL
-share (reading the relayed prototypes, uploading class means).
+This module also holds :class:`PrototypeClient`, what FedProc, FPL and FedPCL share on top
+of :class:`clients.base.SignalClient` (the relayed prototypes, uploading class means).
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from clients.base import FederatedClient
-from fedrcl_flwr.signals import SignalSet, decode_signals, encode_signals
+from clients.base import SignalClient
+from fedrcl_flwr.components import at_least, feature_tap, non_negative
+from fedrcl_flwr.signals import class_cluster_signals
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
-def class_mean_signals(features: np.ndarray, labels: np.ndarray) -> SignalSet:
-    """One mean prototype per class present (the ``mode="mean"`` output of
-    :func:`fedrcl_flwr.signals.class_cluster_signals`, without importing FINCH)."""
-    classes = np.unique(labels)
-    if not len(classes):
-        return SignalSet.empty(features.shape[1] if features.ndim == 2 else 0)
-    vecs = np.stack([features[labels == c].mean(0) for c in classes]).astype(np.float32)
-    counts = np.asarray([int((labels == c).sum()) for c in classes], np.int64)
-    return SignalSet(vecs, classes.astype(np.int64), counts)
-
-
-class PrototypeClient(FederatedClient):
+class PrototypeClient(SignalClient):
     """Clients that exchange class prototypes with the server's SignalExchange."""
 
     global_mode = "mean"        # how the server builds the global prototypes
@@ -55,45 +44,19 @@ class PrototypeClient(FederatedClient):
     normalize_protos = False    # FedPCL: prototypes are means of L2-normalised features
 
     @classmethod
-    def exchange_settings(cls, cfg) -> dict:
+    def exchange_settings(cls, p: dict) -> dict:
         return {"global_mode": cls.global_mode, "send_local": cls.send_local, "max_age": 1}
 
     def on_round_start(self, config):
-        def load(key):
-            if key not in config:
-                return None
-            s = decode_signals(config[key])
-            if not len(s):
-                return None
-            return (torch.as_tensor(s.vectors, device=self.device),
-                    torch.as_tensor(s.labels, device=self.device))
-
-        self.global_protos = load("signals_global")
-        self.local_protos = load("signals_local") if self.send_local else None
-
-    @torch.no_grad()
-    def embed_local_data(self) -> tuple[np.ndarray, np.ndarray]:
-        from fedrcl_flwr.data.datasets import iterate_batches
-
-        model, feat = self.model, self.p["feature"]
-        was_training = model.training
-        model.eval()
-        feats, labels = [], []
-        for x, y in iterate_batches(self.data.dataset, self.data.indices,
-                                    int(self.p["embed_batch"])):
-            _, f = model(x.to(self.device), return_features=True)
-            feats.append(f[feat].float().cpu().numpy())
-            labels.append(np.asarray(y))
-        model.train(was_training)
-        return np.concatenate(feats), np.concatenate(labels)
+        self.global_protos = self.load_signals(config, "signals_global")
+        self.local_protos = (self.load_signals(config, "signals_local") if self.send_local
+                             else None)
 
     def on_round_end(self, metrics):
         feats, labels = self.embed_local_data()
         if self.normalize_protos:
             feats = feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
-        s = class_mean_signals(feats, labels)
-        metrics["signals"] = encode_signals(s)
-        metrics["num_signals"] = len(s)
+        self.upload_signals(metrics, class_cluster_signals(feats, labels, mode="mean"))
         metrics["used_global_signals"] = 0 if self.global_protos is None else int(
             self.global_protos[0].shape[0])
 
@@ -101,6 +64,7 @@ class PrototypeClient(FederatedClient):
 class FedProtoClient(PrototypeClient):
     method = "fedproto"
     defaults = {"lam": 1.0, "feature": "penultimate", "embed_batch": 500}
+    rules = {"lam": non_negative(), "feature": feature_tap(), "embed_batch": at_least(1)}
 
     def loss_terms(self):
         terms = [cross_entropy_term()]

@@ -6,8 +6,7 @@ Local objective (the paper's h_k, Algorithm 2):
 
 with w^t the received global model, over the trainable parameters. The proximal term is
 the base client's :meth:`~clients.base.FederatedClient.distance_to_received_term` with
-weight μ/2 (loss term ``prox``; the pure function is
-:func:`fedrcl_flwr.losses.baselines.fedprox_penalty`).
+weight μ/2 (loss term ``prox``).
 
 Parameter (``client.params``): ``mu`` (μ) = 0.001, FedRCL supplementary Sec. E ("0.001 in
 FedProx"). UniVarFL tunes μ = 0.01 (its Sec. 4, hyper-parameters). Note: FedRCL's
@@ -18,12 +17,15 @@ paper's notation; set ``mu: 0.002`` to match that code exactly.
 from __future__ import annotations
 
 from clients.base import FederatedClient
+from fedrcl_flwr.components import non_negative
 from fedrcl_flwr.training import cross_entropy_term
 
 
 class FedProxClient(FederatedClient):
     method = "fedprox"
     defaults = {"mu": 0.001}
+
+    rules = {"mu": non_negative()}
 
     def loss_terms(self):
         return [cross_entropy_term(),

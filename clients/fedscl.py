@@ -12,6 +12,8 @@ class FedSCLClient(FedRCLClient):
     method = "fedscl"
     defaults = {"tau": 0.05, "rcl_weight": 1.0, "levels": ["all"], "variant": "official",
                 "topk_pos": 1, "topk_neg": 2}
+    rules = {k: FedRCLClient.rules[k] for k in ("tau", "rcl_weight", "levels", "variant",
+                                                 "topk_pos", "topk_neg")}
 
     def contrast_fn(self):
         from fedrcl_flwr.losses.rcl import scl_loss

@@ -12,10 +12,11 @@ penultimate feature (the input of ``model.fc``); the original attaches a 2-layer
 head (output 256) for ℓ_con only — our models have none (``feature`` selects another tap).
 
 Previous local model: per-client state that survives rounds in simulation and on devices.
-After training, the client writes its model's state dict to ``state_store`` under its
-partition id in float16 (``compact=True``: CNN5 at 32×32 ≈ 4.4 MB per client on disk,
-nothing in RAM); at its next participation it is loaded (as float32) into a second
-worker-cached model instance (``frozen_model(slot="moon_prev")``), so a process holds at
+After training, the client writes its model's state dict to its
+``persistent_state_store()`` under its partition id in float16 (``compact=True``: CNN5 at
+32×32 ≈ 4.4 MB per client on disk, nothing in RAM); at its next participation it is loaded
+(as float32) into a second instance from the process's model pool
+(``frozen_model(slot="moon_prev")``), so a process holds at
 most three models (local, global, previous) however many clients it serves.
 
 First participation: no previous model exists. The official code then has an empty model
@@ -35,6 +36,7 @@ from __future__ import annotations
 import torch
 
 from clients.base import FederatedClient
+from fedrcl_flwr.components import feature_tap, non_negative, positive
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 STATE_NAME = "moon_prev"
@@ -43,6 +45,7 @@ STATE_NAME = "moon_prev"
 class MOONClient(FederatedClient):
     method = "moon"
     defaults = {"mu": 1.0, "tau": 0.5, "feature": "penultimate"}
+    rules = {"mu": non_negative(), "tau": positive(), "feature": feature_tap()}
 
     def on_round_start(self, config):
         self.global_net = self.prev_net = None

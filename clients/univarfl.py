@@ -15,7 +15,7 @@ uniformity; Son et al., CVPR 2024). Loss functions: ``fedrcl_flwr.losses.univarf
 from __future__ import annotations
 
 from clients.base import FederatedClient
-from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.components import between, feature_tap, non_negative, one_of, positive
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
@@ -23,6 +23,9 @@ class UniVarFLClient(FederatedClient):
     method = "univarfl"
     defaults = {"mu": 0.5, "lam": -1.0, "variant": "univarfl", "feature": "penultimate",
                 "eps": -1.0}
+    rules = {"mu": non_negative(), "lam": between(0.0, also=(-1.0,)),
+             "variant": one_of("univarfl", "feduv"), "feature": feature_tap(),
+             "eps": between(0.0, lo_open=True, also=(-1.0,))}
 
     def loss_terms(self):
         from fedrcl_flwr.losses import univarfl as U
@@ -35,12 +38,9 @@ class UniVarFLClient(FederatedClient):
             he_kw = {} if p["eps"] < 0 else {"eps": float(p["eps"])}
             var = lambda b: U.classifier_variance_loss(b.logits)  # noqa: E731
             uni = lambda b: U.hyperspherical_energy(b.feats[feat], **he_kw)  # noqa: E731
-        elif p["variant"] == "feduv":
+        else:  # feduv
             var = lambda b: U.feduv_std_loss(b.logits)  # noqa: E731
             uni = lambda b: U.feduv_uniformity_loss(b.feats[feat])  # noqa: E731
-        else:
-            raise ConfigError(f"client.params.variant must be univarfl or feduv, "
-                              f"got {p['variant']!r}")
         return [cross_entropy_term(),
                 LossTerm("variance", var, weight=lam),
                 LossTerm("uniformity", uni, weight=float(p["mu"]), needs_features=True)]

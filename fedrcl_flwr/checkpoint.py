@@ -1,32 +1,26 @@
 """Atomic run checkpoints (write to a temporary file, then rename).
 
 A checkpoint holds everything needed to continue a run: the round number, the strategy's
-state (global model and server-optimizer buffers), the EMA accumulator, the elapsed wall
-time and the RNG states. Per-client persistent state lives in the run directory already
+state (global model and server-optimizer buffers), the EMA accumulator and the elapsed
+wall time. Per-client persistent state lives in the run directory already
 (``client_state/``) and metrics up to the checkpoint round are kept in ``metrics.jsonl``.
+
+No RNG state is saved: nothing a resumed run does depends on a process's RNG history.
+Every random draw is seeded from the experiment seed and the run round: the sampled
+partitions (``runtime.sample_partitions(seed, round)``), each client's local randomness
+(``runtime.client_seed(seed, round, partition)``: batch order, augmentation, PGD starts),
+the round-0 model (``seed``) and the robust evaluation's attack draws (``seed``). A
+resumed run therefore trains exactly as the uninterrupted one would.
 """
 
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 
-import numpy as np
 import torch
 
 CHECKPOINT_FILE = "checkpoint.pt"
-
-
-def rng_states() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(),
-            "torch": torch.get_rng_state()}
-
-
-def restore_rng_states(states: dict) -> None:
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
 
 
 def save_checkpoint(run_dir: Path, state: dict) -> Path:

@@ -27,10 +27,11 @@ def _load(path: str, sets: list[str], out: str | None):
         overrides.append(("output.dir", str(Path(out).resolve())))
     if overrides:
         data = apply_overrides(data, overrides)
-    cfg = config_from_dict(data, f"{path} (with overrides)" if overrides else str(path))
+    source = f"{path} (with overrides)" if overrides else str(path)
+    cfg = config_from_dict(data, source)
     from fedrcl_flwr.app.validate import validate_components
 
-    validate_components(cfg)
+    validate_components(cfg, source)
     return cfg
 
 

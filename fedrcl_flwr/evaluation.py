@@ -9,7 +9,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
+
+from fedrcl_flwr.data.datasets import iterate_batches
 
 
 @dataclass
@@ -22,15 +24,18 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate_model(model: nn.Module, dataset: Dataset, device: torch.device, *,
-                   batch_size: int = 500, groups: Optional[np.ndarray] = None,
+                   batch_size: int = 500, indices: Optional[np.ndarray] = None,
+                   groups: Optional[np.ndarray] = None,
                    group_names: Optional[list] = None) -> EvalResult:
-    """Mean cross-entropy and accuracy of ``model`` on ``dataset``.
+    """Mean cross-entropy and accuracy of ``model`` on ``dataset`` (un-augmented; only
+    the samples ``indices`` when given).
 
     ``groups`` (one id per sample, e.g. the domain) adds per-group accuracy and their
     unweighted average under ``per_group``.
     """
     model.eval()
-    loader = _batches(dataset, batch_size)
+    idx = np.arange(len(dataset)) if indices is None else indices
+    loader = iterate_batches(dataset, idx, batch_size)
     loss_sum, correct, n = 0.0, 0, 0
     preds = []
     for x, y in loader:
@@ -54,18 +59,6 @@ def evaluate_model(model: nn.Module, dataset: Dataset, device: torch.device, *,
         result.per_group = accs
         result.per_group["average"] = float(np.mean(list(accs.values())))
     return result
-
-
-def _batches(dataset, batch_size: int, indices=None):
-    """In-order, un-augmented batches (fast path for the project's datasets)."""
-    idx = np.arange(len(dataset)) if indices is None else np.asarray(indices)
-    if hasattr(dataset, "get_batch"):
-        from fedrcl_flwr.data.datasets import iterate_batches
-
-        return iterate_batches(dataset, idx, batch_size)
-    from torch.utils.data import Subset
-
-    return DataLoader(Subset(dataset, idx.tolist()), batch_size=batch_size, shuffle=False)
 
 
 class EMATracker:
@@ -101,7 +94,7 @@ def robust_accuracy(model: nn.Module, dataset: Dataset, device: torch.device, *,
     gen = torch.Generator().manual_seed(seed)
     hits = {"clean": 0, "fgsm": 0, f"pgd{steps}": 0}
     total = 0
-    for x, y in _batches(dataset, batch_size, idx):
+    for x, y in iterate_batches(dataset, idx, batch_size):
         x, y = x.to(device), y.to(device)
         with torch.no_grad():
             hits["clean"] += int((model(x).argmax(1) == y).sum())

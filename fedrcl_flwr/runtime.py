@@ -79,6 +79,28 @@ def new_model(cfg: ExperimentConfig, bundle) -> nn.Module:
                        params=cfg.model.params)
 
 
+def probe_model(cfg: ExperimentConfig) -> Optional[nn.Module]:
+    """The configured model at nominal input shapes, built without loading data, for
+    checks before a run (its feature taps, its blocks); ``None`` when it cannot be built
+    (a missing weights file, ...: reported where the model is really built). Its
+    ``probe_input_shape`` is the (C, H, W) of one input it accepts."""
+    d = cfg.dataset
+    synth = d.name == "synthetic"
+    channels = d.synthetic.channels if synth else 3
+    size = d.image_size or (d.synthetic.image_size if synth else 32)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(
+                cfg.model.name,
+                num_classes=cfg.model.num_classes or (d.synthetic.num_classes if synth
+                                                      else 10),
+                in_channels=channels, image_size=size, params=cfg.model.params)
+    except Exception:  # noqa: BLE001 - see the docstring
+        return None
+    model.probe_input_shape = (channels, size, size)
+    return model.eval()
+
+
 def initial_model(cfg: ExperimentConfig, bundle) -> nn.Module:
     """The round-0 global model, initialised deterministically from ``cfg.seed``."""
     with torch.random.fork_rng(devices=[]):
@@ -86,18 +108,28 @@ def initial_model(cfg: ExperimentConfig, bundle) -> nn.Module:
         return new_model(cfg, bundle)
 
 
-_MODEL_CACHE: dict = {}
+# the process's model pool: (config key, {slot: model}); a new config empties it
+_MODEL_POOL: dict = {"key": None, "slots": {}}
 
 
-def worker_model(cfg: ExperimentConfig, bundle, device: torch.device) -> nn.Module:
-    """One model instance per process (re-used by every virtual client it serves)."""
+def worker_model(cfg: ExperimentConfig, bundle, device: torch.device,
+                 slot: str = "local") -> nn.Module:
+    """One model instance per ``slot`` and process, re-used by every virtual client it
+    serves: ``local`` is the model a client trains; other slots are second instances
+    (the frozen global / previous models of FedNTD, FitNet, MOON, FedMLB; see
+    ``FederatedClient.frozen_model``), so a process holds one model per slot whatever the
+    number of clients. Building one does not consume the caller's RNG (a client's
+    randomness must not depend on whether its process had built the model already)."""
     key = (cfg.model.name, _key(cfg.model.params), cfg.model.num_classes, bundle.num_classes,
            bundle.in_channels,
            bundle.image_size, str(device))
-    if key not in _MODEL_CACHE:
-        _MODEL_CACHE.clear()
-        _MODEL_CACHE[key] = new_model(cfg, bundle).to(device)
-    return _MODEL_CACHE[key]
+    if _MODEL_POOL["key"] != key:
+        _MODEL_POOL["key"], _MODEL_POOL["slots"] = key, {}
+    slots = _MODEL_POOL["slots"]
+    if slot not in slots:
+        with torch.random.fork_rng(devices=[]):
+            slots[slot] = new_model(cfg, bundle).to(device)
+    return slots[slot]
 
 
 def get_weights(model: nn.Module) -> list[np.ndarray]:
@@ -143,22 +175,15 @@ def sample_partitions(seed: int, server_round: int, num_clients: int, k: int) ->
 
 
 def make_batches(dataset, indices: np.ndarray, batch_size: int, seed: int):
-    """``batches(epoch)`` for :func:`fedrcl_flwr.training.train_local`: a permutation of
-    the client's indices and the augmentation draws, both from a generator seeded with
-    ``(seed, epoch)`` only. Datasets with ``get_batch`` (every built-in one) fetch and
-    augment a whole batch at once; others are read sample by sample."""
-    indices = np.asarray(indices, dtype=np.int64)
+    """``batches(epoch)`` for :func:`fedrcl_flwr.training.train_local`: the shuffled,
+    augmented batches of :func:`fedrcl_flwr.data.datasets.iterate_batches`, with a
+    generator seeded with ``(seed, epoch)`` only (the permutation and the augmentation
+    draws)."""
+    from fedrcl_flwr.data.datasets import iterate_batches
 
     def batches(epoch: int):
         g = torch.Generator()
         g.manual_seed((seed + 1000003 * epoch) & ((1 << 63) - 1))
-        order = indices[torch.randperm(len(indices), generator=g).numpy()]
-        for i in range(0, len(order), batch_size):
-            chunk = order[i:i + batch_size]
-            if hasattr(dataset, "get_batch"):
-                yield dataset.get_batch(chunk, generator=g)
-            else:
-                xs, ys = zip(*(dataset[int(j)] for j in chunk))
-                yield torch.stack(xs), torch.as_tensor(ys)
+        return iterate_batches(dataset, indices, batch_size, generator=g)
 
     return batches

@@ -84,10 +84,11 @@ def class_cluster_signals(features: np.ndarray, labels: np.ndarray, *, level: st
     ``mode="cluster"`` (FedCCL Eqs. 8-10): FINCH per class, the means of the clusters of
     the chosen partition level (``finest``, ``coarsest`` or an integer index; levels
     beyond the last available clamp to it). ``mode="mean"``: one class-mean prototype per
-    class (the averaged-signal ablation, and FedProto's prototypes).
+    class (the averaged-signal ablation, and the prototypes of FedProto, FedProc, FPL and
+    FedPCL; FINCH is not imported for it).
     """
-    from fedrcl_flwr.clustering import finch
-
+    if mode not in ("cluster", "mean"):
+        raise ValueError(f"class_cluster_signals: mode must be cluster or mean, got {mode!r}")
     vecs, labs, cnts = [], [], []
     for c in np.unique(labels):
         f = features[labels == c]
@@ -96,6 +97,8 @@ def class_cluster_signals(features: np.ndarray, labels: np.ndarray, *, level: st
             labs.append(c)
             cnts.append(len(f))
             continue
+        from fedrcl_flwr.clustering import finch
+
         parts, _ = finch(f, distance=distance)
         if level == "finest":
             col = 0

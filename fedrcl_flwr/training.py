@@ -33,7 +33,6 @@ class Batch:
     logits: torch.Tensor
     feats: Optional[dict]
     model: nn.Module
-    step: int = 0
     extra: dict = field(default_factory=dict)
 
 
@@ -64,7 +63,6 @@ class LocalTrainSettings:
 @dataclass
 class TrainStats:
     steps: int = 0
-    samples: int = 0
     loss: float = 0.0
     terms: dict = field(default_factory=dict)
     grad_norm: float = 0.0
@@ -91,12 +89,15 @@ def train_local(
     device: torch.device,
     *,
     transform: Optional[Callable[[torch.Tensor, torch.Tensor, nn.Module], tuple]] = None,
+    forward: Optional[Callable[[nn.Module, torch.Tensor, bool], tuple]] = None,
     params: Optional[list] = None,
 ) -> TrainStats:
     """Run local SGD on ``model`` in place.
 
     ``batches(epoch)`` yields ``(x, y)`` mini-batches for one epoch. ``transform(x, y,
-    model)`` may replace a batch (returning ``(x, y, extra)``) before the forward pass.
+    model)`` may replace a batch (returning ``(x, y, extra)``) before the forward pass;
+    ``forward(model, x, need_features)`` replaces the forward pass itself (returning
+    ``(logits, feats or None)``; default: ``model(x, return_features=need_features)``).
     ``params`` restricts the optimised parameters (default: all that require grad).
     """
     active = [t for t in terms if t.weight != 0.0]
@@ -119,12 +120,13 @@ def train_local(
             extra: dict = {}
             if transform is not None:
                 x, y, extra = transform(x, y, model)
-            if need_feats:
+            if forward is not None:
+                logits, feats = forward(model, x, need_feats)
+            elif need_feats:
                 logits, feats = model(x, return_features=True)
             else:
                 logits, feats = model(x), None
-            batch = Batch(x=x, y=y, logits=logits, feats=feats, model=model, step=step,
-                          extra=extra)
+            batch = Batch(x=x, y=y, logits=logits, feats=feats, model=model, extra=extra)
             total = None
             for t in active:
                 value = t.fn(batch)
@@ -137,7 +139,6 @@ def train_local(
                 stats.grad_norm += float(gn)
             opt.step()
             stats.loss += float(total.detach())
-            stats.samples += int(y.shape[0])
             step += 1
     stats.steps = step
     if step:

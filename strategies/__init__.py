@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
+from fedrcl_flwr.components import Registry
 
-STRATEGIES: dict[str, str] = {
+# strategy name -> "module:Class" (imported lazily, as clients.CLIENTS)
+STRATEGIES = Registry("server.strategy", {
     "fedavg": "strategies.fedavg:FedAvg",
     "fedavgm": "strategies.fedavgm:FedAvgM",
     "fedadam": "strategies.fedadam:FedAdam",
     "fedacg": "strategies.fedacg:FedACG",
     "feddyn": "strategies.feddyn:FedDyn",
-}
+})
 
-
-def strategy_class(name: str):
-    if name not in STRATEGIES:
-        from fedrcl_flwr.config import ConfigError
-
-        raise ConfigError(f"'server.strategy' must be one of "
-                          f"{', '.join(sorted(STRATEGIES))}, got {name!r}")
-    module, cls = STRATEGIES[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+strategy_class = STRATEGIES.load

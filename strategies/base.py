@@ -14,7 +14,16 @@ It owns the global model (NumPy arrays) and, per round:
    record per evaluated round to ``on_record`` (the run's recorder).
 
 Hooks for subclasses: :meth:`weights_to_send`, :meth:`fit_extras`, :meth:`server_update`,
-:meth:`after_aggregate`, :meth:`state_dict` / :meth:`load_state_dict` (checkpoints).
+:meth:`after_aggregate`. Parameters: ``defaults`` with their allowed values in ``rules``
+(:mod:`fedrcl_flwr.components`, checked before the run). Server-optimizer state is
+*declared* in ``buffers``: the base creates each buffer (one float64 array per trainable
+parameter, ``None`` for BatchNorm buffers / counters, filled with :meth:`buffer_fill`) and
+saves / restores it in :meth:`state_dict` / :meth:`load_state_dict`, so a new optimizer
+cannot forget to checkpoint one.
+
+Rounds: Flower numbers the rounds of *this process* 1, 2, ... (``server_round``); a resumed
+run continues at ``run_round = server_round + round_offset`` (rounds done before). Every
+hook, record, sample and checkpoint uses ``run_round``.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.runtime import sample_partitions
 from strategies.aggregation import (
     check_update,
@@ -57,28 +66,13 @@ def copy_arrays(arrays):
     return [None if a is None else np.array(a, copy=True) for a in arrays]
 
 
-def resolve_server_params(name: str, defaults: dict, given: dict) -> dict:
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        allowed = ", ".join(sorted(defaults)) or "(none)"
-        raise ConfigError(f"server.params: unknown key(s) {', '.join(unknown)} for strategy "
-                          f"'{name}' (allowed: {allowed})")
-    out = dict(defaults)
-    for k, v in given.items():
-        if isinstance(defaults[k], (int, float)) and (
-            isinstance(v, bool) or not isinstance(v, (int, float))
-        ):
-            raise ConfigError(f"server.params.{k} for strategy '{name}' must be a number, "
-                              f"got {v!r}")
-        out[k] = v
-    return out
-
-
 class FederatedStrategy(Strategy):
     """FedAvg with deterministic partition sampling, fault filtering and hooks."""
 
     name = "fedavg"
     defaults: dict = {}
+    rules: dict = {}  # parameter name -> fedrcl_flwr.components.Rule (allowed values)
+    buffers: tuple = ()  # names of the declared server-optimizer state (see module doc)
 
     def __init__(
         self,
@@ -102,7 +96,7 @@ class FederatedStrategy(Strategy):
         exchange=None,
     ):
         super().__init__()
-        self.p = resolve_server_params(self.name, self.defaults, params or {})
+        self.p = self.resolve(params)
         self.weights = [np.asarray(w).copy() for w in initial_weights]
         self.kinds = entry_kinds(self.weights, trainable)
         self.num_clients = num_clients
@@ -122,28 +116,44 @@ class FederatedStrategy(Strategy):
         self.model_bytes = int(sum(np.asarray(w).nbytes for w in self.weights))
         self.consecutive_empty = 0
         self._fit_info: dict = {}
+        self._sampled: list[int] = []
         self._round_start = time.time()
+        for b in self.buffers:
+            fill = self.buffer_fill(b)
+            setattr(self, b, [np.full(w.shape, fill, np.float64) if k == "param" else None
+                              for w, k in zip(self.weights, self.kinds)])
+
+    @classmethod
+    def resolve(cls, params: Optional[dict]) -> dict:
+        """``server.params`` merged over :attr:`defaults`, every value checked."""
+        return resolve_params("server.params", f"strategy '{cls.name}'", cls.defaults,
+                              cls.rules, params)
+
+    def buffer_fill(self, name: str) -> float:
+        """Initial value of every entry of the declared buffer ``name`` (default 0)."""
+        return 0.0
 
     # ------------------------------------------------------------------ hooks
-    def weights_to_send(self, server_round: int) -> list[np.ndarray]:
+    def weights_to_send(self, run_round: int) -> list[np.ndarray]:
         """What clients start from (FedACG overrides: the look-ahead model)."""
         return self.weights
 
-    def fit_extras(self, server_round: int, partition_id: int) -> dict:
+    def fit_extras(self, run_round: int, partition_id: int) -> dict:
         """Extra per-client fit config entries (scalars or bytes)."""
         return {}
 
-    def server_update(self, server_round: int, average: list[np.ndarray]) -> None:
+    def server_update(self, run_round: int, average: list[np.ndarray]) -> None:
         """Turn the clients' average into the new global model (FedAvg: take it)."""
         self.weights = average
 
-    def after_aggregate(self, server_round: int, results: list[tuple[int, FitRes]]) -> dict:
+    def after_aggregate(self, run_round: int, results: list[tuple[int, FitRes]]) -> dict:
         """Called with ``(partition_id, FitRes)`` of the kept results; returns metrics."""
         return {}
 
     def state_dict(self) -> dict:
         state = {"weights": copy_arrays(self.weights),
-                 "consecutive_empty": self.consecutive_empty}
+                 "consecutive_empty": self.consecutive_empty,
+                 "buffers": {b: copy_arrays(getattr(self, b)) for b in self.buffers}}
         if self.exchange is not None:
             state["exchange"] = self.exchange.state_dict()
         return state
@@ -151,6 +161,8 @@ class FederatedStrategy(Strategy):
     def load_state_dict(self, state: dict) -> None:
         self.weights = copy_arrays(state["weights"])
         self.consecutive_empty = int(state.get("consecutive_empty", 0))
+        for b in self.buffers:
+            setattr(self, b, copy_arrays(state["buffers"][b]))
         if self.exchange is not None and "exchange" in state:
             self.exchange.load_state_dict(state["exchange"])
 
@@ -158,7 +170,8 @@ class FederatedStrategy(Strategy):
     def initialize_parameters(self, client_manager: ClientManager) -> Optional[Parameters]:
         return ndarrays_to_parameters(self.weights)
 
-    def _round(self, server_round: int) -> int:
+    def run_round(self, server_round: int) -> int:
+        """The run's round number of Flower's ``server_round`` (shifted on resume)."""
         return server_round + self.round_offset
 
     def _slots(self, client_manager: ClientManager, k: int) -> list[ClientProxy]:
@@ -171,7 +184,7 @@ class FederatedStrategy(Strategy):
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        rnd = self._round(server_round)
+        rnd = self.run_round(server_round)
         self._round_start = time.time()
         pids = sample_partitions(self.seed, rnd, self.num_clients, self.clients_per_round)
         slots = self._slots(client_manager, len(pids))
@@ -182,7 +195,7 @@ class FederatedStrategy(Strategy):
         send = ndarrays_to_parameters(self.weights_to_send(rnd))
         out = []
         for slot, pid in zip(slots, pids):
-            config = {"server_round": rnd, "partition_id": pid}
+            config = {"run_round": rnd, "partition_id": pid}
             config.update(self.fit_extras(rnd, pid))
             if self.exchange is not None:
                 config.update(self.exchange.fit_extras(rnd, pid))
@@ -191,7 +204,7 @@ class FederatedStrategy(Strategy):
         return out
 
     def aggregate_fit(self, server_round: int, results, failures):
-        rnd = self._round(server_round)
+        rnd = self.run_round(server_round)
         kept: list[tuple[int, FitRes, list]] = []
         reasons: list[str] = []
         for f in failures:
@@ -214,11 +227,11 @@ class FederatedStrategy(Strategy):
             log.warning("round %d: dropped a client result (%s)", rnd, r)
 
         info = {"num_clients": len(kept), "failures": len(reasons),
-                "model_bytes_down": self.model_bytes * len(getattr(self, "_sampled", [])),
+                "model_bytes_down": self.model_bytes * len(self._sampled),
                 "model_bytes_up": self.model_bytes * len(kept)}
         if self.exchange is not None:
             info["signal_bytes_down"] = (self.exchange.bytes_down_per_client(rnd)
-                                         * len(getattr(self, "_sampled", [])))
+                                         * len(self._sampled))
             info.update(self.exchange.ingest(rnd, [(pid, r.metrics) for pid, r, _ in kept]))
         if not kept:
             self.consecutive_empty += 1
@@ -255,7 +268,7 @@ class FederatedStrategy(Strategy):
         return None, {}
 
     def evaluate(self, server_round: int, parameters: Parameters):
-        rnd = self._round(server_round)
+        rnd = self.run_round(server_round)
         if server_round == 0:
             return None
         record = None

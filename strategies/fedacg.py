@@ -14,31 +14,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.base import FederatedStrategy, copy_arrays
+from fedrcl_flwr.components import between, non_negative
+from strategies.base import FederatedStrategy
 
 
 class FedACG(FederatedStrategy):
     name = "fedacg"
     defaults = {"lam": 0.85, "beta": 0.001}
-
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        self.m_buf = [np.zeros_like(w, dtype=np.float64) if k == "param" else None
-                      for w, k in zip(self.weights, self.kinds)]
+    rules = {"lam": between(0, 1, hi_open=True), "beta": non_negative()}
+    buffers = ("m_buf",)
 
     def lookahead(self) -> list[np.ndarray]:
         lam = float(self.p["lam"])
         return [(w.astype(np.float64) + lam * m).astype(w.dtype) if m is not None else w
                 for w, m in zip(self.weights, self.m_buf)]
 
-    def weights_to_send(self, server_round):
-        self._sent = self.lookahead()
-        return self._sent
+    def weights_to_send(self, run_round):
+        return self.lookahead()
 
-    def fit_extras(self, server_round, partition_id):
+    def fit_extras(self, run_round, partition_id):
         return {"acg_beta": float(self.p["beta"])}
 
-    def server_update(self, server_round, average):
+    def server_update(self, run_round, average):
         lam = float(self.p["lam"])
         sent = self.lookahead()
         for j, kind in enumerate(self.kinds):
@@ -47,9 +44,3 @@ class FedACG(FederatedStrategy):
                 self.m_buf[j] = lam * self.m_buf[j] + delta
         self.weights = average
 
-    def state_dict(self):
-        return {**super().state_dict(), "momentum": copy_arrays(self.m_buf)}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self.m_buf = copy_arrays(state["momentum"])

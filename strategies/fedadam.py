@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.base import FederatedStrategy, copy_arrays
+from fedrcl_flwr.components import between, positive
+from strategies.base import FederatedStrategy
 
 
 class FedAdam(FederatedStrategy):
     name = "fedadam"
     defaults = {"server_lr": 0.01, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
+    rules = {"server_lr": positive(), "beta1": between(0, 1, hi_open=True),
+             "beta2": between(0, 1, hi_open=True), "tau": positive()}
+    buffers = ("m", "v")
 
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        self.m = [np.zeros_like(w, dtype=np.float64) if k == "param" else None
-                  for w, k in zip(self.weights, self.kinds)]
-        self.v = [np.zeros_like(w, dtype=np.float64) if k == "param" else None
-                  for w, k in zip(self.weights, self.kinds)]
-
-    def server_update(self, server_round, average):
+    def server_update(self, run_round, average):
         p = self.p
         b1, b2, tau, lr = float(p["beta1"]), float(p["beta2"]), float(p["tau"]), \
             float(p["server_lr"])
@@ -45,9 +42,3 @@ class FedAdam(FederatedStrategy):
             new.append((w64 + lr * self.m[j] / (np.sqrt(self.v[j]) + tau)).astype(w.dtype))
         self.weights = new
 
-    def state_dict(self):
-        return {**super().state_dict(), "m": copy_arrays(self.m), "v": copy_arrays(self.v)}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self.m, self.v = copy_arrays(state["m"]), copy_arrays(state["v"])

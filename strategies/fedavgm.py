@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.base import FederatedStrategy, copy_arrays
+from fedrcl_flwr.components import between, positive
+from strategies.base import FederatedStrategy
 
 
 class FedAvgM(FederatedStrategy):
     name = "fedavgm"
     defaults = {"momentum": 0.4, "server_lr": 1.0}
+    rules = {"momentum": between(0, 1, hi_open=True), "server_lr": positive()}
+    buffers = ("m_buf",)
 
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        self.m_buf = [np.zeros_like(w, dtype=np.float64) if k == "param" else None
-                      for w, k in zip(self.weights, self.kinds)]
-
-    def server_update(self, server_round, average):
+    def server_update(self, run_round, average):
         m, lr = float(self.p["momentum"]), float(self.p["server_lr"])
         new = []
         for j, (w, a, kind) in enumerate(zip(self.weights, average, self.kinds)):
@@ -36,9 +34,3 @@ class FedAvgM(FederatedStrategy):
             new.append((w.astype(np.float64) + lr * self.m_buf[j]).astype(w.dtype))
         self.weights = new
 
-    def state_dict(self):
-        return {**super().state_dict(), "momentum": copy_arrays(self.m_buf)}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self.m_buf = copy_arrays(state["momentum"])

@@ -10,8 +10,9 @@ averaged and counters take the max (``strategies/aggregation.py``). The mean ove
 the configured ``server.weighting`` average (uniform, as the paper, by default); the
 h-update uses |P_t|·(mean − θ^{t−1}) for the sum, exact under uniform weighting.
 
-Pair with ``client.method: feddyn`` (its client regulariser and gradient state, with the
-same α). Any other client method also runs: the server correction then acts on plain
+Pair with ``client.method: feddyn`` (its client regulariser and gradient state): α is sent
+to the clients in the fit config (``feddyn_alpha``), as FedACG sends its β, so it is set
+in one place. Any other client method also runs: the server correction then acts on plain
 local updates. ``server.params.alpha`` (α) = 0.1.
 """
 
@@ -19,29 +20,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.base import FederatedStrategy, copy_arrays
+from fedrcl_flwr.components import positive
+from strategies.base import FederatedStrategy
 
 
 class FedDyn(FederatedStrategy):
     name = "feddyn"
     defaults = {"alpha": 0.1}
+    rules = {"alpha": positive()}
+    buffers = ("h",)
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        if float(self.p["alpha"]) <= 0:
-            from fedrcl_flwr.config import ConfigError
+        self._pending = None  # (θ^{t−1}, mean) between server_update and after_aggregate
 
-            raise ConfigError("server.params.alpha must be > 0 for feddyn")
-        self.h = [np.zeros_like(w, dtype=np.float64) if k == "param" else None
-                  for w, k in zip(self.weights, self.kinds)]
-        self._pending = None
+    def fit_extras(self, run_round, partition_id):
+        return {"feddyn_alpha": float(self.p["alpha"])}  # the one α, sent to the clients
 
-    def server_update(self, server_round, average):
+    def server_update(self, run_round, average):
         # h needs |P_t|, known in after_aggregate (called right after, same round)
         self._pending = (self.weights, average)
         self.weights = average
 
-    def after_aggregate(self, server_round, results):
+    def after_aggregate(self, run_round, results):
         prev, average = self._pending
         self._pending = None
         alpha, frac = float(self.p["alpha"]), len(results) / float(self.num_clients)
@@ -57,9 +58,3 @@ class FedDyn(FederatedStrategy):
         h_norm = float(np.sqrt(sum(float((h ** 2).sum()) for h in self.h if h is not None)))
         return {"feddyn_h_norm": h_norm}
 
-    def state_dict(self):
-        return {**super().state_dict(), "h": copy_arrays(self.h)}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self.h = copy_arrays(state["h"])

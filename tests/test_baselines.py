@@ -31,13 +31,10 @@ def _one_thread():
 
 
 # ----------------------------------------------------------------- loss functions
-def test_fedprox_penalty_and_client_term():
-    assert float(B.fedprox_penalty([T([1.0, 2.0])], [T([0.0, 0.0])], mu=0.1)) == close(
-        0.05 * 5)
-
+def test_fedprox_client_term():
     class Stub(client_class("fedprox")):
         def __init__(self):  # no data needed: only the term wiring is checked
-            self.p, self.device = {"mu": 0.1}, torch.device("cpu")
+            self.p, self.device, self._received = {"mu": 0.1}, torch.device("cpu"), None
 
     c = Stub()
     c.model = torch.nn.Linear(2, 1)
@@ -194,14 +191,30 @@ def test_feddyn_server_two_rounds_by_hand():
     assert st2.h[0] == close([-0.15, -0.2])
 
 
-def test_feddyn_alpha_must_agree(tiny):
+def test_feddyn_alpha_is_one_server_key_sent_to_clients(tiny):
     from fedrcl_flwr.app.validate import validate_components
+    from strategies import strategy_class
 
-    cfg = tiny(client={"method": "feddyn", "params": {"alpha": 0.1}},
-               server={"strategy": "feddyn", "params": {"alpha": 0.01}})
-    with pytest.raises(ConfigError, match="alpha"):
-        validate_components(cfg)
+    # α is server.params.alpha only; the client has no alpha key and needs FedDyn's server
+    with pytest.raises(ConfigError, match=r"client.params: unknown key\(s\) alpha"):
+        validate_components(tiny(client={"method": "feddyn", "params": {"alpha": 0.1}},
+                                 server={"strategy": "feddyn"}))
+    with pytest.raises(ConfigError, match="'server.strategy' must be feddyn"):
+        validate_components(tiny(client={"method": "feddyn"}))
     validate_components(tiny(client={"method": "feddyn"}, server={"strategy": "feddyn"}))
+    st = strategy_class("feddyn")(initial_weights=[np.zeros(2, np.float32)],
+                                  trainable=[True], num_clients=4, clients_per_round=2,
+                                  rounds=2, params={"alpha": 0.03})
+
+    class M:
+        def wait_for(self, n, timeout=0):
+            return True
+
+        def all(self):
+            return {"a": object(), "b": object()}
+
+    ins = st.configure_fit(1, None, M())
+    assert [fi.config["feddyn_alpha"] for _, fi in ins] == [0.03, 0.03]
 
 
 # ----------------------------------------------------------- models / helpers
@@ -241,18 +254,24 @@ def _initial(cfg):
     return runtime.get_weights(runtime.initial_model(cfg, runtime.load_bundle(cfg)))
 
 
-def test_frozen_model_is_a_cached_frozen_copy(tiny, tmp_path):
+def test_frozen_model_is_a_pooled_frozen_copy(tiny, tmp_path):
     cfg = tiny(client={"method": "fitnet"})
     c = _client(cfg)
     c.global_weights = _initial(cfg)
-    m1 = c.frozen_model()
+    torch.manual_seed(5)
+    before = torch.rand(3)
+    torch.manual_seed(5)
+    m1 = c.frozen_model(slot="fresh-slot")  # built now: must not consume the caller's RNG
+    assert torch.equal(torch.rand(3), before)
     assert not m1.training and not any(p.requires_grad for p in m1.parameters())
-    assert m1 is not c._model()
+    local = c._model()
+    assert m1 is not local and any(p.requires_grad for p in local.parameters())
     w = [a + 1 if a.dtype.kind == "f" else a for a in c.global_weights]
-    m2 = c.frozen_model(w)
-    assert m2 is m1
+    m2 = c.frozen_model(w, slot="fresh-slot")
+    assert m2 is m1  # one instance per slot and process (the runtime's model pool)
     assert np.allclose(runtime.get_weights(m2)[0], w[0])
     assert c.frozen_model(slot="other") is not m1
+    assert runtime.worker_model(cfg, runtime.load_bundle(cfg), c.device) is local
 
 
 # ------------------------------------------------------- per-client state on disk
@@ -260,7 +279,7 @@ def test_moon_previous_model_saved_compact_and_reused(tiny, tmp_path):
     cfg = tiny(client={"method": "moon"})
     w0 = _initial(cfg)
     state = tmp_path / "state"
-    w1, _, m1 = _client(cfg, str(state)).fit(w0, {"server_round": 1, "partition_id": 3})
+    w1, _, m1 = _client(cfg, str(state)).fit(w0, {"run_round": 1, "partition_id": 3})
     assert m1["moon_prev"] == 0 and "loss_moon" not in m1
     saved = torch.load(state / "moon_prev_3.pt", weights_only=True)
     assert all(v.dtype == torch.float16 for v in saved.values())
@@ -268,26 +287,27 @@ def test_moon_previous_model_saved_compact_and_reused(tiny, tmp_path):
     n_params = sum(a.size for a in w0)
     assert (state / "moon_prev_3.pt").stat().st_size < 2 * n_params + 20_000  # fp16
     # a fresh client instance (as every round in simulation) finds it next round
-    _, _, m2 = _client(cfg, str(state)).fit(w0, {"server_round": 2, "partition_id": 3})
+    _, _, m2 = _client(cfg, str(state)).fit(w0, {"run_round": 2, "partition_id": 3})
     assert m2["moon_prev"] == 1 and math.isfinite(m2["loss_moon"]) and m2["loss_moon"] > 0
     # another partition has no previous model
-    _, _, m3 = _client(cfg, str(state)).fit(w0, {"server_round": 2, "partition_id": 4})
+    _, _, m3 = _client(cfg, str(state)).fit(w0, {"run_round": 2, "partition_id": 4})
     assert m3["moon_prev"] == 0
 
 
 def test_feddyn_gradient_state_update(tiny, tmp_path):
-    cfg = tiny(client={"method": "feddyn", "params": {"alpha": 0.1}})
+    cfg = tiny(client={"method": "feddyn"}, server={"strategy": "feddyn"})
     w0 = _initial(cfg)
     state = tmp_path / "state"
     c = _client(cfg, str(state))
-    w1, _, m1 = c.fit(w0, {"server_round": 1, "partition_id": 2})
+    w1, _, m1 = c.fit(w0, {"run_round": 1, "partition_id": 2, "feddyn_alpha": 0.1})
     assert m1["feddyn_state"] == 0
     g = torch.load(state / "feddyn_grad_2.pt", weights_only=True)
     names = list(c.model.state_dict().keys())
     # ∇L_k(θ_k^1) = 0 − α(θ_k^1 − θ^0)
     for n, a0, a1 in zip(names, w0, w1):
         assert np.allclose(g[n].numpy(), -0.1 * (a1 - a0), atol=1e-7)
-    w2, _, m2 = _client(cfg, str(state)).fit(w1, {"server_round": 2, "partition_id": 2})
+    w2, _, m2 = _client(cfg, str(state)).fit(w1, {"run_round": 2, "partition_id": 2,
+                                                  "feddyn_alpha": 0.1})
     assert m2["feddyn_state"] == 1 and math.isfinite(m2["loss_dyn"])
     g2 = torch.load(state / "feddyn_grad_2.pt", weights_only=True)
     n = names[0]

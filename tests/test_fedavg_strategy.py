@@ -76,7 +76,7 @@ def test_configure_fit_sends_partitions_and_weights():
     assert pids == sample_partitions(0, 1, 10, 3)
     assert len({p.cid for p, _ in ins}) == 3
     for _, fi in ins:
-        assert fi.config["server_round"] == 1
+        assert fi.config["run_round"] == 1
         np.testing.assert_array_equal(parameters_to_ndarrays(fi.parameters)[0], w0[0])
 
 

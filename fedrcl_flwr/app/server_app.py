@@ -12,7 +12,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fedrcl_flwr import runtime
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
-from fedrcl_flwr.checkpoint import load_checkpoint, rng_states, save_checkpoint
+from fedrcl_flwr.checkpoint import load_checkpoint, save_checkpoint
 from fedrcl_flwr.config import dump_config
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
 from fedrcl_flwr.results import CONFIG_FILE, RunRecorder, format_round_line
@@ -25,11 +25,10 @@ def make_exchange(cfg, num_classes: int):
     from strategies.signal_exchange import SignalExchange
 
     cls = client_class(cfg.client.method)
-    needs = getattr(cls, "exchange_settings", None)
-    if needs is None:
+    settings = cls.exchange_settings(cls.resolve(cfg))
+    if settings is None:
         return None
-    params = {**needs(cfg), **cfg.server.signals}
-    return SignalExchange(params, num_classes=num_classes)
+    return SignalExchange({**settings, **cfg.server.signals}, num_classes=num_classes)
 
 
 def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
@@ -100,7 +99,7 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
         if every and (rnd % every == 0 or rnd == cfg.federation.rounds):
             save_checkpoint(out_dir, {
                 "round": rnd, "strategy": strategy.state_dict(), "ema": ema.value,
-                "wall_time_s": recorder.wall_time(), "rng": rng_states(),
+                "wall_time_s": recorder.wall_time(),
             })
 
     exchange = make_exchange(cfg, bundle.num_classes)

@@ -1,30 +1,57 @@
-"""Check the names and parameters that select code (method, strategy) before a run."""
+"""The method contract, checked when the config is loaded (before any Flower process).
+
+For the configured client method and server strategy: the names (registries), every
+``client.params`` / ``server.params`` value (types, finiteness and the declared ``rules``,
+:mod:`fedrcl_flwr.components`; rules that depend on the model are run on the configured
+model built at nominal input shapes), the strategies the method works with
+(``FederatedClient.strategies``), the signal exchange it needs
+(``FederatedClient.exchange_settings`` with ``server.signals``) and its cross-section
+checks (``FederatedClient.check_config``). Any violation is one ``ConfigError`` naming the
+key (and the file, when ``source`` is given).
+"""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from clients import client_class
-from clients.base import resolve_params
-from fedrcl_flwr.config import ExperimentConfig
+from fedrcl_flwr.components import check_model_rules
+from fedrcl_flwr.config import ConfigError, ExperimentConfig
 from strategies import strategy_class
-from strategies.base import resolve_server_params
 
 
-def validate_components(cfg: ExperimentConfig) -> None:
+def validate_components(cfg: ExperimentConfig, source: Optional[str] = None) -> None:
     """Raise ConfigError if client.method/params or server.strategy/params are invalid."""
+    try:
+        _validate(cfg)
+    except ConfigError as exc:
+        if source is None:
+            raise
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def _validate(cfg: ExperimentConfig) -> None:
     cls = client_class(cfg.client.method)
-    resolve_params(cls.method, cls.defaults, cfg.client.params)
+    p = cls.resolve(cfg)
     scls = strategy_class(cfg.server.strategy)
-    resolve_server_params(scls.name, scls.defaults, cfg.server.params)
-    needs = getattr(cls, "exchange_settings", None)
-    if needs is not None:
+    sp = scls.resolve(cfg.server.params)
+    if any(r.model_check for r in (*cls.rules.values(), *scls.rules.values())):
+        from fedrcl_flwr.runtime import probe_model
+
+        model = probe_model(cfg)
+        if model is not None:
+            check_model_rules("client.params", f"method '{cls.method}'", cls.rules, p, model)
+            check_model_rules("server.params", f"strategy '{scls.name}'", scls.rules, sp,
+                              model)
+    if cls.strategies is not None and cfg.server.strategy not in cls.strategies:
+        raise ConfigError(f"'server.strategy' must be {' or '.join(cls.strategies)} for "
+                          f"client.method '{cls.method}', got {cfg.server.strategy!r}")
+    settings = cls.exchange_settings(p)
+    if settings is not None:
         from strategies.signal_exchange import SignalExchange
 
-        SignalExchange({**needs(cfg), **cfg.server.signals})
+        SignalExchange({**settings, **cfg.server.signals})
     elif cfg.server.signals:
-        from fedrcl_flwr.config import ConfigError
-
         raise ConfigError(f"server.signals is set but method '{cfg.client.method}' "
                           "exchanges no signals")
-    check = getattr(cls, "check_config", None)
-    if check is not None:
-        check(cfg)
+    cls.check_config(cfg, p)

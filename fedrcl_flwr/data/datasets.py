@@ -117,10 +117,6 @@ class DataBundle:
     domain_names: list = field(default_factory=list)
     val: Optional[ImageArrayDataset] = None
 
-    @property
-    def train_plain(self) -> ImageArrayDataset:
-        return self.train.plain()
-
 
 # --------------------------------------------------------------------------------------
 # Raw sources: each returns uint8 arrays (N, H, W, C)
@@ -510,14 +506,25 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
     )
 
 
-def iterate_batches(dataset, indices, batch_size: int):
-    """Un-augmented, in-order batches of ``dataset[indices]`` (embedding, evaluation)."""
-    ds = dataset.plain() if hasattr(dataset, "plain") else dataset
-    indices = np.asarray(indices)
+def iterate_batches(dataset, indices, batch_size: int, *,
+                    generator: Optional[torch.Generator] = None):
+    """The project's one batch iterator: ``(x, y)`` batches of ``dataset[indices]``.
+
+    Without ``generator``: in order and un-augmented (evaluation, embedding). With it
+    (training, via ``runtime.make_batches``): the indices in a random order and the
+    dataset's augmentation, both drawn from ``generator``. Datasets with ``get_batch``
+    (every built-in one) fetch a whole batch at once; others are read sample by sample.
+    """
+    ds = dataset
+    indices = np.asarray(indices, dtype=np.int64)
+    if generator is None:
+        ds = dataset.plain() if hasattr(dataset, "plain") else dataset
+    else:
+        indices = indices[torch.randperm(len(indices), generator=generator).numpy()]
     for i in range(0, len(indices), batch_size):
         chunk = indices[i:i + batch_size]
         if hasattr(ds, "get_batch"):
-            yield ds.get_batch(chunk)
+            yield ds.get_batch(chunk, generator=generator)
         else:
             xs, ys = zip(*(ds[int(j)] for j in chunk))
             yield torch.stack(xs), torch.as_tensor(ys)

@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "fedprox_penalty",
     "moon_contrastive_loss",
     "fedlc_loss",
     "kd_kl",
@@ -33,20 +32,6 @@ __all__ = [
     "fedpcl_loss",
     "feddyn_penalty",
 ]
-
-
-# --------------------------------------------------------------------------- FedProx
-def fedprox_penalty(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor],
-                    mu: float) -> torch.Tensor:
-    """FedProx proximal term (Li et al., MLSys 2020, "Federated Optimization in
-    Heterogeneous Networks"; the local objective of
-    Algorithm 2):
-
-        h_k(w; w^t) = F_k(w) + (μ/2)·‖w − w^t‖²
-
-    returns ``(μ/2)·Σ_params ‖w − w_g‖²`` (the clients use the identical
-    :meth:`clients.base.FederatedClient.distance_to_received_term` with weight μ/2)."""
-    return 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in zip(params, anchors))
 
 
 # ------------------------------------------------------------------------------ MOON

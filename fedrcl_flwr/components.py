@@ -1,0 +1,233 @@
+"""The contract of pluggable components (client methods, server strategies): one registry
+mechanism and one set of parameter rules for both (no Flower here).
+
+A component class declares its parameters as ``defaults`` (name -> default value) and,
+next to them, ``rules`` (name -> :class:`Rule`) for the allowed values. The *type* of a
+parameter is its default's type and is enforced for every key:
+
+* ``bool``  - ``true`` / ``false`` only (no ``0`` / ``1``);
+* ``int``   - whole numbers only (``2.0`` and ``true`` are rejected);
+* ``float`` - any number, converted to ``float``; NaN and +-Inf are rejected;
+* ``str``   - text; ``list`` - a YAML list (no non-finite numbers inside).
+
+``rules`` adds ranges / choices / predicates; a rule may also need the configured model
+(``model_check``: e.g. FedRCL's ``levels`` must be taps the model has). Everything is
+checked by :func:`fedrcl_flwr.app.validate.validate_components` when the config is loaded,
+before any Flower process starts, and a bad value is one :class:`ConfigError` line naming
+the key and the file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from fedrcl_flwr.config import ConfigError
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Allowed values of one parameter: ``ok(value)`` must hold (after the type check);
+    ``text`` says what is allowed ("must be > 0"); ``bad`` are invalid examples the
+    contract test feeds in; ``model_check(value, model)`` returns an error text or None."""
+
+    ok: Callable[[Any], bool]
+    text: str
+    bad: tuple = ()
+    model_check: Optional[Callable[[Any, Any], Optional[str]]] = None
+
+
+def between(lo: Optional[float] = None, hi: Optional[float] = None, *,
+            lo_open: bool = False, hi_open: bool = False, also: tuple = ()) -> Rule:
+    """A number in [lo, hi] (open ends with ``lo_open`` / ``hi_open``); ``also`` lists
+    sentinel values allowed outside it (e.g. ``-1`` = "use the schedule")."""
+
+    def ok(v):
+        if v in also:
+            return True
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            return False
+        return not (hi is not None and (v >= hi if hi_open else v > hi))
+
+    left = "(" if lo_open else "["
+    right = ")" if hi_open else "]"
+    span = f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
+    if hi is None and lo is not None:
+        span = f"> {lo}" if lo_open else f">= {lo}"
+    text = f"must be {span}" if span.startswith((">", "<")) else f"must be in {span}"
+    if also:
+        text += f" (or {', '.join(map(str, also))})"
+    bad = []
+    step = lambda b: 1 if isinstance(b, int) else 0.5  # noqa: E731 - stay in the type
+    if lo is not None:
+        bad.append(lo if lo_open else lo - step(lo))
+    if hi is not None:
+        bad.append(hi if hi_open else hi + step(hi))
+    bad = [b for b in bad if b not in also]
+    return Rule(ok, text, tuple(bad))
+
+
+def positive() -> Rule:
+    return between(0, lo_open=True)
+
+
+def non_negative() -> Rule:
+    return between(0)
+
+
+def at_least(lo: int) -> Rule:
+    return between(lo)
+
+
+def one_of(*choices: str) -> Rule:
+    return Rule(lambda v: v in choices, f"must be one of {', '.join(choices)}",
+                ("no-such-choice",))
+
+
+def _finite(v: Any) -> bool:
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if isinstance(v, (list, tuple)):
+        return all(_finite(x) for x in v)
+    if isinstance(v, dict):
+        return all(_finite(x) for x in v.values())
+    return True
+
+
+def _typed(value: Any, default: Any) -> tuple[bool, Any]:
+    """``(ok, value converted to the default's type)``."""
+    if isinstance(default, bool):
+        return isinstance(value, bool), value
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value
+    if isinstance(default, str):
+        return isinstance(value, str), value
+    if isinstance(default, list):
+        return isinstance(value, list), list(value) if isinstance(value, list) else value
+    return True, value
+
+
+def type_text(default: Any) -> str:
+    for tp, name in ((bool, "true or false"), (int, "a whole number"), (float, "a number"),
+                     (str, "a string"), (list, "a list")):
+        if isinstance(default, tp):
+            return name
+    return type(default).__name__
+
+
+def resolve_params(section: str, owner: str, defaults: dict, rules: dict,
+                   given: Optional[dict]) -> dict:
+    """``given`` merged over ``defaults`` with every value checked (type, finiteness,
+    rule); unknown keys are an error. ``section`` is ``client.params`` / ``server.params``,
+    ``owner`` names the component ("method 'fedrcl'")."""
+    given = dict(given or {})
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        allowed = ", ".join(sorted(defaults)) or "(none)"
+        raise ConfigError(f"{section}: unknown key(s) {', '.join(map(str, unknown))} for "
+                          f"{owner} (allowed: {allowed})")
+    out = dict(defaults)
+    for k, v in given.items():
+        ok, v = _typed(v, defaults[k])
+        if not ok:
+            raise ConfigError(f"{section}.{k} for {owner} must be {type_text(defaults[k])}, "
+                              f"got {v!r}")
+        if not _finite(v):
+            raise ConfigError(f"{section}.{k} for {owner} must be finite, got {v!r}")
+        rule = rules.get(k)
+        if rule is not None and not rule.ok(v):
+            raise ConfigError(f"{section}.{k} for {owner} {rule.text}, got {v!r}")
+        out[k] = v
+    return out
+
+
+def check_model_rules(section: str, owner: str, rules: dict, params: dict, model) -> None:
+    """Run the rules that depend on the configured model (``model_check``)."""
+    for k, rule in rules.items():
+        if rule.model_check is not None:
+            why = rule.model_check(params[k], model)
+            if why:
+                raise ConfigError(f"{section}.{k} for {owner}: {why}")
+
+
+def type_violations(default: Any) -> list:
+    """Values of the wrong type for a parameter with this default (contract tests)."""
+    if isinstance(default, bool):
+        return ["yes", 1]
+    if isinstance(default, int):
+        return [1.5, "3", True]
+    if isinstance(default, float):
+        return ["0.1x", True, float("nan"), float("inf")]
+    if isinstance(default, str):
+        return [3, ["a"]]
+    if isinstance(default, list):
+        return ["all", [float("nan")]]
+    return []
+
+
+class Registry(dict):
+    """Name -> ``"module:Class"`` of one kind of component, imported lazily (one broken
+    component cannot break the others); ``key`` is the config key that selects one."""
+
+    def __init__(self, key: str, entries: dict[str, str]):
+        super().__init__(entries)
+        self.key = key
+
+    def load(self, name: str):
+        if name not in self:
+            raise ConfigError(f"'{self.key}' must be one of {', '.join(sorted(self))}, "
+                              f"got {name!r}")
+        module, cls = self[name].split(":")
+        return getattr(importlib.import_module(module), cls)
+
+
+# ----------------------------------------------------------- rules about the model's taps
+def model_taps(model) -> tuple:
+    """Names ``model(x, return_features=True)`` returns: its ``levels`` + ``penultimate``."""
+    levels = tuple(getattr(model, "levels", ()))
+    return levels + (() if "penultimate" in levels else ("penultimate",))
+
+
+def feature_tap() -> Rule:
+    """A feature name the configured model returns (``penultimate``, a level name)."""
+
+    def check(v, model):
+        taps = model_taps(model)
+        return None if v in taps else f"unknown feature {v!r}; this model has {list(taps)}"
+
+    return Rule(lambda v: bool(v), "must name a feature of the model", ("no_such_feature",),
+                check)
+
+
+def resolve_levels(requested: list, model_levels: tuple) -> list[str]:
+    """``[all]`` (or ``[]``) = every level, ``[last]`` = the last one, else the names given
+    (each must be one of ``model_levels``)."""
+    if requested in (["all"], []):
+        return list(model_levels)
+    if requested == ["last"]:
+        return [model_levels[-1]]
+    bad = [lv for lv in requested if lv not in model_levels]
+    if bad:
+        raise ConfigError(f"client.params.levels: unknown level(s) {bad}; this model has "
+                          f"{list(model_levels)} (or use [all] / [last])")
+    return list(requested)
+
+
+def tap_levels() -> Rule:
+    """A list of the model's level names, or ``[all]`` / ``[last]``."""
+
+    def check(v, model):
+        try:
+            resolve_levels(v, tuple(model.levels))
+        except ConfigError as exc:
+            return str(exc).split(": ", 1)[1]
+        return None
+
+    return Rule(lambda v: all(isinstance(x, str) and x for x in v),
+                "must be a list of level names, [all] or [last]", (["nonexistent"], [3]),
+                check)
