@@ -87,6 +87,9 @@ class PartitionConfig:
     shards_per_client: int = 2
     min_size: int = 10
     domains_per_client: int = 1
+    # scheme domain + balanced: samples of every class per (client, domain); null = the
+    # largest size every domain can give (FedCCL's balanced inter-domain setting)
+    samples_per_class: Optional[int] = None
 
 
 @dataclass
@@ -245,6 +248,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "partition.shards_per_client": (lambda v: v >= 1, "must be >= 1"),
     "partition.min_size": (lambda v: v >= 0, "must be >= 0"),
     "partition.domains_per_client": (lambda v: v >= 1, "must be >= 1"),
+    "partition.samples_per_class": (lambda v: v is None or v >= 1, "must be >= 1 (or null)"),
     "model.num_classes": (lambda v: v is None or v >= 2, "must be >= 2"),
     "federation.num_clients": (lambda v: v >= 1, "must be >= 1"),
     "federation.rounds": (lambda v: v >= 1, "must be >= 1"),
