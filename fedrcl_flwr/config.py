@@ -128,8 +128,9 @@ class FederationConfig:
 class ClientConfig:
     """Local objective and local optimisation (identical for every method).
 
-    ``lr`` at round t (1-based) is ``lr * lr_decay ** (t - 1)``; a fresh SGD optimiser is
-    built every round. ``iterations_per_epoch`` (if set) overrides ``batch_size`` so that
+    ``lr`` at round t (1-based) is ``lr * lr_decay ** (t - 1)``; a fresh optimiser is
+    built every round: ``optimizer`` sgd (``momentum``, ``nesterov``), adam or adamw
+    (``betas``, ``eps``); ``weight_decay`` for all (see ``training.make_optimizer``). ``iterations_per_epoch`` (if set) overrides ``batch_size`` so that
     one local epoch is exactly that many steps (the FedRCL authors use 10).
     """
 
@@ -139,6 +140,9 @@ class ClientConfig:
     lr: float = 0.1
     lr_decay: float = 0.998
     momentum: float = 0.0
+    nesterov: bool = False
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
     weight_decay: float = 1e-3
     local_epochs: int = 5
     batch_size: int = 50
@@ -259,7 +263,12 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "federation.eval_every": (lambda v: v >= 1, "must be >= 1"),
     "federation.max_consecutive_failed_rounds": (lambda v: v >= 1, "must be >= 1"),
     "federation.round_timeout_s": (lambda v: v is None or v > 0, "must be > 0 (or null)"),
-    "client.optimizer": (lambda v: v in ("sgd",), "must be 'sgd'"),
+    "client.optimizer": (lambda v: v in ("sgd", "adam", "adamw"),
+                         "must be one of sgd, adam, adamw"),
+    "client.betas": (lambda v: len(v) == 2 and all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in v),
+        "must be two numbers in [0, 1), e.g. [0.9, 0.999]"),
+    "client.eps": (lambda v: 0 < v < 1, "must be in (0, 1)"),
     "client.lr": (lambda v: v > 0, "must be > 0"),
     "client.lr_decay": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "client.momentum": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
@@ -395,6 +404,10 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
             f"{source}: 'federation.num_clients' ({fed.num_clients}) exceeds "
             f"'dataset.synthetic.num_train' ({cfg.dataset.synthetic.num_train}): every "
             "client needs at least one sample")
+    if cfg.client.nesterov and (cfg.client.optimizer != "sgd" or cfg.client.momentum <= 0):
+        raise ConfigError(f"{source}: 'client.nesterov' needs client.optimizer sgd and "
+                          f"'client.momentum' > 0 (got {cfg.client.optimizer}, momentum "
+                          f"{cfg.client.momentum})")
     if cfg.dataset.name == "npz" and not cfg.dataset.path:
         raise ConfigError(f"{source}: 'dataset.path' is required when dataset.name is npz")
     if cfg.partition.scheme == "domain":
