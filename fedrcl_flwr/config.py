@@ -15,6 +15,7 @@ and ``server.params``; each client or strategy validates its own keys when it is
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -170,6 +171,10 @@ class EvaluationConfig:
     target_rounds: list = field(default_factory=list)
     batch_size: int = 500
     representation_every: int = 0  # >0: representation metrics every k rounds
+    # the metric the experiment's paper reports (copied into summary.json): final | best |
+    # last5 (mean of the last five evaluated rounds, FedCCL) | ema@ROUND (EMA accuracy at
+    # a target round, FedRCL)
+    report_metric: str = "final"
     # FGSM / PGD robust accuracy of the global model (FedCCL Table 8), any method.
     # eps/step are in the units of the model's (normalised) input.
     robust_every: int = 0
@@ -288,6 +293,9 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     ),
     "evaluation.batch_size": (lambda v: v >= 1, "must be >= 1"),
     "evaluation.representation_every": (lambda v: v >= 0, "must be >= 0"),
+    "evaluation.report_metric": (
+        lambda v: v in ("final", "best", "last5") or re.fullmatch(r"ema@[1-9][0-9]*", v),
+        "must be final, best, last5 or ema@ROUND (ROUND a target round, e.g. ema@500)"),
     "evaluation.robust_every": (lambda v: v >= 0, "must be >= 0"),
     "evaluation.robust_eps": (lambda v: v > 0, "must be > 0"),
     "evaluation.robust_step": (lambda v: v > 0, "must be > 0"),
@@ -404,6 +412,10 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
             f"{source}: 'federation.num_clients' ({fed.num_clients}) exceeds "
             f"'dataset.synthetic.num_train' ({cfg.dataset.synthetic.num_train}): every "
             "client needs at least one sample")
+    rm = cfg.evaluation.report_metric
+    if rm.startswith("ema@") and int(rm[4:]) not in cfg.evaluation.target_rounds:
+        raise ConfigError(f"{source}: 'evaluation.report_metric' {rm} needs {rm[4:]} in "
+                          f"'evaluation.target_rounds' (got {cfg.evaluation.target_rounds})")
     if cfg.client.nesterov and (cfg.client.optimizer != "sgd" or cfg.client.momentum <= 0):
         raise ConfigError(f"{source}: 'client.nesterov' needs client.optimizer sgd and "
                           f"'client.momentum' > 0 (got {cfg.client.optimizer}, momentum "
