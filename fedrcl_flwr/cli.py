@@ -92,7 +92,8 @@ def cmd_report(args) -> int:
 
 def cmd_partition(args) -> int:
     from fedrcl_flwr.data.partition import PartitionError
-    from fedrcl_flwr.data.report import class_counts, format_counts_table, plot_counts_heatmap
+    from fedrcl_flwr.data.report import (class_counts, client_domains, format_counts_table,
+                                         plot_counts_heatmap)
     from fedrcl_flwr.runtime import client_partitions, load_bundle
 
     cfg = _load(args.experiment, args.set, None)
@@ -102,9 +103,11 @@ def cmd_partition(args) -> int:
     except PartitionError as exc:
         raise ConfigError(f"{args.experiment}: {exc}") from None
     counts = class_counts(parts, bundle.train_labels, bundle.num_classes)
-    print(format_counts_table(counts, max_rows=args.max_rows))
+    doms = client_domains(parts, bundle.train_domains, bundle.domain_names)
+    print(format_counts_table(counts, max_rows=args.max_rows, domains=doms))
     if args.plot:
-        plot_counts_heatmap(counts, args.plot, title=f"{cfg.name}: {cfg.partition.scheme}")
+        plot_counts_heatmap(counts, args.plot, title=f"{cfg.name}: {cfg.partition.scheme}",
+                            domains=doms)
         print(f"heatmap written to {args.plot}")
     return 0
 

@@ -15,6 +15,7 @@ and ``server.params``; each client or strategy validates its own keys when it is
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -87,6 +88,9 @@ class PartitionConfig:
     shards_per_client: int = 2
     min_size: int = 10
     domains_per_client: int = 1
+    # scheme domain + balanced: samples of every class per (client, domain); null = the
+    # largest size every domain can give (FedCCL's balanced inter-domain setting)
+    samples_per_class: Optional[int] = None
 
 
 @dataclass
@@ -125,8 +129,9 @@ class FederationConfig:
 class ClientConfig:
     """Local objective and local optimisation (identical for every method).
 
-    ``lr`` at round t (1-based) is ``lr * lr_decay ** (t - 1)``; a fresh SGD optimiser is
-    built every round. ``iterations_per_epoch`` (if set) overrides ``batch_size`` so that
+    ``lr`` at round t (1-based) is ``lr * lr_decay ** (t - 1)``; a fresh optimiser is
+    built every round: ``optimizer`` sgd (``momentum``, ``nesterov``), adam or adamw
+    (``betas``, ``eps``); ``weight_decay`` for all (see ``training.make_optimizer``). ``iterations_per_epoch`` (if set) overrides ``batch_size`` so that
     one local epoch is exactly that many steps (the FedRCL authors use 10).
     """
 
@@ -136,6 +141,9 @@ class ClientConfig:
     lr: float = 0.1
     lr_decay: float = 0.998
     momentum: float = 0.0
+    nesterov: bool = False
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
     weight_decay: float = 1e-3
     local_epochs: int = 5
     batch_size: int = 50
@@ -163,6 +171,10 @@ class EvaluationConfig:
     target_rounds: list = field(default_factory=list)
     batch_size: int = 500
     representation_every: int = 0  # >0: representation metrics every k rounds
+    # the metric the experiment's paper reports (copied into summary.json): final | best |
+    # last5 (mean of the last five evaluated rounds, FedCCL) | ema@ROUND (EMA accuracy at
+    # a target round, FedRCL)
+    report_metric: str = "final"
     # FGSM / PGD robust accuracy of the global model (FedCCL Table 8), any method.
     # eps/step are in the units of the model's (normalised) input.
     robust_every: int = 0
@@ -245,6 +257,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "partition.shards_per_client": (lambda v: v >= 1, "must be >= 1"),
     "partition.min_size": (lambda v: v >= 0, "must be >= 0"),
     "partition.domains_per_client": (lambda v: v >= 1, "must be >= 1"),
+    "partition.samples_per_class": (lambda v: v is None or v >= 1, "must be >= 1 (or null)"),
     "model.num_classes": (lambda v: v is None or v >= 2, "must be >= 2"),
     "federation.num_clients": (lambda v: v >= 1, "must be >= 1"),
     "federation.rounds": (lambda v: v >= 1, "must be >= 1"),
@@ -255,7 +268,12 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "federation.eval_every": (lambda v: v >= 1, "must be >= 1"),
     "federation.max_consecutive_failed_rounds": (lambda v: v >= 1, "must be >= 1"),
     "federation.round_timeout_s": (lambda v: v is None or v > 0, "must be > 0 (or null)"),
-    "client.optimizer": (lambda v: v in ("sgd",), "must be 'sgd'"),
+    "client.optimizer": (lambda v: v in ("sgd", "adam", "adamw"),
+                         "must be one of sgd, adam, adamw"),
+    "client.betas": (lambda v: len(v) == 2 and all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in v),
+        "must be two numbers in [0, 1), e.g. [0.9, 0.999]"),
+    "client.eps": (lambda v: 0 < v < 1, "must be in (0, 1)"),
     "client.lr": (lambda v: v > 0, "must be > 0"),
     "client.lr_decay": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "client.momentum": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
@@ -275,6 +293,9 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     ),
     "evaluation.batch_size": (lambda v: v >= 1, "must be >= 1"),
     "evaluation.representation_every": (lambda v: v >= 0, "must be >= 0"),
+    "evaluation.report_metric": (
+        lambda v: v in ("final", "best", "last5") or re.fullmatch(r"ema@[1-9][0-9]*", v),
+        "must be final, best, last5 or ema@ROUND (ROUND a target round, e.g. ema@500)"),
     "evaluation.robust_every": (lambda v: v >= 0, "must be >= 0"),
     "evaluation.robust_eps": (lambda v: v > 0, "must be > 0"),
     "evaluation.robust_step": (lambda v: v > 0, "must be > 0"),
@@ -391,6 +412,14 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
             f"{source}: 'federation.num_clients' ({fed.num_clients}) exceeds "
             f"'dataset.synthetic.num_train' ({cfg.dataset.synthetic.num_train}): every "
             "client needs at least one sample")
+    rm = cfg.evaluation.report_metric
+    if rm.startswith("ema@") and int(rm[4:]) not in cfg.evaluation.target_rounds:
+        raise ConfigError(f"{source}: 'evaluation.report_metric' {rm} needs {rm[4:]} in "
+                          f"'evaluation.target_rounds' (got {cfg.evaluation.target_rounds})")
+    if cfg.client.nesterov and (cfg.client.optimizer != "sgd" or cfg.client.momentum <= 0):
+        raise ConfigError(f"{source}: 'client.nesterov' needs client.optimizer sgd and "
+                          f"'client.momentum' > 0 (got {cfg.client.optimizer}, momentum "
+                          f"{cfg.client.momentum})")
     if cfg.dataset.name == "npz" and not cfg.dataset.path:
         raise ConfigError(f"{source}: 'dataset.path' is required when dataset.name is npz")
     if cfg.partition.scheme == "domain":

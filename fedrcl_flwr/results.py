@@ -4,7 +4,9 @@ Files in a run directory:
 
 * ``config.yaml``   - the resolved experiment (defaults + overrides)
 * ``metrics.jsonl`` - one JSON object per evaluated round
-* ``summary.json``  - method, strategy, final/EMA accuracy, accuracy at target rounds, time
+* ``summary.json``  - method, strategy, final/EMA/best accuracy, ``last5`` (mean test
+  accuracy of the last five evaluated rounds, FedCCL's reported metric) overall and per
+  domain, EMA accuracy at the target rounds the run reached, ``report_metric``, time
 * ``model.pt``      - the final global model's state_dict
 * ``accuracy.png``  - test accuracy and EMA accuracy per round
 """
@@ -61,12 +63,27 @@ def format_round_line(rec: dict, total_rounds: int) -> str:
     return " | ".join(parts)
 
 
+LAST_K = 5  # FedCCL reports the mean of the last five communication rounds
+
+
+def last_k_per_domain(evaluated: list[dict], k: int = LAST_K) -> dict:
+    """Per domain, the mean of ``domain_accuracy[domain]`` over the last ``k`` evaluated
+    rounds that report it (all of them if fewer)."""
+    rounds = [r for r in evaluated if isinstance(r.get("domain_accuracy"), dict)][-k:]
+    sums: dict = {}
+    for r in rounds:
+        for name, acc in r["domain_accuracy"].items():
+            if acc is not None:
+                sums.setdefault(str(name), []).append(float(acc))
+    return {name: sum(v) / len(v) for name, v in sums.items()}
+
+
 class RunRecorder:
     """Appends round records, writes the summary, plot and model at the end."""
 
     def __init__(self, out_dir: Path, *, method: str, strategy: str, rounds: int,
                  target_rounds: Iterable[int] = (), start_time: Optional[float] = None,
-                 elapsed_before: float = 0.0):
+                 elapsed_before: float = 0.0, report_metric: str = "final"):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.method = method
@@ -75,6 +92,7 @@ class RunRecorder:
         self.target_rounds = sorted(set(int(r) for r in target_rounds))
         self.start = start_time if start_time is not None else time.time()
         self.elapsed_before = elapsed_before
+        self.report_metric = report_metric
         self.records: list[dict] = []
 
     @property
@@ -99,13 +117,24 @@ class RunRecorder:
         return record
 
     def summary(self) -> dict:
+        """The run's summary. ``accuracy_at`` holds the EMA accuracy at each target round
+        the run reached (the last evaluation at or before it); a target beyond the last
+        recorded round is left out, never filled in. ``last5`` is the mean test accuracy
+        over the last ``LAST_K`` = 5 evaluated rounds (all of them if fewer), FedCCL's
+        "last five communication rounds"; ``last5_per_domain`` the same per domain when
+        rounds carry ``domain_accuracy``."""
         evaluated = [r for r in self.records if r.get("test_accuracy") is not None]
         last = evaluated[-1] if evaluated else {}
+        reached = max((int(r["round"]) for r in self.records), default=0)
         accuracy_at = {}
         for t in self.target_rounds:
+            if t > reached:
+                continue
             upto = [r for r in evaluated if r["round"] <= t]
-            accuracy_at[str(t)] = upto[-1]["ema_accuracy"] if upto else None
-        return {
+            if upto:
+                accuracy_at[str(t)] = upto[-1]["ema_accuracy"]
+        tail = evaluated[-LAST_K:]
+        out = {
             "method": self.method,
             "strategy": self.strategy,
             "rounds": last.get("round", 0),
@@ -113,9 +142,15 @@ class RunRecorder:
             "final_loss": last.get("test_loss"),
             "ema_accuracy": last.get("ema_accuracy"),
             "best_accuracy": max((r["test_accuracy"] for r in evaluated), default=None),
+            "last5": sum(r["test_accuracy"] for r in tail) / len(tail) if tail else None,
             "accuracy_at": accuracy_at,
+            "report_metric": self.report_metric,
             "wall_time_s": round(self.wall_time(), 3),
         }
+        per_domain = last_k_per_domain(evaluated, LAST_K)
+        if per_domain:
+            out["last5_per_domain"] = per_domain
+        return out
 
     def finish(self, model_state: Optional[dict] = None) -> dict:
         summary = self.summary()

@@ -4,7 +4,8 @@ A method does not copy this loop: it contributes *named, weighted loss terms*
 (:class:`LossTerm`) and, when it must, a batch transform (e.g. adversarial examples or two
 augmented views). The loop
 
-* builds a fresh SGD optimiser every round (lr = base * decay^(round-1)),
+* builds a fresh optimiser every round (:func:`make_optimizer`: SGD with optional
+  momentum / Nesterov, Adam or AdamW; lr = base * decay^(round-1)),
 * runs ``epochs`` passes (or ``iterations_per_epoch`` steps per epoch) over the client's
   data,
 * asks the model for intermediate features only when a term needs them,
@@ -50,6 +51,9 @@ def cross_entropy_term(weight: float = 1.0) -> LossTerm:
     return LossTerm("ce", lambda b: F.cross_entropy(b.logits, b.y), weight)
 
 
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
 @dataclass
 class LocalTrainSettings:
     lr: float
@@ -58,6 +62,35 @@ class LocalTrainSettings:
     weight_decay: float = 0.0
     grad_clip: Optional[float] = None
     iterations_per_epoch: Optional[int] = None
+    optimizer: str = "sgd"  # sgd | adam | adamw (see make_optimizer)
+    nesterov: bool = False  # sgd only, needs momentum > 0
+    betas: tuple = (0.9, 0.999)  # adam / adamw
+    eps: float = 1e-8  # adam / adamw
+
+
+def make_optimizer(params, settings: LocalTrainSettings) -> torch.optim.Optimizer:
+    """A fresh optimiser (no state carried between rounds) for ``settings.optimizer``:
+
+    * ``sgd`` — ``torch.optim.SGD(lr, momentum, nesterov, weight_decay)`` (L2 added to the
+      gradient; Nesterov needs ``momentum > 0``);
+    * ``adam`` — ``torch.optim.Adam(lr, betas, eps, weight_decay)`` (Kingma & Ba; weight
+      decay as L2 added to the gradient, PyTorch's convention; FedCCL Sec. 5.1 trains its
+      pre-trained-backbone models with Adam, lr 1e-3);
+    * ``adamw`` — ``torch.optim.AdamW(lr, betas, eps, weight_decay)`` (decoupled decay,
+      Loshchilov & Hutter).
+    """
+    name = settings.optimizer
+    if name == "sgd":
+        if settings.nesterov and settings.momentum <= 0:
+            raise ValueError("client.nesterov needs client.momentum > 0")
+        return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum,
+                               nesterov=bool(settings.nesterov),
+                               weight_decay=settings.weight_decay)
+    if name in ("adam", "adamw"):
+        cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+        return cls(params, lr=settings.lr, betas=tuple(float(b) for b in settings.betas),
+                   eps=settings.eps, weight_decay=settings.weight_decay)
+    raise ValueError(f"client.optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 
 @dataclass
@@ -92,7 +125,7 @@ def train_local(
     forward: Optional[Callable[[nn.Module, torch.Tensor, bool], tuple]] = None,
     params: Optional[list] = None,
 ) -> TrainStats:
-    """Run local SGD on ``model`` in place.
+    """Run local optimisation (``settings.optimizer``) on ``model`` in place.
 
     ``batches(epoch)`` yields ``(x, y)`` mini-batches for one epoch. ``transform(x, y,
     model)`` may replace a batch (returning ``(x, y, extra)``) before the forward pass;
@@ -106,8 +139,7 @@ def train_local(
     need_feats = any(t.needs_features for t in active)
     if params is None:
         params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum,
-                          weight_decay=settings.weight_decay)
+    opt = make_optimizer(params, settings)
     model.train()
     stats = TrainStats(terms={t.name: 0.0 for t in active})
     step = 0

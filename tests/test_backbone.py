@@ -1,6 +1,7 @@
 """backbone_mlp: a feature extractor + two-layer MLP head (FedCCL's inter-domain model).
 
-Everything here uses randomly initialised torchvision backbones (no download, no timm).
+Everything here uses randomly initialised backbones (no download); the timm ones (the
+paper's 192-wide vit_tiny_patch16_224) need timm, which the ``test`` extra installs.
 """
 
 import pytest
@@ -26,14 +27,19 @@ def test_forward_shapes_and_interface():
     assert m(x).shape == (4, 10)
     logits, feats = m(x, return_features=True)
     assert logits.shape == (4, 10)
-    assert tuple(m.levels) == ("backbone", "hidden", "penultimate")
+    assert tuple(m.levels) == ("backbone", "penultimate")
     assert set(m.levels) <= set(feats)
     assert feats["backbone"].shape == (4, 512)  # resnet18's pooled feature width
-    assert feats["hidden"].shape == (4, 128)
     assert feats["penultimate"].shape == (4, 128)
+    assert feats["hidden"] is feats["penultimate"]  # the paper's decision-making layer
     assert m.feature_dim == 128 and m.fc.in_features == 128
-    # penultimate is the input of fc
+    # exactly two linear layers after the backbone: 512 -> 128 -> 10
+    head = [mod for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)
+            and not n.startswith("backbone")]
+    assert [(x.in_features, x.out_features) for x in head] == [(512, 128), (128, 10)]
+    # penultimate is the input of fc and equals relu(mlp1(backbone))
     assert torch.allclose(m.fc(feats["penultimate"]), logits, atol=1e-6)
+    assert torch.allclose(torch.relu(m.mlp1(feats["backbone"])), feats["penultimate"])
 
 
 def test_hidden_width_and_other_torchvision_backbone():
@@ -110,8 +116,49 @@ def test_full_classifier_checkpoint_ignores_its_head(tmp_path):
 
 def test_missing_weights_file_is_one_clear_error(tmp_path):
     missing = tmp_path / "nope" / "tiny_vit.pth"
-    with pytest.raises(ValueError, match="nope/tiny_vit.pth"):
+    with pytest.raises(ValueError, match="nope/tiny_vit.pth") as err:
         _model(weights=str(missing))
+    # names what to fetch (torchvision's URL) and how to save it
+    assert "download.pytorch.org/models/resnet18" in str(err.value)
+    assert "torchvision.models.get_model('resnet18', weights='DEFAULT')" in str(err.value)
+
+
+def test_vit_tiny_is_192_wide_with_the_paper_head():
+    pytest.importorskip("timm")
+    torch.manual_seed(0)
+    m = build_model("backbone_mlp", num_classes=10, in_channels=3, image_size=32,
+                    params={"backbone": "vit_tiny"})
+    logits, feats = m(torch.randn(2, 3, 32, 32), return_features=True)
+    assert m.backbone_dim == 192 and feats["backbone"].shape == (2, 192)
+    assert (m.mlp1.in_features, m.mlp1.out_features) == (192, 128)
+    assert (m.fc.in_features, m.fc.out_features) == (128, 10)
+    assert feats["penultimate"].shape == (2, 128) and logits.shape == (2, 10)
+    # trainable: the head only (backbone frozen by default)
+    n_train = sum(p.numel() for p in m.parameters() if p.requires_grad)
+    assert n_train == 192 * 128 + 128 + 128 * 10 + 10
+
+
+def test_vit_tiny_missing_weights_names_the_hub_file(tmp_path):
+    pytest.importorskip("timm")
+    with pytest.raises(ValueError) as err:
+        build_model("backbone_mlp", num_classes=10, in_channels=3, image_size=32,
+                    params={"backbone": "vit_tiny", "weights": str(tmp_path / "v.pth")})
+    msg = str(err.value)
+    assert "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k" in msg
+    assert "timm.create_model('vit_tiny_patch16_224', pretrained=True)" in msg
+    assert "\n" not in msg
+
+
+def test_vit_tiny_weights_round_trip(tmp_path):
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(1)
+    src = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=1000)
+    path = tmp_path / "vit_tiny_patch16_224.pth"
+    torch.save(src.state_dict(), path)  # a full 224-px classifier checkpoint
+    m = build_model("backbone_mlp", num_classes=10, in_channels=3, image_size=32,
+                    params={"backbone": "vit_tiny", "weights": str(path)})
+    assert torch.equal(m.backbone.blocks[0].attn.qkv.weight, src.blocks[0].attn.qkv.weight)
+    assert m.backbone.pos_embed.shape[1] == 1 + (32 // 16) ** 2  # resampled grid
 
 
 def test_mismatched_weights_are_an_error(tmp_path):

@@ -83,8 +83,11 @@ def test_disjoint_and_nonempty(scheme, kw):
     assert min(len(p) for p in parts) >= 1
 
 
-COMPLETE = [(s, kw) for s, kw in SCHEMES if not (s == "dirichlet" and kw["balanced"])]
-COMPLETE_IDS = [i for i in IDS if i != "dir-balanced"]
+# balanced Dirichlet and both domain splits (equal per-class counts / Dirichlet label skew
+# inside a domain, see tests/test_interdomain.py) leave samples unused by design
+COMPLETE = [(s, kw) for s, kw in SCHEMES if not (s == "dirichlet" and kw["balanced"])
+            and s != "domain"]
+COMPLETE_IDS = [i for i in IDS if i not in ("dir-balanced", "domain-balanced", "domain-dir")]
 
 
 @pytest.mark.parametrize("scheme,kw", COMPLETE, ids=COMPLETE_IDS)
@@ -224,41 +227,40 @@ def test_domain_clients_hold_only_their_domains(balanced, num_clients, per_clien
     labels, domains = _labels(), _domains(nd=4)
     parts = partition(labels, num_clients, "domain", domains=domains, balanced=balanced,
                       alpha=0.5, domains_per_client=per_client, seed=2)
-    _assert_complete(parts, N)
+    _assert_disjoint(parts)
     for i, p in enumerate(parts):
         assert set(np.unique(domains[p]).tolist()) == _owned(i, per_client, np.arange(4))
 
 
 def test_domain_balanced_sizes_equal_and_dirichlet_sizes_differ():
-    labels, domains = _labels(), _domains(nd=4)  # 500 samples per domain
+    labels, domains = _labels(), _domains(nd=4)  # ~50 per (domain, class)
     bal = partition(labels, 8, "domain", domains=domains, balanced=True, seed=0)
-    assert [len(p) for p in bal] == [250] * 8  # two clients per domain, equal halves
+    counts = class_counts(bal, labels, K)
+    n = np.array([[np.sum((domains == d) & (labels == k)) for k in range(K)]
+                  for d in range(4)])
+    # two clients per domain, the same count of every class: the largest common one
+    assert np.array_equal(counts, np.full((8, K), int((n // 2).min())))
     unb = partition(labels, 8, "domain", domains=domains, balanced=False, alpha=0.5, seed=0)
     sizes = np.array([len(p) for p in unb])
-    assert sizes.min() >= 1 and sizes.sum() == N
-    assert sizes.max() - sizes.min() > 50
-    # Dirichlet proportions within each domain still sum to the domain's samples
-    for d in range(4):
+    assert sizes.min() >= 1 and sizes.max() - sizes.min() > 20
+    for d in range(4):  # a domain's owners never take more than the domain has
         owners = [i for i in range(8) if i % 4 == d]
-        assert sum(sizes[i] for i in owners) == 500
+        assert sum(sizes[i] for i in owners) <= 500
 
 
 def test_domain_skew_follows_alpha():
     labels, domains = _labels(), _domains(nd=2)
-    spreads = []
-    for alpha in (0.05, 100.0):
-        sz = [np.std([len(p) for p in partition(labels, 10, "domain", domains=domains,
-                                                balanced=False, alpha=alpha, seed=s)])
-              for s in range(3)]
-        spreads.append(np.mean(sz))
-    assert spreads[0] > 3 * spreads[1]
+    ents = [np.mean([_entropy_per_client(partition(labels, 10, "domain", domains=domains,
+                                                   balanced=False, alpha=a, seed=s), labels)
+                     for s in range(3)]) for a in (0.05, 100.0)]
+    assert ents[0] < ents[1] - 0.5
 
 
 def test_domain_ids_need_not_be_contiguous():
     labels = _labels()
     domains = np.where(_domains(nd=2) == 0, 7, 42)
     parts = partition(labels, 4, "domain", domains=domains, seed=0)
-    _assert_complete(parts, N)
+    _assert_disjoint(parts)
     assert [set(np.unique(domains[p]).tolist()) for p in parts] == [{7}, {42}, {7}, {42}]
 
 

@@ -31,7 +31,7 @@ def test_summary_and_accuracy_at_targets(tmp_path):
     assert s["method"] == "fedrcl" and s["strategy"] == "fedavgm" and s["rounds"] == 4
     assert s["final_accuracy"] == 0.6 and s["ema_accuracy"] == 0.2652
     assert s["best_accuracy"] == 0.6
-    assert s["accuracy_at"] == {"2": 0.22, "4": 0.2652, "10": 0.2652}
+    assert s["accuracy_at"] == {"2": 0.22, "4": 0.2652}  # round 10 never ran
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["accuracy_at"]["2"] == 0.22
     assert (tmp_path / "accuracy.png").stat().st_size > 1000

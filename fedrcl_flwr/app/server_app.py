@@ -44,7 +44,8 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
     recorder = RunRecorder(out_dir, method=cfg.client.method, strategy=cfg.server.strategy,
                            rounds=cfg.federation.rounds,
                            target_rounds=cfg.evaluation.target_rounds,
-                           elapsed_before=float(ckpt["wall_time_s"]) if ckpt else 0.0)
+                           elapsed_before=float(ckpt["wall_time_s"]) if ckpt else 0.0,
+                           report_metric=cfg.evaluation.report_metric)
     if ckpt:
         recorder.load_existing(done)
         ema.value = ckpt["ema"]

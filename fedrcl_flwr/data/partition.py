@@ -14,9 +14,12 @@ Schemes:
   times — then a :class:`PartitionError` says to lower ``min_size`` or raise ``α``;
 * ``shards`` (quantity-based label skew, McMahan et al.): samples sorted by label, cut into
   ``γ · num_clients`` equal shards, ``γ`` random shards per client;
-* ``domain`` — clients own whole domains: client *i* gets ``domains_per_client``
-  domains (round robin), and the samples of each domain are split over the clients that
-  own it — equally (``balanced``) or with Dirichlet(α) proportions.
+* ``domain`` — inter-domain heterogeneity (FedCCL, Qiao et al. 2024, Sec. 3.1 / 5.1):
+  client *i* owns ``domains_per_client`` domains, round robin (client *i*'s *j*-th domain is
+  domain number ``(i * domains_per_client + j) mod D``), so one client per domain is
+  ``num_clients = D`` and several clients may share a domain. A *slot* is one
+  (client, owned domain) pair; ``m_d`` is the number of slots of domain *d*. See
+  :func:`by_domain` for the two draws (``balanced`` true / false).
 
 Impossible requests fail at once with a :class:`PartitionError` naming the numbers.
 """
@@ -108,9 +111,7 @@ def shards(labels: np.ndarray, num_clients: int, per_client: int,
     return _as_parts(np.concatenate([pieces[j] for j in row]) for row in assign)
 
 
-def by_domain(domains: np.ndarray, num_clients: int, per_client: int, balanced: bool,
-              alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
-    dom_ids = np.unique(domains)
+def _domain_owners(dom_ids: np.ndarray, num_clients: int, per_client: int) -> dict:
     nd = len(dom_ids)
     if per_client > nd:
         raise PartitionError(f"domain split: domains_per_client={per_client} but the data has "
@@ -124,27 +125,110 @@ def by_domain(domains: np.ndarray, num_clients: int, per_client: int, balanced: 
         raise PartitionError(f"domain split: {num_clients} clients x {per_client} domain(s) "
                              f"leave domain(s) {orphan} without a client (of {nd} domains); "
                              "use more clients or partition.domains_per_client")
+    return owners
+
+
+def by_domain(labels: np.ndarray, domains: np.ndarray, num_clients: int, per_client: int,
+              balanced: bool, alpha: float, rng: np.random.Generator,
+              samples_per_class: Optional[int] = None) -> list[np.ndarray]:
+    """Inter-domain split (FedCCL Sec. 3.1: ``P_i(x) != P_j(x)`` for every pair of clients).
+
+    Owners: see the module docstring (round robin, ``m_d`` slots of domain *d*; a slot is
+    one (client, owned domain) pair). ``n[d, k]`` is the number of training samples of
+    class *k* in domain *d*. Every draw is without replacement from a seeded random
+    permutation of each (domain, class) pool, so clients are disjoint.
+
+    **Balanced** (``balanced=True``; the paper's ``|D_i| = |D_j|`` and ``P_i(y) = P_j(y)``):
+    every slot receives exactly ``c`` samples of every used class, drawn from its domain.
+    The used classes are those with ``n[d, k] >= m_d`` in *every* domain (each slot can get
+    one); a class below that in some domain is **dropped for every client** (a warning
+    names it) rather than giving some clients a different label mix — so all clients keep
+    identical label distributions. ``c = samples_per_class`` if set, else the largest
+    common size ``c = min_{d, used k} floor(n[d, k] / m_d)``; a ``samples_per_class``
+    above that is a :class:`PartitionError` naming the limiting (domain, class). Every
+    client thus holds ``domains_per_client * (#used classes) * c`` samples with the same
+    per-class counts; the rest of the data is not used (as in the paper's equal-size
+    setting, sizes are capped by the smallest domain/class).
+
+    **Imbalanced** (``balanced=False``; ``|D_i| != |D_j|``, ``P_i(y) != P_j(y)``, the paper's
+    Dirichlet with α = 0.5 by default): each client *i* draws label proportions
+    ``p_i ~ Dir_K(α)`` (one draw per client, applied inside each domain it owns). Each
+    (domain, class) pool is first cut into ``m_d`` equal shares (sizes differ by at most
+    one, ``numpy.array_split`` of the permuted pool), one per slot; slot (i, d) then keeps
+    ``floor(w_ik * share)`` samples of class *k* with ``w_ik = p_ik / max_k p_ik``
+    (its favourite class keeps its whole share). Hence the client's label mix is
+    ``∝ n[d, k] * p_ik`` (its domain's mix tilted by ``p_i``) and its size
+    ``sum_k floor(w_ik * n[d, k] / m_d)`` follows from the draw: a concentrated ``p_i``
+    (small α) gives a small, nearly single-class client, α → ∞ gives the whole domain
+    with its own label mix. Samples not kept are not used. A client left with no sample
+    is a :class:`PartitionError` (no redraw, so the result stays a pure function of the
+    seed). ``min_size`` does not apply to this scheme.
+    """
+    labels = np.asarray(labels)
+    dom_ids = np.unique(domains)
+    owners = _domain_owners(dom_ids, num_clients, per_client)
+    classes = np.unique(labels)
+    k = len(classes)
+    pools = {}
+    for d in dom_ids:
+        in_d = domains == d
+        n_d = int(in_d.sum())
+        if n_d < len(owners[int(d)]):
+            raise PartitionError(f"domain {int(d)} has {n_d} samples for "
+                                 f"{len(owners[int(d)])} clients")
+        for c in classes:
+            pools[int(d), int(c)] = rng.permutation(np.flatnonzero(in_d & (labels == c)))
     parts: list[list] = [[] for _ in range(num_clients)]
-    for d, own in owners.items():
-        idx = rng.permutation(np.flatnonzero(domains == d))
-        if len(idx) < len(own):
-            raise PartitionError(f"domain {d} has {len(idx)} samples for {len(own)} clients")
-        if balanced:
-            chunks = np.array_split(idx, len(own))
-        else:
-            q = rng.dirichlet(np.full(len(own), alpha))
-            sizes = 1 + np.floor(q * (len(idx) - len(own))).astype(int)
-            sizes[np.argmax(q)] += len(idx) - sizes.sum()
-            chunks = np.split(idx, np.cumsum(sizes)[:-1])
-        for i, chunk in zip(own, chunks):
-            parts[i].extend(chunk.tolist())
+    if balanced:
+        used = [int(c) for c in classes
+                if all(len(pools[int(d), int(c)]) >= len(owners[int(d)]) for d in dom_ids)]
+        dropped = sorted(set(int(c) for c in classes) - set(used))
+        if not used:
+            raise PartitionError("balanced domain split: no class has at least one sample "
+                                 "per client in every domain")
+        if dropped:
+            import warnings
+
+            warnings.warn(f"balanced domain split: class(es) {dropped} are missing from (or "
+                          "too rare in) some domain and are left out for every client so "
+                          "that all clients keep the same label distribution", stacklevel=3)
+        limit, where = min((len(pools[int(d), c]) // len(owners[int(d)]), (int(d), c))
+                           for d in dom_ids for c in used)
+        per_class = limit if samples_per_class is None else int(samples_per_class)
+        if per_class > limit:
+            d, c = where
+            raise PartitionError(
+                f"balanced domain split: partition.samples_per_class={per_class} but domain "
+                f"{d} has only {len(pools[d, c])} samples of class {c} for "
+                f"{len(owners[d])} client(s) (at most {limit} per client)")
+        for d in dom_ids:
+            own = owners[int(d)]
+            for c in used:
+                pool = pools[int(d), c]
+                for j, i in enumerate(own):
+                    parts[i].extend(pool[j * per_class:(j + 1) * per_class].tolist())
+        return _as_parts(parts)
+    props = rng.dirichlet(np.full(k, alpha), size=num_clients)  # (clients, K)
+    w = props / props.max(axis=1, keepdims=True)
+    for d in dom_ids:
+        own = owners[int(d)]
+        for ci, c in enumerate(classes):
+            shares = np.array_split(pools[int(d), int(c)], len(own))
+            for i, share in zip(own, shares):
+                keep = len(share) if w[i, ci] >= 1.0 else int(np.floor(w[i, ci] * len(share)))
+                parts[i].extend(share[:keep].tolist())
+    empty = [i for i, p in enumerate(parts) if not p]
+    if empty:
+        raise PartitionError(f"imbalanced domain split: client(s) {empty[:5]} got no sample "
+                             f"(alpha={alpha}); use fewer clients per domain or a larger "
+                             "partition.alpha")
     return _as_parts(parts)
 
 
 def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float = 0.3,
               balanced: bool = True, shards_per_client: int = 2, min_size: int = 10,
               domains: Optional[np.ndarray] = None, domains_per_client: int = 1,
-              seed: int = 0) -> list[np.ndarray]:
+              samples_per_class: Optional[int] = None, seed: int = 0) -> list[np.ndarray]:
     """Index arrays of ``num_clients`` clients (see the module docstring)."""
     labels = np.asarray(labels)
     n = len(labels)
@@ -175,6 +259,7 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float
         domains = np.asarray(domains)
         if len(domains) != n:
             raise PartitionError(f"domain split: {len(domains)} domain ids for {n} samples")
-        return by_domain(domains, num_clients, domains_per_client, balanced, alpha, rng)
+        return by_domain(labels, domains, num_clients, domains_per_client, balanced, alpha,
+                         rng, samples_per_class=samples_per_class)
     raise PartitionError(f"unknown partition scheme {scheme!r} "
                          "(iid | dirichlet | shards | domain)")

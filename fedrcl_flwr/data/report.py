@@ -1,4 +1,8 @@
-"""Partition report: per-client class counts as a table and as a heatmap PNG."""
+"""Partition report: per-client class counts as a table and as a heatmap PNG.
+
+For inter-domain splits the domains each client holds (:func:`client_domains`) are shown
+as a ``domains`` column in the table and as y tick labels plus a colour strip (one colour
+per domain) beside the heatmap."""
 
 from __future__ import annotations
 
@@ -14,15 +18,34 @@ def class_counts(parts: list, labels: np.ndarray, num_classes: int) -> np.ndarra
     return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
 
 
-def format_counts_table(counts: np.ndarray, max_rows: Optional[int] = None) -> str:
-    """Markdown table: one row per client (size and count per class) plus a summary."""
+def client_domains(parts: list, domains: Optional[np.ndarray],
+                   names: Optional[list] = None) -> Optional[list]:
+    """Per client, the ``+``-joined names of the domains its samples come from (``None``
+    for single-domain data). ``names[d]`` names domain id ``d`` (default ``domain<d>``)."""
+    if domains is None:
+        return None
+    domains = np.asarray(domains)
+    names = list(names or [])
+
+    def name(d: int) -> str:
+        return str(names[d]) if 0 <= d < len(names) else f"domain{d}"
+
+    return ["+".join(name(int(d)) for d in np.unique(domains[p])) for p in parts]
+
+
+def format_counts_table(counts: np.ndarray, max_rows: Optional[int] = None,
+                        domains: Optional[list] = None) -> str:
+    """Markdown table: one row per client (size and count per class) plus a summary;
+    ``domains`` (from :func:`client_domains`) adds a column naming each client's domains."""
     n_clients, k = counts.shape
-    header = ["client", "size", "classes"] + [str(c) for c in range(k)]
+    header = ["client"] + (["domains"] if domains else []) + ["size", "classes"] + [
+        str(c) for c in range(k)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     rows = range(n_clients) if max_rows is None else range(min(max_rows, n_clients))
     for i in rows:
         row = counts[i]
-        lines.append("| " + " | ".join([str(i), str(int(row.sum())), str(int((row > 0).sum()))]
+        lead = [str(i)] + ([domains[i]] if domains else [])
+        lines.append("| " + " | ".join(lead + [str(int(row.sum())), str(int((row > 0).sum()))]
                                        + [str(int(v)) for v in row]) + " |")
     if max_rows is not None and n_clients > max_rows:
         lines.append(f"| ... {n_clients - max_rows} more clients |")
@@ -34,19 +57,38 @@ def format_counts_table(counts: np.ndarray, max_rows: Optional[int] = None) -> s
     return "\n".join(lines)
 
 
-def plot_counts_heatmap(counts: np.ndarray, path: str | Path, title: str = "") -> None:
+def plot_counts_heatmap(counts: np.ndarray, path: str | Path, title: str = "",
+                        domains: Optional[list] = None) -> None:
+    """Heatmap of samples per client (rows) and class (columns); with ``domains`` (from
+    :func:`client_domains`) rows are labelled ``client: domains`` and a strip on the left
+    colours each row by its domain set."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     n_clients, k = counts.shape
-    fig, ax = plt.subplots(figsize=(min(2 + 0.4 * k, 14), min(2 + 0.08 * n_clients, 14)))
+    height = min(2 + (0.25 if domains else 0.08) * n_clients, 14)
+    if domains:
+        fig, (strip, ax) = plt.subplots(
+            1, 2, figsize=(min(4 + 0.4 * k, 16), height),
+            gridspec_kw={"width_ratios": [1, max(k, 4)], "wspace": 0.02}, sharey=True)
+        kinds = sorted(set(domains))
+        strip.imshow(np.array([[kinds.index(d)] for d in domains]), aspect="auto",
+                     cmap="tab10" if len(kinds) <= 10 else "tab20", interpolation="nearest",
+                     vmin=0, vmax=max(len(kinds) - 1, 1))
+        strip.set_xticks([0], ["domain"])
+        strip.set_yticks(range(n_clients), [f"{i}: {d}" for i, d in enumerate(domains)])
+        strip.set_ylabel("client")
+    else:
+        fig, ax = plt.subplots(figsize=(min(2 + 0.4 * k, 14), height))
     im = ax.imshow(counts, aspect="auto", cmap="viridis", interpolation="nearest")
     ax.set_xlabel("class")
-    ax.set_ylabel("client")
+    if not domains:
+        ax.set_ylabel("client")
     ax.set_title(title or "samples per client and class")
     fig.colorbar(im, ax=ax, label="samples")
-    fig.tight_layout()
+    if not domains:
+        fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

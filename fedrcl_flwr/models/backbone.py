@@ -3,15 +3,23 @@ inter-domain experiments of FedCCL (Qiao et al., 2024, Sec. 5.1: "a pre-trained 
 as the feature extractor layers, followed by a two-layer MLP with an input dimension of
 192 and a hidden dimension of 128 for the decision-making layers").
 
-    x -> backbone -> b (feature_dim of the backbone)
-      -> Linear(b, hidden) -> ReLU  -> h                ("hidden")
-      -> Linear(hidden, hidden) -> ReLU -> z            ("penultimate")
-      -> fc: Linear(hidden, num_classes) -> logits
+The head is exactly two linear layers:
+
+    x -> backbone -> b (the backbone's width; 192 for timm vit_tiny_patch16_224)
+      -> mlp1: Linear(b, hidden=128) -> ReLU -> h      ("penultimate", alias "hidden")
+      -> fc:   Linear(hidden, num_classes) -> logits
+
+The 128-d ``h`` is the paper's "decision-making layer": it is what FedCCL (and FedProto,
+FPL, FedProc, FedPCL) contrast and cluster, since every method reads
+``feats["penultimate"]`` (the input of ``fc``). The paper's 192-d input is the width of
+timm's ``vit_tiny_patch16_224`` (``backbone: vit_tiny``, what the inter-domain YAMLs use);
+timm's TinyViT-5M (``tiny_vit_5m``) is 320-d and stays selectable.
 
 It follows the project-wide model interface (see ``fedrcl_flwr.models``): ``model(x)`` ->
 logits, ``model(x, return_features=True)`` -> ``(logits, feats)`` with the taps
-``backbone``, ``hidden`` and ``penultimate`` (the input of ``fc``); ``model.levels`` lists
-them in network order and ``model.feature_dim`` is ``hidden``.
+``backbone`` and ``penultimate`` (``model.levels``, network order) plus ``hidden`` (the
+same tensor as ``penultimate``, under the paper's name); ``model.feature_dim`` is
+``hidden``.
 
 Parameters (``model.params``):
 
@@ -23,17 +31,20 @@ Parameters (``model.params``):
   ``squeezenet1_0``, ``squeezenet1_1``). timm is optional and imported only when a timm
   backbone is asked for. Models are always created **without** downloading anything.
 * ``weights`` — path of a local file holding the backbone's ``state_dict`` (e.g. saved
-  with ``torch.save(timm.create_model("tiny_vit_5m_224", pretrained=True).state_dict(),
-  path)`` on a machine with a network). Loaded with ``torch.load(weights_only=True)``; the
-  original classifier's keys (``fc.``, ``head.``, ``classifier.`` that the headless
-  backbone does not have) are ignored, any other mismatch is an error. ``null`` (default)
-  keeps the random initialisation.
+  with ``torch.save(timm.create_model("vit_tiny_patch16_224", pretrained=True)
+  .state_dict(), path)`` on a machine with a network). Loaded with
+  ``torch.load(weights_only=True)``; the original classifier's keys (``fc.``, ``head.``,
+  ``classifier.`` that the headless backbone does not have) are ignored, any other
+  mismatch is an error. ``null`` (default) keeps the random initialisation. A run never
+  downloads: a missing file is an error naming what to fetch (:func:`weights_source`:
+  the Hugging Face hub id for timm backbones, the download URL for torchvision ones) and
+  the one-line command that saves it.
 * ``freeze_backbone`` (default ``true``) — the backbone's parameters get
   ``requires_grad=False`` (so they are neither optimised nor weight-decayed, and travel
   unchanged) and the backbone stays in eval mode (BatchNorm statistics and dropout of a
   pre-trained network are not disturbed by local training). Gradients still flow through
   it to the *input*, so adversarial training (FedCCL+) works.
-* ``hidden`` (128) — width of the MLP.
+* ``hidden`` (128) — width of the MLP's hidden (decision-making) layer.
 
 Single-channel inputs (MNIST-like) are repeated to three channels.
 """
@@ -134,12 +145,49 @@ def _resample_vit_pos_embed(state: dict, backbone: nn.Module) -> dict:
     return state
 
 
-def load_backbone_weights(backbone: nn.Module, weights: str) -> None:
+def weights_source(name: str) -> tuple[str, str]:
+    """``(where, command)`` for a backbone's pre-trained weights: the Hugging Face hub id
+    (timm) or URL (torchvision) they come from, and a one-line command that saves them as
+    ``<model>.pth`` on a machine with a network."""
+    timm_name = TIMM_ALIASES.get(name, name[len("timm:"):] if name.startswith("timm:")
+                                 else None)
+    if timm_name is not None:
+        where = f"timm model {timm_name!r}"
+        try:
+            import timm
+
+            cfg = timm.models.get_pretrained_cfg(timm_name)
+            if cfg is not None and cfg.hf_hub_id:
+                where = f"Hugging Face hub {cfg.hf_hub_id}"
+        except Exception:  # noqa: BLE001 - timm missing / unknown name: generic wording
+            pass
+        cmd = (f"python -c \"import timm, torch; torch.save(timm.create_model("
+               f"'{timm_name}', pretrained=True).state_dict(), '{timm_name}.pth')\"")
+        return where, cmd
+    where = f"torchvision {name} DEFAULT weights"
+    try:
+        import torchvision
+
+        where = torchvision.models.get_model_weights(name).DEFAULT.url
+    except Exception:  # noqa: BLE001
+        pass
+    cmd = (f"python -c \"import torch, torchvision; torch.save(torchvision.models.get_model("
+           f"'{name}', weights='DEFAULT').state_dict(), '{name}.pth')\"")
+    return where, cmd
+
+
+def load_backbone_weights(backbone: nn.Module, weights: str, name: str = "") -> None:
     """Load a local state_dict into ``backbone`` (no download, ``weights_only``)."""
     path = Path(os.path.expanduser(str(weights)))
     if not path.is_file():
-        raise ValueError(f"model.params.weights: file not found: {path} (give the path of "
-                         "a saved state_dict of the backbone, or null for random init)")
+        hint = ""
+        if name:
+            where, cmd = weights_source(name)
+            hint = (f"; a run never downloads: fetch the pre-trained weights ({where}) on a "
+                    f"machine with a network, e.g. {cmd}, and set model.params.weights to "
+                    "that file")
+        raise ValueError(f"model.params.weights: file not found: {path}{hint} (or "
+                         "weights: null for a random initialisation)")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is one clear error
@@ -164,9 +212,9 @@ def load_backbone_weights(backbone: nn.Module, weights: str) -> None:
 
 
 class BackboneMLP(nn.Module):
-    """Feature extractor + two-layer MLP + linear classifier ``fc`` (see module doc)."""
+    """Feature extractor + two-layer MLP head ``mlp1`` -> ``fc`` (see module doc)."""
 
-    levels = ("backbone", "hidden", "penultimate")
+    levels = ("backbone", "penultimate")
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 224,
                  backbone: str = "tiny_vit_5m", weights: Optional[str] = None,
@@ -180,7 +228,7 @@ class BackboneMLP(nn.Module):
         self.backbone_name = backbone
         self.backbone = make_backbone(str(backbone), int(image_size))
         if weights:
-            load_backbone_weights(self.backbone, weights)
+            load_backbone_weights(self.backbone, weights, str(backbone))
         with torch.no_grad():  # the backbone's feature width, from one probe
             was_training = self.backbone.training
             self.backbone.eval()
@@ -189,7 +237,6 @@ class BackboneMLP(nn.Module):
         self.backbone_dim = int(probe.flatten(1).shape[1])
         hidden = int(hidden)
         self.mlp1 = nn.Linear(self.backbone_dim, hidden)
-        self.mlp2 = nn.Linear(hidden, hidden)
         self.fc = nn.Linear(hidden, num_classes)
         self.feature_dim = hidden
         self.freeze_backbone = bool(freeze_backbone)
@@ -209,8 +256,7 @@ class BackboneMLP(nn.Module):
             x = x.expand(-1, 3, -1, -1)
         b = self.backbone(x).flatten(1)
         h = torch.relu(self.mlp1(b))
-        z = torch.relu(self.mlp2(h))
-        logits = self.fc(z)
+        logits = self.fc(h)
         if not return_features:
             return logits
-        return logits, {"backbone": b, "hidden": h, "penultimate": z}
+        return logits, {"backbone": b, "penultimate": h, "hidden": h}
