@@ -62,7 +62,9 @@ class DatasetConfig:
     torchvision fetch missing data (needs a network). ``domains`` names the domain
     sub-folders of an image-folder tree (PACS, Office-10, DomainNet) or a subset of
     Digit-5's domains; ``test_fraction`` is held out for testing from image folders that
-    have no ``train``/``test`` split.
+    have no ``train``/``test`` split. ``verify_md5`` (default true): torchvision checks
+    the CIFAR / SVHN / STL-10 files against the official release's MD5s; false loads
+    files of your own in those layouts (still decoded by torchvision's classes).
     """
 
     name: str = "synthetic"
@@ -75,6 +77,7 @@ class DatasetConfig:
     val_fraction: float = 0.0
     domains: list = field(default_factory=list)
     test_fraction: float = 0.2
+    verify_md5: bool = True
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 

@@ -166,16 +166,93 @@ def _missing(name: str, root: Path, extra: str = "") -> DatasetError:
                         f"dataset.root at the directory that holds it")
 
 
-def _torchvision(name: str, root: Path, download: bool) -> tuple[RawSplit, RawSplit]:
+_TV_CLASSES = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST",
+               "fmnist": "FashionMNIST", "svhn": "SVHN", "usps": "USPS", "stl10": "STL10"}
+
+
+def _torchvision_files(name: str, root: Path) -> tuple[Path, list[tuple[str, Optional[str]]]]:
+    """The folder and the ``(file name, MD5 or None)`` list that torchvision's class for
+    ``name`` reads, taken from the class's own attributes (so they follow torchvision).
+    ``None``: torchvision does not check that file's checksum when loading."""
     import torchvision.datasets as tvd
+
+    cls = getattr(tvd, _TV_CLASSES[name])
+    if name in ("cifar10", "cifar100"):
+        files = [(f, m) for f, m in cls.train_list + cls.test_list]
+        return root / cls.base_folder, files + [(cls.meta["filename"], cls.meta["md5"])]
+    if name == "stl10":
+        return root / cls.base_folder, [(f, m) for f, m in cls.train_list + cls.test_list]
+    if name == "svhn":
+        return root / "svhn", [(cls.split_list[s][1], cls.split_list[s][2])
+                               for s in ("train", "test")]
+    if name == "usps":  # torchvision's USPS reads the bz2 files without checking them
+        return root / "usps", [(cls.split_list[s][1], None) for s in ("train", "test")]
+    # MNIST / FashionMNIST: the uncompressed idx files in <root>/<Class>/raw (the MD5s
+    # torchvision lists are those of the .gz downloads; loading only checks existence)
+    return (root / cls.__name__ / "raw",
+            [(os.path.splitext(os.path.basename(url))[0], None) for url, _ in cls.resources])
+
+
+def _unpack_idx_gz(folder: Path, files: list) -> None:
+    """MNIST / Fashion-MNIST as distributed are ``*-idx?-ubyte.gz``; torchvision's class
+    only reads the unpacked files (it unpacks only after a download). Unpack any .gz
+    present next to a missing file, with torchvision's own ``extract_archive``."""
+    from torchvision.datasets.utils import extract_archive
+
+    for fname, _ in files:
+        gz = folder / f"{fname}.gz"
+        if not (folder / fname).exists() and gz.is_file():
+            try:
+                extract_archive(str(gz), str(folder))
+            except (OSError, EOFError) as exc:
+                raise DatasetError(f"{gz}: cannot be unpacked ({exc})") from None
+
+
+def _existence_checked(cls):
+    """``cls`` (torchvision's CIFAR10 / CIFAR100 / SVHN / STL10) with every expected
+    MD5 replaced by ``None``: torchvision's own ``check_integrity(path, None)`` then only
+    checks that each file exists, and the class decodes the files exactly as it decodes
+    the official ones. Same name and folders as ``cls``."""
+    attrs = {}
+    for key in ("train_list", "test_list"):
+        if hasattr(cls, key):
+            attrs[key] = [[f, None] for f, _ in getattr(cls, key)]
+    if isinstance(getattr(cls, "meta", None), dict):
+        attrs["meta"] = {**cls.meta, "md5": None}
+    if isinstance(getattr(cls, "split_list", None), dict):
+        attrs["split_list"] = {k: [v[0], v[1], None] for k, v in cls.split_list.items()}
+    return type(cls.__name__, (cls,), attrs)
+
+
+def _torchvision(name: str, root: Path, download: bool,
+                 verify_md5: bool = True) -> tuple[RawSplit, RawSplit]:
+    """Decode a dataset with torchvision's own class (its file layout, checks and
+    decoding). A refusal is turned into one clear error: files missing (where and how to
+    get them), a file whose MD5 differs from the official release (torchvision verifies
+    CIFAR, SVHN and STL-10 on every load), or files it cannot decode.
+
+    ``verify_md5=False`` (``dataset.verify_md5: false``) loads CIFAR / SVHN / STL-10 files
+    that differ from the official release (your own data in that layout, or the tiny
+    files of the tests) with the same class, which then checks only that the files exist
+    (:func:`_existence_checked`); MNIST, Fashion-MNIST and USPS are never MD5-checked by
+    torchvision when loading."""
+    import torchvision.datasets as tvd
+
+    folder, files = _torchvision_files(name, root)
+    if name in ("mnist", "fmnist"):
+        _unpack_idx_gz(folder, files)
+
+    def cls(attr: str):
+        c = getattr(tvd, attr)
+        return c if verify_md5 else _existence_checked(c)
 
     def make(train: bool):
         split = "train" if train else "test"
         if name == "cifar10":
-            ds = tvd.CIFAR10(str(root), train=train, download=download)
+            ds = cls("CIFAR10")(str(root), train=train, download=download)
             return ds.data, ds.targets
         if name == "cifar100":
-            ds = tvd.CIFAR100(str(root), train=train, download=download)
+            ds = cls("CIFAR100")(str(root), train=train, download=download)
             return ds.data, ds.targets
         if name == "mnist":
             ds = tvd.MNIST(str(root), train=train, download=download)
@@ -184,13 +261,13 @@ def _torchvision(name: str, root: Path, download: bool) -> tuple[RawSplit, RawSp
             ds = tvd.FashionMNIST(str(root), train=train, download=download)
             return ds.data.numpy(), ds.targets.numpy()
         if name == "svhn":
-            ds = tvd.SVHN(str(root / "svhn"), split=split, download=download)
+            ds = cls("SVHN")(str(root / "svhn"), split=split, download=download)
             return ds.data, ds.labels
         if name == "usps":
             ds = tvd.USPS(str(root / "usps"), train=train, download=download)
             return ds.data, ds.targets
         if name == "stl10":
-            ds = tvd.STL10(str(root), split=split, download=download)
+            ds = cls("STL10")(str(root), split=split, download=download)
             return ds.data, ds.labels
         raise DatasetError(f"unknown torchvision dataset {name!r}")
 
@@ -201,11 +278,27 @@ def _torchvision(name: str, root: Path, download: bool) -> tuple[RawSplit, RawSp
             out.append(RawSplit(_hwc(x), np.asarray(y, dtype=np.int64)))
     except DatasetError:
         raise
-    except (RuntimeError, FileNotFoundError, OSError) as exc:
-        if download:
+    except Exception as exc:  # noqa: BLE001 - every refusal becomes one clear error
+        if download and isinstance(exc, (RuntimeError, OSError)):
             raise DatasetError(f"dataset '{name}': download into {root} failed ({exc})") \
                 from None
-        raise _missing(name, root) from None
+        missing = [f for f, _ in files if not (folder / f).is_file()]
+        if missing:
+            raise _missing(name, root, f" (no {folder / missing[0]})") from None
+        from torchvision.datasets.utils import check_integrity
+
+        bad = [f for f, md5 in files if verify_md5 and md5 is not None
+               and not check_integrity(str(folder / f), md5)]
+        if bad:
+            raise DatasetError(
+                f"dataset '{name}': {folder / bad[0]} fails torchvision's MD5 check (it is "
+                "corrupted, truncated or not the official release): copy the official "
+                "files there, use dataset.download: true, or set dataset.verify_md5: false "
+                "to load files of your own in this layout") from None
+        detail = " ".join(str(exc).split())
+        raise DatasetError(f"dataset '{name}': torchvision.datasets.{_TV_CLASSES[name]} "
+                           f"cannot read the files in {folder} ({type(exc).__name__}: "
+                           f"{detail})") from None
     return out[0], out[1]
 
 
@@ -355,7 +448,8 @@ def _npz(path: Path) -> tuple[RawSplit, RawSplit]:
 DIGIT5_DOMAINS = ("mnist", "svhn", "usps", "synthdigits", "mnistm")
 
 
-def _digit5(root: Path, download: bool, domains: list) -> tuple[RawSplit, RawSplit, list]:
+def _digit5(root: Path, download: bool, domains: list,
+            verify_md5: bool = True) -> tuple[RawSplit, RawSplit, list]:
     """Digit-5 at 32x32 RGB: MNIST, SVHN and USPS from torchvision; SynthDigits and
     MNIST-M (not in torchvision) from ``root/synthdigits.npz`` / ``root/mnistm.npz``
     (x_train, y_train, x_test, y_test) or image folders ``root/<name>/{train,test}/<class>``."""
@@ -363,7 +457,7 @@ def _digit5(root: Path, download: bool, domains: list) -> tuple[RawSplit, RawSpl
     trs, tes = [], []
     for di, name in enumerate(names):
         if name in ("mnist", "svhn", "usps"):
-            tr, te = _torchvision(name, root, download)
+            tr, te = _torchvision(name, root, download, verify_md5)
         elif (root / f"{name}.npz").exists():
             tr, te = _npz(root / f"{name}.npz")
         elif (root / name).is_dir():
@@ -437,7 +531,7 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
                  download: bool = False, augment: bool = True, normalize: bool = True,
                  image_size: Optional[int] = None, synthetic: Optional[dict] = None,
                  seed: int = 0, val_fraction: float = 0.0, domains: Optional[list] = None,
-                 test_fraction: float = 0.2) -> DataBundle:
+                 test_fraction: float = 0.2, verify_md5: bool = True) -> DataBundle:
     """Load a dataset into a :class:`DataBundle` (see the module docstring)."""
     root_p = Path(os.path.expanduser(root or "."))
     dnames: list = []
@@ -449,14 +543,14 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
         nd = int((synthetic or {}).get("num_domains", 1))
         dnames = [f"domain{i}" for i in range(nd)] if nd > 1 else []
     elif name in _HOW_TO_GET:
-        tr, te = _torchvision(name, root_p, download)
+        tr, te = _torchvision(name, root_p, download, verify_md5)
     elif name == "tinyimagenet":
         tr, te = _tinyimagenet(root_p, image_size)
     elif name == "imagefolder":
         tr, te, dnames = _imagefolder(root_p, list(domains or []), image_size, test_fraction,
                                       seed)
     elif name == "digit5":
-        tr, te, dnames = _digit5(root_p, download, list(domains or []))
+        tr, te, dnames = _digit5(root_p, download, list(domains or []), verify_md5)
     elif name == "npz":
         if not path:
             raise DatasetError("dataset.path is required when dataset.name is npz")

@@ -48,12 +48,48 @@ def _backbone_mlp(num_classes: int, in_channels: int, image_size: int, **params)
                        image_size=image_size, **params)
 
 
+def _vgg9_gn(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
+    from fedrcl_flwr.models.vgg import VGG9GN
+
+    return VGG9GN(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
+                  **params)
+
+
+def _mobilenet_v2_gn(num_classes: int, in_channels: int, image_size: int,
+                     **params) -> nn.Module:
+    from fedrcl_flwr.models.mobilenet import MobileNetV2GN
+
+    return MobileNetV2GN(num_classes=num_classes, in_channels=in_channels,
+                         image_size=image_size, **params)
+
+
+def _shufflenet_v2_gn(num_classes: int, in_channels: int, image_size: int,
+                      **params) -> nn.Module:
+    from fedrcl_flwr.models.shufflenet import ShuffleNetV2GN
+
+    return ShuffleNetV2GN(num_classes=num_classes, in_channels=in_channels,
+                          image_size=image_size, **params)
+
+
+def _squeezenet_gn(num_classes: int, in_channels: int, image_size: int,
+                   **params) -> nn.Module:
+    from fedrcl_flwr.models.squeezenet import SqueezeNetGN
+
+    return SqueezeNetGN(num_classes=num_classes, in_channels=in_channels,
+                        image_size=image_size, **params)
+
+
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet18_gn": _resnet18_gn,
     "cnn4": _cnn4,
     "cnn5": _cnn5,
     "lightcnn": _lightcnn,
     "backbone_mlp": _backbone_mlp,
+    # FedRCL Table C backbones, CIFAR-sized, from scratch, GroupNorm
+    "vgg9_gn": _vgg9_gn,
+    "mobilenet_v2_gn": _mobilenet_v2_gn,
+    "shufflenet_v2_gn": _shufflenet_v2_gn,
+    "squeezenet_gn": _squeezenet_gn,
 }
 MODEL_NAMES = frozenset(MODELS)
 
