@@ -89,6 +89,21 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    """``sweep SWEEP.yaml``: plan and validate every run, then run those not finished."""
+    from fedrcl_flwr.sweep import check_data, check_existing, format_plan, plan_sweep, run_sweep
+
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+    runs, out_dir = plan_sweep(args.sweep, args.out, args.set)
+    if args.dry_run:
+        print(format_plan(runs, out_dir))
+        return 0
+    check_existing(runs)
+    check_data(runs)
+    return run_sweep(runs, out_dir, jobs=args.jobs, verbose=args.verbose)
+
+
 def cmd_partition(args) -> int:
     from fedrcl_flwr.data.partition import PartitionError
     from fedrcl_flwr.data.report import class_counts, format_counts_table, plot_counts_heatmap
@@ -123,6 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="Markdown table from run directories")
     rep.add_argument("dirs", nargs="+")
     rep.set_defaults(func=cmd_report)
+    sw = sub.add_parser("sweep", help="run a sweep file (settings x methods x seeds)")
+    sw.add_argument("sweep", help="sweep YAML (base, grid, seeds, variants, set)")
+    sw.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
+    sw.add_argument("--dry-run", action="store_true", help="list the runs, run nothing")
+    sw.add_argument("--out", help="directory of the runs (default runs/sweeps/<name>)")
+    sw.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a config key in every run, repeatable")
+    sw.add_argument("--verbose", action="store_true", help="show Flower/Ray logs in run logs")
+    sw.set_defaults(func=cmd_sweep)
     pa = sub.add_parser("partition", help="print / plot the client split of an experiment")
     pa.add_argument("experiment")
     pa.add_argument("--set", action="append", metavar="KEY=VALUE")
