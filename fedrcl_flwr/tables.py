@@ -336,9 +336,10 @@ def group_runs(runs: list[Run]) -> list[Group]:
     for i, g in enumerate(gs):
         by_cell.setdefault((g.row, g.col), []).append(i)
     clash = {gs[i].row for idx in by_cell.values() if len(idx) > 1 for i in idx}
-    for i, (g, f) in enumerate(zip(gs, flat)):
-        if g.row in clash:
-            same = [flat[j] for j, h in enumerate(gs) if h.row == g.row]
+    base_rows = [g.row for g in gs]
+    for g, f, base in zip(gs, flat, base_rows):
+        if base in clash:
+            same = [flat[j] for j, b in enumerate(base_rows) if b == base]
             diff = [k for k in row_keys if len({_jkey(x.get(k)) for x in same}) > 1]
             extra = ", ".join(f"{_short(k)}={_fmt_val(f.get(k))}" for k in diff
                               if f.get(k) is not None)
