@@ -81,13 +81,37 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from fedrcl_flwr.results import report_table
+    """``report DIR...``: mean +- std per method and setting (fedrcl_flwr.tables)."""
+    from fedrcl_flwr.tables import report
 
-    try:
-        print(report_table([Path(d) for d in args.dirs]))
-    except FileNotFoundError as exc:
-        raise ConfigError(str(exc)) from None
+    print(report(args.dirs, args.format, args.metric), end="")
+    if args.format == "markdown":
+        print()
     return 0
+
+
+def cmd_plot(args) -> int:
+    """``plot DIR...``: accuracy curves per method (mean +- std over seeds), per setting."""
+    from fedrcl_flwr.tables import plot_groups
+
+    for path in plot_groups(args.dirs, Path(args.out)):
+        print(f"written {path}")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    """``sweep SWEEP.yaml``: plan and validate every run, then run those not finished."""
+    from fedrcl_flwr.sweep import check_data, check_existing, format_plan, plan_sweep, run_sweep
+
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+    runs, out_dir = plan_sweep(args.sweep, args.out, args.set)
+    if args.dry_run:
+        print(format_plan(runs, out_dir))
+        return 0
+    check_existing(runs)
+    check_data(runs)
+    return run_sweep(runs, out_dir, jobs=args.jobs, verbose=args.verbose)
 
 
 def cmd_partition(args) -> int:
@@ -124,9 +148,27 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="DIR", help="continue the run in DIR")
     r.add_argument("--verbose", action="store_true", help="show Flower/Ray logs")
     r.set_defaults(func=cmd_run)
-    rep = sub.add_parser("report", help="Markdown table from run directories")
-    rep.add_argument("dirs", nargs="+")
+    rep = sub.add_parser("report", help="table (mean ± std over seeds) from run or sweep dirs")
+    rep.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
+    rep.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"])
+    rep.add_argument("--metric", default=None,
+                     help="final | best | last5 | ema@ROUND (default: the runs' "
+                          "report_metric, else their paper reference's, else final)")
     rep.set_defaults(func=cmd_report)
+    pl = sub.add_parser("plot", help="accuracy curves per method, mean ± std over seeds")
+    pl.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
+    pl.add_argument("--out", default="accuracy_curves",
+                    help="output file stem (FILE.png and FILE.pdf are written)")
+    pl.set_defaults(func=cmd_plot)
+    sw = sub.add_parser("sweep", help="run a sweep file (settings x methods x seeds)")
+    sw.add_argument("sweep", help="sweep YAML (base, grid, seeds, variants, set)")
+    sw.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
+    sw.add_argument("--dry-run", action="store_true", help="list the runs, run nothing")
+    sw.add_argument("--out", help="directory of the runs (default runs/sweeps/<name>)")
+    sw.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="override a config key in every run, repeatable")
+    sw.add_argument("--verbose", action="store_true", help="show Flower/Ray logs in run logs")
+    sw.set_defaults(func=cmd_sweep)
     pa = sub.add_parser("partition", help="print / plot the client split of an experiment")
     pa.add_argument("experiment")
     pa.add_argument("--set", action="append", metavar="KEY=VALUE")

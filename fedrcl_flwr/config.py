@@ -220,6 +220,9 @@ class ExperimentConfig:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    # the paper's numbers for this setting (see check_reference): {source, metric, values
+    # {method label: percent}, when {dotted key: value}} or a list of such blocks
+    reference: Optional[Union[dict, list]] = None
 
     def output_dir(self) -> Path:
         return Path(self.output.dir.format(name=self.name)).expanduser()
@@ -439,9 +442,59 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
             raise ConfigError(f"{source}: 'partition.scheme' domain needs a dataset with "
                               f"domains (synthetic, digit5, imagefolder, npz with d_train), "
                               f"not {ds.name!r}")
+    check_reference(cfg.reference, source)
     if not cfg.name or any(c in cfg.name for c in "/\\"):
         raise ConfigError(f"{source}: 'name' must be a non-empty name without slashes")
     _check_registries(cfg, source)
+
+
+REFERENCE_KEYS = ("source", "metric", "values", "when")
+_METRIC_RE = r"^(final|best|last5|ema@[1-9][0-9]*)$"
+
+
+def check_reference(ref: Any, source: str) -> list[dict]:
+    """Validate the paper numbers of an experiment and return them as a list of blocks.
+
+    ``reference`` is one block or a list of blocks, each ``{source: "FedRCL Table 1",
+    metric: final | best | last5 | ema@ROUND, values: {label: percent}, when: {dotted key:
+    value}}``. ``label`` is the method as ``report`` names rows (``client.method``, or
+    ``server.strategy+client.method`` for a server optimizer other than fedavg); ``when``
+    (optional) restricts a block to runs whose resolved config has those values (a YAML
+    whose comments give the numbers of other columns, e.g. another alpha)."""
+    import re
+
+    if ref is None:
+        return []
+    blocks = ref if isinstance(ref, list) else [ref]
+    for i, b in enumerate(blocks):
+        where = f"reference[{i}]" if isinstance(ref, list) else "reference"
+        if not isinstance(b, dict):
+            raise ConfigError(f"{source}: '{where}' must be a mapping with source, metric, "
+                              "values")
+        for k in b:
+            if k not in REFERENCE_KEYS:
+                raise ConfigError(f"{source}: unknown key '{where}.{k}' (allowed here: "
+                                  f"{', '.join(REFERENCE_KEYS)})")
+        if not isinstance(b.get("source"), str) or not b["source"]:
+            raise ConfigError(f"{source}: '{where}.source' must name the paper's table")
+        if not isinstance(b.get("metric"), str) or not re.match(_METRIC_RE, b["metric"]):
+            raise ConfigError(f"{source}: '{where}.metric' must be final, best, last5 or "
+                              f"ema@ROUND, got {b.get('metric')!r}")
+        vals = b.get("values")
+        if not isinstance(vals, dict) or not vals:
+            raise ConfigError(f"{source}: '{where}.values' must map method labels to the "
+                              "paper's accuracy in percent")
+        for k, v in vals.items():
+            if not isinstance(k, str) or not (
+                    v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                  and 0 <= v <= 100)):
+                raise ConfigError(f"{source}: '{where}.values.{k}' must be a percentage in "
+                                  f"[0, 100] (or null), got {v!r}")
+        when = b.get("when", {})
+        if not isinstance(when, dict) or not all(isinstance(k, str) for k in when):
+            raise ConfigError(f"{source}: '{where}.when' must map dotted config keys to "
+                              "values")
+    return blocks
 
 
 def _check_registries(cfg: ExperimentConfig, source: str) -> None:

@@ -1,0 +1,553 @@
+"""Sweeps: a paper table (methods x settings x seeds) as one resumable command.
+
+A sweep file::
+
+    base: experiments/fedrcl/table1_cifar10_a0.3.yaml   # or a list of YAMLs (one per setting)
+    grid: {client.method: [fedavg, fedprox, fedrcl], partition.alpha: [0.05, 0.3]}
+    seeds: [0, 1, 2]
+    variants:                    # optional: hand-picked runs (combined with the grid)
+      - {client.method: fedavg}
+      - {client.method: fedprox, client.params: {mu: 0.001}}
+    set: {federation.rounds: 3}  # optional: fixed overrides for every run
+
+``base`` paths are relative to the sweep file, else to the working directory. The runs are
+``bases x variants x product(grid) x seeds``; each run's configuration is the base YAML
+with, in order, ``set``, the variant, the grid point, ``seed`` and the command line's
+``--set`` applied as dotted overrides (``fedrcl_flwr.config.apply_overrides``). A variant
+may carry a ``label`` (then every variant must), used in run names instead of its values.
+
+Every run is validated before anything runs (one bad combination: one line naming the
+sweep file and the run, exit 2). Each run directory is ``OUT/<name>``, ``<name>`` made
+of what varies between runs (``method=fedavg_alpha=0.05_seed=0``). Runs go through the
+``run`` command (``python -m fedrcl_flwr.cli run``: the runner's private SuperLink, free
+port and teardown), ``jobs`` of them at once; ``OUT/_configs/<name>.yaml`` holds each
+planned configuration and ``OUT/_logs/<name>.log`` each run's output. A rerun skips runs
+with a ``summary.json``, resumes runs with a ``checkpoint.pt`` (``--resume``), and starts
+the others afresh; sweeps force ``output.checkpoint_every >= 1`` so that any run killed
+after its first round continues from a checkpoint. ``OUT/sweep_status.json`` records each
+run's outcome.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from fedrcl_flwr.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    config_from_dict,
+    dump_config,
+    get_key,
+    parse_override,
+    read_yaml,
+    to_dict,
+)
+from fedrcl_flwr.results import CONFIG_FILE, SUMMARY_FILE, atomic_write_text, read_metrics
+
+SWEEP_KEYS = ("base", "grid", "seeds", "variants", "set", "name")
+STATUS_FILE = "sweep_status.json"
+CONFIGS_DIR = "_configs"
+LOGS_DIR = "_logs"
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+@dataclass
+class PlannedRun:
+    index: int
+    name: str
+    base: Path
+    overrides: list = field(default_factory=list)  # [(dotted key, value)]
+    cfg: Optional[ExperimentConfig] = None
+    out_dir: Optional[Path] = None
+
+    def state(self) -> str:
+        """``done``, ``resume`` (checkpoint present) or ``new``."""
+        if (self.out_dir / SUMMARY_FILE).exists():
+            return "done"
+        if (self.out_dir / CHECKPOINT_FILE).exists():
+            return "resume"
+        return "new"
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, (dict, list)):
+        if not v:
+            return "none"
+        text = yaml.safe_dump(v, default_flow_style=True, width=10**6).strip()
+        text = text[1:-1]
+    elif v is None:
+        text = "null"
+    else:
+        text = str(v)
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", text.replace(": ", "-")).rstrip("-") or "x"
+
+
+def _short_names(keys: list[str]) -> dict[str, str]:
+    """``partition.alpha`` -> ``alpha``; ``dataset.name`` -> ``dataset``; the full dotted
+    key where the short one would be ambiguous (``client.params`` / ``server.params``)."""
+    def short(k: str) -> str:
+        parts = k.split(".")
+        if len(parts) > 1 and parts[-1] == "name":
+            return parts[-2]
+        return parts[-1]
+
+    names = [short(k) for k in keys]
+    return {k: (s if names.count(s) == 1 and s != "params" else k)
+            for k, s in zip(keys, names)}
+
+
+def _value_of(cfg: ExperimentConfig, data: dict, dotted: str) -> Any:
+    """A dotted key's value in the resolved config (defaults included)."""
+    try:
+        return get_key(cfg, dotted)
+    except (AttributeError, KeyError, TypeError):
+        node: Any = data
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+
+def _as_list(value: Any, key: str, source: str) -> list:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{source}: '{key}' must be a non-empty list")
+    return value
+
+
+def _mapping(value: Any, key: str, source: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
+        raise ConfigError(f"{source}: '{key}' must be a mapping of dotted config keys")
+    return value
+
+
+def _resolve_base(text: Any, sweep_path: Path) -> Path:
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"{sweep_path}: 'base' must be a YAML path or a list of them")
+    p = Path(text).expanduser()
+    for cand in ([p] if p.is_absolute() else [sweep_path.parent / p, Path.cwd() / p]):
+        if cand.is_file():
+            return cand.resolve()
+    raise ConfigError(f"{sweep_path}: base experiment '{text}' not found (relative to the "
+                      "sweep file or the working directory)")
+
+
+def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
+               sets: list[str] | None = None, *, check_components: bool = True
+               ) -> tuple[list[PlannedRun], Path]:
+    """Expand and validate a sweep file; returns the runs and the output directory."""
+    sweep_path = Path(sweep_path)
+    spec = read_yaml(sweep_path)
+    src = str(sweep_path)
+    unknown = sorted(set(spec) - set(SWEEP_KEYS))
+    if unknown:
+        raise ConfigError(f"{src}: unknown sweep key '{unknown[0]}' (allowed: "
+                          f"{', '.join(SWEEP_KEYS)})")
+    if "base" not in spec:
+        raise ConfigError(f"{src}: 'base' (the experiment YAML) is required")
+    bases_raw = spec["base"] if isinstance(spec["base"], list) else [spec["base"]]
+    bases = [_resolve_base(b, sweep_path) for b in _as_list(bases_raw, "base", src)]
+    if len({b.stem for b in bases}) != len(bases):
+        raise ConfigError(f"{src}: 'base' lists the same file name twice")
+    grid = _mapping(spec.get("grid"), "grid", src)
+    for k, vs in grid.items():
+        _as_list(vs, f"grid.{k}", src)
+    fixed = _mapping(spec.get("set"), "set", src)
+    variants = spec.get("variants")
+    if variants is None:
+        variants = [{}]
+    variants = _as_list(variants, "variants", src)
+    labelled = [isinstance(v, dict) and "label" in v for v in variants]
+    if any(labelled) and not all(labelled):
+        raise ConfigError(f"{src}: give every variant a 'label', or none")
+    for i, v in enumerate(variants):
+        _mapping(v, f"variants[{i}]", src)
+    seeds = spec.get("seeds")
+    if seeds is not None:
+        seeds = _as_list(seeds, "seeds", src)
+        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+            raise ConfigError(f"{src}: 'seeds' must be a list of integers >= 0")
+        if len(set(seeds)) != len(seeds):
+            raise ConfigError(f"{src}: 'seeds' lists a seed twice")
+    cli_sets = [parse_override(s) for s in (sets or [])]
+    varying_keys = set(grid) | {k for v in variants for k in v if k != "label"}
+    if seeds is not None:
+        varying_keys.add("seed")
+    for k, _ in cli_sets:
+        if k in varying_keys:
+            raise ConfigError(f"--set {k}: the sweep {src} varies this key (grid/variants/"
+                              "seeds); edit the sweep file instead")
+    sweep_name = spec.get("name") or sweep_path.stem
+    out_dir = Path(out) if out else Path("runs") / "sweeps" / str(sweep_name)
+    out_dir = out_dir.expanduser().resolve()
+
+    variant_keys = list(dict.fromkeys(k for v in variants for k in v if k != "label"))
+    grid_keys = list(grid)
+    combos = list(itertools.product(*[grid[k] for k in grid_keys])) if grid_keys else [()]
+    runs: list[PlannedRun] = []
+    descs: list[dict] = []
+    fixed_items = list(fixed.items())
+    for base in bases:
+        base_data = read_yaml(base)
+        for variant in variants:
+            vitems = [(k, v) for k, v in variant.items() if k != "label"]
+            for combo in combos:
+                for seed in (seeds if seeds is not None else [None]):
+                    ov = list(fixed.items()) + vitems + list(zip(grid_keys, combo))
+                    if seed is not None:
+                        ov.append(("seed", seed))
+                    ov += cli_sets
+                    data = apply_overrides(base_data, ov)
+                    what = ", ".join(f"{k}={v}" for k, v in ov if (k, v) not in fixed_items)
+                    where = f"{src}: run {len(runs) + 1} ({what}; base {base.name})"
+                    cfg = config_from_dict(data, where)
+                    if check_components:
+                        from fedrcl_flwr.app.validate import validate_components
+
+                        try:
+                            validate_components(cfg)
+                        except ConfigError as exc:
+                            raise ConfigError(f"{where}: {exc}") from None
+                    desc = {"base": base.stem}
+                    if "label" in variant:
+                        desc["variant"] = str(variant["label"])
+                    else:
+                        for k in variant_keys:
+                            desc[k] = _value_of(cfg, data, k)
+                    for k in grid_keys:
+                        desc[k] = _value_of(cfg, data, k)
+                    if seed is not None:
+                        desc["seed"] = seed
+                    runs.append(PlannedRun(len(runs), "", base, ov, cfg))
+                    descs.append(desc)
+    keys = list(dict.fromkeys(k for d in descs for k in d))
+    vary = [k for k in keys if len({json.dumps(d.get(k), sort_keys=True, default=str)
+                                    for d in descs}) > 1]
+    short = _short_names([k for k in vary if k not in ("base", "variant")])
+    seen: dict[str, int] = {}
+    for run, desc in zip(runs, descs):
+        parts = []
+        for k in vary:
+            if k in ("base", "variant"):
+                parts.append(_fmt_value(desc.get(k)))
+            else:
+                parts.append(f"{short[k]}={_fmt_value(desc.get(k))}")
+        run.name = "_".join(parts) if parts else str(sweep_name)
+        if run.name in seen:
+            raise ConfigError(f"{src}: runs {seen[run.name] + 1} and {run.index + 1} are the "
+                              f"same experiment ('{run.name}'); remove the duplicate")
+        seen[run.name] = run.index
+        run.out_dir = out_dir / run.name
+        run.cfg.output.dir = str(run.out_dir)
+        if run.cfg.output.checkpoint_every < 1:
+            run.cfg.output.checkpoint_every = 1  # resumable from round 1 on
+    return runs, out_dir
+
+
+def _comparable(d: dict) -> dict:
+    d = dict(d)
+    d.pop("simulation", None)  # resources may differ between invocations (--jobs)
+    d["output"] = {k: v for k, v in (d.get("output") or {}).items() if k != "dir"}
+    return d
+
+
+def check_existing(runs: list[PlannedRun]) -> None:
+    """A run directory that holds a different experiment (the sweep file was edited) stops
+    the sweep: nothing is overwritten silently."""
+    for run in runs:
+        cfg_file = run.out_dir / CONFIG_FILE
+        if not cfg_file.exists():
+            continue
+        try:
+            there = to_dict(config_from_dict(read_yaml(cfg_file), str(cfg_file)))
+        except ConfigError as exc:
+            raise ConfigError(f"{cfg_file}: unreadable run config ({exc}); remove the "
+                              "directory to rerun it") from None
+        if _comparable(there) != _comparable(to_dict(run.cfg)):
+            raise ConfigError(f"{run.out_dir} holds a different experiment than the sweep "
+                              f"plans for run '{run.name}'; remove it or use another --out")
+
+
+def check_data(runs: list[PlannedRun]) -> None:
+    """What ``run`` checks before Flower starts (datasets present, split possible), for
+    every run still to do, so that a missing dataset stops the sweep up front."""
+    from fedrcl_flwr import runtime
+    from fedrcl_flwr.data.partition import PartitionError
+
+    last = None
+    for run in runs:
+        cfg = run.cfg
+        if cfg.dataset.name == "synthetic" or cfg.dataset.download or run.state() == "done":
+            continue
+        key = runtime._key(cfg.dataset)
+        if key != last:  # one dataset in memory at a time
+            runtime._partition_cached.cache_clear()
+            runtime._bundle_cached.cache_clear()
+            last = key
+        try:
+            runtime.client_partitions(cfg)
+        except PartitionError as exc:
+            raise ConfigError(f"run '{run.name}': {exc}") from None
+    runtime._partition_cached.cache_clear()
+    runtime._bundle_cached.cache_clear()
+
+
+def share_resources(cfg: ExperimentConfig, jobs: int, slot: int) -> dict:
+    """Divide the machine between ``jobs`` concurrent runs: CPUs through Ray's
+    ``init_num_cpus`` (unless the experiment sets it), GPUs by giving each job its own
+    ``CUDA_VISIBLE_DEVICES`` when there are at least as many GPUs as jobs (otherwise the
+    jobs share the GPUs, each client taking its ``simulation.num_gpus`` fraction).
+    Returns the environment changes for the job."""
+    env = {}
+    if jobs <= 1:
+        return env
+    ncpu = os.cpu_count() or 1
+    if cfg.simulation.init_num_cpus is None:
+        cfg.simulation.init_num_cpus = max(int(cfg.simulation.num_cpus), ncpu // jobs, 1)
+    if cfg.simulation.num_gpus > 0:
+        try:
+            import torch
+
+            ngpu = torch.cuda.device_count()
+        except Exception:  # noqa: BLE001 - no torch CUDA: leave the GPUs alone
+            ngpu = 0
+        if ngpu >= jobs:
+            per = ngpu // jobs
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(slot * per + i) for i in range(per))
+    return env
+
+
+def _fmt_eta(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(max(seconds, 0))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+class _Job:
+    def __init__(self, run: PlannedRun, proc: subprocess.Popen, slot: int, log, done: int):
+        self.run, self.proc, self.slot, self.log = run, proc, slot, log
+        self.printed = done
+        self.start_round = done
+        self.t0 = time.time()
+
+
+def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
+              verbose: bool = False, poll_s: float = 1.0) -> int:
+    """Run every planned run not finished yet; returns 0, or 1 if any failed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / CONFIGS_DIR).mkdir(exist_ok=True)
+    (out_dir / LOGS_DIR).mkdir(exist_ok=True)
+    status_path = out_dir / STATUS_FILE
+    try:
+        status = json.loads(status_path.read_text()) if status_path.exists() else {}
+        if not isinstance(status, dict):
+            status = {}
+    except (json.JSONDecodeError, OSError):
+        status = {}
+
+    def save_status():
+        atomic_write_text(status_path, json.dumps(status, indent=2) + "\n")
+
+    n = len(runs)
+    todo = []
+    for run in runs:
+        st = run.state()
+        if st == "done":
+            status[run.name] = {**status.get(run.name, {}), "status": "done",
+                                "dir": str(run.out_dir)}
+        else:
+            todo.append(run)
+    save_status()
+    skipped = n - len(todo)
+    print(f"fedrcl-flwr sweep: {n} runs, {skipped} finished already, {len(todo)} to run "
+          f"({jobs} at a time) -> {out_dir}", flush=True)
+    rounds_left = {r.name: r.cfg.federation.rounds - _rounds_done(r) for r in todo}
+    t_start = time.time()
+    rounds_done_now = 0
+    failed: list[str] = []
+    running: list[_Job] = []
+    free_slots = list(range(jobs))
+    queue = list(todo)
+
+    def eta() -> Optional[float]:
+        left = sum(rounds_left.values())
+        if left <= 0:
+            return 0.0
+        if rounds_done_now == 0:
+            return None
+        return left * (time.time() - t_start) / rounds_done_now
+
+    def launch(run: PlannedRun) -> _Job:
+        slot = free_slots.pop(0)
+        env = dict(os.environ)
+        env.update(share_resources(run.cfg, jobs, slot))
+        resume = run.state() == "resume"
+        if not resume and run.out_dir.exists():
+            shutil.rmtree(run.out_dir)  # started but never checkpointed: nothing to keep
+        cfg_path = out_dir / CONFIGS_DIR / f"{run.name}.yaml"
+        dump_config(run.cfg, cfg_path)
+        cmd = [sys.executable, "-m", "fedrcl_flwr.cli", "run"]
+        if verbose:
+            cmd.append("--verbose")
+        if resume:
+            cmd += ["--resume", str(run.out_dir), "--set",
+                    f"simulation.init_num_cpus={run.cfg.simulation.init_num_cpus}"
+                    if run.cfg.simulation.init_num_cpus else "simulation.init_num_cpus=null"]
+        else:
+            cmd += [str(cfg_path), "--out", str(run.out_dir)]
+        log = open(out_dir / LOGS_DIR / f"{run.name}.log", "a")
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+        log.flush()
+        # own session: a terminal's Ctrl-C reaches the sweep only, which then stops each
+        # run once with SIGTERM (the run command's clean teardown)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        kept = _rounds_done(run) if resume else 0
+        done = len([r for r in read_metrics(run.out_dir) if r.get("round", 0) <= kept])
+        what = f"resuming after round {kept}" if resume else "started"
+        print(f"run {run.index + 1}/{n} {run.name}: {what}", flush=True)
+        status[run.name] = {"status": "running", "dir": str(run.out_dir)}
+        save_status()
+        return _Job(run, proc, slot, log, done)
+
+    def progress(job: _Job) -> None:
+        nonlocal rounds_done_now
+        recs = read_metrics(job.run.out_dir)
+        for rec in recs[job.printed:]:
+            total = job.run.cfg.federation.rounds
+            prev = total - rounds_left[job.run.name]
+            step = max(int(rec.get("round", prev)) - prev, 0)
+            rounds_left[job.run.name] -= step
+            rounds_done_now += step
+            parts = [f"run {job.run.index + 1}/{n} {job.run.name}",
+                     f"round {rec.get('round')}/{total}"]
+            if rec.get("test_accuracy") is not None:
+                parts.append(f"acc {100 * rec['test_accuracy']:.2f}%")
+            if rec.get("ema_accuracy") is not None:
+                parts.append(f"ema {100 * rec['ema_accuracy']:.2f}%")
+            parts.append(f"ETA {_fmt_eta(eta())}")
+            print(" | ".join(parts), flush=True)
+        job.printed = max(job.printed, len(recs))
+
+    def stop_all() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                signal.signal(sig, signal.SIG_IGN)  # let the runs tear down undisturbed
+            except ValueError:
+                pass
+        for job in running:
+            if job.proc.poll() is None:
+                try:
+                    job.proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for job in running:
+            try:
+                job.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.proc.pid, signal.SIGKILL)
+                job.proc.wait()
+            job.log.close()
+            status[job.run.name] = {"status": "interrupted", "dir": str(job.run.out_dir),
+                                    "rounds": _rounds_done(job.run)}
+        save_status()
+
+    try:
+        while queue or running:
+            while queue and free_slots:
+                running.append(launch(queue.pop(0)))
+            time.sleep(poll_s)
+            for job in list(running):
+                progress(job)
+                rc = job.proc.poll()
+                if rc is None:
+                    continue
+                running.remove(job)
+                free_slots.append(job.slot)
+                free_slots.sort()
+                job.log.close()
+                took = time.time() - job.t0
+                run = job.run
+                if rc == 0 and (run.out_dir / SUMMARY_FILE).exists():
+                    s = json.loads((run.out_dir / SUMMARY_FILE).read_text())
+                    acc = s.get("final_accuracy")
+                    status[run.name] = {"status": "done", "dir": str(run.out_dir),
+                                        "seconds": round(took, 1)}
+                    accs = f"final acc {100 * acc:.2f}%" if acc is not None else "no accuracy"
+                    rounds_left[run.name] = 0
+                    print(f"run {run.index + 1}/{n} {run.name}: done in {took:.0f}s, {accs} "
+                          f"| ETA {_fmt_eta(eta())}", flush=True)
+                else:
+                    tail = _log_tail(out_dir / LOGS_DIR / f"{run.name}.log")
+                    status[run.name] = {"status": "failed", "exit_code": rc,
+                                        "dir": str(run.out_dir), "error": tail}
+                    failed.append(run.name)
+                    rounds_left[run.name] = 0
+                    print(f"run {run.index + 1}/{n} {run.name}: FAILED (exit {rc}): {tail} "
+                          f"(log: {out_dir / LOGS_DIR / (run.name + '.log')})",
+                          file=sys.stderr, flush=True)
+                save_status()
+    except KeyboardInterrupt:
+        stop_all()
+        raise
+    took = time.time() - t_start
+    ok = n - len(failed)
+    print(f"fedrcl-flwr sweep: {ok}/{n} runs finished, {len(failed)} failed "
+          f"({took:.0f}s) -> {out_dir}", flush=True)
+    if failed:
+        print("failed runs: " + ", ".join(failed), file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _rounds_done(run: PlannedRun) -> int:
+    recs = read_metrics(run.out_dir)
+    if not recs or not (run.out_dir / CHECKPOINT_FILE).exists():
+        return 0
+    try:  # what a resume keeps: the rounds up to the checkpoint
+        import torch
+
+        ck = torch.load(run.out_dir / CHECKPOINT_FILE, map_location="cpu",
+                        weights_only=False)
+        return int(ck["round"])
+    except Exception:  # noqa: BLE001 - unreadable checkpoint: the run starts over
+        return 0
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        rows = [r.strip() for r in path.read_text().splitlines() if r.strip()]
+    except OSError:
+        return ""
+    errs = [r for r in rows if r.startswith("fedrcl-flwr:") and ("error" in r or "failed" in r)]
+    return (errs[-1] if errs else (rows[-1] if rows else ""))[:300]
+
+
+def format_plan(runs: list[PlannedRun], out_dir: Path) -> str:
+    lines = [f"{len(runs)} runs -> {out_dir}"]
+    for run in runs:
+        st = run.state()
+        if st == "resume":
+            st = f"resume after round {_rounds_done(run)}"
+        ov = ", ".join(f"{k}={_fmt_value(v) if isinstance(v, (dict, list)) else v}"
+                       for k, v in run.overrides)
+        lines.append(f"{run.index + 1:>4}. {run.name}  [{st}]  {run.base.name}: {ov}")
+    return "\n".join(lines)

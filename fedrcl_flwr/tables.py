@@ -1,0 +1,585 @@
+"""Paper tables from run directories: ``fedrcl-flwr report`` and ``fedrcl-flwr plot``.
+
+Runs are read from their ``config.yaml`` (the resolved experiment), ``summary.json`` and
+``metrics.jsonl`` (the source of truth: every metric missing from the summary is computed
+from it). Runs whose configurations differ only by ``seed`` (and output / simulation
+resources / name) form a group; a group's cell is the mean and the sample standard
+deviation (``ddof = 1``; none for one run) over its runs, in percent, with ``n`` the
+number of runs that have the metric. Rows are methods (``client.method``, prefixed by the
+server optimizer when it is not ``fedavg``: ``fedacg+fedrcl``; suffixed by the client
+keys that tell two rows of the same method apart), columns the settings that vary
+between groups (``alpha=0.05``); the best mean per column is marked. When the runs carry
+the paper's numbers (the experiment's ``reference`` blocks, see
+``fedrcl_flwr.config.check_reference``) for the reported metric, the paper's value and
+our difference (ours - paper) stand beside ours.
+
+Metrics (``--metric``): ``final`` (test accuracy of the last evaluated round), ``best``
+(highest test accuracy), ``last5`` (mean test accuracy of the last five evaluated rounds;
+FedCCL's "mean of the last five rounds"), ``ema@R`` (the EMA accuracy of the last
+evaluated round <= R, FedRCL's "accuracy at R rounds"; missing for a run that never
+reached round R). Without ``--metric``: the runs' ``summary.json`` ``report_metric``, else
+their reference's metric, else ``final``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from fedrcl_flwr.config import ConfigError, check_reference
+from fedrcl_flwr.results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+
+METRIC_RE = re.compile(r"^(final|best|last5|ema@([1-9][0-9]*))$")
+SKIP_DIRS = {"_configs", "_logs", "client_state", "tensorboard"}
+# config sections that do not change what a run computes (or that name it)
+NOT_A_SETTING = ("seed", "name", "output", "simulation", "reference")
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    summary: dict
+    records: list
+
+    @property
+    def method(self) -> str:
+        return method_label(self.config, self.summary)
+
+
+@dataclass
+class Group:
+    key: str
+    runs: list
+    config: dict
+    row: str = ""
+    col: str = ""
+    values: list = field(default_factory=list)  # per run, None = missing
+    paper: Optional[float] = None
+    source: str = ""
+
+    @property
+    def present(self) -> list:
+        return [v for v in self.values if v is not None]
+
+    @property
+    def n(self) -> int:
+        return len(self.present)
+
+    @property
+    def mean(self) -> Optional[float]:
+        p = self.present
+        return sum(p) / len(p) if p else None
+
+    @property
+    def std(self) -> Optional[float]:
+        p = self.present
+        if len(p) < 2:
+            return None
+        m = sum(p) / len(p)
+        return math.sqrt(sum((x - m) ** 2 for x in p) / (len(p) - 1))
+
+    @property
+    def diff(self) -> Optional[float]:
+        return None if self.mean is None or self.paper is None else self.mean - self.paper
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def read_summary(run_dir: Path) -> dict:
+    path = run_dir / SUMMARY_FILE
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a JSON object, got {type(data).__name__}")
+    for k in ("final_accuracy", "best_accuracy", "ema_accuracy", "last5"):
+        if data.get(k) is not None and not _is_number(data[k]):
+            raise ConfigError(f"{path}: '{k}' must be a number or null, got {data[k]!r}")
+    at = data.get("accuracy_at")
+    if at is not None and (not isinstance(at, dict) or not all(
+            v is None or _is_number(v) for v in at.values())):
+        raise ConfigError(f"{path}: 'accuracy_at' must map rounds to numbers, got {at!r}")
+    if data.get("rounds") is not None and not _is_number(data["rounds"]):
+        raise ConfigError(f"{path}: 'rounds' must be a number, got {data['rounds']!r}")
+    return data
+
+
+def read_records(run_dir: Path) -> list:
+    """``metrics.jsonl``, checked line by line; a torn last line (a run killed while
+    writing it: no final newline) is dropped, anything else malformed is an error."""
+    path = run_dir / METRICS_FILE
+    if not path.exists():
+        return []
+    text = path.read_text()
+    lines = text.split("\n")
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if i == len(lines) and not text.endswith("\n"):
+                break  # torn last line
+            raise ConfigError(f"{path}: line {i} is not valid JSON ({exc})") from None
+        if not isinstance(rec, dict) or not _is_number(rec.get("round")):
+            raise ConfigError(f"{path}: line {i} must be a JSON object with a numeric "
+                              "'round'")
+        for k in ("test_accuracy", "ema_accuracy"):
+            if rec.get(k) is not None and not _is_number(rec[k]):
+                raise ConfigError(f"{path}: line {i}: '{k}' must be a number or null, got "
+                                  f"{rec[k]!r}")
+        out.append(rec)
+    return out
+
+
+def read_config(run_dir: Path) -> dict:
+    path = run_dir / CONFIG_FILE
+    if not path.exists():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    check_reference(data.get("reference"), str(path))
+    return data
+
+
+def _is_run(d: Path) -> bool:
+    return any((d / f).is_file() for f in (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE))
+
+
+def find_runs(dirs: list) -> list[Path]:
+    """Run directories: each DIR itself, or every run below it (a sweep's --out)."""
+    found: list[Path] = []
+    for d in map(Path, dirs):
+        if _is_run(d):
+            found.append(d)
+            continue
+        below = []
+        if d.is_dir():
+            for sub in sorted(d.rglob("*")):
+                if sub.is_dir() and not set(sub.relative_to(d).parts) & SKIP_DIRS \
+                        and _is_run(sub):
+                    below.append(sub)
+        if not below:
+            raise ConfigError(f"{d}: no {SUMMARY_FILE} (is this a finished run dir, or a "
+                              "sweep's --out?)")
+        found.extend(below)
+    seen, out = set(), []
+    for p in found:
+        if p.resolve() not in seen:
+            seen.add(p.resolve())
+            out.append(p)
+    return out
+
+
+def load_runs(dirs: list) -> list[Run]:
+    runs = []
+    for d in find_runs(dirs):
+        run = Run(d, read_config(d), read_summary(d), read_records(d))
+        if not run.summary and not run.records:
+            raise ConfigError(f"{d}: no {SUMMARY_FILE} and no evaluated round in "
+                              f"{METRICS_FILE} yet")
+        runs.append(run)
+    return runs
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def check_metric(metric: str) -> str:
+    if not METRIC_RE.match(metric or ""):
+        raise ConfigError(f"--metric must be final, best, last5 or ema@ROUND, got "
+                          f"{metric!r}")
+    return metric
+
+
+def _evaluated(run: Run) -> list:
+    return [r for r in run.records if r.get("test_accuracy") is not None]
+
+
+def _last_round(run: Run) -> int:
+    rounds = [int(r["round"]) for r in run.records]
+    if rounds:
+        return max(rounds)
+    return int(run.summary.get("rounds") or 0)
+
+
+def metric_value(run: Run, metric: str) -> Optional[float]:
+    """The run's value of ``metric`` as a fraction in [0, 1], or None (missing)."""
+    s, ev = run.summary, _evaluated(run)
+    if metric == "final":
+        if s.get("final_accuracy") is not None:
+            return float(s["final_accuracy"])
+        return float(ev[-1]["test_accuracy"]) if ev else None
+    if metric == "best":
+        if s.get("best_accuracy") is not None:
+            return float(s["best_accuracy"])
+        return max(float(r["test_accuracy"]) for r in ev) if ev else None
+    if metric == "last5":
+        if s.get("last5") is not None:
+            return float(s["last5"])
+        tail = ev[-5:]
+        return sum(float(r["test_accuracy"]) for r in tail) / len(tail) if tail else None
+    target = int(METRIC_RE.match(metric).group(2))
+    if _last_round(run) < target:
+        return None  # never reached round R
+    at = s.get("accuracy_at") or {}
+    if at.get(str(target)) is not None:
+        return float(at[str(target)])
+    upto = [r for r in ev if int(r["round"]) <= target and r.get("ema_accuracy") is not None]
+    return float(upto[-1]["ema_accuracy"]) if upto else None
+
+
+def default_metric(runs: list[Run]) -> str:
+    """The runs' ``report_metric`` (summary.json), else their reference's, else final."""
+    for run in runs:
+        m = run.summary.get("report_metric")
+        if isinstance(m, str) and METRIC_RE.match(m):
+            return m
+    for run in runs:
+        blocks = check_reference(run.config.get("reference"), str(run.path / CONFIG_FILE))
+        if blocks:
+            return blocks[0]["metric"]
+    return "final"
+
+
+# ----------------------------------------------------------------------------- grouping
+
+
+def method_label(config: dict, summary: Optional[dict] = None) -> str:
+    summary = summary or {}
+    method = (config.get("client") or {}).get("method") or summary.get("method") or "?"
+    strategy = (config.get("server") or {}).get("strategy") or summary.get("strategy") \
+        or "fedavg"
+    return str(method) if strategy == "fedavg" else f"{strategy}+{method}"
+
+
+def _flatten(d: Any, prefix: str = "") -> dict:
+    if isinstance(d, dict) and d:
+        out = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: d}
+
+
+def _setting(config: dict, summary: dict) -> dict:
+    if not config:  # hand-made run dirs without a config: method and strategy only
+        return {"client.method": summary.get("method"),
+                "server.strategy": summary.get("strategy") or "fedavg"}
+    return {k: v for k, v in config.items() if k not in NOT_A_SETTING}
+
+
+def _jkey(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def _fmt_val(v: Any) -> str:
+    if isinstance(v, (list, dict)):
+        return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip()
+    return str(v)
+
+
+def _short(key: str) -> str:
+    parts = key.split(".")
+    if len(parts) > 1 and parts[-1] == "name":
+        return parts[-2]
+    if parts[0] in ("client", "server") and len(parts) > 2 and parts[1] == "params":
+        return ".".join(parts[2:])
+    return parts[-1]
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    groups: dict[str, Group] = {}
+    for run in runs:
+        setting = _setting(run.config, run.summary)
+        key = _jkey(setting)
+        if key not in groups:
+            groups[key] = Group(key, [], run.config or {"client": {"method": run.summary.get(
+                "method")}, "server": {"strategy": run.summary.get("strategy") or "fedavg"}})
+        groups[key].runs.append(run)
+    gs = list(groups.values())
+    flat = [_flatten(_setting(g.config, g.runs[0].summary)) for g in gs]
+    keys = list(dict.fromkeys(k for f in flat for k in f))
+    vary = [k for k in keys if len({_jkey(f.get(k)) for f in flat}) > 1]
+    col_keys = [k for k in vary if not k.startswith(("client.", "server."))]
+    row_keys = [k for k in vary if k.startswith(("client.", "server."))
+                and k not in ("client.method", "server.strategy")]
+    for g, f in zip(gs, flat):
+        g.col = ", ".join(f"{_short(k)}={_fmt_val(f.get(k))}" for k in col_keys)
+        g.row = method_label(g.config, g.runs[0].summary)
+    # two groups with the same method in one column: tell them apart by their client keys
+    by_cell: dict[tuple, list] = {}
+    for i, g in enumerate(gs):
+        by_cell.setdefault((g.row, g.col), []).append(i)
+    clash = {gs[i].row for idx in by_cell.values() if len(idx) > 1 for i in idx}
+    base_rows = [g.row for g in gs]
+    for g, f, base in zip(gs, flat, base_rows):
+        if base in clash:
+            same = [flat[j] for j, b in enumerate(base_rows) if b == base]
+            diff = [k for k in row_keys if len({_jkey(x.get(k)) for x in same}) > 1]
+            extra = ", ".join(f"{_short(k)}={_fmt_val(f.get(k))}" for k in diff
+                              if f.get(k) is not None)
+            g.row = f"{g.row} [{extra or 'defaults'}]"
+    return gs
+
+
+def _resolved_params(method: str, params: Any) -> Any:
+    try:
+        from clients import client_class
+        from clients.base import resolve_params
+
+        cls = client_class(method)
+        return resolve_params(cls.method, cls.defaults, dict(params or {}))
+    except Exception:  # noqa: BLE001 - unknown method / params: compare as written
+        return params or {}
+
+
+def _when_matches(when: dict, config: dict) -> bool:
+    method = (config.get("client") or {}).get("method")
+    for key, want in (when or {}).items():
+        node: Any = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if key == "client.params":
+            if _resolved_params(method, node) != _resolved_params(method, want):
+                return False
+        elif isinstance(want, (int, float)) and isinstance(node, (int, float)) \
+                and not isinstance(want, bool):
+            if not math.isclose(float(node), float(want)):
+                return False
+        elif _jkey(node) != _jkey(want):
+            return False
+    return True
+
+
+def paper_value(group: Group, metric: str) -> tuple[Optional[float], str]:
+    """The paper's number (fraction) for this group and metric, and its source."""
+    label = method_label(group.config, group.runs[0].summary)
+    blocks = check_reference(group.config.get("reference"), str(group.runs[0].path))
+    for b in blocks:
+        if b["metric"] == metric and label in b["values"] and \
+                _when_matches(b.get("when") or {}, group.config) and \
+                b["values"][label] is not None:
+            return float(b["values"][label]) / 100.0, b["source"]
+    return None, ""
+
+
+def build_table(dirs: list, metric: Optional[str] = None) -> tuple[list[Group], str]:
+    runs = load_runs(dirs)
+    metric = check_metric(metric) if metric else default_metric(runs)
+    groups = group_runs(runs)
+    for g in groups:
+        g.values = [metric_value(r, metric) for r in g.runs]
+        g.paper, g.source = paper_value(g, metric)
+    return groups, metric
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _layout(groups: list[Group]):
+    rows = list(dict.fromkeys(g.row for g in groups))
+    cols = list(dict.fromkeys(g.col for g in groups))
+    cell = {(g.row, g.col): g for g in groups}
+    best = {}
+    for c in cols:
+        means = [g.mean for g in groups if g.col == c and g.mean is not None]
+        best[c] = max(means) if means else None
+    with_paper = {c for c in cols if any(g.paper is not None for g in groups if g.col == c)}
+    return rows, cols, cell, best, with_paper
+
+
+def _pct(v: Optional[float], signed: bool = False) -> str:
+    if v is None:
+        return ""
+    return f"{100 * v:+.2f}" if signed else f"{100 * v:.2f}"
+
+
+def _ours(g: Optional[Group], best: Optional[float], bold: tuple[str, str],
+          pm: str) -> str:
+    if g is None:
+        return ""
+    if g.mean is None:
+        return "missing"
+    text = _pct(g.mean)
+    if g.std is not None:
+        text += f" {pm} {_pct(g.std)}"
+    missing = len(g.values) - g.n
+    text += f" (n={g.n}" + (f", {missing} missing)" if missing else ")")
+    if best is not None and math.isclose(g.mean, best):
+        text = f"{bold[0]}{text}{bold[1]}"
+    return text
+
+
+def _sources(groups: list[Group]) -> str:
+    src = sorted({g.source for g in groups if g.source})
+    return ", ".join(src)
+
+
+def format_markdown(groups: list[Group], metric: str) -> str:
+    rows, cols, cell, best, with_paper = _layout(groups)
+    header = ["method"]
+    for c in cols:
+        name = c or metric
+        header.append(name)
+        if c in with_paper:
+            header += [f"{name} paper", f"{name} diff"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        cells = [r]
+        for c in cols:
+            g = cell.get((r, c))
+            cells.append(_ours(g, best[c], ("**", "**"), "±"))
+            if c in with_paper:
+                cells += [_pct(g.paper) if g else "", _pct(g.diff, True) if g else ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    note = f"\nmetric: {metric}; mean ± sample std over seeds (%), n runs; best per column " \
+           "in bold"
+    if _sources(groups):
+        note += f"; paper: {_sources(groups)}; diff = ours - paper"
+    return "\n".join(lines) + "\n" + note
+
+
+def format_csv(groups: list[Group], metric: str) -> str:
+    _, cols, _, best, _ = _layout(groups)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["method", "setting", "metric", "n", "missing", "mean", "std", "best",
+                "paper", "diff", "source", "runs"])
+    for g in groups:
+        is_best = g.mean is not None and best[g.col] is not None and \
+            math.isclose(g.mean, best[g.col])
+        w.writerow([g.row, g.col, metric, g.n, len(g.values) - g.n, _pct(g.mean),
+                    _pct(g.std), int(is_best), _pct(g.paper), _pct(g.diff, True),
+                    g.source, ";".join(str(r.path) for r in g.runs)])
+    return buf.getvalue()
+
+
+def _tex(s: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
+                 ("#", r"\#"), ("{", r"\{"), ("}", r"\}"), ("$", r"\$")):
+        s = s.replace(a, b)
+    return s
+
+
+def format_latex(groups: list[Group], metric: str) -> str:
+    rows, cols, cell, best, with_paper = _layout(groups)
+    spec = "l" + "".join("rrr" if c in with_paper else "r" for c in cols)
+    head = ["Method"]
+    for c in cols:
+        head.append(_tex(c or metric))
+        if c in with_paper:
+            head += ["Paper", r"$\Delta$"]
+    out = [r"\begin{tabular}{" + spec + "}", r"\toprule", " & ".join(head) + r" \\",
+           r"\midrule"]
+    for r in rows:
+        cells = [_tex(r)]
+        for c in cols:
+            g = cell.get((r, c))
+            if g is None or g.mean is None:
+                cells.append("--" if g is None else "missing")
+            else:
+                text = _pct(g.mean) + (rf" \pm {_pct(g.std)}" if g.std is not None else "")
+                if best[c] is not None and math.isclose(g.mean, best[c]):
+                    text = rf"\mathbf{{{text}}}"
+                cells.append(f"${text}$")
+            if c in with_paper:
+                cells += [_pct(g.paper) if g else "", f"${_pct(g.diff, True)}$"
+                          if g and g.diff is not None else ""]
+        out.append(" & ".join(cells) + r" \\")
+    out += [r"\bottomrule", r"\end{tabular}",
+            f"% metric: {metric}; mean $\\pm$ sample std over seeds (%); n per cell: " +
+            ", ".join(f"{_tex(g.row)}/{_tex(g.col or metric)}={g.n}" for g in groups)]
+    return "\n".join(out) + "\n"
+
+
+FORMATS = {"markdown": format_markdown, "csv": format_csv, "latex": format_latex}
+
+
+def report(dirs: list, fmt: str = "markdown", metric: Optional[str] = None) -> str:
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    groups, metric = build_table(dirs, metric)
+    return FORMATS[fmt](groups, metric)
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def plot_groups(dirs: list, out: Path, metric_key: str = "test_accuracy") -> list[Path]:
+    """Accuracy per round, one line per method (mean over seeds, +-std band), one panel
+    per setting; written as ``out`` with suffix .png and .pdf."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    runs = load_runs(dirs)
+    groups = group_runs(runs)
+    cols = list(dict.fromkeys(g.col for g in groups))
+    rows = list(dict.fromkeys(g.row for g in groups))
+    colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(rows)}
+    ncol = min(len(cols), 3)
+    nrow = math.ceil(len(cols) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.6 * nrow), squeeze=False)
+    for ax, c in zip(axes.flat, cols):
+        for g in (g for g in groups if g.col == c):
+            curves = []
+            for run in g.runs:
+                recs = [r for r in run.records if r.get(metric_key) is not None]
+                curves.append({int(r["round"]): float(r[metric_key]) for r in recs})
+            rounds = sorted(set().union(*curves)) if curves else []
+            if not rounds:
+                continue
+            mean, std = [], []
+            for rd in rounds:
+                vs = [cv[rd] for cv in curves if rd in cv]
+                mean.append(100 * float(np.mean(vs)))
+                std.append(100 * float(np.std(vs, ddof=1)) if len(vs) > 1 else 0.0)
+            mean, std = np.array(mean), np.array(std)
+            ax.plot(rounds, mean, color=colors[g.row], label=f"{g.row} (n={len(g.runs)})")
+            ax.fill_between(rounds, mean - std, mean + std, color=colors[g.row], alpha=0.2)
+        ax.set_title(c or "all runs", fontsize=10)
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy (%)" if metric_key == "test_accuracy"
+                      else metric_key)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(cols):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    out = Path(out)
+    stem = out.with_suffix("") if out.suffix.lower() in (".png", ".pdf") else out
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    for ext in (".png", ".pdf"):
+        p = stem.with_name(stem.name + ext)
+        fig.savefig(p, dpi=120)
+        written.append(p)
+    plt.close(fig)
+    return written

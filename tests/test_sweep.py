@@ -1,0 +1,227 @@
+"""Sweep files: expansion, naming, up-front validation, dry run; and (marked ``flwr``) a
+2 x 2 x 2 sweep with --jobs 2 killed by SIGTERM, rerun, ending identical to an
+uninterrupted sweep."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import leftover_procs
+
+from fedrcl_flwr.cli import main
+from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.sweep import plan_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = {
+    "name": "tiny_sweep", "seed": 0,
+    "dataset": {"name": "synthetic", "synthetic": {
+        "num_train": 800, "num_test": 300, "num_classes": 4, "image_size": 16,
+        "channels": 3, "subclusters": 2}},
+    "partition": {"scheme": "dirichlet", "alpha": 0.5, "balanced": True},
+    "model": {"name": "cnn5"},
+    "federation": {"num_clients": 6, "rounds": 3, "participation": None,
+                   "clients_per_round": 2},
+    "client": {"method": "fedavg", "lr": 0.05, "local_epochs": 1, "batch_size": 32,
+               "device": "cpu"},
+    "server": {"strategy": "fedavg"},
+    "evaluation": {"target_rounds": [2]},
+}
+
+
+def _write(path: Path, data) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _sweep(tmp_path, **spec) -> Path:
+    _write(tmp_path / "base.yaml", BASE)
+    spec.setdefault("base", "base.yaml")
+    return _write(tmp_path / "sweep.yaml", spec)
+
+
+def test_grid_times_seeds_names_and_overrides(tmp_path):
+    sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"],
+                                "partition.alpha": [0.3, 1.0]}, seeds=[0, 1])
+    runs, out = plan_sweep(sw, tmp_path / "out")
+    assert out == (tmp_path / "out").resolve()
+    assert len(runs) == 8
+    names = [r.name for r in runs]
+    assert names[0] == "method=fedavg_alpha=0.3_seed=0"
+    assert names[-1] == "method=fedrcl_alpha=1.0_seed=1"
+    assert len(set(names)) == 8
+    r = runs[5]  # fedrcl, alpha 0.3, seed 1
+    assert (r.cfg.client.method, r.cfg.partition.alpha, r.cfg.seed) == ("fedrcl", 0.3, 1)
+    assert r.cfg.output.dir == str(out / r.name) and r.out_dir == out / r.name
+    assert r.cfg.output.checkpoint_every == 1  # forced: resumable from round 1
+    assert all(x.state() == "new" for x in runs)
+
+
+def test_base_relative_to_cwd_and_variants_with_labels(tmp_path, monkeypatch):
+    (tmp_path / "exp").mkdir()
+    _write(tmp_path / "exp" / "base.yaml", BASE)
+    (tmp_path / "sweeps").mkdir()
+    sw = _write(tmp_path / "sweeps" / "s.yaml", {
+        "base": "exp/base.yaml",  # relative to the working directory, not the sweep file
+        "variants": [{"label": "fedavg", "client.method": "fedavg"},
+                     {"label": "fedprox-mu0.01", "client.method": "fedprox",
+                      "client.params": {"mu": 0.01}}],
+        "seeds": [3], "set": {"federation.rounds": 2}})
+    monkeypatch.chdir(tmp_path)
+    runs, _ = plan_sweep(sw, tmp_path / "o")
+    assert [r.name for r in runs] == ["fedavg", "fedprox-mu0.01"]  # seed does not vary
+    assert runs[1].cfg.client.params == {"mu": 0.01} and runs[1].cfg.seed == 3
+    assert runs[0].cfg.client.params == {} and runs[0].cfg.federation.rounds == 2
+
+
+def test_variants_without_labels_are_named_by_their_values(tmp_path):
+    sw = _sweep(tmp_path, variants=[{"client.method": "fedavg"},
+                                    {"client.method": "fedprox",
+                                     "client.params": {"mu": 0.01}}])
+    runs, _ = plan_sweep(sw, tmp_path / "o")
+    assert [r.name for r in runs] == ["method=fedavg_client.params=none",
+                                      "method=fedprox_client.params=mu-0.01"]
+
+
+def test_several_bases_are_a_setting_axis(tmp_path):
+    _write(tmp_path / "a.yaml", BASE)
+    _write(tmp_path / "b.yaml", {**BASE, "partition": {"scheme": "iid"}})
+    sw = _write(tmp_path / "s.yaml", {"base": ["a.yaml", "b.yaml"],
+                                      "grid": {"client.method": ["fedavg", "fedrcl"]}})
+    runs, _ = plan_sweep(sw, tmp_path / "o")
+    assert [r.name for r in runs] == ["a_method=fedavg", "a_method=fedrcl",
+                                      "b_method=fedavg", "b_method=fedrcl"]
+    assert runs[2].cfg.partition.scheme == "iid"
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ({"grid": {"client.method": ["fedavg", "nope"]}}, "client.method"),
+    ({"grid": {"partition.alpha": [0.3, -1]}}, "partition.alpha"),
+    ({"grid": {"partition.nonsense": [1]}}, "partition.nonsense"),
+    ({"variants": [{"client.method": "fedprox", "client.params": {"bogus": 1}}]},
+     "client.params"),
+    ({"grid": {"client.method": "fedavg"}}, "grid.client.method"),
+    ({"seeds": [0, 0]}, "seeds"),
+    ({"variants": [{"label": "x"}, {"client.method": "fedavg"}]}, "label"),
+    ({"gird": {}}, "gird"),
+    ({"base": "missing.yaml"}, "missing.yaml"),
+])
+def test_bad_combination_exits_2_before_anything_runs(tmp_path, capsys, spec, needle):
+    sw = _sweep(tmp_path, **spec)
+    out = tmp_path / "out"
+    assert main(["sweep", str(sw), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and str(sw) in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()  # nothing started
+
+
+def test_cli_set_applies_to_every_run_but_not_to_varied_keys(tmp_path, capsys):
+    sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"]})
+    runs, _ = plan_sweep(sw, tmp_path / "o", ["federation.rounds=7"])
+    assert all(r.cfg.federation.rounds == 7 for r in runs)
+    assert main(["sweep", str(sw), "--set", "client.method=fedavg", "--dry-run"]) == 2
+    assert "varies this key" in capsys.readouterr().err
+
+
+def test_dry_run_lists_runs_and_their_state(tmp_path, capsys):
+    sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"]}, seeds=[0, 1])
+    out = tmp_path / "out"
+    (out / "method=fedavg_seed=1").mkdir(parents=True)
+    (out / "method=fedavg_seed=1" / "summary.json").write_text("{}")
+    assert main(["sweep", str(sw), "--out", str(out), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].startswith("4 runs")
+    assert "method=fedrcl_seed=0  [new]" in text
+    assert "method=fedavg_seed=1  [done]" in text
+    assert not (out / "_configs").exists()
+
+
+def test_a_run_dir_holding_another_experiment_stops_the_sweep(tmp_path, capsys):
+    sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"]})
+    out = tmp_path / "out"
+    runs, _ = plan_sweep(sw, out)
+    other = dict(BASE, federation={**BASE["federation"], "rounds": 9})
+    (out / runs[0].name).mkdir(parents=True)
+    _write(out / runs[0].name / "config.yaml", other)
+    assert main(["sweep", str(sw), "--out", str(out)]) == 2
+    assert "different experiment" in capsys.readouterr().err
+
+
+def _strip(recs):
+    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")}
+            for r in recs]
+
+
+@pytest.mark.flwr
+def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
+    """2 methods x 2 settings x 2 seeds, --jobs 2, 3 rounds each: SIGTERM once a run is
+    finished and another is part-way; the rerun skips the finished runs, resumes the
+    checkpointed ones and ends with every run's metrics equal to an uninterrupted run of
+    the same configuration (in-process, which is the same computation as Flower's: the
+    clients and the strategy are the same objects, driven round by round)."""
+    import torch
+
+    from fedrcl_flwr.app.inprocess import run_inprocess
+    from fedrcl_flwr.config import load_config
+
+    sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"],
+                                "partition.alpha": [0.3, 1.0]}, seeds=[0, 1])
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw), "--jobs", "2",
+            "--out", str(out)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=tmp_path)
+    runs, _ = plan_sweep(sw, out)
+
+    def states():
+        return [r.state() for r in runs]
+
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None:
+        st = states()
+        if "done" in st and "resume" in st:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "sweep ended before it could be killed:\n" + proc.stdout.read()
+    proc.send_signal(signal.SIGTERM)
+    first, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0, first
+    assert not leftover_procs(), "runs left processes behind"
+    before = states()
+    done_before = [r for r, s in zip(runs, before) if s == "done"]
+    assert done_before and len(done_before) < 8, before
+    assert "resume" in before, before
+    mtimes = {r.name: (r.out_dir / "summary.json").stat().st_mtime for r in done_before}
+    status = json.loads((out / "sweep_status.json").read_text())
+    assert any(v["status"] == "interrupted" for v in status.values()), status
+
+    res = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"{len(done_before)} finished already" in res.stdout
+    assert "resuming after round" in res.stdout
+    # one progress line per finished round: run i/N, name, round, accuracy, ETA
+    assert any(line.startswith("run ") and "round 3/3" in line and "acc " in line
+               and "ETA " in line for line in res.stdout.splitlines())
+    for r in done_before:  # finished runs were not run again
+        assert (r.out_dir / "summary.json").stat().st_mtime == mtimes[r.name]
+    status = json.loads((out / "sweep_status.json").read_text())
+    assert {v["status"] for v in status.values()} == {"done"} and len(status) == 8
+
+    torch.set_num_threads(1)  # as the ClientApp / ServerApp (simulation.num_cpus = 1)
+    for r in runs:
+        got = read_metrics(r.out_dir)
+        assert [x["round"] for x in got] == [1, 2, 3], r.name  # every round exactly once
+        ref_dir = tmp_path / "ref" / r.name
+        cfg = load_config(r.out_dir / "config.yaml", [f"output.dir={ref_dir}"])
+        run_inprocess(cfg, ref_dir)
+        assert _strip(got) == _strip(read_metrics(ref_dir)), r.name
+        assert json.loads((r.out_dir / "summary.json").read_text())["final_accuracy"] == \
+            json.loads((ref_dir / "summary.json").read_text())["final_accuracy"]
