@@ -25,7 +25,9 @@ mean`` uploads class-mean prototypes instead of clusters; ``global_signal: mean`
 the server average signals instead of clustering them.
 
 FedCCL+ (Appendix A): ``adversarial: true`` trains on PGD examples (ε, step, steps) with
-CE and both contrast terms on the adversarial features (Eqs. 21-24).
+CE and both contrast terms on the adversarial features (Eqs. 21-24). ε and step are in
+[0, 1] pixel units (8/255, 2/255), adversarial pixels are clamped to [0, 1] and the data's
+normalisation is applied inside the attacked model (``losses.fedccl.PixelSpace``).
 """
 
 from __future__ import annotations
@@ -84,13 +86,14 @@ class FedCCLClient(FederatedClient):
     def batch_transform(self):
         if not self.p["adversarial"]:
             return None
-        from fedrcl_flwr.losses.fedccl import pgd_attack
+        from fedrcl_flwr.losses.fedccl import dataset_pixel_stats, pgd_attack
 
         p = self.p
+        mean, std = dataset_pixel_stats(self.data.dataset)  # eps/step in [0, 1] pixels
 
         def adversarial(x, y, model):
             x_adv = pgd_attack(model, x, y, eps=float(p["eps"]), step=float(p["step"]),
-                               steps=int(p["steps"]), clamp=None)
+                               steps=int(p["steps"]), mean=mean, std=std)
             return x_adv.detach(), y, {"clean": x}
 
         return adversarial
