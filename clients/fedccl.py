@@ -22,7 +22,8 @@ FINCH still considers meaningful (it drops single-cluster levels), matching the 
 
 Ablations (Tables 5-7): ``use_local`` / ``use_global`` switch the terms; ``local_signal:
 mean`` uploads class-mean prototypes instead of clusters; ``global_signal: mean`` makes
-the server average signals instead of clustering them.
+the server average signals instead of clustering them — a plain average over the banked
+signals of a class, Eq. 12 (``server.signals.mean_weighting: samples`` weights by counts).
 
 FedCCL+ (Appendix A): ``adversarial: true`` trains on PGD examples (ε, step, steps) with
 CE and both contrast terms on the adversarial features (Eqs. 21-24). ε and step are in
@@ -51,8 +52,11 @@ class FedCCLClient(FederatedClient):
     @classmethod
     def exchange_settings(cls, cfg) -> dict:
         p = {**cls.defaults, **cfg.client.params}
-        return {"global_mode": "mean" if p["global_signal"] == "mean" else "finch_mean",
-                "send_local": bool(p["use_local"])}
+        out = {"global_mode": "mean" if p["global_signal"] == "mean" else "finch_mean",
+               "send_local": bool(p["use_local"])}
+        if p["global_signal"] == "mean":  # Table 7 ablation: Eq. 12's plain average
+            out["mean_weighting"] = "uniform"
+        return out
 
     def on_round_start(self, config):
         def load(key):

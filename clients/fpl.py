@@ -32,6 +32,11 @@ class FPLClient(PrototypeClient):
     global_mode = "finch_clusters"
     defaults = {"tau": 0.07, "lam": 1.0, "feature": "penultimate", "embed_batch": 500}
 
+    @classmethod
+    def exchange_settings(cls, cfg) -> dict:
+        # RethinkFL's proto_aggregation: FINCH(cosine, ensure_early_exit=False), last level
+        return {**super().exchange_settings(cfg), "finch_early_exit": False}
+
     def loss_terms(self):
         terms = [cross_entropy_term()]
         if self.global_protos is None:
