@@ -71,8 +71,9 @@ def table(out: Path) -> str:
             doms = sorted(ss[0].get("last5_per_domain", {}))
             per = ", ".join(f"{d} {100 * np.mean([s['last5_per_domain'][d] for s in ss]):.1f}"
                             for d in doms)
-            lines.append(f"| {split} | {method} | {v.mean():.2f} +- {v.std(ddof=1) if len(v) > 1 else 0:.2f}"
-                         f" (n={len(v)}) | {per} | {ss[0].get('client_sizes')} |")
+            sd = v.std(ddof=1) if len(v) > 1 else 0.0
+            lines.append(f"| {split} | {method} | {v.mean():.2f} +- {sd:.2f} (n={len(v)}) | "
+                         f"{per} | {ss[0].get('client_sizes')} |")
     return "\n".join(lines)
 
 

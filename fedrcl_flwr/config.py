@@ -131,8 +131,9 @@ class ClientConfig:
 
     ``lr`` at round t (1-based) is ``lr * lr_decay ** (t - 1)``; a fresh optimiser is
     built every round: ``optimizer`` sgd (``momentum``, ``nesterov``), adam or adamw
-    (``betas``, ``eps``); ``weight_decay`` for all (see ``training.make_optimizer``). ``iterations_per_epoch`` (if set) overrides ``batch_size`` so that
-    one local epoch is exactly that many steps (the FedRCL authors use 10).
+    (``betas``, ``eps``); ``weight_decay`` for all (see ``training.make_optimizer``).
+    ``iterations_per_epoch`` (if set) overrides ``batch_size`` so that one local epoch is
+    exactly that many steps (the FedRCL authors use 10).
     """
 
     method: str = "fedavg"
