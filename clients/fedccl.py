@@ -22,10 +22,13 @@ FINCH still considers meaningful (it drops single-cluster levels), matching the 
 
 Ablations (Tables 5-7): ``use_local`` / ``use_global`` switch the terms; ``local_signal:
 mean`` uploads class-mean prototypes instead of clusters; ``global_signal: mean`` makes
-the server average signals instead of clustering them.
+the server average signals instead of clustering them — a plain average over the banked
+signals of a class, Eq. 12 (``server.signals.mean_weighting: samples`` weights by counts).
 
 FedCCL+ (Appendix A): ``adversarial: true`` trains on PGD examples (ε, step, steps) with
-CE and both contrast terms on the adversarial features (Eqs. 21-24).
+CE and both contrast terms on the adversarial features (Eqs. 21-24). ε and step are in
+[0, 1] pixel units (8/255, 2/255), adversarial pixels are clamped to [0, 1] and the data's
+normalisation is applied inside the attacked model (``losses.fedccl.PixelSpace``).
 """
 
 from __future__ import annotations
@@ -64,8 +67,11 @@ class FedCCLClient(SignalClient):
 
     @classmethod
     def exchange_settings(cls, p: dict) -> dict:
-        return {"global_mode": "mean" if p["global_signal"] == "mean" else "finch_mean",
-                "send_local": bool(p["use_local"])}
+        out = {"global_mode": "mean" if p["global_signal"] == "mean" else "finch_mean",
+               "send_local": bool(p["use_local"])}
+        if p["global_signal"] == "mean":  # Table 7 ablation: Eq. 12's plain average
+            out["mean_weighting"] = "uniform"
+        return out
 
     def on_round_start(self, config):
         self.local_signals = (self.load_signals(config, "signals_local")
@@ -94,13 +100,14 @@ class FedCCLClient(SignalClient):
     def batch_transform(self):
         if not self.p["adversarial"]:
             return None
-        from fedrcl_flwr.losses.fedccl import pgd_attack
+        from fedrcl_flwr.losses.fedccl import dataset_pixel_stats, pgd_attack
 
         p = self.p
+        mean, std = dataset_pixel_stats(self.data.dataset)  # eps/step in [0, 1] pixels
 
         def adversarial(x, y, model):
             x_adv = pgd_attack(model, x, y, eps=float(p["eps"]), step=float(p["step"]),
-                               steps=int(p["steps"]), clamp=None)
+                               steps=int(p["steps"]), mean=mean, std=std)
             return x_adv.detach(), y, {}
 
         return adversarial

@@ -36,6 +36,11 @@ class FPLClient(PrototypeClient):
     rules = {"tau": positive(), "lam": non_negative(), "feature": feature_tap(),
              "embed_batch": at_least(1)}
 
+    @classmethod
+    def exchange_settings(cls, p: dict) -> dict:
+        # RethinkFL's proto_aggregation: FINCH(cosine, ensure_early_exit=False), last level
+        return {**super().exchange_settings(p), "finch_early_exit": False}
+
     def loss_terms(self):
         terms = [cross_entropy_term()]
         if self.global_protos is None:

@@ -134,8 +134,9 @@ class ClientConfig:
 
     ``lr`` at round t (1-based) is ``lr * lr_decay ** (t - 1)``; a fresh optimiser is
     built every round: ``optimizer`` sgd (``momentum``, ``nesterov``), adam or adamw
-    (``betas``, ``eps``); ``weight_decay`` for all (see ``training.make_optimizer``). ``iterations_per_epoch`` (if set) overrides ``batch_size`` so that
-    one local epoch is exactly that many steps (the FedRCL authors use 10).
+    (``betas``, ``eps``); ``weight_decay`` for all (see ``training.make_optimizer``).
+    ``iterations_per_epoch`` (if set) overrides ``batch_size`` so that one local epoch is
+    exactly that many steps (the FedRCL authors use 10).
     """
 
     method: str = "fedavg"
@@ -179,10 +180,11 @@ class EvaluationConfig:
     # a target round, FedRCL)
     report_metric: str = "final"
     # FGSM / PGD robust accuracy of the global model (FedCCL Table 8), any method.
-    # eps/step are in the units of the model's (normalised) input.
+    # eps/step are in [0, 1] pixel units (adversarial pixels clamped to [0, 1], the data's
+    # normalisation applied inside the attacked model): 8/255, 2/255, 20 steps = PGD-20.
     robust_every: int = 0
-    robust_eps: float = 0.031
-    robust_step: float = 0.0078
+    robust_eps: float = 8 / 255
+    robust_step: float = 2 / 255
     robust_steps: int = 20
     robust_samples: int = 1000
 
@@ -303,8 +305,8 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
         lambda v: v in ("final", "best", "last5") or re.fullmatch(r"ema@[1-9][0-9]*", v),
         "must be final, best, last5 or ema@ROUND (ROUND a target round, e.g. ema@500)"),
     "evaluation.robust_every": (lambda v: v >= 0, "must be >= 0"),
-    "evaluation.robust_eps": (lambda v: v > 0, "must be > 0"),
-    "evaluation.robust_step": (lambda v: v > 0, "must be > 0"),
+    "evaluation.robust_eps": (lambda v: 0 < v <= 1, "must be in (0, 1] (pixel units)"),
+    "evaluation.robust_step": (lambda v: 0 < v <= 1, "must be in (0, 1] (pixel units)"),
     "evaluation.robust_steps": (lambda v: v >= 1, "must be >= 1"),
     "evaluation.robust_samples": (lambda v: v >= 1, "must be >= 1"),
     "simulation.num_cpus": (lambda v: v >= 1, "must be a whole number >= 1"),

@@ -83,8 +83,13 @@ def robust_accuracy(model: nn.Module, dataset: Dataset, device: torch.device, *,
                     eps: float, step: float, steps: int = 20, max_samples: int = 1000,
                     batch_size: int = 250, seed: int = 0) -> dict:
     """Clean, FGSM and PGD-``steps`` accuracy of ``model`` on up to ``max_samples``
-    samples (FedCCL Table 8). ``eps``/``step`` are in the model's input units."""
-    from fedrcl_flwr.losses.fedccl import fgsm_attack, pgd_attack
+    samples (FedCCL Table 8). The attacks work in [0, 1] **pixel space**: ``eps``/``step``
+    are pixel units (8/255, 2/255 for the usual PGD-20), adversarial pixels are clamped to
+    [0, 1], and the dataset's normalisation (its ``mean``/``std``) is applied inside the
+    attacked model (``losses.fedccl.PixelSpace``)."""
+    from fedrcl_flwr.losses.fedccl import dataset_pixel_stats, fgsm_attack, pgd_attack
+
+    mean, std = dataset_pixel_stats(dataset)
 
     n = len(dataset)
     idx = np.arange(n)
@@ -98,9 +103,9 @@ def robust_accuracy(model: nn.Module, dataset: Dataset, device: torch.device, *,
         x, y = x.to(device), y.to(device)
         with torch.no_grad():
             hits["clean"] += int((model(x).argmax(1) == y).sum())
-        x_f = fgsm_attack(model, x, y, eps=eps, clamp=None)
+        x_f = fgsm_attack(model, x, y, eps=eps, mean=mean, std=std)
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-        x_p = pgd_attack(model, x, y, eps=eps, step=step, steps=steps, clamp=None)
+        x_p = pgd_attack(model, x, y, eps=eps, step=step, steps=steps, mean=mean, std=std)
         with torch.no_grad():
             hits["fgsm"] += int((model(x_f).argmax(1) == y).sum())
             hits[f"pgd{steps}"] += int((model(x_p).argmax(1) == y).sum())

@@ -14,9 +14,13 @@ Attached to *any* server-optimizer strategy (it does not touch the model update)
    * ``finch_mean`` — FedCCL Eqs. 14-15: FINCH (cosine) over all banked signals of a
      class, the mean of each global cluster, then the average of a class's global
      clusters: one global signal per class;
-   * ``mean`` — count-weighted class mean of the banked signals (FedProto, and FedCCL's
-     averaged-signal ablation);
+   * ``mean`` — class mean of the banked signals: count-weighted with ``mean_weighting:
+     samples`` (FedProto here), a plain average with ``uniform`` (FedCCL Eq. 12,
+     H_j = (1/|N_j|) Σ ξ̄: the default of FedCCL's Table 7 "global averaged" ablation);
    * ``finch_clusters`` — the global cluster means themselves, several per class (FPL);
+   FINCH runs with its early exit on by default; ``finch_early_exit: false`` keeps every
+   level down to the last merge, as FPL's code (RethinkFL ``proto_aggregation``:
+   ``FINCH(..., distance='cosine', ensure_early_exit=False)``, last partition) does;
 4. sends every sampled client the banked local signals (``signals_local``) and the
    global signals (``signals_global``) in its fit config;
 5. logs the bytes of signals uploaded / downloaded per round next to the model bytes
@@ -38,7 +42,8 @@ GLOBAL_MODES = ("finch_mean", "mean", "finch_clusters")
 
 class SignalExchange:
     defaults = {"max_age": 5, "global_mode": "finch_mean", "distance": "cosine",
-                "max_signals_per_client": 1000, "send_local": True}
+                "max_signals_per_client": 1000, "send_local": True,
+                "mean_weighting": "samples", "finch_early_exit": True}
 
     def __init__(self, params: dict | None = None, num_classes: int | None = None):
         from fedrcl_flwr.config import ConfigError
@@ -53,6 +58,10 @@ class SignalExchange:
             raise ConfigError(f"server.signals.global_mode must be one of {GLOBAL_MODES}")
         if int(self.p["max_age"]) < 1:
             raise ConfigError("server.signals.max_age must be >= 1")
+        if self.p["mean_weighting"] not in ("samples", "uniform"):
+            raise ConfigError("server.signals.mean_weighting must be 'samples' or 'uniform'")
+        if not isinstance(self.p["finch_early_exit"], bool):
+            raise ConfigError("server.signals.finch_early_exit must be true or false")
         self.num_classes = num_classes
         self.dim: int | None = None
         self.bank: dict[int, tuple[int, SignalSet]] = {}
@@ -70,14 +79,18 @@ class SignalExchange:
             m = local.labels == c
             v, n = local.vectors[m], local.counts[m]
             if mode == "mean":
-                vecs.append((v * n[:, None]).sum(0) / n.sum())
+                if self.p["mean_weighting"] == "uniform":  # FedCCL Eq. 12
+                    vecs.append(v.mean(0))
+                else:
+                    vecs.append((v * n[:, None]).sum(0) / n.sum())
                 labs.append(c)
                 cnts.append(int(n.sum()))
                 continue
             if len(v) >= 2:
                 from fedrcl_flwr.clustering import finch
 
-                parts, _ = finch(v, distance=self.p["distance"])
+                parts, _ = finch(v, distance=self.p["distance"],
+                                 ensure_early_exit=bool(self.p["finch_early_exit"]))
                 assign = parts[:, -1]
             else:
                 assign = np.zeros(len(v), np.int64)

@@ -38,6 +38,8 @@ __all__ = [
     "fpl_prototype_loss",
     "fgsm_attack",
     "pgd_attack",
+    "PixelSpace",
+    "dataset_pixel_stats",
 ]
 
 REDUCTIONS = ("mean", "batch", "none")
@@ -197,25 +199,68 @@ def _clamp(x: torch.Tensor, clamp: Optional[tuple[float, float]]) -> torch.Tenso
     return x if clamp is None else x.clamp(float(clamp[0]), float(clamp[1]))
 
 
+class PixelSpace(nn.Module):
+    """``model`` seen from [0, 1] pixel space: ``model((p − mean) / std)``, so that an
+    attack's ε, step and clamp are in pixel units while the model keeps its normalised
+    input (the usual robust-evaluation convention: normalisation inside the attacked
+    model)."""
+
+    def __init__(self, model: nn.Module, mean: torch.Tensor, std: torch.Tensor):
+        super().__init__()
+        self.model = model
+        self.mean, self.std = mean, std
+
+    def forward(self, p: torch.Tensor):
+        return self.model((p - self.mean) / self.std)
+
+
+def _channel_stat(v, x: torch.Tensor) -> torch.Tensor:
+    """A per-channel (or scalar) statistic shaped to broadcast over ``x`` (B, C, ...)."""
+    t = torch.as_tensor(v, dtype=x.dtype, device=x.device).flatten()
+    return t.view(1, -1, *([1] * (x.dim() - 2)))
+
+
+def _pixel_mode(model, x, mean, std):
+    """(model on pixels, x in pixels, back-to-normalised) when mean/std are given."""
+    if mean is None and std is None:
+        return model, x, lambda a: a
+    m = _channel_stat(0.0 if mean is None else mean, x)
+    s = _channel_stat(1.0 if std is None else std, x)
+    return PixelSpace(model, m, s), x.detach() * s + m, lambda a: (a - m) / s
+
+
 def fgsm_attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float,
-                clamp: Optional[tuple[float, float]] = None) -> torch.Tensor:
+                clamp: Optional[tuple[float, float]] = None, mean=None,
+                std=None) -> torch.Tensor:
     """FGSM (Goodfellow et al., 2015): x + ε·sign(∇_x CE(f(x), y)), optionally clamped to
     ``clamp = (lo, hi)``. The model runs in eval mode (each module's mode restored after);
-    no gradient is left on its parameters. Returns a detached tensor (FedCCL Table 8)."""
+    no gradient is left on its parameters. Returns a detached tensor (FedCCL Table 8).
+
+    With ``mean``/``std`` (per channel; ``x`` normalised as ``(pixels − mean) / std``)
+    the attack is in **pixel space**: ε and the clamp (default ``(0, 1)``) are in [0, 1]
+    pixel units, the model is attacked through :class:`PixelSpace`, and the result is
+    returned normalised again, ready for the model."""
+    if mean is not None or std is not None:
+        clamp = (0.0, 1.0) if clamp is None else clamp
+    net, xp, back = _pixel_mode(model, x, mean, std)
     with torch.enable_grad(), _EvalMode(model):
-        grad = _input_grad(model, x, y)
-    return _clamp(x.detach() + eps * grad.sign(), clamp).detach()
+        grad = _input_grad(net, xp, y)
+    return back(_clamp(xp.detach() + eps * grad.sign(), clamp)).detach()
 
 
 def pgd_attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float,
                step: float, steps: int, clamp: Optional[tuple[float, float]] = None,
-               random_start: bool = True) -> torch.Tensor:
+               random_start: bool = True, mean=None, std=None) -> torch.Tensor:
     """L∞ PGD (Madry et al., 2018), the inner max of FedCCL Eq. (19) used for Eq. (21):
     from x (+ U(−ε, ε) noise if ``random_start``), ``steps`` times
     x ← Π_{‖x − x₀‖∞ ≤ ε}(x + step·sign(∇_x CE(f(x), y))), clamped to ``clamp`` if given.
     Eval mode during the attack (restored after), no gradient left on the parameters;
-    returns a detached tensor."""
-    x0 = x.detach()
+    returns a detached tensor. ``mean``/``std``: pixel space, as in :func:`fgsm_attack`
+    (ε = 8/255, step = 2/255, 20 steps is the usual PGD-20 budget)."""
+    if mean is not None or std is not None:
+        clamp = (0.0, 1.0) if clamp is None else clamp
+    net, x0, back = _pixel_mode(model, x, mean, std)
+    x0 = x0.detach()
     lo, hi = x0 - eps, x0 + eps
     if random_start:
         adv = x0 + torch.empty_like(x0).uniform_(-eps, eps)
@@ -224,7 +269,17 @@ def pgd_attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float
     adv = _clamp(adv, clamp)
     with torch.enable_grad(), _EvalMode(model):
         for _ in range(int(steps)):
-            grad = _input_grad(model, adv, y)
+            grad = _input_grad(net, adv, y)
             adv = adv.detach() + step * grad.sign()
             adv = _clamp(torch.max(torch.min(adv, hi), lo), clamp)
-    return adv.detach()
+    return back(adv).detach()
+
+
+def dataset_pixel_stats(dataset) -> tuple:
+    """``(mean, std)`` with which ``dataset`` normalised its [0, 1] pixels
+    (``ImageArrayDataset``); ``(0, 1)`` for a dataset that serves pixels as they are."""
+    mean = getattr(dataset, "mean", None)
+    std = getattr(dataset, "std", None)
+    if mean is None or std is None:
+        return torch.zeros(1), torch.ones(1)
+    return torch.as_tensor(mean).flatten(), torch.as_tensor(std).flatten()
