@@ -134,7 +134,7 @@ def test_fedccl_plus_training_examples_respect_pixel_budget(tiny):
     x_adv, y2, extra = transform(x, y, model)
     mean, std = ds.mean.view(1, -1, 1, 1), ds.std.view(1, -1, 1, 1)
     p, p0 = x_adv * std + mean, x * std + mean
-    assert torch.equal(y2, y) and torch.equal(extra["clean"], x)
+    assert torch.equal(y2, y) and extra == {}
     assert (p - p0).abs().max() <= 8 / 255 + 1e-5
     assert (p - p0).abs().max() > 4 / 255  # the attack did move the pixels
     assert p.min() >= -1e-5 and p.max() <= 1 + 1e-5
