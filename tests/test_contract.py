@@ -2,7 +2,7 @@
 without touching this file):
 
 * every declared ``client.params`` / ``server.params`` key of every registered method and
-  strategy rejects values of the wrong type, non-finite numbers and each rule's invalid
+  strategy (and every ``server.signals`` key of the signal exchange) rejects values of the wrong type, non-finite numbers and each rule's invalid
   examples through the real CLI (``fedrcl-flwr run --set ...``, in process): exit 2, one
   line naming the key and the file, nothing written and no Flower process started;
 * the same config without the bad value is accepted (so the rejection is the value's);
@@ -22,6 +22,7 @@ from fedrcl_flwr.app.validate import validate_components
 from fedrcl_flwr.components import type_violations
 from fedrcl_flwr.config import ConfigError, config_from_dict
 from strategies import STRATEGIES, strategy_class
+from strategies.signal_exchange import SignalExchange
 
 BASE = {
     "name": "contract",
@@ -36,14 +37,16 @@ BASE = {
 
 
 def _components():
-    """(section, name, class) for every registered method and strategy."""
-    out = [("client", m, client_class(m)) for m in sorted(CLIENTS)]
-    return out + [("server", s, strategy_class(s)) for s in sorted(STRATEGIES)]
+    """(section, name, class) for every registered method and strategy, and the signal
+    exchange (``server.signals``, configured with a signal method)."""
+    out = [("client.params", m, client_class(m)) for m in sorted(CLIENTS)]
+    out += [("server.params", s, strategy_class(s)) for s in sorted(STRATEGIES)]
+    return out + [("server.signals", "fedccl", SignalExchange)]
 
 
 def _config(section: str, name: str) -> dict:
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in BASE.items()}
-    if section == "client":
+    if section != "server.params":
         cls = client_class(name)
         data["client"]["method"] = name
         data["server"]["strategy"] = (cls.strategies or ("fedavg",))[0]
@@ -83,7 +86,7 @@ def test_every_parameter_declares_its_allowed_values(section, name, cls):
     for key, default in cls.defaults.items():
         if isinstance(default, bool):
             continue  # true/false: the type is the whole rule
-        assert key in cls.rules, f"{section}.params.{key} of {name} declares no rule"
+        assert key in cls.rules, f"{section}.{key} of {name} declares no rule"
         assert _bad_values(cls, key), key
 
 
@@ -105,12 +108,12 @@ def test_bad_value_stops_the_cli_with_exit_2(tmp_path, capsys, no_flower, sectio
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(_config(section, name)))
     out = tmp_path / "out"
-    rc = cli.main(["run", str(path), "--set", f"{section}.params.{key}={_yaml(bad)}",
+    rc = cli.main(["run", str(path), "--set", f"{section}.{key}={_yaml(bad)}",
                    "--out", str(out)])
     err = capsys.readouterr().err.strip()
     assert rc == 2, err
     assert len(err.splitlines()) == 1, err
-    assert f"{section}.params.{key}" in err and str(path) in err, err
+    assert f"{section}.{key}" in err and str(path) in err, err
     assert not out.exists()
 
 
@@ -135,6 +138,8 @@ def test_messages_say_what_is_allowed(tiny):
          "unknown feature 'projecter'"),
         ({"client": {"method": "fedproc", "params": {"alpha": 1.5}}},
          "must be in [0.0, 1.0] (or -1.0), got 1.5"),
+        ({"client": {"method": "fedccl"}, "server": {"signals": {"max_age": 0}}},
+         "server.signals.max_age for the signal exchange must be >= 1, got 0"),
     ]
     for sections, message in cases:
         with pytest.raises(ConfigError) as exc:
