@@ -62,8 +62,9 @@ def resolve_branches(req: list, n_blocks: int) -> list[int]:
     return sorted(set(req))
 
 
-def _branches_fit_model(req, model):
-    if not has_blocks(model):
+def _branches_fit_model(req, get_model):
+    model = None if req in (["all"], []) else get_model()
+    if model is None or not has_blocks(model):
         return None  # check_config says so
     with torch.no_grad():
         n = len(model.block_forward(torch.zeros(2, *model.probe_input_shape)))

@@ -31,7 +31,9 @@ from fedrcl_flwr.config import ConfigError
 class Rule:
     """Allowed values of one parameter: ``ok(value)`` must hold (after the type check);
     ``text`` says what is allowed ("must be > 0"); ``bad`` are invalid examples the
-    contract test feeds in; ``model_check(value, model)`` returns an error text or None."""
+    contract test feeds in; ``model_check(value, get_model)`` returns an error text or
+    None, calling ``get_model()`` (the configured model, built on first use; ``None`` if it
+    cannot be built) only for values that depend on the model."""
 
     ok: Callable[[Any], bool]
     text: str
@@ -146,11 +148,12 @@ def resolve_params(section: str, owner: str, defaults: dict, rules: dict,
     return out
 
 
-def check_model_rules(section: str, owner: str, rules: dict, params: dict, model) -> None:
+def check_model_rules(section: str, owner: str, rules: dict, params: dict,
+                      get_model: Callable[[], Any]) -> None:
     """Run the rules that depend on the configured model (``model_check``)."""
     for k, rule in rules.items():
         if rule.model_check is not None:
-            why = rule.model_check(params[k], model)
+            why = rule.model_check(params[k], get_model)
             if why:
                 raise ConfigError(f"{section}.{k} for {owner}: {why}")
 
@@ -196,7 +199,10 @@ def model_taps(model) -> tuple:
 def feature_tap() -> Rule:
     """A feature name the configured model returns (``penultimate``, a level name)."""
 
-    def check(v, model):
+    def check(v, get_model):
+        model = None if v == "penultimate" else get_model()  # every model has penultimate
+        if model is None:
+            return None
         taps = model_taps(model)
         return None if v in taps else f"unknown feature {v!r}; this model has {list(taps)}"
 
@@ -221,7 +227,10 @@ def resolve_levels(requested: list, model_levels: tuple) -> list[str]:
 def tap_levels() -> Rule:
     """A list of the model's level names, or ``[all]`` / ``[last]``."""
 
-    def check(v, model):
+    def check(v, get_model):
+        model = None if v in (["all"], [], ["last"]) else get_model()
+        if model is None:
+            return None
         try:
             resolve_levels(v, tuple(model.levels))
         except ConfigError as exc:

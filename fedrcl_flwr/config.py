@@ -8,8 +8,9 @@ Overrides use dotted keys, e.g. ``client.lr=0.05`` or ``partition.alpha=0.1``; v
 parsed as YAML scalars (``true``, ``0.3``, ``[0, 1]``, ``null``) and then validated like
 keys in the file.
 
-Method- and strategy-specific parameters live in the free-form mappings ``client.params``
-and ``server.params``; each client or strategy validates its own keys when it is built.
+Method- and strategy-specific parameters live in the mappings ``client.params`` and
+``server.params``; their keys and values are checked against the method's / strategy's
+declared contract by ``fedrcl_flwr.app.validate`` when the config is loaded.
 """
 
 from __future__ import annotations
@@ -500,8 +501,9 @@ def check_reference(ref: Any, source: str) -> list[dict]:
 
 
 def _check_registries(cfg: ExperimentConfig, source: str) -> None:
-    """Names that select code (model) are checked here; methods/strategies by their
-    registries (imported lazily to keep this module free of Flower)."""
+    """The model name; ``client.method`` / ``server.strategy`` and their parameters are
+    checked by ``fedrcl_flwr.app.validate.validate_components`` (it imports the method's
+    Flower client, which this module must not)."""
     from fedrcl_flwr.models import MODEL_NAMES
 
     if cfg.model.name not in MODEL_NAMES:

@@ -85,19 +85,23 @@ def probe_model(cfg: ExperimentConfig) -> Optional[nn.Module]:
     """The configured model at nominal input shapes, built without loading data, for
     checks before a run (its feature taps, its blocks); ``None`` when it cannot be built
     (a missing weights file, ...: reported where the model is really built). Its
-    ``probe_input_shape`` is the (C, H, W) of one input it accepts."""
+    ``probe_input_shape`` is the (C, H, W) of one input it accepts. Cached per process:
+    treat it as read-only."""
     d = cfg.dataset
     synth = d.name == "synthetic"
     channels = d.synthetic.channels if synth else 3
     size = d.image_size or (d.synthetic.image_size if synth else 32)
+    classes = cfg.model.num_classes or (d.synthetic.num_classes if synth else 10)
+    return _probe_cached(cfg.model.name, _key(cfg.model.params), classes, channels, size)
+
+
+@lru_cache(maxsize=4)
+def _probe_cached(name: str, params_key: str, classes: int, channels: int, size: int):
     try:
         with torch.random.fork_rng(devices=[]):
-            model = build_model(
-                cfg.model.name,
-                num_classes=cfg.model.num_classes or (d.synthetic.num_classes if synth
-                                                      else 10),
-                in_channels=channels, image_size=size, params=cfg.model.params)
-    except Exception:  # noqa: BLE001 - see the docstring
+            model = build_model(name, num_classes=classes, in_channels=channels,
+                                image_size=size, params=json.loads(params_key))
+    except Exception:  # noqa: BLE001 - see probe_model
         return None
     model.probe_input_shape = (channels, size, size)
     return model.eval()

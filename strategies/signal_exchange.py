@@ -33,6 +33,8 @@ import logging
 
 import numpy as np
 
+from fedrcl_flwr.clustering import DISTANCES
+from fedrcl_flwr.components import at_least, one_of, resolve_params
 from fedrcl_flwr.signals import SignalError, SignalSet, decode_signals, encode_signals
 
 log = logging.getLogger("fedrcl_flwr")
@@ -44,24 +46,13 @@ class SignalExchange:
     defaults = {"max_age": 5, "global_mode": "finch_mean", "distance": "cosine",
                 "max_signals_per_client": 1000, "send_local": True,
                 "mean_weighting": "samples", "finch_early_exit": True}
+    rules = {"max_age": at_least(1), "global_mode": one_of(*GLOBAL_MODES),
+             "distance": one_of(*DISTANCES), "max_signals_per_client": at_least(1),
+             "mean_weighting": one_of("samples", "uniform")}
 
     def __init__(self, params: dict | None = None, num_classes: int | None = None):
-        from fedrcl_flwr.config import ConfigError
-
-        params = dict(params or {})
-        unknown = sorted(set(params) - set(self.defaults))
-        if unknown:
-            raise ConfigError(f"server.signals: unknown key(s) {unknown} "
-                              f"(allowed: {sorted(self.defaults)})")
-        self.p = {**self.defaults, **params}
-        if self.p["global_mode"] not in GLOBAL_MODES:
-            raise ConfigError(f"server.signals.global_mode must be one of {GLOBAL_MODES}")
-        if int(self.p["max_age"]) < 1:
-            raise ConfigError("server.signals.max_age must be >= 1")
-        if self.p["mean_weighting"] not in ("samples", "uniform"):
-            raise ConfigError("server.signals.mean_weighting must be 'samples' or 'uniform'")
-        if not isinstance(self.p["finch_early_exit"], bool):
-            raise ConfigError("server.signals.finch_early_exit must be true or false")
+        self.p = resolve_params("server.signals", "the signal exchange", self.defaults,
+                                self.rules, params)
         self.num_classes = num_classes
         self.dim: int | None = None
         self.bank: dict[int, tuple[int, SignalSet]] = {}

@@ -380,3 +380,46 @@ def test_baseline_combines_with_server_optimizers(tiny, tmp_path, method, strate
     terms, over = E2E[method]
     _, st, recs = _run(tiny, tmp_path, method, strategy, **over)
     _check(recs, st, terms + (["acg"] if strategy == "fedacg" else []))
+
+
+def test_fedmlb_trains_through_its_forward_hook_without_patching_the_model(tiny):
+    from clients.fedmlb import MAPS_KEY, block_forward
+
+    cfg = tiny(client={"method": "fedmlb"})
+    c = _client(cfg)
+    w0 = _initial(cfg)
+    _, _, m = c.fit(w0, {"run_round": 1, "partition_id": 0})
+    assert math.isfinite(m["loss_mlb_ce"]) and math.isfinite(m["loss_mlb_kl"])
+    assert "forward" not in vars(c.model)  # the shared worker model is untouched
+    model = c._model()
+    runtime.set_weights(model, w0)
+    x = torch.randn(3, 3, 16, 16)
+    model.eval()
+    logits, feats = block_forward(model, x, True)
+    assert torch.allclose(logits, model(x), atol=1e-5)  # the model's own function
+    assert len(feats[MAPS_KEY]) == 4 and torch.equal(feats[MAPS_KEY][-1],
+                                                      feats["penultimate"])
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_signal_embedding_restores_the_model_mode(tiny, training):
+    from fedrcl_flwr.representation import embed
+
+    cfg = tiny(client={"method": "fedproto"})
+    c = _client(cfg)
+    bundle = runtime.load_bundle(cfg)
+    c.data = c.local_data(2)
+    c.model = c._model()
+    c.model.train(training)
+    feats, labels = c.embed_local_data()
+    assert c.model.training is training
+    assert feats.shape == (c.data.size, 128) and feats.dtype == np.float32
+    np.testing.assert_array_equal(labels, bundle.train_labels[c.data.indices])
+    # the same numbers as the server-side embedding of the same samples
+    z, _ = embed(c.model, bundle.train, c.device, indices=c.data.indices)
+    np.testing.assert_allclose(feats, z.numpy(), rtol=1e-6)
+    c.model.eval()
+    with torch.no_grad():
+        x, _ = bundle.train.plain().get_batch(c.data.indices[:4])
+        direct = c.model(x, return_features=True)[1]["penultimate"]
+    np.testing.assert_allclose(feats[:4], direct.numpy(), rtol=1e-5, atol=1e-6)

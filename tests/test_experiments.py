@@ -3,8 +3,8 @@
 * each file loads with ``load_config`` and passes ``validate_components`` (method, strategy,
   their parameters, signal exchange);
 * every ``--set`` command documented in a file's header comment (the paper rows: "run a row
-  with the --set shown") is itself a valid experiment — a documented method that is not
-  registered yet is an expected failure, so the test turns green as methods land;
+  with the --set shown") is itself a valid experiment (a method that is not registered
+  fails the test);
 * ``experiments/baselines/synthetic_all.yaml`` is valid for every registered method;
 * table files name their paper and table; the synthetic CPU files use the synthetic data;
   no file points at an absolute path of some machine.
@@ -17,7 +17,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-import yaml
 
 from clients import CLIENTS
 from fedrcl_flwr.app.validate import validate_components
@@ -68,14 +67,6 @@ def _documented_overrides(path: Path) -> list[tuple[str, list[str]]]:
     return found
 
 
-def _method_of(overrides: list[str], default: str) -> str:
-    method = default
-    for o in overrides:
-        if o.startswith("client.method="):
-            method = o.split("=", 1)[1]
-    return method
-
-
 def test_there_are_experiments():
     names = {_rel(p) for p in FILES}
     assert "quickstart.yaml" in names
@@ -88,8 +79,6 @@ def test_there_are_experiments():
 @pytest.mark.parametrize("path", FILES, ids=_rel)
 def test_experiment_is_valid(path):
     cfg = load_config(path)
-    if cfg.client.method not in CLIENTS:
-        pytest.xfail(f"method {cfg.client.method!r} is not registered yet")
     validate_components(cfg)
     assert cfg.name and "/" not in cfg.name
 
@@ -97,15 +86,8 @@ def test_experiment_is_valid(path):
 def _override_cases():
     cases = []
     for path in FILES:
-        default = yaml.safe_load(path.read_text())["client"]["method"]
         for line, sets in _documented_overrides(path):
-            method = _method_of(sets, default)
-            marks = []
-            if method not in CLIENTS:
-                marks.append(pytest.mark.xfail(
-                    strict=False, reason=f"baseline method {method!r} is not registered yet"))
-            cases.append(pytest.param(path, sets, id=f"{_rel(path)}::{' '.join(sets)}",
-                                      marks=marks))
+            cases.append(pytest.param(path, sets, id=f"{_rel(path)}::{' '.join(sets)}"))
     return cases
 
 

@@ -268,3 +268,21 @@ def test_pgd_without_random_start_is_deterministic():
     assert torch.equal(a, b)
     one = L.pgd_attack(model, x, y, eps=0.2, step=0.2, steps=1, random_start=False)
     assert torch.allclose(one, L.fgsm_attack(model, x, y, eps=0.2))
+
+
+def test_class_signals_mean_mode_is_the_count_weighted_class_mean():
+    import sys
+
+    from fedrcl_flwr.signals import class_cluster_signals
+
+    f = np.array([[1.0, 0.0], [3.0, 2.0], [0.0, 5.0], [2.0, 2.0], [4.0, 4.0]], np.float32)
+    y = np.array([2, 2, 0, 2, 0])
+    had_finch = "fedrcl_flwr.clustering" in sys.modules
+    s = class_cluster_signals(f, y, mode="mean")
+    assert had_finch or "fedrcl_flwr.clustering" not in sys.modules  # FINCH not needed
+    np.testing.assert_array_equal(s.labels, [0, 2])
+    np.testing.assert_array_equal(s.counts, [2, 3])
+    np.testing.assert_allclose(s.vectors, [[2.0, 4.5], [2.0, 4 / 3]], rtol=1e-6)
+    assert s.vectors.dtype == np.float32
+    with pytest.raises(ValueError, match="mode"):
+        class_cluster_signals(f, y, mode="clusters")

@@ -6,6 +6,7 @@ Run-config keys (declared in ``pyproject.toml`` under ``[tool.flwr.app.config]``
 * ``overrides``  - ``;``-separated dotted ``key=value`` pairs applied on top
 * ``output-dir`` - absolute output directory (empty: ``output.dir`` from the YAML)
 * ``resume``     - ``true`` to continue the run found in the output directory
+* ``expected-nodes`` - deployment: how many SuperNodes the server waits for (0 = any)
 """
 
 from __future__ import annotations

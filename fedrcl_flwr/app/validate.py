@@ -35,14 +35,13 @@ def _validate(cfg: ExperimentConfig) -> None:
     p = cls.resolve(cfg)
     scls = strategy_class(cfg.server.strategy)
     sp = scls.resolve(cfg.server.params)
-    if any(r.model_check for r in (*cls.rules.values(), *scls.rules.values())):
-        from fedrcl_flwr.runtime import probe_model
+    from fedrcl_flwr.runtime import probe_model
 
-        model = probe_model(cfg)
-        if model is not None:
-            check_model_rules("client.params", f"method '{cls.method}'", cls.rules, p, model)
-            check_model_rules("server.params", f"strategy '{scls.name}'", scls.rules, sp,
-                              model)
+    def get_model():  # built only when a value needs it
+        return probe_model(cfg)
+
+    check_model_rules("client.params", f"method '{cls.method}'", cls.rules, p, get_model)
+    check_model_rules("server.params", f"strategy '{scls.name}'", scls.rules, sp, get_model)
     if cls.strategies is not None and cfg.server.strategy not in cls.strategies:
         raise ConfigError(f"'server.strategy' must be {' or '.join(cls.strategies)} for "
                           f"client.method '{cls.method}', got {cfg.server.strategy!r}")
