@@ -91,6 +91,8 @@ def _fmt_value(v: Any) -> str:
         text = text[1:-1]
     elif v is None:
         text = "null"
+    elif isinstance(v, bool):
+        text = "true" if v else "false"
     else:
         text = str(v)
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", text.replace(": ", "-")).rstrip("-") or "x"
@@ -541,13 +543,23 @@ def _log_tail(path: Path) -> str:
     return (errs[-1] if errs else (rows[-1] if rows else ""))[:300]
 
 
+def _flow(v: Any) -> str:
+    return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix(
+        "\n...").strip()
+
+
 def format_plan(runs: list[PlannedRun], out_dir: Path) -> str:
     lines = [f"{len(runs)} runs -> {out_dir}"]
+    common = [kv for kv in runs[0].overrides
+              if all(any(_flow(kv) == _flow(o) for o in r.overrides) for r in runs)] \
+        if len(runs) > 1 else []
+    if common:
+        lines.append("every run: " + ", ".join(f"{k}={_flow(v)}" for k, v in common))
     for run in runs:
         st = run.state()
         if st == "resume":
             st = f"resume after round {_rounds_done(run)}"
-        ov = ", ".join(f"{k}={_fmt_value(v) if isinstance(v, (dict, list)) else v}"
-                       for k, v in run.overrides)
+        ov = ", ".join(f"{k}={_flow(v)}" for k, v in run.overrides
+                       if not any(_flow((k, v)) == _flow(c) for c in common))
         lines.append(f"{run.index + 1:>4}. {run.name}  [{st}]  {run.base.name}: {ov}")
     return "\n".join(lines)

@@ -225,3 +225,42 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
         assert _strip(got) == _strip(read_metrics(ref_dir)), r.name
         assert json.loads((r.out_dir / "summary.json").read_text())["final_accuracy"] == \
             json.loads((ref_dir / "summary.json").read_text())["final_accuracy"]
+
+
+# ------------------------------------------------------------- the paper tables' sweeps
+
+SWEEPS = sorted((ROOT / "experiments" / "sweeps").glob("*.yaml"))
+
+
+def test_a_sweep_file_per_paper_table():
+    names = {p.stem for p in SWEEPS}
+    want = {f"fedrcl_table{t}" for t in ("1", "2", "3", "4", "5", "A", "C", "D")} | \
+        {"univarfl_table1", "univarfl_table2", "synthetic_cpu", "fedccl_figure5",
+         "fedccl_figure6"} | {f"fedccl_table{t}" for t in range(1, 9)}
+    assert want <= names, want - names
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
+    """What --dry-run does (plan + validate every run), and every run of a table sweep
+    finds the paper's number for its row and column in its reference."""
+    from fedrcl_flwr.config import to_dict
+    from fedrcl_flwr.tables import Group, Run, paper_value
+
+    assert main(["sweep", str(path), "--dry-run", "--out", "/nonexistent/sweep"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("runs -> /nonexistent/sweep")
+    runs, _ = plan_sweep(path, "/nonexistent/sweep")
+    seeds = {r.cfg.seed for r in runs}
+    if path.stem == "synthetic_cpu":
+        assert len(runs) == 8 and all(r.cfg.dataset.name == "synthetic" for r in runs)
+        return
+    assert seeds == {0, 1, 2}
+    if path.stem.startswith("fedccl_figure"):
+        assert all(r.cfg.reference is None for r in runs)
+        return
+    metric = "ema@1000" if path.stem.startswith("fedrcl") else None
+    for r in runs:
+        d = to_dict(r.cfg)
+        m = metric or r.cfg.reference[0]["metric"]
+        value, _ = paper_value(Group("k", [Run(r.out_dir, d, {}, [])], d), m)
+        assert value is not None, f"{path.name}: run {r.name} has no paper value"
