@@ -469,8 +469,11 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
                 os.killpg(job.proc.pid, signal.SIGKILL)
                 job.proc.wait()
             job.log.close()
-            status[job.run.name] = {"status": "interrupted", "dir": str(job.run.out_dir),
-                                    "rounds": _rounds_done(job.run)}
+            if job.proc.returncode == 0 and (job.run.out_dir / SUMMARY_FILE).exists():
+                status[job.run.name] = {"status": "done", "dir": str(job.run.out_dir)}
+            else:
+                status[job.run.name] = {"status": "interrupted", "dir": str(job.run.out_dir),
+                                        "rounds": _rounds_done(job.run)}
         save_status()
 
     try:

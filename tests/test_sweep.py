@@ -264,3 +264,24 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
         m = metric or r.cfg.reference[0]["metric"]
         value, _ = paper_value(Group("k", [Run(r.out_dir, d, {}, [])], d), m)
         assert value is not None, f"{path.name}: run {r.name} has no paper value"
+
+
+def test_failed_runs_are_recorded_and_the_sweep_goes_on(tmp_path):
+    """Runs asking for a GPU on a machine without one fail in the run command before any
+    Flower process starts: both are tried, recorded as failed, exit 1."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    sw = _sweep(tmp_path, grid={"simulation.num_gpus": [0.5, 1.0]})
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw),
+                          "--out", str(out)], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    status = json.loads((out / "sweep_status.json").read_text())
+    assert sorted(status) == ["num_gpus=0.5", "num_gpus=1.0"]
+    assert all(v["status"] == "failed" and v["exit_code"] == 1 for v in status.values())
+    assert "no CUDA GPU" in status["num_gpus=1.0"]["error"]
+    assert res.stderr.count("FAILED") == 2 and "Traceback" not in res.stderr
+    assert "0/2 runs finished, 2 failed" in res.stdout
