@@ -345,10 +345,9 @@ def _fmt_eta(seconds: Optional[float]) -> str:
 
 
 class _Job:
-    def __init__(self, run: PlannedRun, proc: subprocess.Popen, slot: int, log, done: int):
+    def __init__(self, run: PlannedRun, proc: subprocess.Popen, slot: int, log, kept: int):
         self.run, self.proc, self.slot, self.log = run, proc, slot, log
-        self.printed = done
-        self.start_round = done
+        self.printed = kept  # last round with a progress line
         self.t0 = time.time()
 
 
@@ -424,17 +423,19 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
         kept = _rounds_done(run) if resume else 0
-        done = len([r for r in read_metrics(run.out_dir) if r.get("round", 0) <= kept])
         what = f"resuming after round {kept}" if resume else "started"
         print(f"run {run.index + 1}/{n} {run.name}: {what}", flush=True)
         status[run.name] = {"status": "running", "dir": str(run.out_dir)}
         save_status()
-        return _Job(run, proc, slot, log, done)
+        return _Job(run, proc, slot, log, kept)
 
     def progress(job: _Job) -> None:
         nonlocal rounds_done_now
         recs = read_metrics(job.run.out_dir)
-        for rec in recs[job.printed:]:
+        for rec in recs:
+            if int(rec.get("round", 0)) <= job.printed:
+                continue  # printed already, or kept from before a resume
+            job.printed = int(rec["round"])
             total = job.run.cfg.federation.rounds
             prev = total - rounds_left[job.run.name]
             step = max(int(rec.get("round", prev)) - prev, 0)
@@ -448,7 +449,6 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
                 parts.append(f"ema {100 * rec['ema_accuracy']:.2f}%")
             parts.append(f"ETA {_fmt_eta(eta())}")
             print(" | ".join(parts), flush=True)
-        job.printed = max(job.printed, len(recs))
 
     def stop_all() -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):

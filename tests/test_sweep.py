@@ -3,7 +3,6 @@
 uninterrupted sweep."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
