@@ -208,6 +208,8 @@ class OutputConfig:
     dir: str = "runs/{name}"
     checkpoint_every: int = 0
     save_model: bool = True
+    # TensorBoard event files in <dir>/tensorboard (needs the `tensorboard` extra)
+    tensorboard: bool = False
 
 
 @dataclass
@@ -446,6 +448,13 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
                               f"domains (synthetic, digit5, imagefolder, npz with d_train), "
                               f"not {ds.name!r}")
     check_reference(cfg.reference, source)
+    if cfg.output.tensorboard:
+        import importlib.util
+
+        if importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError(f"{source}: 'output.tensorboard' is true but the tensorboard "
+                              "package is not installed (pip install "
+                              "'fedrcl-flwr[tensorboard]', or set it to false)")
     if not cfg.name or any(c in cfg.name for c in "/\\"):
         raise ConfigError(f"{source}: 'name' must be a non-empty name without slashes")
     _check_registries(cfg, source)

@@ -91,6 +91,8 @@ def _fmt_value(v: Any) -> str:
         text = text[1:-1]
     elif v is None:
         text = "null"
+    elif isinstance(v, bool):
+        text = "true" if v else "false"
     else:
         text = str(v)
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", text.replace(": ", "-")).rstrip("-") or "x"
@@ -343,10 +345,9 @@ def _fmt_eta(seconds: Optional[float]) -> str:
 
 
 class _Job:
-    def __init__(self, run: PlannedRun, proc: subprocess.Popen, slot: int, log, done: int):
+    def __init__(self, run: PlannedRun, proc: subprocess.Popen, slot: int, log, kept: int):
         self.run, self.proc, self.slot, self.log = run, proc, slot, log
-        self.printed = done
-        self.start_round = done
+        self.printed = kept  # last round with a progress line
         self.t0 = time.time()
 
 
@@ -422,17 +423,19 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
         kept = _rounds_done(run) if resume else 0
-        done = len([r for r in read_metrics(run.out_dir) if r.get("round", 0) <= kept])
         what = f"resuming after round {kept}" if resume else "started"
         print(f"run {run.index + 1}/{n} {run.name}: {what}", flush=True)
         status[run.name] = {"status": "running", "dir": str(run.out_dir)}
         save_status()
-        return _Job(run, proc, slot, log, done)
+        return _Job(run, proc, slot, log, kept)
 
     def progress(job: _Job) -> None:
         nonlocal rounds_done_now
         recs = read_metrics(job.run.out_dir)
-        for rec in recs[job.printed:]:
+        for rec in recs:
+            if int(rec.get("round", 0)) <= job.printed:
+                continue  # printed already, or kept from before a resume
+            job.printed = int(rec["round"])
             total = job.run.cfg.federation.rounds
             prev = total - rounds_left[job.run.name]
             step = max(int(rec.get("round", prev)) - prev, 0)
@@ -446,7 +449,6 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
                 parts.append(f"ema {100 * rec['ema_accuracy']:.2f}%")
             parts.append(f"ETA {_fmt_eta(eta())}")
             print(" | ".join(parts), flush=True)
-        job.printed = max(job.printed, len(recs))
 
     def stop_all() -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -467,8 +469,11 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
                 os.killpg(job.proc.pid, signal.SIGKILL)
                 job.proc.wait()
             job.log.close()
-            status[job.run.name] = {"status": "interrupted", "dir": str(job.run.out_dir),
-                                    "rounds": _rounds_done(job.run)}
+            if job.proc.returncode == 0 and (job.run.out_dir / SUMMARY_FILE).exists():
+                status[job.run.name] = {"status": "done", "dir": str(job.run.out_dir)}
+            else:
+                status[job.run.name] = {"status": "interrupted", "dir": str(job.run.out_dir),
+                                        "rounds": _rounds_done(job.run)}
         save_status()
 
     try:
@@ -541,13 +546,23 @@ def _log_tail(path: Path) -> str:
     return (errs[-1] if errs else (rows[-1] if rows else ""))[:300]
 
 
+def _flow(v: Any) -> str:
+    return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix(
+        "\n...").strip()
+
+
 def format_plan(runs: list[PlannedRun], out_dir: Path) -> str:
     lines = [f"{len(runs)} runs -> {out_dir}"]
+    common = [kv for kv in runs[0].overrides
+              if all(any(_flow(kv) == _flow(o) for o in r.overrides) for r in runs)] \
+        if len(runs) > 1 else []
+    if common:
+        lines.append("every run: " + ", ".join(f"{k}={_flow(v)}" for k, v in common))
     for run in runs:
         st = run.state()
         if st == "resume":
             st = f"resume after round {_rounds_done(run)}"
-        ov = ", ".join(f"{k}={_fmt_value(v) if isinstance(v, (dict, list)) else v}"
-                       for k, v in run.overrides)
+        ov = ", ".join(f"{k}={_flow(v)}" for k, v in run.overrides
+                       if not any(_flow((k, v)) == _flow(c) for c in common))
         lines.append(f"{run.index + 1:>4}. {run.name}  [{st}]  {run.base.name}: {ov}")
     return "\n".join(lines)

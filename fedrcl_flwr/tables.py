@@ -170,12 +170,13 @@ def _is_run(d: Path) -> bool:
     return any((d / f).is_file() for f in (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE))
 
 
-def find_runs(dirs: list) -> list[Path]:
-    """Run directories: each DIR itself, or every run below it (a sweep's --out)."""
-    found: list[Path] = []
+def find_runs(dirs: list) -> list[tuple[Path, bool]]:
+    """Run directories: each DIR itself, or every run below it (a sweep's --out); with
+    whether the directory was named explicitly."""
+    found: list[tuple[Path, bool]] = []
     for d in map(Path, dirs):
         if _is_run(d):
-            found.append(d)
+            found.append((d, True))
             continue
         below = []
         if d.is_dir():
@@ -186,23 +187,35 @@ def find_runs(dirs: list) -> list[Path]:
         if not below:
             raise ConfigError(f"{d}: no {SUMMARY_FILE} (is this a finished run dir, or a "
                               "sweep's --out?)")
-        found.extend(below)
+        found.extend((b, False) for b in below)
     seen, out = set(), []
-    for p in found:
+    for p, explicit in found:
         if p.resolve() not in seen:
             seen.add(p.resolve())
-            out.append(p)
+            out.append((p, explicit))
     return out
 
 
 def load_runs(dirs: list) -> list[Run]:
-    runs = []
-    for d in find_runs(dirs):
+    """The runs with data; below a sweep's --out, runs not started yet are skipped (with
+    a note on stderr), a directory named explicitly must have data."""
+    runs, waiting = [], []
+    for d, explicit in find_runs(dirs):
         run = Run(d, read_config(d), read_summary(d), read_records(d))
         if not run.summary and not run.records:
-            raise ConfigError(f"{d}: no {SUMMARY_FILE} and no evaluated round in "
-                              f"{METRICS_FILE} yet")
+            if explicit:
+                raise ConfigError(f"{d}: no {SUMMARY_FILE} and no evaluated round in "
+                                  f"{METRICS_FILE} yet")
+            waiting.append(d)
+            continue
         runs.append(run)
+    if waiting:
+        import sys
+
+        print(f"fedrcl-flwr: {len(waiting)} run dir(s) without an evaluated round yet left "
+              f"out (e.g. {waiting[0]})", file=sys.stderr)
+    if not runs:
+        raise ConfigError(f"{', '.join(map(str, dirs))}: no run has an evaluated round yet")
     return runs
 
 

@@ -24,7 +24,8 @@ from fedrcl_flwr.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
-FILES = sorted(EXPERIMENTS.rglob("*.yaml"))
+FILES = sorted(p for p in EXPERIMENTS.rglob("*.yaml")
+               if "sweeps" not in p.relative_to(EXPERIMENTS).parts)  # sweeps: test_sweep.py
 PAPER_DIRS = ("fedrcl", "univarfl", "fedccl")
 PAPER_NAMES = {"fedrcl": "FedRCL", "univarfl": "UniVarFL", "fedccl": "FedCCL"}
 

@@ -3,7 +3,6 @@
 uninterrupted sweep."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -225,3 +224,63 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
         assert _strip(got) == _strip(read_metrics(ref_dir)), r.name
         assert json.loads((r.out_dir / "summary.json").read_text())["final_accuracy"] == \
             json.loads((ref_dir / "summary.json").read_text())["final_accuracy"]
+
+
+# ------------------------------------------------------------- the paper tables' sweeps
+
+SWEEPS = sorted((ROOT / "experiments" / "sweeps").glob("*.yaml"))
+
+
+def test_a_sweep_file_per_paper_table():
+    names = {p.stem for p in SWEEPS}
+    want = {f"fedrcl_table{t}" for t in ("1", "2", "3", "4", "5", "A", "C", "D")} | \
+        {"univarfl_table1", "univarfl_table2", "synthetic_cpu", "fedccl_figure5",
+         "fedccl_figure6"} | {f"fedccl_table{t}" for t in range(1, 9)}
+    assert want <= names, want - names
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
+    """What --dry-run does (plan + validate every run), and every run of a table sweep
+    finds the paper's number for its row and column in its reference."""
+    from fedrcl_flwr.config import to_dict
+    from fedrcl_flwr.tables import Group, Run, paper_value
+
+    assert main(["sweep", str(path), "--dry-run", "--out", "/nonexistent/sweep"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("runs -> /nonexistent/sweep")
+    runs, _ = plan_sweep(path, "/nonexistent/sweep")
+    seeds = {r.cfg.seed for r in runs}
+    if path.stem == "synthetic_cpu":
+        assert len(runs) == 8 and all(r.cfg.dataset.name == "synthetic" for r in runs)
+        return
+    assert seeds == {0, 1, 2}
+    if path.stem.startswith("fedccl_figure"):
+        assert all(r.cfg.reference is None for r in runs)
+        return
+    metric = "ema@1000" if path.stem.startswith("fedrcl") else None
+    for r in runs:
+        d = to_dict(r.cfg)
+        m = metric or r.cfg.reference[0]["metric"]
+        value, _ = paper_value(Group("k", [Run(r.out_dir, d, {}, [])], d), m)
+        assert value is not None, f"{path.name}: run {r.name} has no paper value"
+
+
+def test_failed_runs_are_recorded_and_the_sweep_goes_on(tmp_path):
+    """Runs asking for a GPU on a machine without one fail in the run command before any
+    Flower process starts: both are tried, recorded as failed, exit 1."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    sw = _sweep(tmp_path, grid={"simulation.num_gpus": [0.5, 1.0]})
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw),
+                          "--out", str(out)], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    status = json.loads((out / "sweep_status.json").read_text())
+    assert sorted(status) == ["num_gpus=0.5", "num_gpus=1.0"]
+    assert all(v["status"] == "failed" and v["exit_code"] == 1 for v in status.values())
+    assert "no CUDA GPU" in status["num_gpus=1.0"]["error"]
+    assert res.stderr.count("FAILED") == 2 and "Traceback" not in res.stderr
+    assert "0/2 runs finished, 2 failed" in res.stdout

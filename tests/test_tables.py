@@ -269,3 +269,13 @@ def test_paper_yaml_has_a_reference_for_its_own_row(path):
     assert value is not None, f"{path}: no paper value for {method_label(resolved)}"
     assert 0 < value <= 1 and source
     assert raw["reference"] == cfg.reference
+
+
+def test_sweep_dir_with_runs_not_started_yet(table_dirs, capsys):
+    (table_dirs / "fedavg_a0.3_s1").mkdir()
+    (table_dirs / "fedavg_a0.3_s1" / "config.yaml").write_text("name: t\n")
+    assert main(["report", str(table_dirs)]) == 0
+    captured = capsys.readouterr()
+    assert "| fedavg | 52.00 ± 2.00 (n=3)" in captured.out
+    assert "1 run dir(s) without an evaluated round" in captured.err
+    assert main(["report", str(table_dirs / "fedavg_a0.3_s1")]) == 2

@@ -52,6 +52,12 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
     else:
         recorder.metrics_path.unlink(missing_ok=True)
     dump_config(cfg, out_dir / CONFIG_FILE)
+    tracker = None
+    if cfg.output.tensorboard:  # from the same records as metrics.jsonl
+        from fedrcl_flwr.tracking import TensorBoardTracker
+
+        tracker = TensorBoardTracker(out_dir, (out_dir / CONFIG_FILE).read_text(),
+                                     resume_after=done)
     groups = getattr(bundle, "test_domains", None)
     if groups is not None and len(set(groups.tolist())) < 2:
         groups = None
@@ -87,6 +93,8 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
     def on_record(rec: dict) -> None:
         rec["wall_time_s"] = round(recorder.wall_time(), 3)
         recorder.append(rec)
+        if tracker is not None:
+            tracker.log(rec)
         print(format_round_line(rec, cfg.federation.rounds), flush=True)
         if rec["round"] >= cfg.federation.rounds:
             state = None
