@@ -55,7 +55,8 @@ def _partition_cached(dataset_key: str, partition_key: str, num_clients: int, se
         bundle.train_labels, num_clients, p["scheme"], alpha=p["alpha"],
         balanced=p["balanced"], shards_per_client=p["shards_per_client"],
         min_size=p["min_size"], domains=bundle.train_domains,
-        domains_per_client=p["domains_per_client"], seed=seed,
+        domains_per_client=p["domains_per_client"],
+        seed=seed if p["seed"] is None else p["seed"], path=p["path"],
     )
 
 
