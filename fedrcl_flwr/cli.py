@@ -29,6 +29,8 @@ def _load(path: str, sets: list[str], out: str | None):
         data = apply_overrides(data, overrides)
     source = f"{path} (with overrides)" if overrides else str(path)
     cfg = config_from_dict(data, source)
+    if cfg.partition.path:  # relative to the working directory, fixed for every process
+        cfg.partition.path = str(Path(cfg.partition.path).expanduser().resolve())
     from fedrcl_flwr.app.validate import validate_components
 
     validate_components(cfg, source)
@@ -55,12 +57,17 @@ def cmd_run(args) -> int:
             raise ConfigError("give an EXPERIMENT.yaml (or --resume DIR)")
         cfg = _load(args.experiment, args.set, args.out)
         out_dir = cfg.output_dir().resolve()
-    if cfg.dataset.name != "synthetic" and not cfg.dataset.download:
+    if (cfg.dataset.name != "synthetic" and not cfg.dataset.download) \
+            or cfg.partition.scheme == "file":
         # fail fast, before any Flower process starts: a missing dataset or an impossible
         # split is one clear error (exit 2), not a failed run
+        from fedrcl_flwr.data.partition import PartitionError
         from fedrcl_flwr.runtime import client_partitions
 
-        client_partitions(cfg)
+        try:
+            client_partitions(cfg)
+        except PartitionError as exc:
+            raise ConfigError(f"{args.experiment or cfg_file}: {exc}") from None
     out_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out_dir / "config.yaml")
     print(f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
@@ -115,7 +122,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_partition(args) -> int:
-    from fedrcl_flwr.data.partition import PartitionError
+    from fedrcl_flwr.data.partition import PartitionError, save_split_file
     from fedrcl_flwr.data.report import (class_counts, client_domains, format_counts_table,
                                          plot_counts_heatmap)
     from fedrcl_flwr.runtime import client_partitions, load_bundle
@@ -133,6 +140,9 @@ def cmd_partition(args) -> int:
         plot_counts_heatmap(counts, args.plot, title=f"{cfg.name}: {cfg.partition.scheme}",
                             domains=doms)
         print(f"heatmap written to {args.plot}")
+    if args.save:
+        save_split_file(parts, args.save)
+        print(f"split written to {args.save} (use it with partition.scheme: file)")
     return 0
 
 
@@ -174,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--set", action="append", metavar="KEY=VALUE")
     pa.add_argument("--plot", metavar="FILE.png")
     pa.add_argument("--max-rows", type=int, default=None)
+    pa.add_argument("--save", metavar="FILE.json",
+                    help='write {"<client id>": [train indices]} (for partition.scheme: file)')
     pa.set_defaults(func=cmd_partition)
     return p
 

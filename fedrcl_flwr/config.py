@@ -86,7 +86,7 @@ class DatasetConfig:
 class PartitionConfig:
     """How the training set is split over clients (see ``fedrcl_flwr.data.partition``)."""
 
-    scheme: str = "dirichlet"  # iid | dirichlet | shards | domain
+    scheme: str = "dirichlet"  # iid | dirichlet | shards | domain | file
     alpha: float = 0.3
     balanced: bool = True
     shards_per_client: int = 2
@@ -95,6 +95,11 @@ class PartitionConfig:
     # scheme domain + balanced: samples of every class per (client, domain); null = the
     # largest size every domain can give (FedCCL's balanced inter-domain setting)
     samples_per_class: Optional[int] = None
+    # seeds the split alone (null = the experiment's ``seed``); ``dirichlet`` + ``balanced``
+    # with seed 0 on the real CIFAR labels is the FedRCL authors' split
+    seed: Optional[int] = None
+    # ``scheme: file``: JSON {"<client>": [indices]} or the authors' dict-literal text file
+    path: Optional[str] = None
 
 
 @dataclass
@@ -261,9 +266,10 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "dataset.synthetic.distractor_strength": (lambda v: v >= 0, "must be >= 0"),
     "dataset.synthetic.class_weight": (lambda v: v > 0, "must be > 0"),
     "partition.scheme": (
-        lambda v: v in ("iid", "dirichlet", "shards", "domain"),
-        "must be one of iid, dirichlet, shards, domain",
+        lambda v: v in ("iid", "dirichlet", "shards", "domain", "file"),
+        "must be one of iid, dirichlet, shards, domain, file",
     ),
+    "partition.seed": (lambda v: v is None or v >= 0, "must be >= 0 (or null)"),
     "partition.alpha": (lambda v: v > 0, "must be > 0"),
     "partition.shards_per_client": (lambda v: v >= 1, "must be >= 1"),
     "partition.min_size": (lambda v: v >= 0, "must be >= 0"),
@@ -433,6 +439,9 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
                           f"{cfg.client.momentum})")
     if cfg.dataset.name == "npz" and not cfg.dataset.path:
         raise ConfigError(f"{source}: 'dataset.path' is required when dataset.name is npz")
+    if cfg.partition.scheme == "file" and not cfg.partition.path:
+        raise ConfigError(f"{source}: 'partition.path' is required when partition.scheme is "
+                          "file (a JSON or the authors' dict-literal split file)")
     if cfg.partition.scheme == "domain":
         ds = cfg.dataset
         if ds.name == "synthetic" and ds.synthetic.num_domains < 2:

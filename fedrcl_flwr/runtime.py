@@ -57,7 +57,8 @@ def _partition_cached(dataset_key: str, partition_key: str, num_clients: int, se
         balanced=p["balanced"], shards_per_client=p["shards_per_client"],
         min_size=p["min_size"], domains=bundle.train_domains,
         domains_per_client=p["domains_per_client"],
-        samples_per_class=p.get("samples_per_class"), seed=seed,
+        samples_per_class=p.get("samples_per_class"),
+        seed=seed if p["seed"] is None else p["seed"], path=p["path"],
     )
 
 

@@ -1,13 +1,17 @@
-"""Splitting a training set over clients (pure NumPy, seeded).
+"""Splitting a training set over clients (NumPy, and torch for the authors' split; seeded).
 
-Every scheme returns one sorted ``int64`` index array per client; the arrays are disjoint.
+Every scheme returns one ``int64`` index array per client; the arrays are disjoint. They are
+sorted, except for the balanced Dirichlet split (the authors' shuffled order) and ``file``
+(the file's order). Only the labels (domains), ``num_clients``, the scheme's parameters and
+``seed`` (``partition.seed``, default the experiment's ``seed``) decide a split.
 Schemes:
 
 * ``iid`` — a random permutation cut into equal parts (sizes differ by at most one);
-* ``dirichlet`` label skew, ``balanced=True`` (the FedRCL authors' scheme): every client
-  gets exactly ``N // num_clients`` samples; client *i* draws ``p_i ~ Dir_K(α)`` and samples
-  without replacement with weight ``p_i[class]`` (renormalised over the classes that still
-  have samples). The ``N mod num_clients`` left-over samples are not used;
+* ``dirichlet`` label skew, ``balanced=True``: the FedRCL authors' algorithm with their
+  random calls (see :func:`dirichlet_balanced`): every client gets exactly
+  ``N // num_clients`` samples, drawn with per-sample weights ``p_i[class]``,
+  ``p_i ~ Dir_K(α)``; the ``N mod num_clients`` left-over samples are not used. With
+  ``seed=0`` and the real CIFAR labels this is the authors' split index for index;
 * ``dirichlet``, ``balanced=False`` (classic, Hsu et al. / Li et al.): each class is split
   over the clients with proportions ``q ~ Dir_C(α)`` (clients already holding ``N/C``
   samples get no more); redrawn until every client has ``min_size`` samples, at most 100
@@ -20,15 +24,21 @@ Schemes:
   ``num_clients = D`` and several clients may share a domain. A *slot* is one
   (client, owned domain) pair; ``m_d`` is the number of slots of domain *d*. See
   :func:`by_domain` for the two draws (``balanced`` true / false).
+* ``file`` — read from ``path`` (see :func:`load_split_file`): JSON ``{"<client>": [indices]}``
+  as ``fedrcl-flwr partition --save`` writes it, or the FedRCL authors' released text
+  format, a Python dict literal ``{0: [10385, ...], ...}`` (``client_data/<DATASET>/
+  balanced/dirichlet<α>_clients100.txt`` in skynbe/FedRCL), read with ``ast.literal_eval``.
 
 Impossible requests fail at once with a :class:`PartitionError` naming the numbers.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Optional
 
 import numpy as np
+import torch
 
 from fedrcl_flwr.config import ConfigError
 
@@ -45,33 +55,62 @@ def iid(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     return _as_parts(np.array_split(rng.permutation(n), num_clients))
 
 
+@contextmanager
+def _global_generators(seed: int):
+    """NumPy's legacy global generator and torch's default CPU generator seeded with
+    ``seed`` for the block, both restored afterwards (the FedRCL authors' ``temp_seed``,
+    ``datasets/cifar.py``, restores only NumPy's)."""
+    np_state = np.random.get_state()
+    torch_state = torch.random.get_rng_state()
+    np.random.seed(int(seed))
+    torch.manual_seed(int(seed))
+    try:
+        yield
+    finally:
+        np.random.set_state(np_state)
+        torch.random.set_rng_state(torch_state)
+
+
 def dirichlet_balanced(labels: np.ndarray, num_clients: int, alpha: float,
-                       rng: np.random.Generator) -> list[np.ndarray]:
+                       seed: int) -> list[np.ndarray]:
+    """The FedRCL authors' balanced Dirichlet split (``datasets/cifar.py:
+    cifar_dirichlet_balanced`` in skynbe/FedRCL), with the same random calls.
+
+    With both global generators seeded by ``seed``: for client ``i = 0 .. C-1``,
+    ``p = np.random.dirichlet([α] * K)`` (K = ``max(labels) + 1``); every not yet assigned
+    sample of class k gets the weight ``p_k`` (a float32 tensor, as theirs); the client takes
+    ``N // C`` samples with ``torch.multinomial(weights, N // C, replacement=False)``. Then
+    every client's list is shuffled in turn with ``np.random.shuffle``. A class's chance is
+    thus ∝ ``p_k`` × (its samples left): late clients get what is left and are less skewed
+    than with per-class counts. The lists keep the authors' (shuffled) order.
+
+    Difference: where their code stops with an error (fewer not yet assigned samples of
+    positive weight than ``N // C``, or a NaN from a Dirichlet draw at tiny α), the not yet
+    assigned samples of zero weight get float32's smallest normal weight, so the client is
+    filled from what is left; draws where their code runs are unchanged.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
     n = len(labels)
     size = n // num_clients
-    classes = np.unique(labels)
-    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
-    left = np.array([len(p) for p in pools])
-    taken = np.zeros(len(classes), dtype=np.int64)
-    parts = []
-    for _ in range(num_clients):
-        p = rng.dirichlet(np.full(len(classes), alpha))
-        counts = np.zeros(len(classes), dtype=np.int64)
-        need = size
-        while need > 0:
-            avail = left - counts
-            w = np.where(avail > 0, p, 0.0)
-            if w.sum() <= 0:  # the client's classes are exhausted: any class with samples
-                w = (avail > 0).astype(np.float64)
-            draw = rng.multinomial(need, w / w.sum())
-            draw = np.minimum(draw, avail)
-            counts += draw
-            need = size - counts.sum()
-        idx = [pools[k][taken[k]:taken[k] + counts[k]] for k in range(len(classes))]
-        taken += counts
-        left -= counts
-        parts.append(np.concatenate(idx))
-    return _as_parts(parts)
+    k = int(labels.max()) + 1
+    lab = torch.from_numpy(labels)
+    free = torch.ones(n, dtype=torch.bool)
+    tiny = torch.finfo(torch.float32).tiny
+    parts: list[list[int]] = []
+    with _global_generators(seed):
+        for _ in range(num_clients):
+            p = np.random.dirichlet(np.repeat(alpha, k))
+            p = np.where(np.isfinite(p), p, 0.0)
+            weights = torch.from_numpy(p.astype(np.float32))[lab]
+            weights[~free] = 0.0
+            if int((weights > 0).sum()) < size:
+                weights[free & (weights <= 0)] = tiny
+            idx = torch.multinomial(weights, size, replacement=False)
+            free[idx] = False
+            parts.append(idx.tolist())
+        for part in parts:
+            np.random.shuffle(part)
+    return [np.asarray(part, dtype=np.int64) for part in parts]
 
 
 def dirichlet_unbalanced(labels: np.ndarray, num_clients: int, alpha: float, min_size: int,
@@ -225,10 +264,88 @@ def by_domain(labels: np.ndarray, domains: np.ndarray, num_clients: int, per_cli
     return _as_parts(parts)
 
 
+def load_split_file(path: str, n: int, num_clients: int) -> list[np.ndarray]:
+    """Client index lists from a split file, checked: ``num_clients`` clients with ids
+    ``0 .. num_clients-1`` (JSON string keys or integer keys), integer indices in
+    ``[0, n)``, no index given twice. JSON is tried first, then a Python literal
+    (``ast.literal_eval``: data only, nothing is executed). Any problem is one
+    :class:`PartitionError` naming the file."""
+    import ast
+    import json
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    where = f"partition.path {str(p)!r}"
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise PartitionError(f"{where}: cannot read the split file ({exc.strerror or exc})") \
+            from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        try:
+            data = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise PartitionError(f"{where}: neither JSON nor a Python dict literal "
+                                 "{client: [indices], ...}") from None
+    if not isinstance(data, dict):
+        raise PartitionError(f"{where}: must map client ids to index lists, got "
+                             f"{type(data).__name__}")
+    parts: dict[int, list] = {}
+    for key, idx in data.items():
+        try:
+            cid = int(key)
+        except (TypeError, ValueError):
+            cid = None
+        if cid is None or isinstance(key, bool) or str(cid) != str(key).strip():
+            raise PartitionError(f"{where}: client id {key!r} is not an integer")
+        if cid in parts:
+            raise PartitionError(f"{where}: client {cid} appears twice")
+        if not isinstance(idx, (list, tuple)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in idx):
+            raise PartitionError(f"{where}: client {cid}: indices must be a list of integers")
+        parts[cid] = list(idx)
+    if sorted(parts) != list(range(num_clients)):
+        raise PartitionError(f"{where}: holds {len(parts)} clients (ids {_span(parts)}) but "
+                             f"federation.num_clients is {num_clients} (ids 0..{num_clients - 1})")
+    out = [np.asarray(parts[c], dtype=np.int64) for c in range(num_clients)]
+    for c, a in enumerate(out):
+        if len(a) == 0:
+            raise PartitionError(f"{where}: client {c} has no samples")
+        if a.min() < 0 or a.max() >= n:
+            bad = int(a[(a < 0) | (a >= n)][0])
+            raise PartitionError(f"{where}: client {c}: index {bad} out of range for "
+                                 f"{n} training samples")
+    allidx = np.concatenate(out)
+    uniq, counts = np.unique(allidx, return_counts=True)
+    if len(uniq) != len(allidx):
+        dup = int(uniq[counts > 1][0])
+        owners = [c for c, a in enumerate(out) if dup in a]
+        raise PartitionError(f"{where}: index {dup} is given more than once "
+                             f"(clients {owners}); client splits must be disjoint")
+    return out
+
+
+def _span(ids) -> str:
+    ids = sorted(ids)
+    return f"{ids[0]}..{ids[-1]}" if ids else "none"
+
+
+def save_split_file(parts, path) -> None:
+    """Write ``{"<client id>": [indices], ...}`` as JSON (read back by ``scheme: file``)."""
+    import json
+    from pathlib import Path
+
+    data = {str(c): [int(i) for i in p] for c, p in enumerate(parts)}
+    Path(path).expanduser().write_text(json.dumps(data) + "\n")
+
+
 def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float = 0.3,
               balanced: bool = True, shards_per_client: int = 2, min_size: int = 10,
               domains: Optional[np.ndarray] = None, domains_per_client: int = 1,
-              samples_per_class: Optional[int] = None, seed: int = 0) -> list[np.ndarray]:
+              samples_per_class: Optional[int] = None, seed: int = 0,
+              path: Optional[str] = None) -> list[np.ndarray]:
     """Index arrays of ``num_clients`` clients (see the module docstring)."""
     labels = np.asarray(labels)
     n = len(labels)
@@ -239,12 +356,16 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float
                              "client needs at least one")
     if alpha <= 0:
         raise PartitionError(f"alpha must be > 0, got {alpha}")
+    if scheme == "file":
+        if not path:
+            raise PartitionError("partition.scheme 'file' needs partition.path")
+        return load_split_file(path, n, num_clients)
     rng = np.random.default_rng([int(seed), 271828])
     if scheme == "iid":
         return iid(n, num_clients, rng)
     if scheme == "dirichlet":
         if balanced:
-            return dirichlet_balanced(labels, num_clients, alpha, rng)
+            return dirichlet_balanced(labels, num_clients, alpha, seed)
         if num_clients * min_size > n:
             raise PartitionError(f"{num_clients} clients x min_size {min_size} exceeds the "
                                  f"{n} training samples")
@@ -262,4 +383,4 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float
         return by_domain(labels, domains, num_clients, domains_per_client, balanced, alpha,
                          rng, samples_per_class=samples_per_class)
     raise PartitionError(f"unknown partition scheme {scheme!r} "
-                         "(iid | dirichlet | shards | domain)")
+                         "(iid | dirichlet | shards | domain | file)")
