@@ -13,7 +13,8 @@ hybrid branches (the global parameters are frozen, not the activations).
 
 Model interface: ``model.block_forward(x)`` → the list of block outputs up to the
 penultimate feature, and ``model.forward_from(k, h)`` → logits from block k's output
-(CNN4, CNN5 and ResNet18GN implement them); other models raise a ``ConfigError``. During
+(CNN4, CNN5, ResNet18GN and the Table C backbones of ``models/staged.py``
+implement them); other models raise a ``ConfigError``. During
 local training the worker model's ``forward`` is routed through ``block_forward`` (same
 function, same outputs) so that the main pathway's intermediate maps come from the one
 forward the training loop already does; it is restored after the round.
@@ -77,7 +78,7 @@ class FedMLBClient(FederatedClient):
     def no_blocks_message(name: str) -> str:
         return (f"client.method 'fedmlb' needs a model split into blocks "
                 f"(model.block_forward / model.forward_from); model '{name}' has none "
-                f"(cnn4, cnn5 and resnet18_gn do)")
+                f"(cnn4, cnn5, resnet18_gn and the Table C backbones do)")
 
     def fit(self, parameters, config):
         try:

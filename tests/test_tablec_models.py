@@ -44,8 +44,8 @@ def _model(name, num_classes=7, in_channels=3, **params):
 
 
 def _tap_modules(name, model):
-    """The modules whose output (as the module docstring defines it) is each level's map:
-    returns level -> function(captured) computing the map from forward-hook captures."""
+    """The modules whose output is each level's map (SqueezeNet: before the bypass and
+    pool that follow fire2..fire8), in level order, to hook."""
     if name == "vgg9_gn":
         mods = list(model.blocks)
     elif name in ("mobilenet_v2_gn", "shufflenet_v2_gn"):
@@ -135,6 +135,26 @@ def test_gradients_flow_to_every_level(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_fedmlb_blocks_compute_the_same_function(name):
+    from clients.fedmlb import has_blocks
+
+    model = _model(name)
+    assert has_blocks(model)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        logits, feats = model(x, return_features=True)
+        maps = model.block_forward(x)
+        assert len(maps) == len(model.levels) + 1
+        for lv, m in zip(model.levels, maps):  # the blocks end at the levels
+            torch.testing.assert_close(m.mean((2, 3)), feats[lv], rtol=0, atol=0)
+        torch.testing.assert_close(maps[-1], feats["penultimate"], rtol=0, atol=0)
+        for k, h in enumerate(maps):  # resuming from any block gives the same logits
+            torch.testing.assert_close(model.forward_from(k, h), logits)
+    with pytest.raises(ValueError, match="out of range"):
+        model.forward_from(len(maps), maps[-1])
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_one_channel_input_and_group_option(name):
     groups = {"vgg9_gn": 4, "mobilenet_v2_gn": 8, "shufflenet_v2_gn": 1,
               "squeezenet_gn": 4}[name]
@@ -172,9 +192,8 @@ def test_table_c_files_use_the_cifar_backbones():
         assert beta == (2.0 if cfg.model.name == "mobilenet_v2_gn" else 1.0), p.name
 
 
-@pytest.mark.parametrize("path", TABLE_C, ids=lambda p: p.stem)
-def test_table_c_yaml_runs_fedrcl_two_rounds_multilevel(path, tmp_path):
-    overrides = [
+def _tiny_overrides(tmp_path):
+    return [
         # 16x16 so that it takes seconds (the 32x32 shapes are tested above)
         "dataset={name: synthetic, synthetic: {num_train: 48, num_test: 16, num_classes: 4, "
         "image_size: 16, channels: 3, subclusters: 2}}",
@@ -184,7 +203,11 @@ def test_table_c_yaml_runs_fedrcl_two_rounds_multilevel(path, tmp_path):
         "evaluation={ema: 0.9, target_rounds: [2], batch_size: 16}",
         f"output={{dir: {tmp_path / 'run'}, checkpoint_every: 0}}",
     ]
-    cfg = load_config(path, overrides)
+
+
+@pytest.mark.parametrize("path", TABLE_C, ids=lambda p: p.stem)
+def test_table_c_yaml_runs_fedrcl_two_rounds_multilevel(path, tmp_path):
+    cfg = load_config(path, _tiny_overrides(tmp_path))
     model = build_model(cfg.model.name, num_classes=4, in_channels=3, image_size=16,
                         params=cfg.model.params)
     levels = resolve_levels(cfg.client.params.get("levels", ["all"]), tuple(model.levels))
@@ -195,3 +218,15 @@ def test_table_c_yaml_runs_fedrcl_two_rounds_multilevel(path, tmp_path):
     assert all(math.isfinite(r["train_loss_rcl"]) and r["train_loss_rcl"] > 0 for r in recs)
     assert all(math.isfinite(r["test_loss"]) for r in recs)
     assert all(np.all(np.isfinite(w)) for w in st.weights if w.dtype.kind == "f")
+
+
+def test_table_c_fedmlb_row_runs(tmp_path):
+    """The FedMLB row of a Table C header (the models have FedMLB's block interface)."""
+    path = ROOT / "experiments" / "fedrcl" / "tableC_cifar100_vgg9.yaml"
+    cfg = load_config(path, _tiny_overrides(tmp_path) + [
+        "client.method=fedmlb", "client.params={lam1: 1.0, lam2: 1.0}"])
+    run_inprocess(cfg, tmp_path / "run")
+    recs = read_metrics(tmp_path / "run")
+    assert [r["round"] for r in recs] == [1, 2]
+    assert all(math.isfinite(r["train_loss_mlb_ce"]) and r["train_loss_mlb_ce"] > 0
+               for r in recs)
