@@ -13,7 +13,8 @@ hybrid branches (the global parameters are frozen, not the activations).
 
 Model interface: ``model.block_forward(x)`` → the list of block outputs up to the
 penultimate feature, and ``model.forward_from(k, h)`` → logits from block k's output
-(CNN4, CNN5 and ResNet18GN implement them); other models are rejected before the run. The
+(CNN4, CNN5, ResNet18GN and the Table C backbones of ``models/staged.py``
+implement them); other models are rejected before the run. The
 client's :meth:`forward` hook makes the training loop compute the main pathway through
 ``block_forward`` (same function, same outputs), so its intermediate maps come from the
 one forward the loop already does; the shared model itself is not touched.
@@ -96,7 +97,7 @@ class FedMLBClient(FederatedClient):
             raise ConfigError(
                 f"client.method 'fedmlb' needs a model split into blocks "
                 f"(model.block_forward / model.forward_from); model '{cfg.model.name}' "
-                f"has none (cnn4, cnn5 and resnet18_gn do)")
+                f"has none (cnn4, cnn5, resnet18_gn and the Table C backbones do)")
 
     def on_round_start(self, config):
         self.global_net = self.frozen_model()

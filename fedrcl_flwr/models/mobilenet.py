@@ -25,12 +25,18 @@ ReLU6), ``layer1``..``layer7`` = the outputs of the seven bottleneck stages (16,
 ``penultimate`` = pooled 1280-d head (the input of ``fc``). The authors' ``layer0..4``
 are the same taps (stem, stages 1-4), and they contrast those five (``branch_level:
 [0, 1, 2, 3, 4]``); the Table C YAML selects them.
+
+The forward pass is defined once as stages + head (:class:`~fedrcl_flwr.models.staged.
+StagedNet`), which also gives FedMLB's block interface (``block_forward`` /
+``forward_from``: one block per level, then the head).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from fedrcl_flwr.models.staged import StagedNet
 
 # (t, c, n, s) of the paper's Table 2, with the CIFAR strides (see the module docstring)
 _CFG = ((1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
@@ -57,7 +63,7 @@ class InvertedResidual(nn.Module):
         return out + x if self.shortcut else out
 
 
-class MobileNetV2GN(nn.Module):
+class MobileNetV2GN(StagedNet):
     """MobileNet-V2 (CIFAR-sized) with GroupNorm (see the module docstring)."""
 
     levels = tuple(f"layer{i}" for i in range(len(_CFG) + 1))
@@ -77,23 +83,15 @@ class MobileNetV2GN(nn.Module):
             stages.append(nn.Sequential(*blocks))
             cin = c
         self.stages = nn.ModuleList(stages)
-        self.head = nn.Sequential(nn.Conv2d(cin, 1280, 1, bias=False),
+        self.last = nn.Sequential(nn.Conv2d(cin, 1280, 1, bias=False),
                                   nn.GroupNorm(groups, 1280), nn.ReLU6(inplace=True))
         self.fc = nn.Linear(1280, num_classes)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out")
 
-    def forward(self, x: torch.Tensor, return_features: bool = False):
-        x = self.stem(x)
-        taps = [x]
-        for stage in self.stages:
-            x = stage(x)
-            taps.append(x)
-        z = self.head(x).mean((2, 3))
-        logits = self.fc(z)
-        if not return_features:
-            return logits
-        feats = {name: t.mean((2, 3)) for name, t in zip(self.levels, taps)}
-        feats["penultimate"] = z
-        return logits, feats
+    def stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.stem(x) if i == 0 else self.stages[i - 1](x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(x).mean((2, 3))

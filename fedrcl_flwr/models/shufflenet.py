@@ -28,12 +28,18 @@ Feature taps, global-average-pooled to ``(B, C)``: ``layer0`` = stem (24, after 
 ``penultimate`` = the pooled 1x1-conv head (the input of ``fc``). With the authors'
 indexing these are their ``layer0..3`` (their ``layer4`` is the logits);
 ``levels: [all]`` contrasts the four.
+
+The forward pass is defined once as stages + head (:class:`~fedrcl_flwr.models.staged.
+StagedNet`), which also gives FedMLB's block interface (``block_forward`` /
+``forward_from``: one block per level, then the head).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from fedrcl_flwr.models.staged import StagedNet
 
 _WIDTHS = {0.5: (48, 96, 192, 1024), 1.0: (116, 232, 464, 1024),
            1.5: (176, 352, 704, 1024), 2.0: (244, 488, 976, 2048)}
@@ -81,7 +87,7 @@ class ShuffleUnit(nn.Module):
         return channel_shuffle(out, 2)
 
 
-class ShuffleNetV2GN(nn.Module):
+class ShuffleNetV2GN(StagedNet):
     """ShuffleNet-V2 (CIFAR-sized) with GroupNorm (see the module docstring).
     ``width``: 0.5, 1.0, 1.5 or 2.0 (the paper's multipliers)."""
 
@@ -105,23 +111,15 @@ class ShuffleNetV2GN(nn.Module):
             stages.append(nn.Sequential(*units))
             cin = cout
         self.stages = nn.ModuleList(stages)
-        self.head = nn.Sequential(*_pw(cin, head, groups))
+        self.last = nn.Sequential(*_pw(cin, head, groups))
         self.fc = nn.Linear(head, num_classes)
         self.feature_dim = head
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
-    def forward(self, x: torch.Tensor, return_features: bool = False):
-        x = self.stem(x)
-        taps = [x]
-        for stage in self.stages:
-            x = stage(x)
-            taps.append(x)
-        z = self.head(x).mean((2, 3))
-        logits = self.fc(z)
-        if not return_features:
-            return logits
-        feats = {name: t.mean((2, 3)) for name, t in zip(self.levels, taps)}
-        feats["penultimate"] = z
-        return logits, feats
+    def stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.stem(x) if i == 0 else self.stages[i - 1](x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(x).mean((2, 3))

@@ -27,12 +27,18 @@ fire8 (bypass added; fire4 and fire8 after their max-pool): 128, 128, 256, 256, 
 384, 512; ``penultimate`` = pooled fire9 output (512, the input of ``fc``). The authors
 contrast ``layer0..4`` (``branch_level: [0, 1, 2, 3, 4]``); the Table C YAML selects
 them. (The authors' file has no bypass around fire9; the paper has one.)
+
+The forward pass is defined once as stages + head (:class:`~fedrcl_flwr.models.staged.
+StagedNet`), which also gives FedMLB's block interface (``block_forward`` /
+``forward_from``: one block per level, then the head).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from fedrcl_flwr.models.staged import StagedNet
 
 # (squeeze, output = 2 * expand, bypass, max-pool after) for fire2..fire9
 _FIRES = ((16, 128, False, False), (16, 128, True, False), (32, 256, False, True),
@@ -56,7 +62,7 @@ class Fire(nn.Module):
         return torch.cat((self.expand1(s), self.expand3(s)), dim=1)
 
 
-class SqueezeNetGN(nn.Module):
+class SqueezeNetGN(StagedNet):
     """SqueezeNet v1.0 with simple bypass (CIFAR-sized) and GroupNorm (module docstring).
     ``bypass``: add the identity bypasses (default true)."""
 
@@ -84,19 +90,16 @@ class SqueezeNetGN(nn.Module):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
                 nn.init.zeros_(m.bias)
 
-    def forward(self, x: torch.Tensor, return_features: bool = False):
-        x = self.stem(x)
-        taps = [x]
-        for fire, (_, _, bypass, pool) in zip(self.fires, _FIRES):
-            out = fire(x)
-            if bypass and self.bypass:
-                out = out + x
-            x = self.pool(out) if pool else out
-            taps.append(x)
-        z = taps.pop().mean((2, 3))  # fire9's output: the pooled classifier input
-        logits = self.fc(z)
-        if not return_features:
-            return logits
-        feats = {name: t.mean((2, 3)) for name, t in zip(self.levels, taps)}
-        feats["penultimate"] = z
-        return logits, feats
+    def _fire(self, j: int, x: torch.Tensor) -> torch.Tensor:
+        """fire{j+2}, its bypass and the max-pool after it."""
+        _, _, bypass, pool = _FIRES[j]
+        out = self.fires[j](x)
+        if bypass and self.bypass:
+            out = out + x
+        return self.pool(out) if pool else out
+
+    def stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.stem(x) if i == 0 else self._fire(i - 1, x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return self._fire(len(_FIRES) - 1, x).mean((2, 3))  # fire9, pooled

@@ -25,6 +25,10 @@ global-average-pooled to ``(B, C)``: ``layer0`` (32), ``layer1`` (64), ``layer2`
 512-d hidden layer (the input of ``fc``). The authors contrast their layers 0-4
 (``branch_level: [0, 1, 2, 3, 4]``); the Table C YAML selects ``layer0``..``layer4``.
 Their ``layer5`` is the flattened 4096-d map; ours is its 256-d average.
+
+The forward pass is defined once as stages + head (:class:`~fedrcl_flwr.models.staged.
+StagedNet`), which also gives FedMLB's block interface (``block_forward`` /
+``forward_from``: one block per level, then the head).
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fedrcl_flwr.models.staged import StagedNet
+
 # (width, max-pool after the block)
 _CFG = ((32, False), (64, True), (128, False), (128, True), (256, False), (256, True))
 
 
-class VGG9GN(nn.Module):
+class VGG9GN(StagedNet):
     """VGG-9 with GroupNorm (see the module docstring). ``groups``: GroupNorm groups."""
 
     levels = tuple(f"layer{i}" for i in range(len(_CFG)))
@@ -67,16 +73,9 @@ class VGG9GN(nn.Module):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
                 nn.init.zeros_(m.bias)
 
-    def forward(self, x: torch.Tensor, return_features: bool = False):
-        taps = []
-        for block in self.blocks:
-            x = block(x)
-            taps.append(x)
+    def stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[i](x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.fc1(self.pool(x).flatten(1)))
-        z = torch.relu(self.fc2(h))
-        logits = self.fc(z)
-        if not return_features:
-            return logits
-        feats = {name: t.mean((2, 3)) for name, t in zip(self.levels, taps)}
-        feats["penultimate"] = z
-        return logits, feats
+        return torch.relu(self.fc2(h))
