@@ -455,8 +455,11 @@ def _check_npz_memory(path: Path) -> None:
         with zipfile.ZipFile(path) as zf:
             for info in zf.infolist():
                 with zf.open(info) as fh:
-                    version = np.lib.format.read_magic(fh)
-                    shape, _, dtype = np.lib.format._read_array_header(fh, version)
+                    fmt = np.lib.format
+                    version = fmt.read_magic(fh)
+                    read = fmt.read_array_header_1_0 if version == (1, 0) else \
+                        fmt.read_array_header_2_0
+                    shape, _, dtype = read(fh)
                 n = int(np.prod(shape, dtype=np.float64))
                 total += n * dtype.itemsize + (n if info.filename.startswith("x_") else 0)
     except Exception:  # noqa: BLE001 - unreadable headers are reported when loading
