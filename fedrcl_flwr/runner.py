@@ -264,14 +264,14 @@ def _group_alive(pgid: int) -> bool:
 def teardown(home: Path, pgids: list[int]) -> None:
     """Stop everything of the run whose private home is ``home``: SIGTERM the process
     groups (the SuperLink's holds the simulation process and its direct children), give
-    them up to 15 s, SIGKILL what is left of them, then SIGKILL every process of the run
+    them up to 3 s, SIGKILL what is left of them, then SIGKILL every process of the run
     (:func:`procs_with` the home) until none is left, and delete the home."""
     for pgid in pgids:
         try:
             os.killpg(pgid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
             continue
-    deadline = time.time() + 15.0
+    deadline = time.time() + 3.0  # its state lives in the home deleted below: no need to wait
     while any(_group_alive(g) for g in pgids) and time.time() < deadline:
         time.sleep(0.2)
     for pgid in pgids:

@@ -79,7 +79,7 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
     # a quote, a space and braces in the output path: handed to Flower without pasting
     out = tmp_path / 'run "q" {x}'
     tag = uuid.uuid4().hex
-    proc = _start(out, "federation.rounds=20", tag=tag)
+    proc = _start(out, "federation.rounds=500", tag=tag)
     try:
         _wait_for_round(proc, out, 1)  # round 2 is being trained now
         home = _home(out)
@@ -95,6 +95,9 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
     assert not Path(home).exists()
     assert OutputLock.holder(out) is None  # the lock died with the run
     assert not (out / "summary.json").exists()
+    done = len(read_metrics(out))
+    time.sleep(2)
+    assert len(read_metrics(out)) == done < 500  # nothing trains on
 
 
 def test_run_where_every_client_failed_exits_1_with_the_first_error(tmp_path):
