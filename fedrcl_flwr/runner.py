@@ -251,29 +251,14 @@ class LocalSuperLink:
             teardown(self.home, [self.proc.pid] if self.proc is not None else [])
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def teardown(home: Path, pgids: list[int]) -> None:
-    """Stop everything of the run whose private home is ``home``: SIGTERM the process
-    groups (the SuperLink's holds the simulation process and its direct children), give
-    them up to 3 s, SIGKILL what is left of them, then SIGKILL every process of the run
-    (:func:`procs_with` the home) until none is left, and delete the home."""
-    for pgid in pgids:
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            continue
-    deadline = time.time() + 3.0  # its state lives in the home deleted below: no need to wait
-    while any(_group_alive(g) for g in pgids) and time.time() < deadline:
-        time.sleep(0.2)
+    """Stop everything of the run whose private home is ``home`` at once: SIGKILL the
+    process groups (the SuperLink's holds the simulation process and its direct
+    children), then every process of the run (:func:`procs_with` the home) until none is
+    left, and delete the home. Nothing is waited for gracefully: the SuperLink's state
+    lives in the home that is deleted, and the run's own files are written atomically
+    (``metrics.jsonl`` tolerates a torn last line), so a run stopped mid-round leaves its
+    directory resumable and never goes on to write results after it was stopped."""
     for pgid in pgids:
         try:
             os.killpg(pgid, signal.SIGKILL)
