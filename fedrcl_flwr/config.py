@@ -285,7 +285,9 @@ class SimulationConfig:
 
 @dataclass
 class OutputConfig:
-    """Where results go. ``dir`` is relative to the working directory unless absolute."""
+    """Where results go. ``dir`` is relative to the working directory unless absolute;
+    ``{name}`` in it is replaced by the experiment name (the only placeholder: any other
+    brace is a literal character). It may not be empty."""
 
     dir: str = "runs/{name}"
     checkpoint_every: int = 0
