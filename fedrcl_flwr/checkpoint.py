@@ -11,6 +11,12 @@ partitions (``runtime.sample_partitions(seed, round)``), each client's local ran
 (``runtime.client_seed(seed, round, partition)``: batch order, augmentation, PGD starts),
 the round-0 model (``seed``) and the robust evaluation's attack draws (``seed``). A
 resumed run therefore trains exactly as the uninterrupted one would.
+
+Checkpoints are read with ``torch.load(weights_only=True)``, so a crafted file cannot run
+code: what is saved is only tensors, numbers, strings, ``None`` and lists/tuples/dicts of
+them. NumPy arrays (model weights, optimizer buffers) are stored as
+``{"__numpy__": tensor}`` and turned back into arrays on load (:func:`to_safe`,
+:func:`from_safe`). A file that cannot be read this way is a :class:`CheckpointError`.
 """
 
 from __future__ import annotations
@@ -18,16 +24,56 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 CHECKPOINT_FILE = "checkpoint.pt"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is missing, truncated or holds something other than data."""
+
+
+def to_safe(obj):
+    """``obj`` with NumPy arrays/scalars replaced by tensors/Python numbers (for saving)."""
+    if isinstance(obj, np.ndarray):
+        return {"__numpy__": torch.from_numpy(np.array(obj, copy=True))}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: to_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_safe(v) for v in obj)
+    return obj
+
+
+def from_safe(obj):
+    """Inverse of :func:`to_safe`."""
+    if isinstance(obj, dict):
+        if set(obj) == {"__numpy__"} and torch.is_tensor(obj["__numpy__"]):
+            return obj["__numpy__"].numpy()
+        return {k: from_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(from_safe(v) for v in obj)
+    return obj
+
+
+def safe_load(path: Path, what: str = "file"):
+    """``torch.load(path, weights_only=True)``; any failure is a :class:`CheckpointError`
+    naming the file."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - truncated, foreign or code-carrying files
+        one = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"{path}: not a readable {what} ({type(exc).__name__}: {one})"
+                              ) from None
 
 
 def save_checkpoint(run_dir: Path, state: dict) -> Path:
     path = Path(run_dir) / CHECKPOINT_FILE
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
-        torch.save(state, fh)
+        torch.save(to_safe(state), fh)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -37,6 +83,9 @@ def save_checkpoint(run_dir: Path, state: dict) -> Path:
 def load_checkpoint(run_dir: Path) -> dict:
     path = Path(run_dir) / CHECKPOINT_FILE
     if not path.exists():
-        raise FileNotFoundError(f"no checkpoint in {run_dir} (was output.checkpoint_every "
-                                f"> 0 when the run was started?)")
-    return torch.load(path, map_location="cpu", weights_only=False)
+        raise CheckpointError(f"no checkpoint in {run_dir} (was output.checkpoint_every "
+                              f"> 0 when the run was started?)")
+    state = from_safe(safe_load(path, "checkpoint"))
+    if not isinstance(state, dict) or not {"round", "strategy"} <= set(state):
+        raise CheckpointError(f"{path}: not a fedrcl-flwr checkpoint (no round/strategy)")
+    return state

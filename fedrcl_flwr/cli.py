@@ -1,11 +1,14 @@
 """Command line: ``fedrcl-flwr run | report | partition``.
 
-Exit codes: 0 success, 2 bad input (configuration or command line), 1 failed run.
+Exit codes: 0 success, 2 bad input (configuration, data, command line, output directory in
+use or holding an earlier run; one line, nothing written), 1 failed run (one line; details
+in the run's ``run.log``), 130 interrupted. See README "Exit codes and failure behaviour".
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,8 +26,10 @@ class _Parser(argparse.ArgumentParser):
 def _load(path: str, sets: list[str], out: str | None):
     data = read_yaml(path)
     overrides = list(sets or [])
-    if out:
-        overrides.append(("output.dir", str(Path(out).resolve())))
+    if out is not None:
+        if not out.strip():
+            raise ConfigError("--out must be a directory path, got an empty string")
+        overrides.append(("output.dir", str(Path(out).expanduser().resolve())))
     if overrides:
         data = apply_overrides(data, overrides)
     source = f"{path} (with overrides)" if overrides else str(path)
@@ -37,49 +42,108 @@ def _load(path: str, sets: list[str], out: str | None):
     return cfg
 
 
+# what a run writes into its output directory (removed by --overwrite)
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "model.pt", "accuracy.png",
+             "checkpoint.pt", "run.log", "flower.log")
+RESULT_FILES = ("metrics.jsonl", "summary.json", "model.pt", "checkpoint.pt")
+
+
+def check_output_dir(out_dir: Path) -> None:
+    """The output directory can be created and written (reads only): it is a directory
+    or does not exist yet, no part of its path is a file, and the nearest existing
+    ancestor is writable."""
+    p = out_dir
+    while not p.exists():
+        if p.is_symlink():
+            raise ConfigError(f"output directory {out_dir}: {p} is a dangling link")
+        p = p.parent
+    if not p.is_dir():
+        what = "is a file" if p == out_dir else f"is under the file {p}"
+        raise ConfigError(f"output directory {out_dir} {what}; choose another --out / "
+                          "output.dir")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ConfigError(f"output directory {out_dir}: {p} is not writable")
+
+
 def cmd_run(args) -> int:
-    from fedrcl_flwr.config import dump_config, load_config
-    from fedrcl_flwr.runner import RunFailed, run_simulation_via_flower
+    from fedrcl_flwr.config import dump_config
+    from fedrcl_flwr.runner import OutputLock, RunFailed, check_resources, \
+        run_simulation_via_flower
 
     if args.resume:
-        run_dir = Path(args.resume).resolve()
+        if args.overwrite:
+            raise ConfigError("--resume and --overwrite exclude each other")
+        run_dir = Path(args.resume).expanduser().resolve()
         cfg_file = run_dir / "config.yaml"
-        if not cfg_file.exists():
+        if not cfg_file.is_file():
             raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a run dir)")
         if not (run_dir / "checkpoint.pt").exists():
             raise ConfigError(f"--resume {run_dir}: no checkpoint.pt there (start runs with "
                               "output.checkpoint_every > 0 to be able to resume them)")
-        sets = list(args.set or []) + [f"output.dir={run_dir}"]
-        cfg = _load(str(cfg_file), sets, None)
+        cfg = _load(str(cfg_file), list(args.set or []), str(run_dir))
         out_dir = run_dir
     else:
         if not args.experiment:
             raise ConfigError("give an EXPERIMENT.yaml (or --resume DIR)")
         cfg = _load(args.experiment, args.set, args.out)
         out_dir = cfg.output_dir().resolve()
-    if (cfg.dataset.name != "synthetic" and not cfg.dataset.download) \
-            or cfg.partition.scheme == "file":
-        # fail fast, before any Flower process starts: a missing dataset or an impossible
-        # split is one clear error (exit 2), not a failed run
+    # input checks, in order; nothing is written before all of them have passed
+    check_output_dir(out_dir)
+    holder = OutputLock.holder(out_dir)
+    if holder is not None:
+        raise ConfigError(f"output directory {out_dir} is in use by another run (PID "
+                          f"{holder}); wait for it to end or choose another --out")
+    old = [f for f in RESULT_FILES if (out_dir / f).exists()]
+    if old and not args.resume and not args.overwrite:
+        raise ConfigError(f"output directory {out_dir} holds an earlier run ({', '.join(old)}):"
+                          f" pass --overwrite to replace it, --resume {out_dir} to continue "
+                          "it, or choose another --out")
+    check_resources(cfg)
+    if not cfg.dataset.download or cfg.partition.scheme == "file":
+        # every dataset (synthetic included) is built and split here, before any Flower
+        # process starts: a missing dataset or an impossible split is one clear error
         from fedrcl_flwr.data.partition import PartitionError
         from fedrcl_flwr.runtime import client_partitions
 
+        source = args.resume or args.experiment
         try:
             client_partitions(cfg)
         except PartitionError as exc:
-            raise ConfigError(f"{args.experiment or cfg_file}: {exc}") from None
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, out_dir / "config.yaml")
-    print(f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
-          f"{cfg.federation.num_clients} clients, {cfg.federation.sampled_per_round()} per "
-          f"round, {cfg.federation.rounds} rounds -> {out_dir}", flush=True)
-    t0 = time.time()
+            raise ConfigError(f"{source}: {exc}") from None
+        except MemoryError:
+            raise ConfigError(f"{source}: the dataset does not fit in memory (dataset."
+                              f"name={cfg.dataset.name})") from None
+    if args.resume:
+        from fedrcl_flwr.app.server_app import check_resume
+
+        check_resume(cfg, out_dir)
     try:
-        summary = run_simulation_via_flower(cfg, out_dir, resume=bool(args.resume),
-                                            verbose=args.verbose)
-    except RunFailed as exc:
-        print(f"fedrcl-flwr: run failed: {exc}", file=sys.stderr)
-        return 1
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"output directory {out_dir}: cannot create it "
+                          f"({exc.strerror or exc})") from None
+    lock = OutputLock(out_dir)
+    lock.acquire()
+    try:
+        if args.overwrite:
+            import shutil
+
+            for f in RUN_FILES:
+                (out_dir / f).unlink(missing_ok=True)
+            shutil.rmtree(out_dir / "client_state", ignore_errors=True)
+        dump_config(cfg, out_dir / "config.yaml")
+        print(f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
+              f"{cfg.federation.num_clients} clients, {cfg.federation.sampled_per_round()} "
+              f"per round, {cfg.federation.rounds} rounds -> {out_dir}", flush=True)
+        t0 = time.time()
+        try:
+            summary = run_simulation_via_flower(cfg, out_dir, resume=bool(args.resume),
+                                                verbose=args.verbose, lock=lock)
+        except RunFailed as exc:
+            print(f"fedrcl-flwr: run failed: {exc}", file=sys.stderr)
+            return 1
+    finally:
+        lock.release()
     acc = summary.get("final_accuracy")
     ema = summary.get("ema_accuracy")
     print(f"fedrcl-flwr: done in {time.time() - t0:.0f}s: final accuracy "
@@ -127,6 +191,8 @@ def cmd_partition(args) -> int:
                                          plot_counts_heatmap)
     from fedrcl_flwr.runtime import client_partitions, load_bundle
 
+    if args.plot:
+        check_plot_path(args.plot)
     cfg = _load(args.experiment, args.set, None)
     bundle = load_bundle(cfg)
     try:
@@ -137,13 +203,42 @@ def cmd_partition(args) -> int:
     doms = client_domains(parts, bundle.train_domains, bundle.domain_names)
     print(format_counts_table(counts, max_rows=args.max_rows, domains=doms))
     if args.plot:
-        plot_counts_heatmap(counts, args.plot, title=f"{cfg.name}: {cfg.partition.scheme}",
-                            domains=doms)
+        try:
+            plot_counts_heatmap(counts, args.plot,
+                                title=f"{cfg.name}: {cfg.partition.scheme}",
+                                domains=doms)
+        except OSError as exc:
+            raise ConfigError(f"--plot {args.plot}: cannot write ({exc.strerror or exc})"
+                              ) from None
         print(f"heatmap written to {args.plot}")
     if args.save:
         save_split_file(parts, args.save)
         print(f"split written to {args.save} (use it with partition.scheme: file)")
     return 0
+
+
+def check_plot_path(path: str) -> None:
+    """``--plot`` names a file matplotlib can write: a known extension, in an existing
+    writable directory (checked before any work)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    p = Path(path).expanduser()
+    formats = Figure().canvas.get_supported_filetypes()
+    ext = p.suffix.lower().lstrip(".")
+    if ext not in formats:
+        raise ConfigError(f"--plot {path}: unknown image type {p.suffix or '(none)'!r}; use "
+                          f"one of {', '.join('.' + f for f in sorted(formats))}")
+    if p.is_dir():
+        raise ConfigError(f"--plot {path}: is a directory")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise ConfigError(f"--plot {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and
+                                                     not os.access(p, os.W_OK)):
+        raise ConfigError(f"--plot {path}: not writable")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,7 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a config key (dotted), repeatable")
     r.add_argument("--out", help="output directory (overrides output.dir)")
     r.add_argument("--resume", metavar="DIR", help="continue the run in DIR")
-    r.add_argument("--verbose", action="store_true", help="show Flower/Ray logs")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace the results of an earlier run in the output directory")
+    r.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="show Flower/Ray logs and internal tracebacks")
     r.set_defaults(func=cmd_run)
     rep = sub.add_parser("report", help="table (mean ± std over seeds) from run or sweep dirs")
     rep.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
@@ -205,11 +303,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as exc:
-        print(f"fedrcl-flwr: error: {exc}", file=sys.stderr)
+        print(f"fedrcl-flwr: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fedrcl-flwr: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # an internal error: one line, the traceback with --verbose
+        if args.verbose:
+            raise
+        one = " ".join(str(exc).split())[:500]
+        print(f"fedrcl-flwr: internal error: {type(exc).__name__}: {one} (run again with "
+              "--verbose for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -8,6 +8,14 @@ Overrides use dotted keys, e.g. ``client.lr=0.05`` or ``partition.alpha=0.1``; v
 parsed as YAML scalars (``true``, ``0.3``, ``[0, 1]``, ``null``) and then validated like
 keys in the file.
 
+Reading YAML (files and ``--set`` values alike, one loader, :class:`_Loader`): the file must
+be UTF-8 and at most :data:`MAX_YAML_BYTES`; a key given twice in one mapping (at any
+level) is an error naming the key and both lines; anchors/aliases may not expand to more
+than :data:`MAX_YAML_NODES` nodes (an "alias bomb" is refused before anything is copied);
+floats are read as a person writes them (``1e-3``, ``1E-3``, ``.5``, ``-2.5e+4`` are floats,
+not strings as under YAML 1.1). Every float in the schema must be finite (``inf``/``nan``
+are refused).
+
 Method- and strategy-specific parameters live in the mappings ``client.params`` and
 ``server.params``; their keys and values are checked against the method's / strategy's
 declared contract by ``fedrcl_flwr.app.validate`` when the config is loaded.
@@ -16,6 +24,7 @@ declared contract by ``fedrcl_flwr.app.validate`` when the config is loaded.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -28,6 +37,88 @@ import yaml
 
 class ConfigError(ValueError):
     """Raised for any invalid experiment configuration (bad key, type or value)."""
+
+
+MAX_YAML_BYTES = 1 << 20  # an experiment file is a few KB; refuse anything over 1 MiB
+MAX_SUPERNODES = 10_000  # SuperNodes one simulation may start (each is registered in the DB)
+MAX_YAML_NODES = 100_000  # nodes after alias expansion (a config has a few hundred)
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader + duplicate-key errors + YAML 1.2 floats + a bound on alias expansion."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"unhashable key {key!r}", key_node.start_mark) from None
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(f"key '{key}' appears twice in the same mapping (lines "
+                                  f"{seen[key]} and {line})")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _resolve_float(loader_cls) -> None:
+    # drop the YAML 1.1 float resolver and add one for 1e-3, 1E-3, .5, 1., -2.5e+4 (and .inf/.nan,
+    # which the schema then refuses with a clear message)
+    for ch, resolvers in list(loader_cls.yaml_implicit_resolvers.items()):
+        loader_cls.yaml_implicit_resolvers[ch] = [
+            (tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:float"]
+    rx = re.compile(r"""^(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*|[0-9]+(?=[eE]))"""
+                    r"""(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""")
+    loader_cls.add_implicit_resolver("tag:yaml.org,2002:float", rx,
+                                     list("-+0123456789."))
+
+
+_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in
+                                   yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_resolve_float(_Loader)
+
+
+def _expanded_size(node, memo: dict) -> int:
+    """Nodes in the tree ``node`` stands for once aliases are expanded (memoised, so an
+    alias bomb is measured without being expanded)."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = 1  # cycles (recursive aliases) count once
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(n, memo) for n in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    memo[key] = size
+    return size
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """The one YAML reader of the project (files and ``--set`` values)."""
+    try:
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            size = _expanded_size(node, {})
+            if size > MAX_YAML_NODES:
+                raise ConfigError(f"{source}: YAML expands to {size} nodes through anchors/"
+                                  f"aliases (at most {MAX_YAML_NODES} allowed)")
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except ConfigError as exc:
+        msg = str(exc)
+        raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        one = " ".join(str(exc).replace('in "<unicode string>", ', "").split())
+        raise ConfigError(f"{source}: not valid YAML ({one})") from None
 
 
 # --------------------------------------------------------------------------------------
@@ -197,18 +288,28 @@ class EvaluationConfig:
 
 @dataclass
 class SimulationConfig:
-    """Flower simulation resources: per-client CPUs/GPUs and Ray's init caps."""
+    """Flower simulation resources: per-client CPUs/GPUs and Ray's init caps.
+
+    ``num_supernodes`` (default ``federation.num_clients``, at most 10000 and at most
+    ``federation.num_clients``) is the number of execution slots. ``startup_timeout_s``:
+    the CLI gives up (exit 1, everything torn down) when the submitted run is still
+    ``pending``/``starting`` after this many seconds without a round recorded (Flower
+    issue #7953: runs that never leave ``pending``).
+    """
 
     num_cpus: int = 1
     num_gpus: float = 0.0
     init_num_cpus: Optional[int] = None
     init_num_gpus: Optional[float] = None
     num_supernodes: Optional[int] = None  # default: federation.num_clients
+    startup_timeout_s: float = 300.0
 
 
 @dataclass
 class OutputConfig:
-    """Where results go. ``dir`` is relative to the working directory unless absolute."""
+    """Where results go. ``dir`` is relative to the working directory unless absolute;
+    ``{name}`` in it is replaced by the experiment name (the only placeholder: any other
+    brace is a literal character). It may not be empty."""
 
     dir: str = "runs/{name}"
     checkpoint_every: int = 0
@@ -235,7 +336,9 @@ class ExperimentConfig:
     reference: Optional[Union[dict, list]] = None
 
     def output_dir(self) -> Path:
-        return Path(self.output.dir.format(name=self.name)).expanduser()
+        """``output.dir`` with ``{name}`` replaced by the experiment name (the only
+        placeholder; any other brace is a literal character of the path)."""
+        return Path(self.output.dir.replace("{name}", self.name)).expanduser()
 
 
 # --------------------------------------------------------------------------------------
@@ -323,6 +426,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "simulation.init_num_cpus": (lambda v: v is None or v >= 1, "must be >= 1"),
     "simulation.init_num_gpus": (lambda v: v is None or v >= 0, "must be >= 0"),
     "simulation.num_supernodes": (lambda v: v is None or v >= 1, "must be >= 1"),
+    "simulation.startup_timeout_s": (lambda v: v > 0, "must be > 0"),
     "output.checkpoint_every": (lambda v: v >= 0, "must be >= 0"),
 }
 
@@ -354,14 +458,17 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
                 continue
             try:
                 return _coerce(value, arg, key, source)
-            except ConfigError:
-                pass
+            except ConfigError as exc:
+                if "finite" in str(exc):
+                    raise
         raise ConfigError(
             f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} "
             f"({value!r})"
         )
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(float(value)):
+                raise ConfigError(f"{source}: '{key}' must be a finite number, got {value!r}")
             return float(value)
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -464,8 +571,22 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
             raise ConfigError(f"{source}: 'output.tensorboard' is true but the tensorboard "
                               "package is not installed (pip install "
                               "'fedrcl-flwr[tensorboard]', or set it to false)")
-    if not cfg.name or any(c in cfg.name for c in "/\\"):
-        raise ConfigError(f"{source}: 'name' must be a non-empty name without slashes")
+    if not cfg.name or any(c in cfg.name for c in "/\\\0") or cfg.name.strip() in (".", ".."):
+        raise ConfigError(f"{source}: 'name' must be a non-empty name without slashes that "
+                          f"is not '.' or '..' (it names the run's directory), got {cfg.name!r}")
+    if not cfg.output.dir.strip() or "\0" in cfg.output.dir:
+        raise ConfigError(f"{source}: 'output.dir' must be a directory path, got "
+                          f"{cfg.output.dir!r}")
+    nodes = cfg.simulation.num_supernodes or fed.num_clients
+    if nodes > MAX_SUPERNODES:
+        raise ConfigError(
+            f"{source}: {nodes} SuperNodes ('simulation.num_supernodes', default "
+            f"'federation.num_clients') is more than {MAX_SUPERNODES}; SuperNodes are execution "
+            "slots, not clients: set simulation.num_supernodes to a few hundred at most")
+    if cfg.simulation.num_supernodes and cfg.simulation.num_supernodes > fed.num_clients:
+        raise ConfigError(
+            f"{source}: 'simulation.num_supernodes' ({cfg.simulation.num_supernodes}) exceeds "
+            f"'federation.num_clients' ({fed.num_clients}); extra SuperNodes would never train")
     _check_registries(cfg, source)
 
 
@@ -551,10 +672,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override '{text}' has an empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() != "" else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override '{text}': value is not valid YAML ({exc})") from None
+    value = parse_yaml(raw, f"override '{text}'") if raw.strip() != "" else ""
     return key, value
 
 
@@ -599,9 +717,20 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"experiment file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+        size = path.stat().st_size
+        if size > MAX_YAML_BYTES:
+            raise ConfigError(f"{path}: {size} bytes is too large for an experiment file "
+                              f"(at most {MAX_YAML_BYTES} bytes)")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at line "
+                          f"{line}); save the file as UTF-8") from None
+    data = parse_yaml(text, str(path))
     if data is None:
         data = {}
     if not isinstance(data, dict):

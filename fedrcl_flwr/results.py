@@ -59,6 +59,8 @@ def format_round_line(rec: dict, total_rounds: int) -> str:
     parts.append(f"clients {rec.get('num_clients', 0)}")
     if rec.get("failures"):
         parts.append(f"failures {rec['failures']}")
+        if not rec.get("num_clients"):
+            parts.append("ALL CLIENTS FAILED (model unchanged)")
     parts.append(f"{rec.get('round_time_s', 0.0):.1f}s")
     return " | ".join(parts)
 

@@ -12,10 +12,21 @@ every process it starts:
 4. polling the run's status (``flwr list --run-id``), because ``flwr run`` can exit 0
    for a failed run, while printing one line per evaluated round from ``metrics.jsonl``;
 5. tearing the SuperLink, the simulation process and Ray down, whatever happened.
+
+Teardown is one mechanism, run by a *watchdog* process (``python -m fedrcl_flwr.runner
+watch HOME``) that the CLI starts first, in its own session, with a pipe on its stdin. The
+watchdog waits for that pipe to close — which happens when the CLI stops it on purpose
+and also when the CLI dies in any way, ``kill -9`` included — then stops the SuperLink's
+process group and every process *of the run*: any process whose environment names the
+run's private home (``FEDRCL_FLWR_RUN``/``FLWR_HOME``, set on every child), whose command
+line names it, or whose working directory is inside it (Ray's agents, which Ray starts
+with an environment of its own, are found this way), then deletes the home. It also holds
+the output directory's lock (:class:`OutputLock`) until the last process is gone.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -30,7 +41,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
-from fedrcl_flwr.config import ExperimentConfig
+from fedrcl_flwr.config import ConfigError, ExperimentConfig
 from fedrcl_flwr.results import format_round_line, read_metrics
 
 
@@ -77,27 +88,92 @@ def federation_config(cfg: ExperimentConfig) -> str:
 
 
 def check_resources(cfg: ExperimentConfig) -> None:
-    """Fail fast (instead of Ray's 'ActorPool is empty') when GPUs are requested but
-    absent, or a client wants more CPUs than the machine has."""
-    if cfg.simulation.num_gpus > 0:
-        import torch
+    """Input checks on resources (a :class:`ConfigError`, exit 2, before anything is
+    written): GPUs requested but absent, ``client.device: cuda`` without CUDA, a client
+    wanting more CPUs than Ray gets (instead of Ray's 'ActorPool is empty')."""
+    import torch
 
-        if not torch.cuda.is_available():
-            raise RunFailed(
-                f"simulation.num_gpus={cfg.simulation.num_gpus} but no CUDA GPU is visible "
-                "on this machine; set simulation.num_gpus=0 (and client.device=cpu)")
+    cuda = torch.cuda.is_available()
+    if cfg.simulation.num_gpus > 0 and not cuda:
+        raise ConfigError(
+            f"simulation.num_gpus={cfg.simulation.num_gpus} but no CUDA GPU is visible "
+            "on this machine; set simulation.num_gpus=0 (and client.device=cpu)")
+    if cfg.simulation.init_num_gpus and not cuda:
+        raise ConfigError(
+            f"simulation.init_num_gpus={cfg.simulation.init_num_gpus} but no CUDA GPU is "
+            "visible on this machine; leave it null")
+    if cfg.client.device == "cuda" and not cuda:
+        raise ConfigError("client.device is 'cuda' but no CUDA device is visible on this "
+                          "machine; use client.device=auto or cpu")
     ncpu = os.cpu_count() or 1
     cap = cfg.simulation.init_num_cpus or ncpu
     if cfg.simulation.num_cpus > cap:
-        raise RunFailed(
+        raise ConfigError(
             f"simulation.num_cpus={cfg.simulation.num_cpus} per client exceeds the "
             f"{cap} CPUs available to Ray; no client could ever be scheduled")
 
 
-class LocalSuperLink:
-    """A private simulation SuperLink on loopback, stopped by :meth:`stop`."""
+RUN_VAR = "FEDRCL_FLWR_RUN"  # set to the run's private home on every process of the run
+LOCK_FILE = ".fedrcl-flwr.lock"
 
-    def __init__(self, log_path: Path, verbose: bool = False):
+
+class OutputLock:
+    """An output directory is owned by one live run: an exclusive ``flock`` on
+    ``DIR/.fedrcl-flwr.lock``, which the kernel releases when the last process holding it
+    (the CLI, then its watchdog) is gone, however it died. The file names the holder's PID
+    (and the run's private home, for tests and for people hunting processes)."""
+
+    def __init__(self, out_dir: Path):
+        self.path = Path(out_dir) / LOCK_FILE
+        self.fd: Optional[int] = None
+
+    @staticmethod
+    def holder(out_dir: Path) -> Optional[str]:
+        """The PID holding ``out_dir``'s lock, or ``None`` when it is free (reads only)."""
+        path = Path(out_dir) / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        except OSError:
+            text = path.read_text(errors="replace").split()
+            return text[0] if text else "?"
+        finally:
+            os.close(fd)
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            pid = self.holder(self.path.parent) or "?"
+            raise ConfigError(f"output directory {self.path.parent} is in use by another "
+                              f"run (PID {pid}); wait for it to end or choose another "
+                              "--out") from None
+        self.fd = fd
+        self.note()
+
+    def note(self, home: str = "") -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, f"{os.getpid()}\n{home}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class LocalSuperLink:
+    """A private simulation SuperLink on loopback, stopped by :meth:`stop` (or, if this
+    process dies first, by its watchdog)."""
+
+    def __init__(self, log_path: Path, verbose: bool = False, lock: Optional[OutputLock] = None):
         self.home = Path(tempfile.mkdtemp(prefix="fedrcl-flwr-home-"))
         self.port = free_port()
         self.log_path = log_path
@@ -105,6 +181,7 @@ class LocalSuperLink:
         self.proc: Optional[subprocess.Popen] = None
         self.env = dict(os.environ)
         self.env["FLWR_HOME"] = str(self.home)
+        self.env[RUN_VAR] = str(self.home)
         self.env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
         self.env.setdefault("RAY_DEDUP_LOGS", "1")
         self.env.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
@@ -113,6 +190,15 @@ class LocalSuperLink:
         (self.home / "config.toml").write_text(
             '[superlink]\ndefault = "local"\n\n'
             f'[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
+        if lock is not None:
+            lock.note(str(self.home))
+        # the watchdog first: from here on, nothing of the run can outlive this process
+        wenv = {k: v for k, v in os.environ.items() if k != RUN_VAR}
+        self.watchdog = subprocess.Popen(
+            [sys.executable, "-m", "fedrcl_flwr.runner", "watch", str(self.home)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, env=wenv, cwd="/",
+            pass_fds=(lock.fd,) if lock is not None and lock.fd is not None else ())
 
     def start(self, timeout: float = 60.0) -> None:
         self._log = open(self.log_path, "ab")
@@ -121,6 +207,7 @@ class LocalSuperLink:
              "--port", str(self.port), "--disable-runtime-dependency-installation"],
             stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
             start_new_session=True, cwd=str(self.home))
+        self._tell(f"pgid {self.proc.pid}")
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -137,59 +224,97 @@ class LocalSuperLink:
         raise RunFailed(f"flower-superlink did not become healthy in {timeout:.0f}s; "
                         f"see {self.log_path}")
 
+    def _tell(self, line: str) -> None:
+        try:
+            self.watchdog.stdin.write((line + "\n").encode())
+            self.watchdog.stdin.flush()
+        except (OSError, ValueError):
+            pass
+
     def flwr(self, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
         return subprocess.run([_bin("flwr"), *args], env=self.env, capture_output=True,
                               text=True, timeout=timeout, cwd=str(self.home))
 
     def stop(self) -> None:
-        """SIGTERM the SuperLink's process group (it contains the simulation process and
-        the Ray workers it started), then SIGKILL what is left."""
-        if self.proc is not None and self.proc.poll() is None:
-            pgid = os.getpgid(self.proc.pid)
-            for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-                try:
-                    os.killpg(pgid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        if self.proc is not None:
-            try:  # stragglers of the group (Ray workers) after the leader exited
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        _kill_ray_of(self.home)
+        """Close the watchdog's pipe and wait while it tears the run down."""
+        try:
+            self.watchdog.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.watchdog.wait(timeout=90)
+        except subprocess.TimeoutExpired:  # should not happen: do it here instead
+            teardown(self.home, [self.proc.pid] if self.proc is not None else [])
         if getattr(self, "_log", None):
             self._log.close()
-        shutil.rmtree(self.home, ignore_errors=True)
+        if self.watchdog.returncode != 0 or self.home.exists():
+            teardown(self.home, [self.proc.pid] if self.proc is not None else [])
+
+
+def teardown(home: Path, pgids: list[int]) -> None:
+    """Stop everything of the run whose private home is ``home`` at once: SIGKILL the
+    process groups (the SuperLink's holds the simulation process and its direct
+    children), then every process of the run (:func:`procs_with` the home) until none is
+    left, and delete the home. Nothing is waited for gracefully: the SuperLink's state
+    lives in the home that is deleted, and the run's own files are written atomically
+    (``metrics.jsonl`` tolerates a torn last line), so a run stopped mid-round leaves its
+    directory resumable and never goes on to write results after it was stopped."""
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    _kill_run(home)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def watch(home: str) -> None:
+    """The watchdog's main: read ``pgid N`` lines until stdin closes, then tear down."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the teardown first
+    pgids: list[int] = []
+    for line in sys.stdin.buffer:
+        parts = line.decode(errors="replace").split()
+        if len(parts) == 2 and parts[0] == "pgid" and parts[1].isdigit():
+            pgids.append(int(parts[1]))
+    teardown(Path(home), pgids)
 
 
 def procs_with(marker: str) -> list[int]:
-    """PIDs (other than ours) of processes whose environment contains ``marker``, e.g.
-    ``FLWR_HOME=<a run's private home>``: what a run started."""
+    """PIDs (other than ours) of the processes tied to ``marker`` (e.g. a run's private
+    home): its environment, its command line or its working directory contains it. The
+    one /proc scan used by teardown, tests and benchmarks."""
     needle = marker.encode()
+    me = str(os.getpid())
     pids = []
     for pid_dir in Path("/proc").glob("[0-9]*"):
+        if pid_dir.name == me:
+            continue
         try:
-            if pid_dir.name != str(os.getpid()) and needle in (pid_dir / "environ").read_bytes():
+            hit = (needle in (pid_dir / "environ").read_bytes()
+                   or needle in (pid_dir / "cmdline").read_bytes()
+                   or marker in os.readlink(pid_dir / "cwd"))
+            if hit:
                 pids.append(int(pid_dir.name))
         except (OSError, ValueError):
             continue
     return pids
 
 
-def _kill_ray_of(home: Path, timeout: float = 15.0) -> None:
+def _kill_run(home: Path, timeout: float = 20.0) -> None:
     """Ray may daemonise (own session) and its raylet may still be spawning workers while
-    we kill: SIGKILL every process whose environment names our private FLWR_HOME, and
-    repeat until none is left (or ``timeout`` passes)."""
+    we kill: SIGKILL every process of the run, and repeat until none has been seen for a
+    second (or ``timeout`` passes)."""
     deadline = time.time() + timeout
-    while True:
-        pids = procs_with(f"FLWR_HOME={home}")
-        if not pids or time.time() > deadline:
-            return
+    quiet_since = None
+    while time.time() < deadline:
+        pids = procs_with(str(home))
+        if not pids:
+            quiet_since = quiet_since or time.time()
+            if time.time() - quiet_since >= 1.0:
+                return
+        else:
+            quiet_since = None
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -222,30 +347,66 @@ def _status(link: LocalSuperLink, run_id: int) -> str:
     return ""
 
 
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string (quotes, backslashes and control characters
+    escaped), so any path reaches Flower's run config unchanged."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _one_line_error(text: str) -> str:
+    """The final line of the last traceback in a log (``Type: message``), or the last
+    non-empty line."""
+    rows = [r for r in text.splitlines() if r.strip()]
+    starts = [i for i, r in enumerate(rows) if "Traceback" in r]
+    if starts:
+        block = rows[starts[-1] + 1:]
+        for r in block:
+            if not r.startswith((" ", "\t")) and ":" in r:
+                return " ".join(r.split())[:600]
+    return " ".join(rows[-1].split())[:600] if rows else "(no log)"
+
+
 def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
                               verbose: bool = False, poll_s: float = 0.5,
-                              status_every_s: float = 5.0) -> dict:
+                              status_every_s: float = 5.0,
+                              lock: Optional[OutputLock] = None) -> dict:
     """Run the experiment whose resolved config is ``out_dir/config.yaml``; return the
-    summary. Raises :class:`RunFailed` when the run did not complete."""
+    summary. Raises :class:`RunFailed` when the run did not complete (one line; the
+    details are in ``run.log``), including when it stays ``pending``/``starting`` longer
+    than ``simulation.startup_timeout_s``."""
     check_resources(cfg)
     app = find_app_dir()
     out_dir = out_dir.resolve()
     config_path = out_dir / "config.yaml"
-    link = LocalSuperLink(out_dir / "flower.log", verbose=verbose)
+    link = LocalSuperLink(out_dir / "flower.log", verbose=verbose, lock=lock)
     printed = 0
     if resume:
         printed = len(read_metrics(out_dir))
     try:
         link.start()
-        run_config = (f'experiment="{config_path}" output-dir="{out_dir}" '
-                      f'resume="{"true" if resume else "false"}" '
-                      f'expected-nodes={cfg.simulation.num_supernodes or cfg.federation.num_clients}')
-        res = link.flwr("run", str(app), "local", "--run-config", run_config,
+        nodes = cfg.simulation.num_supernodes or cfg.federation.num_clients
+        run_config = link.home / "run-config.toml"
+        run_config.write_text(
+            f"experiment = {toml_string(str(config_path))}\n"
+            f"output-dir = {toml_string(str(out_dir))}\n"
+            f"resume = {toml_string('true' if resume else 'false')}\n"
+            f"expected-nodes = {int(nodes)}\n")
+        res = link.flwr("run", str(app), "local", "--run-config", str(run_config),
                         "--federation-config", federation_config(cfg), "--format", "json")
         run_id = _run_id(res.stdout + "\n" + res.stderr)
         if res.returncode != 0 or run_id is None:
-            raise RunFailed(f"flwr run failed to submit the run (exit {res.returncode}):\n"
-                            f"{(res.stdout + res.stderr).strip()[-2000:]}")
+            raise RunFailed(f"flwr run failed to submit the run (exit {res.returncode}): "
+                            f"{_one_line_error(res.stdout + res.stderr)}")
+        submitted = time.time()
+        started = False
         status, last_check = "", 0.0
         summary_path = out_dir / "summary.json"
         summary_before = summary_path.stat().st_mtime if summary_path.exists() else None
@@ -253,6 +414,7 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
             recs = read_metrics(out_dir)
             for rec in recs[printed:]:
                 print(format_round_line(rec, cfg.federation.rounds), flush=True)
+            started = started or len(recs) > printed
             printed = max(printed, len(recs))
             # each status query starts a `flwr` process (~1 s of CPU taken from training):
             # ask every status_every_s, and every second once the run has written its summary
@@ -262,6 +424,14 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
                 status, last_check = _status(link, run_id), time.time()
                 if status.startswith("finished"):
                     break
+                started = started or status == "running"
+                waited = time.time() - submitted
+                if not started and waited > cfg.simulation.startup_timeout_s:
+                    raise RunFailed(
+                        f"run {run_id} did not start: still '{status or 'unknown'}' after "
+                        f"{waited:.0f}s (simulation.startup_timeout_s="
+                        f"{cfg.simulation.startup_timeout_s:g}; a known Flower problem, "
+                        f"flwr issue #7953); see {link.log_path}")
             if link.proc.poll() is not None:
                 raise RunFailed(f"the SuperLink died (exit {link.proc.returncode}); "
                                 f"see {link.log_path}")
@@ -269,9 +439,8 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
         logs = link.flwr("log", str(run_id), "local", "--show", timeout=60)
         (out_dir / "run.log").write_text(logs.stdout + logs.stderr)
         if status != "finished:completed":
-            tail = _error_tail(logs.stdout + logs.stderr)
-            raise RunFailed(f"run {run_id} ended with status '{status}'.\n{tail}\n"
-                            f"(full log: {out_dir / 'run.log'})")
+            raise RunFailed(f"{_one_line_error(logs.stdout + logs.stderr)} (status "
+                            f"'{status}'; details in {out_dir / 'run.log'})")
     finally:
         link.stop()
     summary_path = out_dir / "summary.json"
@@ -280,14 +449,5 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
     return json.loads(summary_path.read_text())
 
 
-def _error_tail(text: str, lines: int = 12) -> str:
-    """The end of the last traceback in a log (its final line names the error)."""
-    rows = [r for r in text.splitlines() if r.strip()]
-    starts = [i for i, r in enumerate(rows) if "Traceback" in r]
-    if starts:
-        block = rows[starts[-1]:]
-        end = next((i for i, r in enumerate(block) if i > 0 and not r.startswith((" ", "\t"))
-                    and "Traceback" not in r and ":" in r), len(block) - 1)
-        block = block[: end + 1]
-        return "\n".join(block[-lines:])
-    return "\n".join(rows[-lines:])
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "watch":
+    watch(sys.argv[2])

@@ -61,6 +61,28 @@ class AllClientsFailed(RuntimeError):
     pass
 
 
+def client_error_line(failure) -> str:
+    """One line ``Type: message`` for a failed client result.
+
+    Flower hands the strategy ``Exception(Error(code, reason))`` for a ClientApp that
+    raised, with ``reason`` like ``"<class '...ClientAppException'>:<'\\nException
+    ClientAppException occurred. Message: RuntimeError: boom'>"`` (the ClientApp's
+    ``name_errors`` mod puts the original type in front of the message)."""
+    if isinstance(failure, tuple):  # (proxy, FitRes) with a non-OK status
+        res = failure[-1]
+        status = getattr(res, "status", None)
+        return f"client status {getattr(status, 'code', '?')}: {getattr(status, 'message', '')}"
+    err = failure.args[0] if isinstance(failure, BaseException) and failure.args else failure
+    reason = getattr(err, "reason", None)
+    text = str(reason if reason is not None else err)
+    if "Message: " in text:
+        text = text.split("Message: ", 1)[1]
+        if text.endswith("'>"):
+            text = text[:-2]
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return (lines[0] if lines else type(failure).__name__)[:500]
+
+
 def copy_arrays(arrays):
     """Independent copies of a list of arrays (``None`` entries kept)."""
     return [None if a is None else np.array(a, copy=True) for a in arrays]
@@ -115,6 +137,8 @@ class FederatedStrategy(Strategy):
         self.exchange = exchange  # optional SignalExchange (FedCCL, FedProto, FPL)
         self.model_bytes = int(sum(np.asarray(w).nbytes for w in self.weights))
         self.consecutive_empty = 0
+        self.rounds_trained = 0  # rounds in which at least one client result was kept
+        self.first_client_error: Optional[str] = None
         self._fit_info: dict = {}
         self._sampled: list[int] = []
         self._round_start = time.time()
@@ -153,6 +177,8 @@ class FederatedStrategy(Strategy):
     def state_dict(self) -> dict:
         state = {"weights": copy_arrays(self.weights),
                  "consecutive_empty": self.consecutive_empty,
+                 "rounds_trained": self.rounds_trained,
+                 "first_client_error": self.first_client_error,
                  "buffers": {b: copy_arrays(getattr(self, b)) for b in self.buffers}}
         if self.exchange is not None:
             state["exchange"] = self.exchange.state_dict()
@@ -163,6 +189,8 @@ class FederatedStrategy(Strategy):
         self.consecutive_empty = int(state.get("consecutive_empty", 0))
         for b in self.buffers:
             setattr(self, b, copy_arrays(state["buffers"][b]))
+        self.rounds_trained = int(state.get("rounds_trained", 1))  # old checkpoints: trained
+        self.first_client_error = state.get("first_client_error")
         if self.exchange is not None and "exchange" in state:
             self.exchange.load_state_dict(state["exchange"])
 
@@ -208,7 +236,10 @@ class FederatedStrategy(Strategy):
         kept: list[tuple[int, FitRes, list]] = []
         reasons: list[str] = []
         for f in failures:
-            reasons.append(f"client error: {f if isinstance(f, BaseException) else 'status'}")
+            line = client_error_line(f)
+            if self.first_client_error is None:
+                self.first_client_error = line
+            reasons.append(f"client error: {line}")
         for proxy, res in results:
             pid = int(res.metrics.get("partition_id", -1))
             try:
@@ -225,6 +256,8 @@ class FederatedStrategy(Strategy):
             kept.append((pid, res, arrays))
         for r in reasons:
             log.warning("round %d: dropped a client result (%s)", rnd, r)
+        if reasons and self.first_client_error is None:
+            self.first_client_error = reasons[0]
 
         info = {"num_clients": len(kept), "failures": len(reasons),
                 "model_bytes_down": self.model_bytes * len(self._sampled),
@@ -238,13 +271,18 @@ class FederatedStrategy(Strategy):
             log.warning("round %d: every client failed; global model unchanged "
                         "(%d consecutive empty rounds)", rnd, self.consecutive_empty)
             self._fit_info = info
+            first = f"; first client error: {self.first_client_error}" \
+                if self.first_client_error else ""
             if self.consecutive_empty >= self.max_failed:
                 raise AllClientsFailed(
                     f"aborting: {self.consecutive_empty} consecutive rounds in which every "
                     f"client failed (federation.max_consecutive_failed_rounds="
-                    f"{self.max_failed})")
+                    f"{self.max_failed}){first}")
+            if rnd >= self.rounds and self.rounds_trained == 0:
+                raise AllClientsFailed(f"no client trained in any of the {rnd} rounds{first}")
             return ndarrays_to_parameters(self.weights), {}
         self.consecutive_empty = 0
+        self.rounds_trained += 1
         kept.sort(key=lambda t: t[0])  # order-independent arithmetic
         coefs = client_coefficients([r.num_examples for _, r, _ in kept], self.weighting)
         average = weighted_average([a for _, _, a in kept], coefs, self.kinds)

@@ -61,5 +61,10 @@ def test_cli_exits_1_on_failed_run(tmp_path):
     assert res.returncode == 1, res.stdout + res.stderr
     assert "run failed" in res.stderr
     assert "consecutive" in res.stderr  # the server's abort message reaches the user
+    # one line on the console (details in run.log), with the first client error
+    assert [ln for ln in res.stderr.splitlines() if ln.strip()] == [
+        ln for ln in res.stderr.splitlines() if ln.startswith("fedrcl-flwr: run failed:")]
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "first client error: RuntimeError: injected failure" in res.stderr
     left = leftover_procs()
     assert not left, f"left processes behind: {left}"

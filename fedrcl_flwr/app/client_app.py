@@ -59,4 +59,15 @@ def client_fn(context: Context):
                state_dir=state_dir).to_client()
 
 
-app = ClientApp(client_fn=client_fn)
+def name_errors(message, context, call_next):
+    """ClientApp mod: an exception leaves the ClientApp as ``RuntimeError("Type: message")``
+    (one line), because Flower's simulation keeps only ``str(exception)`` and drops the
+    type; the server shows the first such line when every client failed."""
+    try:
+        return call_next(message, context)
+    except Exception as exc:  # noqa: BLE001 - re-raised with its type in the message
+        one = " ".join(str(exc).split())
+        raise RuntimeError(f"{type(exc).__name__}: {one}") from exc
+
+
+app = ClientApp(client_fn=client_fn, mods=[name_errors])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
+import numpy as np
 import torch
 from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
@@ -13,7 +14,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from fedrcl_flwr import runtime
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
 from fedrcl_flwr.checkpoint import load_checkpoint, save_checkpoint
-from fedrcl_flwr.config import dump_config
+from fedrcl_flwr.config import ConfigError, dump_config
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
 from fedrcl_flwr.results import CONFIG_FILE, RunRecorder, format_round_line
 from strategies import strategy_class
@@ -29,6 +30,52 @@ def make_exchange(cfg, num_classes: int):
     if settings is None:
         return None
     return SignalExchange({**settings, **cfg.server.signals}, num_classes=num_classes)
+
+
+def make_strategy(cfg, model, bundle, *, round_offset: int = 0, **callbacks):
+    """The configured strategy around ``model``'s initial weights."""
+    cls = strategy_class(cfg.server.strategy)
+    return cls(
+        initial_weights=runtime.get_weights(model), trainable=runtime.trainable_mask(model),
+        num_clients=cfg.federation.num_clients,
+        clients_per_round=cfg.federation.sampled_per_round(),
+        rounds=cfg.federation.rounds, seed=cfg.seed, weighting=cfg.server.weighting,
+        eval_every=cfg.federation.eval_every, params=cfg.server.params,
+        max_consecutive_failed_rounds=cfg.federation.max_consecutive_failed_rounds,
+        round_offset=round_offset, exchange=make_exchange(cfg, bundle.num_classes),
+        **callbacks,
+    )
+
+
+def check_resume(cfg, out_dir) -> None:
+    """Can the run in ``out_dir`` continue under ``cfg``? A :class:`ConfigError` (exit 2)
+    when the checkpoint is unreadable (truncated, foreign) or does not fit the configured
+    model or strategy (e.g. a ``--set`` that changed the model). Reads only."""
+    from fedrcl_flwr.checkpoint import CheckpointError
+
+    try:
+        ckpt = load_checkpoint(out_dir)
+    except CheckpointError as exc:
+        raise ConfigError(f"--resume {out_dir}: {exc}") from None
+    bundle = runtime.load_bundle(cfg)
+    model = runtime.initial_model(cfg, bundle)
+    want = [tuple(np.shape(w)) for w in runtime.get_weights(model)]
+    saved = ckpt["strategy"].get("weights") if isinstance(ckpt["strategy"], dict) else None
+    have = [tuple(np.shape(w)) for w in saved or []]
+    if want != have:
+        diff = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want),
+                                                                              len(have)))
+        raise ConfigError(
+            f"--resume {out_dir}: the checkpoint's model does not match the configured one "
+            f"(model.name={cfg.model.name}: {len(want)} arrays, checkpoint: {len(have)}; "
+            f"first difference at array {diff}); the model, dataset or number of classes "
+            "must stay as the run started")
+    try:
+        make_strategy(cfg, model, bundle, round_offset=int(ckpt["round"])).load_state_dict(
+            ckpt["strategy"])
+    except Exception as exc:  # noqa: BLE001 - a state that does not fit is one input error
+        raise ConfigError(f"--resume {out_dir}: the checkpoint does not fit strategy "
+                          f"'{cfg.server.strategy}' ({type(exc).__name__}: {exc})") from None
 
 
 def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
@@ -111,18 +158,9 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
                 "wall_time_s": recorder.wall_time(),
             })
 
-    exchange = make_exchange(cfg, bundle.num_classes)
-    cls = strategy_class(cfg.server.strategy)
-    strategy = cls(
-        initial_weights=runtime.get_weights(model), trainable=runtime.trainable_mask(model),
-        num_clients=cfg.federation.num_clients,
-        clients_per_round=cfg.federation.sampled_per_round(),
-        rounds=cfg.federation.rounds, seed=cfg.seed, weighting=cfg.server.weighting,
-        eval_every=cfg.federation.eval_every, params=cfg.server.params,
-        evaluate_fn=evaluate_fn, on_record=on_record, on_checkpoint=on_checkpoint,
-        max_consecutive_failed_rounds=cfg.federation.max_consecutive_failed_rounds,
-        expected_nodes=expected_nodes, round_offset=done, exchange=exchange,
-    )
+    strategy = make_strategy(cfg, model, bundle, evaluate_fn=evaluate_fn, on_record=on_record,
+                             on_checkpoint=on_checkpoint, expected_nodes=expected_nodes,
+                             round_offset=done)
     if ckpt:
         strategy.load_state_dict(ckpt["strategy"])
     if done >= cfg.federation.rounds:

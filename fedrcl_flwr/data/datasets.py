@@ -130,21 +130,93 @@ class RawSplit:
     d: Optional[np.ndarray] = None  # int64 domain ids
 
 
-def _hwc(x) -> np.ndarray:
-    """Any image array (N,H,W), (N,H,W,C) or (N,C,H,W) -> uint8 (N,H,W,C)."""
+def _hwc(x, what: str = "images") -> np.ndarray:
+    """Any image array (N,H,W), (N,H,W,C) or (N,C,H,W) -> uint8 (N,H,W,C).
+
+    Layout rule: 4-D arrays are channels-last unless only the channels-first reading has 1
+    or 3 channels. When both readings have 1 or 3 channels (e.g. (N, 3, 16, 3)) the one
+    that gives square images wins; if that does not decide it, it is an error.
+
+    Values: ``uint8`` as is; other integer types must lie in [0, 255]; floats must be
+    finite and in [0, 1] (scaled by 255 and rounded). Anything else (NaN/Inf pixels, floats
+    outside [0, 1], strings, objects) is a :class:`DatasetError` naming ``what``.
+    """
     x = np.asarray(x)
+    if x.dtype.kind not in "uifb":
+        raise DatasetError(f"{what}: pixel array of type {x.dtype} (need numbers: uint8 in "
+                           "[0, 255] or floats in [0, 1])")
     if x.ndim == 3:
         x = x[..., None]
-    elif x.ndim == 4 and x.shape[1] in (1, 3) and x.shape[-1] not in (1, 3):
-        x = x.transpose(0, 2, 3, 1)
+    elif x.ndim == 4:
+        last, first = x.shape[-1] in (1, 3), x.shape[1] in (1, 3)
+        if first and not last:
+            x = x.transpose(0, 2, 3, 1)
+        elif first and last:
+            sq_last, sq_first = x.shape[1] == x.shape[2], x.shape[2] == x.shape[3]
+            if sq_first and not sq_last:
+                x = x.transpose(0, 2, 3, 1)
+            elif sq_last == sq_first:
+                raise DatasetError(
+                    f"{what}: shape {x.shape} is ambiguous (channels-first and channels-last "
+                    "both possible); store images as N x H x W x C with H == W")
     if x.ndim != 4:
-        raise DatasetError(f"images must be N x H x W or N x H x W x C, got shape {x.shape}")
+        raise DatasetError(f"{what}: images must be N x H x W or N x H x W x C, got shape "
+                           f"{x.shape}")
     if x.dtype != np.uint8:
-        xf = x.astype(np.float64)
-        if xf.size and xf.max() <= 1.0 and xf.min() >= 0.0:
-            xf = xf * 255.0
-        x = np.clip(np.rint(xf), 0, 255).astype(np.uint8)
+        if x.dtype.kind == "f":
+            finite = np.isfinite(x)
+            if not finite.all():
+                raise DatasetError(f"{what}: {int((~finite).sum())} NaN/Inf pixel values")
+            if x.size and (x.min() < 0.0 or x.max() > 1.0):
+                raise DatasetError(
+                    f"{what}: float pixels must be in [0, 1], found values in "
+                    f"[{float(x.min()):.4g}, {float(x.max()):.4g}] (scale them to [0, 1], or "
+                    "store uint8 in [0, 255])")
+            x = np.rint(x.astype(np.float32) * np.float32(255.0)).astype(np.uint8)
+        else:
+            if x.size and (x.min() < 0 or x.max() > 255):
+                raise DatasetError(
+                    f"{what}: integer pixels must be in [0, 255], found values in "
+                    f"[{int(x.min())}, {int(x.max())}]")
+            x = x.astype(np.uint8)
     return np.ascontiguousarray(x)
+
+
+def _int_labels(y, what: str) -> np.ndarray:
+    """Labels as int64: integers, or floats that are whole numbers (1.0 -> 1); NaN/Inf,
+    fractional, negative or non-numeric labels are a :class:`DatasetError`."""
+    y = np.asarray(y)
+    if y.dtype.kind not in "uif":
+        raise DatasetError(f"{what}: labels of type {y.dtype} (need non-negative integers)")
+    y = y.ravel()
+    if y.dtype.kind == "f":
+        if not np.isfinite(y).all():
+            raise DatasetError(f"{what}: {int((~np.isfinite(y)).sum())} NaN/Inf labels")
+        if (y != np.round(y)).any():
+            bad = y[y != np.round(y)][:3].tolist()
+            raise DatasetError(f"{what}: fractional labels such as {bad} (need whole numbers)")
+    if len(y) and y.min() < 0:
+        raise DatasetError(f"{what}: negative labels (min {y.min()})")
+    return y.astype(np.int64)
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory available to a new allocation (``MemAvailable``), or ``None``."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_fits_memory(nbytes: int, what: str, why: str) -> None:
+    """A :class:`DatasetError` when ``nbytes`` exceeds the memory available now."""
+    avail = available_memory()
+    if avail is not None and nbytes > avail:
+        raise DatasetError(f"{what} needs about {nbytes / 2**30:.1f} GiB in memory ({why}), "
+                           f"more than the {avail / 2**30:.1f} GiB available")
 
 
 _HOW_TO_GET = {
@@ -275,7 +347,8 @@ def _torchvision(name: str, root: Path, download: bool,
         out = []
         for train in (True, False):
             x, y = make(train)
-            out.append(RawSplit(_hwc(x), np.asarray(y, dtype=np.int64)))
+            out.append(RawSplit(_hwc(x, f"dataset '{name}'"),
+                                _int_labels(y, f"dataset '{name}' labels")))
     except DatasetError:
         raise
     except Exception as exc:  # noqa: BLE001 - every refusal becomes one clear error
@@ -309,12 +382,19 @@ def _read_images(files: list[Path], size: Optional[int]) -> np.ndarray:
     from PIL import Image
 
     out = []
+    if size is not None:
+        check_fits_memory(len(files) * size * size * 3, f"{len(files)} images",
+                          f"{size}x{size} RGB uint8 each")
     for f in files:
-        with Image.open(f) as im:
-            im = im.convert("RGB")
-            if size is not None and im.size != (size, size):
-                im = im.resize((size, size), Image.BILINEAR)
-            out.append(np.asarray(im, dtype=np.uint8))
+        try:
+            with Image.open(f) as im:
+                im = im.convert("RGB")
+                if size is not None and im.size != (size, size):
+                    im = im.resize((size, size), Image.BILINEAR)
+                out.append(np.asarray(im, dtype=np.uint8))
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL's errors for a bad file
+            raise DatasetError(f"{f}: not a readable image ({' '.join(str(exc).split())})"
+                               ) from None
     if not out:
         return np.zeros((0, size or 1, size or 1, 3), np.uint8)
     shapes = {a.shape for a in out}
@@ -428,21 +508,52 @@ def _npz(path: Path) -> tuple[RawSplit, RawSplit]:
         if missing:
             raise DatasetError(f"{path}: missing array(s) {', '.join(missing)} (an npz "
                                "dataset holds x_train, y_train, x_test, y_test)")
+        _check_npz_memory(path)
         out = []
+
+        def arr(key):
+            try:
+                return z[key]
+            except (ValueError, OSError, EOFError) as exc:  # object arrays, torn members
+                raise DatasetError(f"{path}: array {key} cannot be read without pickle "
+                                   f"({' '.join(str(exc).split())}); store plain numeric "
+                                   "arrays") from None
+
         for s in ("train", "test"):
-            x, y = _hwc(z[f"x_{s}"]), np.asarray(z[f"y_{s}"]).astype(np.int64).ravel()
+            x = _hwc(arr(f"x_{s}"), f"{path}: x_{s}")
+            y = _int_labels(arr(f"y_{s}"), f"{path}: y_{s}")
             if len(x) != len(y):
                 raise DatasetError(f"{path}: x_{s} has {len(x)} images but y_{s} has "
                                    f"{len(y)} labels")
-            if len(y) and y.min() < 0:
-                raise DatasetError(f"{path}: y_{s} has negative labels")
-            d = np.asarray(z[f"d_{s}"]).astype(np.int64).ravel() if f"d_{s}" in z.files \
+            d = _int_labels(arr(f"d_{s}"), f"{path}: d_{s}") if f"d_{s}" in z.files \
                 else None
             if d is not None and len(d) != len(y):
                 raise DatasetError(f"{path}: d_{s} has {len(d)} domain ids but y_{s} has "
                                    f"{len(y)} labels")
             out.append(RawSplit(x, y, d))
     return out[0], out[1]
+
+
+def _check_npz_memory(path: Path) -> None:
+    """Refuse an npz whose arrays (read from the member headers, nothing loaded) exceed
+    the memory available: their bytes plus the uint8 copy of the images."""
+    import zipfile
+
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                with zf.open(info) as fh:
+                    fmt = np.lib.format
+                    version = fmt.read_magic(fh)
+                    read = fmt.read_array_header_1_0 if version == (1, 0) else \
+                        fmt.read_array_header_2_0
+                    shape, _, dtype = read(fh)
+                n = int(np.prod(shape, dtype=np.float64))
+                total += n * dtype.itemsize + (n if info.filename.startswith("x_") else 0)
+    except Exception:  # noqa: BLE001 - unreadable headers are reported when loading
+        return
+    check_fits_memory(total, f"{path}", "its arrays plus a uint8 copy of the images")
 
 
 DIGIT5_DOMAINS = ("mnist", "svhn", "usps", "synthdigits", "mnistm")
@@ -538,7 +649,13 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
     if name == "synthetic":
         from fedrcl_flwr.data.synthetic import make_synthetic
 
-        xtr, ytr, dtr, xte, yte, dte = make_synthetic(**(synthetic or {}), seed=seed)
+        sy = synthetic or {}
+        hw = int(sy.get("image_size", 32)) ** 2 * int(sy.get("channels", 3))
+        n_all = int(sy.get("num_train", 20000)) + int(sy.get("num_test", 4000))
+        bank = (int(sy.get("num_classes", 10)) * int(sy.get("subclusters", 3)) + 6) * 25 * hw
+        check_fits_memory(n_all * hw + 12 * bank + 16 * 4096 * hw, "dataset.synthetic",
+                          f"{n_all} images of {hw} uint8 values, plus float pattern banks")
+        xtr, ytr, dtr, xte, yte, dte = make_synthetic(**sy, seed=seed)
         tr, te = RawSplit(xtr, ytr, dtr), RawSplit(xte, yte, dte)
         nd = int((synthetic or {}).get("num_domains", 1))
         dnames = [f"domain{i}" for i in range(nd)] if nd > 1 else []
@@ -560,6 +677,13 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
 
     if len(tr.y) == 0:
         raise DatasetError(f"dataset '{name}' has no training images")
+    if len(te.y) == 0:
+        raise DatasetError(f"dataset '{name}' has no test images (every experiment is "
+                           "evaluated on a test set)")
+    unseen = sorted(set(np.unique(te.y).tolist()) - set(np.unique(tr.y).tolist()))
+    if unseen:
+        raise DatasetError(f"dataset '{name}': test classes {unseen[:10]} never occur in the "
+                           "training set (no client could learn them)")
     if image_size is not None:
         tr = RawSplit(_resize_u8(tr.x, image_size), tr.y, tr.d)
         te = RawSplit(_resize_u8(te.x, image_size), te.y, te.d)

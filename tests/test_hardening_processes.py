@@ -1,0 +1,147 @@
+"""Issue 11 with real Flower processes (marked ``flwr``; tiny synthetic runs): nothing of a
+run survives SIGTERM or SIGKILL of the CLI, a run where no client ever trained exits 1 with
+the first client error, a run stuck before starting times out cleanly.
+
+"Of the run" is checked broadly: any process whose environment, command line or working
+directory names the run's private home (read from the output directory's lock file), or
+whose environment carries a tag this test put on the CLI (every child inherits it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.runner import LOCK_FILE, OutputLock, procs_with
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.flwr
+
+SMALL = [
+    "dataset.synthetic.num_train=600", "dataset.synthetic.num_test=200",
+    "dataset.synthetic.image_size=16", "dataset.synthetic.num_classes=4",
+    "federation.num_clients=4", "federation.clients_per_round=2",
+    "federation.participation=null", "client.local_epochs=1",
+    "simulation.num_supernodes=2", "output.checkpoint_every=0",
+]
+
+
+def _start(out: Path, *sets, tag: str):
+    args = [sys.executable, "-m", "fedrcl_flwr.cli", "run",
+            str(ROOT / "experiments" / "quickstart.yaml"), "--out", str(out)]
+    for s in [*SMALL, *sets]:
+        args += ["--set", s]
+    env = {**os.environ, "FEDRCL_TEST_TAG": tag}
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def _home(out: Path) -> str:
+    lines = (out / LOCK_FILE).read_text().splitlines()
+    assert len(lines) >= 2 and "fedrcl-flwr-home-" in lines[1], lines
+    return lines[1]
+
+
+def _alive(home: str, tag: str, grace: float) -> dict[int, str]:
+    """Processes of the run still alive after up to ``grace`` seconds."""
+    deadline = time.time() + grace
+    while True:
+        left = set(procs_with(home)) | set(procs_with(f"FEDRCL_TEST_TAG={tag}"))
+        if not left or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    out = {}
+    for pid in sorted(left):
+        try:
+            out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+        except OSError:
+            continue
+    return out
+
+
+def _wait_for_round(proc, out: Path, n: int, timeout: float = 240.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline and len(read_metrics(out)) < n and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    assert len(read_metrics(out)) >= n
+
+
+@pytest.mark.parametrize("sig,grace", [(signal.SIGTERM, 30.0), (signal.SIGKILL, 40.0)])
+def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
+    # a quote, a space and braces in the output path: handed to Flower without pasting
+    out = tmp_path / 'run "q" {x}'
+    tag = uuid.uuid4().hex
+    proc = _start(out, "federation.rounds=500", tag=tag)
+    try:
+        _wait_for_round(proc, out, 1)  # round 2 is being trained now
+        home = _home(out)
+        assert procs_with(home), "the run's processes should be found while it runs"
+        proc.send_signal(sig)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == (130 if sig == signal.SIGTERM else -signal.SIGKILL)
+    left = _alive(home, tag, grace)
+    assert not left, f"left behind after {sig!r}: {left}"
+    assert not Path(home).exists()
+    assert OutputLock.holder(out) is None  # the lock died with the run
+    assert not (out / "summary.json").exists()
+    done = len(read_metrics(out))
+    time.sleep(2)
+    assert len(read_metrics(out)) == done < 500  # nothing trains on
+
+
+def test_run_where_every_client_failed_exits_1_with_the_first_error(tmp_path):
+    out = tmp_path / "run"
+    tag = uuid.uuid4().hex
+    proc = _start(out, "federation.rounds=2", "client.method=faulty",
+                  "federation.max_consecutive_failed_rounds=5", tag=tag)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 1, stdout + stderr
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, stderr
+    assert "no client trained in any of the 2 rounds" in lines[0]
+    assert "first client error: RuntimeError: injected failure on partition" in lines[0]
+    assert "ALL CLIENTS FAILED" in stdout
+    assert not (out / "summary.json").exists()
+    assert "AllClientsFailed" in (out / "run.log").read_text()  # details stay in run.log
+    assert not _alive(_home(out), tag, 30.0)
+
+
+def test_run_that_never_starts_times_out_cleanly(tmp_path, monkeypatch):
+    """Flower issue #7953: a run that stays 'pending'. Flower cannot be made to hang on
+    purpose, so the status query is made to answer 'pending' for this real run."""
+    import fedrcl_flwr.runner as runner
+    from fedrcl_flwr.config import apply_overrides, config_from_dict, dump_config, read_yaml
+
+    out = tmp_path / "run"
+    out.mkdir()
+    data = apply_overrides(read_yaml(ROOT / "experiments" / "quickstart.yaml"),
+                           [*SMALL, "federation.rounds=2", "simulation.startup_timeout_s=3"])
+    cfg = config_from_dict(data)
+    dump_config(cfg, out / "config.yaml")
+    homes = []
+    real_start = runner.LocalSuperLink.start
+
+    def start(self, *a, **kw):
+        homes.append(str(self.home))
+        return real_start(self, *a, **kw)
+
+    monkeypatch.setattr(runner.LocalSuperLink, "start", start)
+    monkeypatch.setattr(runner, "_status", lambda link, run_id: "pending")
+    with pytest.raises(runner.RunFailed) as ei:
+        runner.run_simulation_via_flower(cfg, out, status_every_s=0.5)
+    msg = str(ei.value)
+    assert "\n" not in msg and "did not start: still 'pending'" in msg
+    assert "startup_timeout_s=3" in msg
+    assert not _alive(homes[0], uuid.uuid4().hex, 30.0)
+    assert not Path(homes[0]).exists()
