@@ -199,6 +199,7 @@ class FederatedClient(NumPyClient):
             lr=float(config.get("lr", round_lr(c.lr, c.lr_decay, self.server_round))),
             epochs=c.local_epochs, momentum=c.momentum, weight_decay=c.weight_decay,
             grad_clip=c.grad_clip, iterations_per_epoch=c.iterations_per_epoch,
+            epoch_lr_decay=c.epoch_lr_decay,
         )
         terms = self.loss_terms()
         if "acg_beta" in config:  # FedACG's client regulariser, for any method

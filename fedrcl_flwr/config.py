@@ -61,7 +61,9 @@ class DatasetConfig:
     torchvision fetch missing data (needs a network). ``domains`` names the domain
     sub-folders of an image-folder tree (PACS, Office-10, DomainNet) or a subset of
     Digit-5's domains; ``test_fraction`` is held out for testing from image folders that
-    have no ``train``/``test`` split.
+    have no ``train``/``test`` split. ``rotation`` (degrees, 0 = off) adds a random rotation
+    in [−rotation, rotation] before the dataset's crop/flip when ``augment`` is on (the
+    FedRCL authors use 10 for CIFAR and Tiny-ImageNet).
     """
 
     name: str = "synthetic"
@@ -69,6 +71,7 @@ class DatasetConfig:
     path: Optional[str] = None
     download: bool = False
     augment: bool = True
+    rotation: float = 0.0
     normalize: bool = True
     image_size: Optional[int] = None
     val_fraction: float = 0.0
@@ -103,6 +106,9 @@ class ModelConfig:
     # number of classes; null = from the dataset. Set it for real devices whose local
     # data may not contain every class.
     num_classes: Optional[int] = None
+    # initialisation: "model" = the model's own (Kaiming-normal convs for resnet18_gn);
+    # "pytorch" = every layer's PyTorch default (the FedRCL authors' ResNet-18)
+    init: str = "model"
 
 
 @dataclass
@@ -131,7 +137,9 @@ class ClientConfig:
     """Local objective and local optimisation (identical for every method).
 
     ``lr`` at round t (1-based) is ``lr * lr_decay ** (t - 1)``; a fresh SGD optimiser is
-    built every round. ``iterations_per_epoch`` (if set) overrides ``batch_size`` so that
+    built every round. ``epoch_lr_decay`` decays it further inside the round: local epoch e
+    (0-based) runs at ``lr * lr_decay ** (t - 1) * epoch_lr_decay ** e`` (the FedRCL authors
+    use 0.998, ``trainer.local_lr_decay``; 1 = off). ``iterations_per_epoch`` (if set) overrides ``batch_size`` so that
     one local epoch is exactly that many steps (the FedRCL authors use 10).
     """
 
@@ -140,6 +148,7 @@ class ClientConfig:
     optimizer: str = "sgd"
     lr: float = 0.1
     lr_decay: float = 0.998
+    epoch_lr_decay: float = 1.0
     momentum: float = 0.0
     weight_decay: float = 1e-3
     local_epochs: int = 5
@@ -232,6 +241,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "dataset.domains": (lambda v: all(isinstance(d, str) and d for d in v),
                         "must be a list of domain (folder) names"),
     "dataset.image_size": (lambda v: v is None or v >= 8, "must be >= 8"),
+    "dataset.rotation": (lambda v: 0 <= v <= 180, "must be in [0, 180] degrees"),
     "dataset.synthetic.num_train": (lambda v: v >= 1, "must be >= 1"),
     "dataset.synthetic.num_test": (lambda v: v >= 1, "must be >= 1"),
     "dataset.synthetic.num_classes": (lambda v: v >= 2, "must be >= 2"),
@@ -252,6 +262,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "partition.min_size": (lambda v: v >= 0, "must be >= 0"),
     "partition.domains_per_client": (lambda v: v >= 1, "must be >= 1"),
     "model.num_classes": (lambda v: v is None or v >= 2, "must be >= 2"),
+    "model.init": (lambda v: v in ("model", "pytorch"), "must be 'model' or 'pytorch'"),
     "federation.num_clients": (lambda v: v >= 1, "must be >= 1"),
     "federation.rounds": (lambda v: v >= 1, "must be >= 1"),
     "federation.participation": (
@@ -264,6 +275,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "client.optimizer": (lambda v: v in ("sgd",), "must be 'sgd'"),
     "client.lr": (lambda v: v > 0, "must be > 0"),
     "client.lr_decay": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "client.epoch_lr_decay": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "client.momentum": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
     "client.weight_decay": (lambda v: v >= 0, "must be >= 0"),
     "client.local_epochs": (lambda v: v >= 1, "must be >= 1"),

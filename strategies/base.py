@@ -65,7 +65,11 @@ def resolve_server_params(name: str, defaults: dict, given: dict) -> dict:
                           f"'{name}' (allowed: {allowed})")
     out = dict(defaults)
     for k, v in given.items():
-        if isinstance(defaults[k], (int, float)) and (
+        if isinstance(defaults[k], bool):
+            if not isinstance(v, bool):
+                raise ConfigError(f"server.params.{k} for strategy '{name}' must be true or "
+                                  f"false, got {v!r}")
+        elif isinstance(defaults[k], (int, float)) and (
             isinstance(v, bool) or not isinstance(v, (int, float))
         ):
             raise ConfigError(f"server.params.{k} for strategy '{name}' must be a number, "

@@ -37,7 +37,7 @@ def test_fedprox_penalty_and_client_term():
 
     class Stub(client_class("fedprox")):
         def __init__(self):  # no data needed: only the term wiring is checked
-            self.p, self.device = {"mu": 0.1}, torch.device("cpu")
+            self.p, self.device = {"mu": 0.1, "halve": True}, torch.device("cpu")
 
     c = Stub()
     c.model = torch.nn.Linear(2, 1)
