@@ -215,8 +215,29 @@ class FederatedClient(NumPyClient):
         }
         for name, value in stats.terms.items():
             metrics[f"loss_{name}"] = value
+        every = self.cfg.evaluation.local_representation_every
+        if every and self.server_round % every == 0:
+            metrics.update(self.local_representation())
         self.on_round_end(metrics)
         return runtime.get_weights(self.model), self.data.size, metrics
+
+    def local_representation(self) -> dict:
+        """Representation metrics of the local model after local training (FedRCL
+        Figs. 2-3 measure local models), as ``local_repr_*`` fit metrics: on the test set
+        in simulation, on the client's own (un-augmented) data for a client with fixed
+        local data."""
+        from torch.utils.data import Subset
+
+        from fedrcl_flwr.representation import representation_record
+
+        if self._fixed_data is None:
+            data = runtime.load_bundle(self.cfg).test
+        else:
+            plain = self.data.dataset.plain() if hasattr(self.data.dataset, "plain") \
+                else self.data.dataset
+            data = Subset(plain, self.data.indices.tolist())
+        rec = representation_record(self.model, data, self.device)
+        return {f"local_{k}": v for k, v in rec.items()}
 
     def evaluate(self, parameters, config):
         """Local evaluation on the client's training data (federated evaluation)."""

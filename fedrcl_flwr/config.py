@@ -177,6 +177,11 @@ class EvaluationConfig:
     target_rounds: list = field(default_factory=list)
     batch_size: int = 500
     representation_every: int = 0  # >0: representation metrics every k rounds
+    # >0: every k rounds each sampled client also measures its LOCAL model right after
+    # local training (FedRCL Figs. 2-3) on the test set (up to 2000 samples; clients with
+    # their own data: that data); logged as local_repr_* (mean over the round's clients)
+    # and local_repr_effective_rank_per_client
+    local_representation_every: int = 0
     # FGSM / PGD robust accuracy of the global model (FedCCL Table 8), any method.
     # eps/step are in the units of the model's (normalised) input.
     robust_every: int = 0
@@ -293,6 +298,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     ),
     "evaluation.batch_size": (lambda v: v >= 1, "must be >= 1"),
     "evaluation.representation_every": (lambda v: v >= 0, "must be >= 0"),
+    "evaluation.local_representation_every": (lambda v: v >= 0, "must be >= 0"),
     "evaluation.robust_every": (lambda v: v >= 0, "must be >= 0"),
     "evaluation.robust_eps": (lambda v: v > 0, "must be > 0"),
     "evaluation.robust_step": (lambda v: v > 0, "must be > 0"),

@@ -206,3 +206,41 @@ def test_model_init_pytorch_default_vs_kaiming(tiny):
     assert float(wb.std()) == pytest.approx(1 / math.sqrt(3 * fan_in), rel=0.02)
     # the classifier's bias: PyTorch default is non-zero U(±1/sqrt(512)) in both
     assert float(b.fc.bias.abs().max()) <= 1 / math.sqrt(512)
+
+
+def test_local_representation_metrics_on_the_trained_local_models(tiny, tmp_path,
+                                                                  monkeypatch):
+    import fedrcl_flwr.representation as rep
+    from fedrcl_flwr.app.inprocess import run_inprocess
+    from fedrcl_flwr.results import read_metrics
+    from fedrcl_flwr.runtime import sample_partitions
+
+    seen = []
+    real = rep.representation_record
+
+    def spy(model, dataset, device, **kw):
+        seen.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return real(model, dataset, device, **kw)
+
+    monkeypatch.setattr(rep, "representation_record", spy)
+    cfg = tiny(federation={"rounds": 1},
+               evaluation={"local_representation_every": 1, "representation_every": 0})
+    run_inprocess(cfg, tmp_path / "run")
+    rec = read_metrics(tmp_path / "run")[-1]
+    # two sampled clients measured their models; FedAvg (uniform) averages exactly those
+    assert len(seen) == 2
+    final = torch.load(tmp_path / "run" / "model.pt", map_location="cpu")
+    final = final.get("model", final) if isinstance(final, dict) else final
+    floats = [k for k, v in final.items() if v.is_floating_point()]
+    assert len(floats) >= 4 and set(floats) <= set(seen[0])
+    for k in floats:
+        torch.testing.assert_close(final[k], (seen[0][k] + seen[1][k]) / 2, rtol=1e-5,
+                                   atol=1e-6)
+    per = rec["local_repr_effective_rank_per_client"]
+    assert sorted(per) == [str(p) for p in sample_partitions(cfg.seed, 1, 8, 2)]
+    assert rec["local_repr_effective_rank"] == pytest.approx(np.mean(list(per.values())))
+    assert 1.0 <= rec["local_repr_effective_rank"] <= 512
+    assert "local_repr_vci" in rec and "repr_effective_rank" not in rec
+    off = tiny(federation={"rounds": 1})
+    run_inprocess(off, tmp_path / "off")
+    assert not any(k.startswith("local_repr") for k in read_metrics(tmp_path / "off")[-1])
