@@ -244,3 +244,27 @@ def test_local_representation_metrics_on_the_trained_local_models(tiny, tmp_path
     off = tiny(federation={"rounds": 1})
     run_inprocess(off, tmp_path / "off")
     assert not any(k.startswith("local_repr") for k in read_metrics(tmp_path / "off")[-1])
+
+
+def test_fedrcl_paper_yamls_use_the_authors_protocol():
+    import glob
+    import re
+    from pathlib import Path
+
+    from fedrcl_flwr.config import load_config
+
+    root = Path(__file__).resolve().parents[1] / "experiments" / "fedrcl"
+    files = sorted(glob.glob(str(root / "table[12345AD]*.yaml")))
+    assert len(files) == 45
+    for f in files:
+        cfg = load_config(f)
+        assert cfg.dataset.rotation == 10 and cfg.dataset.augment, f
+        assert cfg.model.init == "pytorch" and cfg.client.epoch_lr_decay == 0.998, f
+        assert cfg.partition.seed == 0, f
+        if cfg.server.strategy == "fedadam":
+            assert cfg.server.params["v_init_tau_sq"] is True, f
+        text = Path(f).read_text()
+        for line in re.findall(r"client.method=fedprox .*", text):
+            assert "{mu: 0.001, halve: false}" in line, f
+        for line in re.findall(r"client.method=fedntd .*", text):
+            assert "{beta: 0.3, ce_weight: 0.7}" in line, f
