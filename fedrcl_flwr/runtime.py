@@ -37,6 +37,7 @@ def _bundle_cached(dataset_key: str, seed: int):
         augment=d["augment"], normalize=d["normalize"], image_size=d["image_size"],
         synthetic=d["synthetic"], seed=seed, val_fraction=d["val_fraction"],
         domains=d["domains"], test_fraction=d["test_fraction"], rotation=d["rotation"],
+        crop_pad=d["crop_pad"],
     )
 
 

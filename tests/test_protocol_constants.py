@@ -153,6 +153,14 @@ def test_dataset_rotation_key_reaches_the_training_batches():
                             pad=rot.train.augment.crop_pad, flip=rot.train.augment.flip,
                             generator=g)
     assert torch.allclose(b, want, atol=1e-6)
+    # crop_pad overrides the dataset's padding (synthetic: 2); 0 = flip only
+    assert load_dataset("synthetic", synthetic=syn, seed=0, crop_pad=4).train.augment.crop_pad == 4
+    flip_only = load_dataset("synthetic", synthetic=syn, seed=0, crop_pad=0).train
+    g = torch.Generator().manual_seed(3)
+    c, _ = flip_only.get_batch(idx, g)
+    do = torch.rand(8, generator=torch.Generator().manual_seed(3)) < 0.5
+    x0 = flip_only.plain().get_batch(idx)[0]
+    assert torch.equal(c, torch.where(do[:, None, None, None], x0.flip(3), x0))
 
 
 def test_epoch_lr_decay_sets_lr_per_local_epoch():
@@ -261,6 +269,7 @@ def test_fedrcl_paper_yamls_use_the_authors_protocol():
         assert cfg.dataset.rotation == 10 and cfg.dataset.augment, f
         assert cfg.model.init == "pytorch" and cfg.client.epoch_lr_decay == 0.998, f
         assert cfg.partition.seed == 0, f
+        assert cfg.dataset.crop_pad == (4 if cfg.dataset.name == "tinyimagenet" else None), f
         if cfg.server.strategy == "fedadam":
             assert cfg.server.params["v_init_tau_sq"] is True, f
         text = Path(f).read_text()

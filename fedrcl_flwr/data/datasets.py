@@ -451,7 +451,8 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
                  download: bool = False, augment: bool = True, normalize: bool = True,
                  image_size: Optional[int] = None, synthetic: Optional[dict] = None,
                  seed: int = 0, val_fraction: float = 0.0, domains: Optional[list] = None,
-                 test_fraction: float = 0.2, rotation: float = 0.0) -> DataBundle:
+                 test_fraction: float = 0.2, rotation: float = 0.0,
+                 crop_pad: Optional[int] = None) -> DataBundle:
     """Load a dataset into a :class:`DataBundle` (see the module docstring)."""
     root_p = Path(os.path.expanduser(root or "."))
     dnames: list = []
@@ -505,6 +506,8 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
     aug = default_augment(name, size) if augment else None
     if aug is not None and rotation > 0:
         aug = replace(aug, rotation=float(rotation))
+    if aug is not None and crop_pad is not None:
+        aug = replace(aug, crop_pad=int(crop_pad))
 
     def wrap(split: RawSplit, aug_spec):
         imgs = torch.from_numpy(np.ascontiguousarray(split.x.transpose(0, 3, 1, 2)))
