@@ -142,8 +142,9 @@ class ClientConfig:
     ``lr`` at round t (1-based) is ``lr * lr_decay ** (t - 1)``; a fresh SGD optimiser is
     built every round. ``epoch_lr_decay`` decays it further inside the round: local epoch e
     (0-based) runs at ``lr * lr_decay ** (t - 1) * epoch_lr_decay ** e`` (the FedRCL authors
-    use 0.998, ``trainer.local_lr_decay``; 1 = off). ``iterations_per_epoch`` (if set) overrides ``batch_size`` so that
-    one local epoch is exactly that many steps (the FedRCL authors use 10).
+    use 0.998, ``trainer.local_lr_decay``; 1 = off). ``iterations_per_epoch`` (if set)
+    overrides ``batch_size`` so that one local epoch is exactly that many steps (the FedRCL
+    authors use 10).
     """
 
     method: str = "fedavg"

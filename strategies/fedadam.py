@@ -9,8 +9,8 @@ Defaults β1 = 0.9, β2 = 0.99, τ = 1e-3 and server lr η = 0.01. The second mo
 at v_{−1} = τ² (``v_init_tau_sq: true``, default): Reddi et al. Alg. 2 initialise
 v_{−1} ≥ τ², and so do the FedRCL authors (skynbe/FedRCL ``servers/base.py``,
 ``ServerAdam.set_momentum``: ``global_v = 0 + tau * tau``); ``v_init_tau_sq: false``
-starts it at 0 (then round 1 is m/sqrt(v) = sign(Δ) up to τ). The momentum m starts at 0. Why not η = 1: in round 1
-m/sqrt(v) = 0.1Δ/(0.1|Δ| + τ) ≈ sign(Δ) wherever |Δ| ≫ τ, so η is the per-coordinate
+starts it at 0. The momentum m starts at 0. Why not η = 1: in round 1 m/sqrt(v) ≈
+0.1Δ/(0.1|Δ| + τ) ≈ sign(Δ) wherever |Δ| ≫ τ (either start of v), so η is the per-coordinate
 step; η = 1 moves every weight by ~1 and diverges, while 0.01 (within the range Reddi et
 al. tuned for CNNs) is stable. Acts on trainable parameters only.
 """
