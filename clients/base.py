@@ -211,6 +211,7 @@ class FederatedClient(NumPyClient):
             epochs=c.local_epochs, momentum=c.momentum, weight_decay=c.weight_decay,
             grad_clip=c.grad_clip, iterations_per_epoch=c.iterations_per_epoch,
             optimizer=c.optimizer, nesterov=c.nesterov, betas=tuple(c.betas), eps=c.eps,
+            epoch_lr_decay=c.epoch_lr_decay,
         )
         terms = self.loss_terms()
         if "acg_beta" in config:  # FedACG's client regulariser, for any method
@@ -226,8 +227,29 @@ class FederatedClient(NumPyClient):
         }
         for name, value in stats.terms.items():
             metrics[f"loss_{name}"] = value
+        every = self.cfg.evaluation.local_representation_every
+        if every and self.server_round % every == 0:
+            metrics.update(self.local_representation())
         self.on_round_end(metrics)
         return runtime.get_weights(self.model), self.data.size, metrics
+
+    def local_representation(self) -> dict:
+        """Representation metrics of the local model after local training (FedRCL
+        Figs. 2-3 measure local models), as ``local_repr_*`` fit metrics: on the test set
+        in simulation, on the client's own (un-augmented) data for a client with fixed
+        local data."""
+        from torch.utils.data import Subset
+
+        from fedrcl_flwr.representation import representation_record
+
+        if self._fixed_data is None:
+            data = runtime.load_bundle(self.cfg).test
+        else:
+            plain = self.data.dataset.plain() if hasattr(self.data.dataset, "plain") \
+                else self.data.dataset
+            data = Subset(plain, self.data.indices.tolist())
+        rec = representation_record(self.model, data, self.device)
+        return {f"local_{k}": v for k, v in rec.items()}
 
     def evaluate(self, parameters, config):
         """Local evaluation on the client's training data (federated evaluation)."""

@@ -10,8 +10,11 @@ model (teacher; one no-grad forward per batch through a cached second model inst
 of the local model. Loss term ``ntd``; :func:`fedrcl_flwr.losses.baselines.fedntd_loss`.
 
 Parameters: ``beta`` (β) = 0.3, FedRCL supplementary Sec. E ("0.3 in FedNTD");
-``temp`` (τ) = 1 (FedNTD's default); ``ce_weight`` = 1 (the paper's CE + β·L_NTD —
-FedRCL's released code weights CE by 1 − β instead: ``ce_weight: 0.7`` reproduces it).
+``temp`` (τ) = 1 (FedNTD's default); ``ce_weight`` = 1: the FedNTD paper's CE + β·L_NTD
+(default, because that is the method's definition). The FedRCL authors' baseline code
+weights CE by 1 − β (geehokim/FedACG ``clients/base_client.py``: ``weights["cls"] = 1 -
+NTD.weight``, ``configs/client/NTD.yaml``: NTD 0.3, ce 0.7), i.e. 0.7·CE + 0.3·L_NTD: the
+FedRCL paper YAMLs set ``ce_weight: 0.7``.
 """
 
 from __future__ import annotations

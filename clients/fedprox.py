@@ -8,10 +8,14 @@ with w^t the received global model, over the trainable parameters. The proximal 
 the base client's :meth:`~clients.base.FederatedClient.distance_to_received_term` with
 weight μ/2 (loss term ``prox``).
 
-Parameter (``client.params``): ``mu`` (μ) = 0.001, FedRCL supplementary Sec. E ("0.001 in
-FedProx"). UniVarFL tunes μ = 0.01 (its Sec. 4, hyper-parameters). Note: FedRCL's
-released code multiplies Σ‖w − w_g‖² itself by 0.001 (no 1/2), i.e. μ = 0.002 in the
-paper's notation; set ``mu: 0.002`` to match that code exactly.
+Parameters (``client.params``): ``mu`` (μ) = 0.001, FedRCL supplementary Sec. E ("0.001 in
+FedProx"). UniVarFL tunes μ = 0.01 (its Sec. 4, hyper-parameters). ``halve`` = true: the
+weight of Σ‖w − w^t‖² is μ/2, the FedProx paper's h_k (default, because μ in Li et al. and
+in UniVarFL is stated in that notation). ``halve: false`` gives weight μ: what the FedRCL
+authors run (skynbe/FedRCL ``clients/rcl_client.py``, loss ``prox`` = Σ(p − p_g)², and
+geehokim/FedACG ``clients/base_client.py`` with ``configs/client/Prox.yaml`` weight 1e-3),
+i.e. twice as strong as the paper's μ/2; the FedRCL paper YAMLs use ``{mu: 0.001, halve:
+false}``.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ from fedrcl_flwr.training import cross_entropy_term
 
 class FedProxClient(FederatedClient):
     method = "fedprox"
-    defaults = {"mu": 0.001}
+    defaults = {"mu": 0.001, "halve": True}
 
     rules = {"mu": non_negative()}
 
     def loss_terms(self):
+        mu = float(self.p["mu"])
         return [cross_entropy_term(),
-                self.distance_to_received_term("prox", 0.5 * float(self.p["mu"]))]
+                self.distance_to_received_term("prox", 0.5 * mu if self.p["halve"] else mu)]

@@ -6,6 +6,8 @@ extra random transform without going back to the dataset.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -26,3 +28,29 @@ def random_crop_flip(x: torch.Tensor, pad: int = 4, flip: bool = True,
     idx_b = torch.arange(b, device=dev)[:, None, None]
     out = padded.permute(0, 2, 3, 1)[idx_b, rows[:, :, None], cols[:, None, :]]
     return out.permute(0, 3, 1, 2).contiguous()
+
+
+def rotate(x: torch.Tensor, degrees: torch.Tensor) -> torch.Tensor:
+    """Rotate every image of ``x`` (B, C, H, W) by its own angle ``degrees[b]`` (counter-
+    clockwise, about the image centre) with nearest-neighbour sampling and zero fill — what
+    torchvision's ``RandomRotation`` does per image with its defaults (NEAREST, fill 0)."""
+    b = x.shape[0]
+    rad = degrees.to(x.device, torch.float32) * (math.pi / 180.0)
+    cos, sin = torch.cos(rad), torch.sin(rad)
+    h, w = x.shape[-2:]
+    # affine_grid works in [-1, 1]^2 coordinates; rescale so non-square images rotate
+    # rigidly in pixel units
+    theta = torch.zeros(b, 2, 3, device=x.device)
+    theta[:, 0, 0], theta[:, 0, 1] = cos, -sin * h / w
+    theta[:, 1, 0], theta[:, 1, 1] = sin * w / h, cos
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+
+
+def random_rotation(x: torch.Tensor, max_degrees: float,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """Per-sample rotation by an angle drawn uniformly from [−max_degrees, max_degrees]
+    (torchvision ``RandomRotation(max_degrees)``; the FedRCL authors use 10 for CIFAR and
+    Tiny-ImageNet, skynbe/FedRCL ``datasets/build.py: get_transform``)."""
+    angles = (torch.rand(x.shape[0], generator=generator) * 2.0 - 1.0) * float(max_degrees)
+    return rotate(x, angles)

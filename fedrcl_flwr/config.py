@@ -156,7 +156,11 @@ class DatasetConfig:
     Digit-5's domains; ``test_fraction`` is held out for testing from image folders that
     have no ``train``/``test`` split. ``verify_md5`` (default true): torchvision checks
     the CIFAR / SVHN / STL-10 files against the official release's MD5s; false loads
-    files of your own in those layouts (still decoded by torchvision's classes).
+    files of your own in those layouts (still decoded by torchvision's classes). ``rotation`` (degrees, 0 = off) adds a random rotation
+    in [−rotation, rotation] before the dataset's crop/flip when ``augment`` is on (the
+    FedRCL authors use 10 for CIFAR and Tiny-ImageNet); ``crop_pad`` overrides the
+    dataset's random-crop padding (null = its default: CIFAR 4, Tiny-ImageNet 8; the
+    authors pad 4 for both; 0 = no crop).
     """
 
     name: str = "synthetic"
@@ -164,6 +168,8 @@ class DatasetConfig:
     path: Optional[str] = None
     download: bool = False
     augment: bool = True
+    rotation: float = 0.0
+    crop_pad: Optional[int] = None
     normalize: bool = True
     image_size: Optional[int] = None
     val_fraction: float = 0.0
@@ -202,6 +208,9 @@ class ModelConfig:
     # number of classes; null = from the dataset. Set it for real devices whose local
     # data may not contain every class.
     num_classes: Optional[int] = None
+    # initialisation: "model" = the model's own (Kaiming-normal convs for resnet18_gn);
+    # "pytorch" = every layer's PyTorch default (the FedRCL authors' ResNet-18)
+    init: str = "model"
 
 
 @dataclass
@@ -232,8 +241,11 @@ class ClientConfig:
     ``lr`` at round t (1-based) is ``lr * lr_decay ** (t - 1)``; a fresh optimiser is
     built every round: ``optimizer`` sgd (``momentum``, ``nesterov``), adam or adamw
     (``betas``, ``eps``); ``weight_decay`` for all (see ``training.make_optimizer``).
-    ``iterations_per_epoch`` (if set) overrides ``batch_size`` so that one local epoch is
-    exactly that many steps (the FedRCL authors use 10).
+    ``epoch_lr_decay`` decays it further inside the round: local epoch e (0-based) runs at
+    ``lr * lr_decay ** (t - 1) * epoch_lr_decay ** e`` (the FedRCL authors use 0.998,
+    ``trainer.local_lr_decay``; 1 = off). ``iterations_per_epoch`` (if set) overrides
+    ``batch_size`` so that one local epoch is exactly that many steps (the FedRCL authors
+    use 10).
     """
 
     method: str = "fedavg"
@@ -241,6 +253,7 @@ class ClientConfig:
     optimizer: str = "sgd"
     lr: float = 0.1
     lr_decay: float = 0.998
+    epoch_lr_decay: float = 1.0
     momentum: float = 0.0
     nesterov: bool = False
     betas: list = field(default_factory=lambda: [0.9, 0.999])
@@ -276,6 +289,11 @@ class EvaluationConfig:
     # last5 (mean of the last five evaluated rounds, FedCCL) | ema@ROUND (EMA accuracy at
     # a target round, FedRCL)
     report_metric: str = "final"
+    # >0: every k rounds each sampled client also measures its LOCAL model right after
+    # local training (FedRCL Figs. 2-3) on the test set (up to 2000 samples; clients with
+    # their own data: that data); logged as local_repr_* (mean over the round's clients)
+    # and local_repr_effective_rank_per_client
+    local_representation_every: int = 0
     # FGSM / PGD robust accuracy of the global model (FedCCL Table 8), any method.
     # eps/step are in [0, 1] pixel units (adversarial pixels clamped to [0, 1], the data's
     # normalisation applied inside the attacked model): 8/255, 2/255, 20 steps = PGD-20.
@@ -358,6 +376,8 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "dataset.domains": (lambda v: all(isinstance(d, str) and d for d in v),
                         "must be a list of domain (folder) names"),
     "dataset.image_size": (lambda v: v is None or v >= 8, "must be >= 8"),
+    "dataset.rotation": (lambda v: 0 <= v <= 180, "must be in [0, 180] degrees"),
+    "dataset.crop_pad": (lambda v: v is None or v >= 0, "must be >= 0 (or null)"),
     "dataset.synthetic.num_train": (lambda v: v >= 1, "must be >= 1"),
     "dataset.synthetic.num_test": (lambda v: v >= 1, "must be >= 1"),
     "dataset.synthetic.num_classes": (lambda v: v >= 2, "must be >= 2"),
@@ -379,6 +399,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "partition.domains_per_client": (lambda v: v >= 1, "must be >= 1"),
     "partition.samples_per_class": (lambda v: v is None or v >= 1, "must be >= 1 (or null)"),
     "model.num_classes": (lambda v: v is None or v >= 2, "must be >= 2"),
+    "model.init": (lambda v: v in ("model", "pytorch"), "must be 'model' or 'pytorch'"),
     "federation.num_clients": (lambda v: v >= 1, "must be >= 1"),
     "federation.rounds": (lambda v: v >= 1, "must be >= 1"),
     "federation.participation": (
@@ -396,6 +417,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "client.eps": (lambda v: 0 < v < 1, "must be in (0, 1)"),
     "client.lr": (lambda v: v > 0, "must be > 0"),
     "client.lr_decay": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "client.epoch_lr_decay": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "client.momentum": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
     "client.weight_decay": (lambda v: v >= 0, "must be >= 0"),
     "client.local_epochs": (lambda v: v >= 1, "must be >= 1"),
@@ -416,6 +438,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "evaluation.report_metric": (
         lambda v: v in ("final", "best", "last5") or re.fullmatch(r"ema@[1-9][0-9]*", v),
         "must be final, best, last5 or ema@ROUND (ROUND a target round, e.g. ema@500)"),
+    "evaluation.local_representation_every": (lambda v: v >= 0, "must be >= 0"),
     "evaluation.robust_every": (lambda v: v >= 0, "must be >= 0"),
     "evaluation.robust_eps": (lambda v: 0 < v <= 1, "must be in (0, 1] (pixel units)"),
     "evaluation.robust_step": (lambda v: 0 < v <= 1, "must be in (0, 1] (pixel units)"),

@@ -36,8 +36,8 @@ def _bundle_cached(dataset_key: str, seed: int):
         d["name"], root=d["root"], path=d["path"], download=d["download"],
         augment=d["augment"], normalize=d["normalize"], image_size=d["image_size"],
         synthetic=d["synthetic"], seed=seed, val_fraction=d["val_fraction"],
-        domains=d["domains"], test_fraction=d["test_fraction"],
-        verify_md5=d.get("verify_md5", True),
+        domains=d["domains"], test_fraction=d["test_fraction"], rotation=d["rotation"],
+        crop_pad=d["crop_pad"], verify_md5=d.get("verify_md5", True),
     )
 
 
@@ -77,9 +77,14 @@ def pick_device(name: str = "auto") -> torch.device:
 
 
 def new_model(cfg: ExperimentConfig, bundle) -> nn.Module:
-    return build_model(cfg.model.name, num_classes=cfg.model.num_classes or bundle.num_classes,
-                       in_channels=bundle.in_channels, image_size=bundle.image_size,
-                       params=cfg.model.params)
+    model = build_model(cfg.model.name, num_classes=cfg.model.num_classes or bundle.num_classes,
+                        in_channels=bundle.in_channels, image_size=bundle.image_size,
+                        params=cfg.model.params)
+    if cfg.model.init == "pytorch":
+        from fedrcl_flwr.models import reset_to_pytorch_default
+
+        reset_to_pytorch_default(model)
+    return model
 
 
 def probe_model(cfg: ExperimentConfig) -> Optional[nn.Module]:

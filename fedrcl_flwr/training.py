@@ -66,6 +66,9 @@ class LocalTrainSettings:
     nesterov: bool = False  # sgd only, needs momentum > 0
     betas: tuple = (0.9, 0.999)  # adam / adamw
     eps: float = 1e-8  # adam / adamw
+    # in-round decay: local epoch e (0-based) runs at lr * epoch_lr_decay**e (the FedRCL
+    # authors' LambdaLR(local_lr_decay ** epoch), stepped once per local epoch)
+    epoch_lr_decay: float = 1.0
 
 
 def make_optimizer(params, settings: LocalTrainSettings) -> torch.optim.Optimizer:
@@ -144,6 +147,8 @@ def train_local(
     stats = TrainStats(terms={t.name: 0.0 for t in active})
     step = 0
     for epoch in range(settings.epochs):
+        for group in opt.param_groups:
+            group["lr"] = settings.lr * settings.epoch_lr_decay ** epoch
         for i, (x, y) in enumerate(batches(epoch)):
             if settings.iterations_per_epoch and i >= settings.iterations_per_epoch:
                 break

@@ -295,6 +295,14 @@ class FederatedStrategy(Strategy):
                     r.metrics.get(key), (int, float))]
                 if vals:
                     info[f"train_{key}"] = float(np.mean(vals))
+            elif key.startswith("local_repr_"):  # local-model metrics (clients/base.py)
+                vals = [float(r.metrics[key]) for _, r, _ in kept if key in r.metrics]
+                info[key] = float(np.nanmean(vals)) if np.isfinite(vals).any() else \
+                    float("nan")
+        if "local_repr_effective_rank" in info:
+            info["local_repr_effective_rank_per_client"] = {
+                str(pid): float(r.metrics["local_repr_effective_rank"])
+                for pid, r, _ in kept if "local_repr_effective_rank" in r.metrics}
         info.update(self.after_aggregate(rnd, [(pid, r) for pid, r, _ in kept]))
         self._fit_info = info
         return ndarrays_to_parameters(self.weights), {}

@@ -34,7 +34,7 @@ def _one_thread():
 def test_fedprox_client_term():
     class Stub(client_class("fedprox")):
         def __init__(self):  # no data needed: only the term wiring is checked
-            self.p, self.device, self._received = {"mu": 0.1}, torch.device("cpu"), None
+            self.p, self.device, self._received = {"mu": 0.1, "halve": True}, torch.device("cpu"), None
 
     c = Stub()
     c.model = torch.nn.Linear(2, 1)

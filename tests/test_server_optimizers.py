@@ -61,7 +61,9 @@ def test_fedavgm_server_lr():
 
 
 def test_fedadam_two_rounds():
-    st = make("fedadam", [np.array([0.0])], server_lr=0.01, beta1=0.9, beta2=0.99, tau=1e-3)
+    # v starting at 0 (v_init_tau_sq: false); the default τ² start: test_protocol_constants
+    st = make("fedadam", [np.array([0.0])], server_lr=0.01, beta1=0.9, beta2=0.99, tau=1e-3,
+              v_init_tau_sq=False)
     w = step(st, 1, [np.array([1.0])])
     # m=0.1, v=0.01 -> w1 = 0.01*0.1/(0.1+0.001)
     w1 = 0.01 * 0.1 / (0.1 + 0.001)

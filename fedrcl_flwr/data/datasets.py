@@ -15,7 +15,7 @@ Nothing is downloaded unless ``download=True``; a missing dataset raises
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -38,14 +38,17 @@ class DatasetError(ConfigError):
 
 @dataclass(frozen=True)
 class AugmentSpec:
-    """Random crop with zero padding ``crop_pad`` (0 = off) and horizontal flip."""
+    """Random rotation by up to ``rotation`` degrees (0 = off; applied first, to the
+    un-normalised [0, 1] image so the corners are black as with torchvision), then random
+    crop with zero padding ``crop_pad`` (0 = off) and horizontal flip."""
 
     crop_pad: int = 0
     flip: bool = False
+    rotation: float = 0.0
 
     @property
     def active(self) -> bool:
-        return self.crop_pad > 0 or self.flip
+        return self.crop_pad > 0 or self.flip or self.rotation > 0
 
 
 class ImageArrayDataset(Dataset):
@@ -82,7 +85,14 @@ class ImageArrayDataset(Dataset):
 
     def get_batch(self, idx, generator: Optional[torch.Generator] = None):
         idx_t = torch.as_tensor(np.asarray(idx, dtype=np.int64))
-        x = self._normalise(self.images[idx_t])
+        if self.augment is not None and self.augment.rotation > 0:
+            from fedrcl_flwr.augment import random_rotation
+
+            x = random_rotation(self.images[idx_t].float().div_(255.0), self.augment.rotation,
+                                generator=generator)
+            x = (x - self.mean) / self.std
+        else:
+            x = self._normalise(self.images[idx_t])
         if self.augment is not None:
             from fedrcl_flwr.augment import random_crop_flip
 
@@ -642,7 +652,8 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
                  download: bool = False, augment: bool = True, normalize: bool = True,
                  image_size: Optional[int] = None, synthetic: Optional[dict] = None,
                  seed: int = 0, val_fraction: float = 0.0, domains: Optional[list] = None,
-                 test_fraction: float = 0.2, verify_md5: bool = True) -> DataBundle:
+                 test_fraction: float = 0.2, rotation: float = 0.0,
+                 crop_pad: Optional[int] = None, verify_md5: bool = True) -> DataBundle:
     """Load a dataset into a :class:`DataBundle` (see the module docstring)."""
     root_p = Path(os.path.expanduser(root or "."))
     dnames: list = []
@@ -707,6 +718,10 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
                                                          [1.0] * tr.x.shape[-1])
     size = int(tr.x.shape[1])
     aug = default_augment(name, size) if augment else None
+    if aug is not None and rotation > 0:
+        aug = replace(aug, rotation=float(rotation))
+    if aug is not None and crop_pad is not None:
+        aug = replace(aug, crop_pad=int(crop_pad))
 
     def wrap(split: RawSplit, aug_spec):
         imgs = torch.from_numpy(np.ascontiguousarray(split.x.transpose(0, 3, 1, 2)))

@@ -118,3 +118,16 @@ def build_model(name: str, *, num_classes: int, in_channels: int, image_size: in
 
         model = WithProjector(model, num_classes, width)
     return model
+
+
+def reset_to_pytorch_default(model: nn.Module) -> nn.Module:
+    """Re-initialise every sub-module with its own ``reset_parameters`` (PyTorch's default:
+    Kaiming-uniform with a = √5 for conv/linear weights, ones/zeros for norms), replacing
+    a model's own initialisation such as ResNet-18-GN's Kaiming-normal (fan_out) convs.
+    The FedRCL authors' ResNet-18 (skynbe/FedRCL ``models/resnet.py``) has no custom
+    initialisation, i.e. PyTorch's default (``model.init: pytorch``)."""
+    for m in model.modules():
+        reset = getattr(m, "reset_parameters", None)
+        if callable(reset):
+            reset()
+    return model
