@@ -228,7 +228,7 @@ class FederatedClient(NumPyClient):
         for name, value in stats.terms.items():
             metrics[f"loss_{name}"] = value
         every = self.cfg.evaluation.local_representation_every
-        if every and self.server_round % every == 0:
+        if every and self.run_round % every == 0:
             metrics.update(self.local_representation())
         self.on_round_end(metrics)
         return runtime.get_weights(self.model), self.data.size, metrics

@@ -21,6 +21,7 @@ def _stub(method, params):
     class Stub(cls):
         def __init__(self):  # only the loss-term wiring is checked
             self.p, self.device = dict(cls.defaults, **params), torch.device("cpu")
+            self._received = None
 
     c = Stub()
     c.model = torch.nn.Linear(2, 1)
