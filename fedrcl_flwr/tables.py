@@ -363,10 +363,11 @@ def group_runs(runs: list[Run]) -> list[Group]:
 def _resolved_params(method: str, params: Any) -> Any:
     try:
         from clients import client_class
-        from clients.base import resolve_params
+        from fedrcl_flwr.components import resolve_params
 
         cls = client_class(method)
-        return resolve_params(cls.method, cls.defaults, dict(params or {}))
+        return resolve_params("client.params", f"method '{cls.method}'", cls.defaults,
+                              cls.rules, dict(params or {}))
     except Exception:  # noqa: BLE001 - unknown method / params: compare as written
         return params or {}
 

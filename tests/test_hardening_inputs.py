@@ -421,11 +421,10 @@ def test_crafted_checkpoint_does_not_run_code(tmp_path, monkeypatch):
 
 
 def test_checkpoint_round_trips_through_weights_only(tmp_path):
-    from fedrcl_flwr.checkpoint import rng_states
-
-    state = {"round": 3, "ema": 0.5, "wall_time_s": 1.0, "rng": rng_states(),
+    state = {"round": 3, "ema": 0.5, "wall_time_s": 1.0,
              "strategy": {"weights": [np.arange(6, dtype=np.float32).reshape(2, 3),
                                       np.array(7, np.int64)],
+                          "buffers": {"m": [np.full((2, 3), 0.25), None]},
                           "exchange": {"bank": {3: (2, np.ones((2, 4)), np.arange(2))}}}}
     save_checkpoint(tmp_path, state)
     raw = torch.load(tmp_path / "checkpoint.pt", weights_only=True)  # loads as plain data
@@ -434,7 +433,8 @@ def test_checkpoint_round_trips_through_weights_only(tmp_path):
     np.testing.assert_array_equal(back["strategy"]["weights"][0], state["strategy"]["weights"][0])
     assert back["strategy"]["weights"][1].dtype == np.int64
     assert back["strategy"]["exchange"]["bank"][3][1].shape == (2, 4)
-    np.testing.assert_array_equal(back["rng"]["numpy"][1], state["rng"]["numpy"][1])
+    np.testing.assert_array_equal(back["strategy"]["buffers"]["m"][0], np.full((2, 3), 0.25))
+    assert back["strategy"]["buffers"]["m"][1] is None
 
 
 @pytest.fixture

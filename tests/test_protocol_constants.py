@@ -263,8 +263,8 @@ def test_fedrcl_paper_yamls_use_the_authors_protocol():
     from fedrcl_flwr.config import load_config
 
     root = Path(__file__).resolve().parents[1] / "experiments" / "fedrcl"
-    files = sorted(glob.glob(str(root / "table[12345AD]*.yaml")))
-    assert len(files) == 45
+    files = sorted(glob.glob(str(root / "table[12345ACD]*.yaml")))
+    assert len(files) == 49
     for f in files:
         cfg = load_config(f)
         assert cfg.dataset.rotation == 10 and cfg.dataset.augment, f
