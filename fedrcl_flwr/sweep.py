@@ -287,15 +287,23 @@ def check_existing(runs: list[PlannedRun]) -> None:
 
 
 def check_data(runs: list[PlannedRun]) -> None:
-    """What ``run`` checks before Flower starts (datasets present, split possible), for
-    every run still to do, so that a missing dataset stops the sweep up front."""
+    """What ``run`` checks before Flower starts (resources present, datasets present,
+    split possible), for every run still to do, so that such an input error stops the sweep
+    up front (exit 2) instead of failing its runs one by one."""
     from fedrcl_flwr import runtime
     from fedrcl_flwr.data.partition import PartitionError
+    from fedrcl_flwr.runner import check_resources
 
     last = None
     for run in runs:
         cfg = run.cfg
-        if cfg.dataset.name == "synthetic" or cfg.dataset.download or run.state() == "done":
+        if run.state() == "done":
+            continue
+        try:
+            check_resources(cfg)
+        except ConfigError as exc:
+            raise ConfigError(f"run '{run.name}': {exc}") from None
+        if cfg.dataset.name == "synthetic" or cfg.dataset.download:
             continue
         key = runtime._key(cfg.dataset)
         if key != last:  # one dataset in memory at a time

@@ -265,22 +265,41 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
         assert value is not None, f"{path.name}: run {r.name} has no paper value"
 
 
-def test_failed_runs_are_recorded_and_the_sweep_goes_on(tmp_path):
-    """Runs asking for a GPU on a machine without one fail in the run command before any
-    Flower process starts: both are tried, recorded as failed, exit 1."""
+def test_resource_errors_stop_the_sweep_up_front(tmp_path):
+    """Runs asking for a GPU on a machine without one are an input error of the sweep:
+    exit 2 before any run starts, naming the run."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")
-    sw = _sweep(tmp_path, grid={"simulation.num_gpus": [0.5, 1.0]})
+    sw = _sweep(tmp_path, grid={"simulation.num_gpus": [0.0, 1.0]})
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw),
+                          "--out", str(out)], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "run 'num_gpus=1.0'" in res.stderr and "no CUDA GPU" in res.stderr
+    assert "Traceback" not in res.stderr and not (out / "num_gpus=0.0").exists()
+
+
+@pytest.mark.flwr
+def test_failed_runs_are_recorded_and_the_sweep_goes_on(tmp_path):
+    """A run whose every client fails (fault injection) fails at run time: recorded as
+    failed with its first client error, the other run still completes, exit 1."""
+    sw = _sweep(tmp_path, variants=[
+        {"label": "broken", "client.method": "faulty",
+         "client.params": {"mode": "raise", "partitions": [-1]}},
+        {"label": "fine", "client.method": "fedavg"}],
+        set={"federation.rounds": 1})
     out = tmp_path / "out"
     res = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw),
                           "--out", str(out)], capture_output=True, text=True, timeout=600,
                          cwd=tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr
     status = json.loads((out / "sweep_status.json").read_text())
-    assert sorted(status) == ["num_gpus=0.5", "num_gpus=1.0"]
-    assert all(v["status"] == "failed" and v["exit_code"] == 1 for v in status.values())
-    assert "no CUDA GPU" in status["num_gpus=1.0"]["error"]
-    assert res.stderr.count("FAILED") == 2 and "Traceback" not in res.stderr
-    assert "0/2 runs finished, 2 failed" in res.stdout
+    assert sorted(status) == ["broken", "fine"], status
+    assert status["broken"]["status"] == "failed" and status["broken"]["exit_code"] == 1
+    assert "injected" in status["broken"]["error"], status["broken"]
+    assert status["fine"]["status"] == "done"
+    assert res.stderr.count("FAILED") == 1 and "Traceback" not in res.stderr
+    assert "1/2 runs finished, 1 failed" in res.stdout
