@@ -33,7 +33,6 @@ normalisation is applied inside the attacked model (``losses.fedccl.PixelSpace``
 
 from __future__ import annotations
 
-import torch
 
 from clients.base import SignalClient
 from fedrcl_flwr.components import (

@@ -15,7 +15,7 @@ uniformity; Son et al., CVPR 2024). Loss functions: ``fedrcl_flwr.losses.univarf
 from __future__ import annotations
 
 from clients.base import FederatedClient
-from fedrcl_flwr.components import between, feature_tap, non_negative, one_of, positive
+from fedrcl_flwr.components import between, feature_tap, non_negative, one_of
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 

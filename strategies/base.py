@@ -34,7 +34,6 @@ from typing import Callable, Optional
 
 import numpy as np
 from flwr.common import (
-    EvaluateIns,
     FitIns,
     FitRes,
     Parameters,

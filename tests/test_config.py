@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from fedrcl_flwr.config import (
     ConfigError,

@@ -2,7 +2,6 @@
 and no SuperLink / simulation / Ray process left behind."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

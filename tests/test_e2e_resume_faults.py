@@ -2,7 +2,6 @@
 ``--resume`` ends with the same metrics as an uninterrupted run."""
 
 import json
-import os
 import signal
 import subprocess
 import sys

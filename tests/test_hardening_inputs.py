@@ -4,7 +4,6 @@ exit code 2, nothing written; data, YAML, checkpoints and paths are read safely.
 from __future__ import annotations
 
 import io
-import json
 import os
 import pickle
 import subprocess

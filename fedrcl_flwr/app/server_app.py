@@ -4,7 +4,6 @@ run's recorder (metrics.jsonl, summary.json, model, plot, checkpoints)."""
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
 import torch
