@@ -187,7 +187,8 @@ def _kill_ray_of(home: Path, timeout: float = 15.0) -> None:
     repeat until none is left (or ``timeout`` passes)."""
     deadline = time.time() + timeout
     while True:
-        pids = procs_with(f"FLWR_HOME={home}")
+        pids = procs_with(str(home))  # Ray's DashboardAgent has no FLWR_HOME, but the
+        # app's path under the home in its PYTHONPATH
         if not pids or time.time() > deadline:
             return
         for pid in pids:
