@@ -477,7 +477,7 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
                 os.killpg(job.proc.pid, signal.SIGKILL)
                 job.proc.wait()
             job.log.close()
-            if job.proc.returncode == 0 and (job.run.out_dir / SUMMARY_FILE).exists():
+            if (job.run.out_dir / SUMMARY_FILE).exists():  # finished before the signal
                 status[job.run.name] = {"status": "done", "dir": str(job.run.out_dir)}
             else:
                 status[job.run.name] = {"status": "interrupted", "dir": str(job.run.out_dir),
