@@ -1,5 +1,6 @@
 """Shared fixtures: tiny experiment configs on the embedded synthetic data."""
 
+import socket
 import time
 from pathlib import Path
 
@@ -37,6 +38,18 @@ def tiny_config(tmp_path=None, **sections):
         else:
             data[key] = value
     return config_from_dict(data, "tiny")
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a connection fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"test tried to use the network: {args!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 folders), normalisation / augmentation / hold-out, and the per-client batch streams."""
 
 import hashlib
-import socket
 import time
 
 import numpy as np
@@ -22,17 +21,6 @@ from fedrcl_flwr.runtime import make_batches, sample_partitions
 SMALL = {"num_train": 600, "num_test": 200, "num_classes": 4, "image_size": 16,
          "channels": 3, "subclusters": 2}
 
-
-@pytest.fixture
-def no_network(monkeypatch):
-    """Any attempt to open a connection fails the test."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"test tried to use the network: {args!r}")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
 
 
 @pytest.fixture(scope="module")

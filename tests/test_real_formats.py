@@ -19,7 +19,6 @@ import gzip
 import hashlib
 import json
 import pickle
-import socket
 import struct
 import subprocess
 import sys
@@ -34,15 +33,6 @@ from fedrcl_flwr.data.datasets import DatasetError, load_dataset
 ROOT = Path(__file__).resolve().parents[1]
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
 
-
-@pytest.fixture
-def no_network(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"test tried to use the network: {args!r}")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
 
 
 def _images(n: int, size: int, channels: int, seed: int) -> np.ndarray:
