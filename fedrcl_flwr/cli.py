@@ -98,7 +98,10 @@ def cmd_run(args) -> int:
         raise ConfigError(f"output directory {out_dir} holds an earlier run ({', '.join(old)}):"
                           f" pass --overwrite to replace it, --resume {out_dir} to continue "
                           "it, or choose another --out")
-    check_resources(cfg)
+    try:
+        check_resources(cfg)
+    except ConfigError as exc:
+        raise ConfigError(f"{args.resume or args.experiment}: {exc}") from None
     if not cfg.dataset.download or cfg.partition.scheme == "file":
         # every dataset (synthetic included) is built and split here, before any Flower
         # process starts: a missing dataset or an impossible split is one clear error

@@ -207,7 +207,7 @@ def test_resource_checks_are_input_errors(tmp_path, capsys, sets, word):
     for s in sets:
         argv += ["--set", s]
     line = _one_line_exit2(*_cli(capsys, *argv)[::2])
-    assert word in line
+    assert word in line and argv[1] in line  # names the file
     assert not (tmp_path / "o").exists()
 
 
@@ -219,7 +219,7 @@ def test_gpu_requests_without_cuda_are_input_errors(tmp_path, capsys, sets):
     for s in sets:
         argv += ["--set", s]
     line = _one_line_exit2(*_cli(capsys, *argv)[::2])
-    assert "CUDA" in line
+    assert "CUDA" in line and argv[1] in line  # names the file
     assert not (tmp_path / "o").exists()
 
 
