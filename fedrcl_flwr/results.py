@@ -155,8 +155,9 @@ class RunRecorder:
         return out
 
     def finish(self, model_state: Optional[dict] = None) -> dict:
+        """Write the model, the plot and, last, ``summary.json`` (its appearance means
+        every result of the run is on disk)."""
         summary = self.summary()
-        atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         if model_state is not None:
             import torch
 
@@ -165,6 +166,7 @@ class RunRecorder:
             os.replace(tmp, self.out_dir / MODEL_FILE)
         plot_accuracy(self.records, self.out_dir / PLOT_FILE,
                       title=f"{self.method} + {self.strategy}")
+        atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         return summary
 
 

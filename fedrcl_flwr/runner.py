@@ -8,9 +8,12 @@ every process it starts:
    process group;
 3. ``flwr run <app> <connection>`` with the experiment (the resolved ``config.yaml`` in
    the output directory, an absolute path) and the federation sized from the YAML
-   (``--federation-config num-supernodes=... client-resources-...``);
-4. polling the run's status (``flwr list --run-id``), because ``flwr run`` can exit 0
-   for a failed run, while printing one line per evaluated round from ``metrics.jsonl``;
+   (``--federation-config num-supernodes=... client-resources-...``), called in this
+   process (:mod:`fedrcl_flwr.app.control`: Flower's own command function, without a
+   process of its own);
+4. polling the run's status (``ListRuns``, what ``flwr list --run-id`` shows, through the
+   same in-process Control API client), because a failed run can look like a submitted
+   one, while printing one line per evaluated round from ``metrics.jsonl``;
 5. tearing the SuperLink, the simulation process and Ray down, whatever happened.
 
 Teardown is one mechanism, run by a *watchdog* process (``python -m fedrcl_flwr.runner
@@ -29,7 +32,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -185,6 +187,8 @@ class LocalSuperLink:
         self.env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
         self.env.setdefault("RAY_DEDUP_LOGS", "1")
         self.env.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+        # the SuperLink's executor looks for the submitted run every second by default
+        self.env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")
         if not verbose:
             self.env["PYTHONWARNINGS"] = "ignore"
         (self.home / "config.toml").write_text(
@@ -220,7 +224,7 @@ class LocalSuperLink:
                         return
             except OSError:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.1)
         raise RunFailed(f"flower-superlink did not become healthy in {timeout:.0f}s; "
                         f"see {self.log_path}")
 
@@ -231,9 +235,9 @@ class LocalSuperLink:
         except (OSError, ValueError):
             pass
 
-    def flwr(self, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
-        return subprocess.run([_bin("flwr"), *args], env=self.env, capture_output=True,
-                              text=True, timeout=timeout, cwd=str(self.home))
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         """Close the watchdog's pipe and wait while it tears the run down."""
@@ -311,7 +315,7 @@ def _kill_run(home: Path, timeout: float = 20.0) -> None:
         pids = procs_with(str(home))
         if not pids:
             quiet_since = quiet_since or time.time()
-            if time.time() - quiet_since >= 1.0:
+            if time.time() - quiet_since >= 0.5:
                 return
         else:
             quiet_since = None
@@ -321,30 +325,6 @@ def _kill_run(home: Path, timeout: float = 20.0) -> None:
             except OSError:
                 pass
         time.sleep(0.2)
-
-
-def _run_id(text: str) -> Optional[int]:
-    try:
-        data = json.loads(text)
-        if isinstance(data, dict) and "run-id" in data:
-            return int(data["run-id"])
-    except (json.JSONDecodeError, ValueError, TypeError):
-        pass
-    m = re.search(r"run[- _]?id[^0-9]*(\d+)", text, re.IGNORECASE)
-    return int(m.group(1)) if m else None
-
-
-def _status(link: LocalSuperLink, run_id: int) -> str:
-    res = link.flwr("list", "local", "--run-id", str(run_id), "--format", "json",
-                    timeout=60)
-    try:
-        data = json.loads(res.stdout)
-        runs = data.get("runs", [])
-        if runs:
-            return str(runs[0].get("status", ""))
-    except (json.JSONDecodeError, AttributeError):
-        pass
-    return ""
 
 
 def toml_string(text: str) -> str:
@@ -375,13 +355,17 @@ def _one_line_error(text: str) -> str:
 
 
 def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
-                              verbose: bool = False, poll_s: float = 0.5,
-                              status_every_s: float = 5.0,
+                              verbose: bool = False, poll_s: float = 0.25,
+                              status_every_s: float = 1.0,
                               lock: Optional[OutputLock] = None) -> dict:
     """Run the experiment whose resolved config is ``out_dir/config.yaml``; return the
     summary. Raises :class:`RunFailed` when the run did not complete (one line; the
     details are in ``run.log``), including when it stays ``pending``/``starting`` longer
-    than ``simulation.startup_timeout_s``."""
+    than ``simulation.startup_timeout_s``. The run's start-up, phase by phase, goes to
+    ``flower.log`` (``fedrcl-flwr timing:`` lines)."""
+    from fedrcl_flwr.app.control import ControlClient, submit
+
+    t0 = time.time()
     check_resources(cfg)
     app = find_app_dir()
     out_dir = out_dir.resolve()
@@ -390,8 +374,11 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
     printed = 0
     if resume:
         printed = len(read_metrics(out_dir))
+    control = None
+    timing = [("watchdog", time.time() - t0)]
     try:
         link.start()
+        timing.append(("superlink healthy", time.time() - t0))
         nodes = cfg.simulation.num_supernodes or cfg.federation.num_clients
         run_config = link.home / "run-config.toml"
         run_config.write_text(
@@ -399,29 +386,35 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
             f"output-dir = {toml_string(str(out_dir))}\n"
             f"resume = {toml_string('true' if resume else 'false')}\n"
             f"expected-nodes = {int(nodes)}\n")
-        res = link.flwr("run", str(app), "local", "--run-config", str(run_config),
-                        "--federation-config", federation_config(cfg), "--format", "json")
-        run_id = _run_id(res.stdout + "\n" + res.stderr)
-        if res.returncode != 0 or run_id is None:
-            raise RunFailed(f"flwr run failed to submit the run (exit {res.returncode}): "
-                            f"{_one_line_error(res.stdout + res.stderr)}")
+        run_id, output = submit(link.home, app, "local", run_config, federation_config(cfg))
+        if run_id is None:
+            raise RunFailed(f"flwr run failed to submit the run: {_one_line_error(output)}")
+        control = ControlClient(link.home, link.address)
         submitted = time.time()
+        timing.append(("run submitted", submitted - t0))
         started = False
         status, last_check = "", 0.0
         summary_path = out_dir / "summary.json"
-        summary_before = summary_path.stat().st_mtime if summary_path.exists() else None
+        summary_before = _mtime(summary_path)
         while True:
             recs = read_metrics(out_dir)
+            if len(recs) > printed and len(timing) < 4:
+                first = recs[printed]
+                timing.append(("first round started",
+                               time.time() - t0 - float(first.get("round_time_s", 0.0))))
             for rec in recs[printed:]:
                 print(format_round_line(rec, cfg.federation.rounds), flush=True)
             started = started or len(recs) > printed
             printed = max(printed, len(recs))
-            # each status query starts a `flwr` process (~1 s of CPU taken from training):
-            # ask every status_every_s, and every second once the run has written its summary
-            summary_now = summary_path.stat().st_mtime if summary_path.exists() else None
-            ending = summary_now is not None and summary_now != summary_before
-            if time.time() - last_check >= (1.0 if ending else status_every_s):
-                status, last_check = _status(link, run_id), time.time()
+            if _mtime(summary_path) != summary_before:
+                # the ServerApp writes summary.json last, after every other result: the run
+                # is complete; do not wait for Flower to stop its actors and Ray (seconds)
+                status = control.status(run_id)
+                if not status.startswith("finished"):
+                    status = "finished:completed"
+                break
+            if time.time() - last_check >= status_every_s:
+                status, last_check = control.status(run_id), time.time()
                 if status.startswith("finished"):
                     break
                 started = started or status == "running"
@@ -436,17 +429,39 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
                 raise RunFailed(f"the SuperLink died (exit {link.proc.returncode}); "
                                 f"see {link.log_path}")
             time.sleep(poll_s)
-        logs = link.flwr("log", str(run_id), "local", "--show", timeout=60)
-        (out_dir / "run.log").write_text(logs.stdout + logs.stderr)
+        timing.append(("run finished", time.time() - t0))
+        logs = control.logs(run_id)
+        (out_dir / "run.log").write_text(logs)
         if status != "finished:completed":
-            raise RunFailed(f"{_one_line_error(logs.stdout + logs.stderr)} (status "
+            raise RunFailed(f"{_one_line_error(logs)} (status "
                             f"'{status}'; details in {out_dir / 'run.log'})")
     finally:
+        if control is not None:
+            control.close()
         link.stop()
+        timing.append(("torn down", time.time() - t0))
+        _log_timing(link.log_path, timing)
     summary_path = out_dir / "summary.json"
     if not summary_path.exists():
         raise RunFailed(f"run completed but wrote no {summary_path}")
     return json.loads(summary_path.read_text())
+
+
+def _mtime(path: Path) -> Optional[int]:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def _log_timing(log_path: Path, timing: list) -> None:
+    """Append the run's phases (seconds since the runner started) to ``flower.log``."""
+    try:
+        with open(log_path, "a") as fh:
+            fh.write("fedrcl-flwr timing: " + ", ".join(f"{name} {t:.2f}s"
+                                                        for name, t in timing) + "\n")
+    except OSError:
+        pass
 
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "watch":
