@@ -137,7 +137,9 @@ def test_run_that_never_starts_times_out_cleanly(tmp_path, monkeypatch):
         return real_start(self, *a, **kw)
 
     monkeypatch.setattr(runner.LocalSuperLink, "start", start)
-    monkeypatch.setattr(runner, "_status", lambda link, run_id: "pending")
+    from fedrcl_flwr.app import control
+
+    monkeypatch.setattr(control.ControlClient, "status", lambda self, run_id: "pending")
     with pytest.raises(runner.RunFailed) as ei:
         runner.run_simulation_via_flower(cfg, out, status_every_s=0.5)
     msg = str(ei.value)

@@ -39,14 +39,26 @@ def _flwr_home(home: Path) -> Iterator[None]:
             os.environ["FLWR_HOME"] = before
 
 
+def _flwr_cli():
+    """Flower's CLI modules (typer, on a click version that deprecates what typer
+    imports: those DeprecationWarnings are Flower's and typer's, not the user's)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from flwr.cli.run.run import run
+        from flwr.cli.typing import SuperLinkConnection
+        from flwr.cli.utils import init_http_client_from_connection
+    return run, SuperLinkConnection, init_http_client_from_connection
+
+
 def submit(home: Path, app: Path, connection: str, run_config: Path,
            federation_config: str) -> tuple[Optional[int], str]:
     """Start a run (``flwr run`` in this process); returns ``(run id or None, output)``
     where the output is what ``flwr run`` printed (its error message when the run was not
     started). The default output format is used: Flower's JSON format writes to
     ``sys.__stdout__`` and resets ``sys.stdout``, which cannot be captured."""
-    from flwr.cli.run.run import run as flwr_run
-
+    flwr_run = _flwr_cli()[0]
     out = io.StringIO()
     with _flwr_home(home), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
@@ -68,9 +80,7 @@ class ControlClient:
     insecure loopback as the runner starts it)."""
 
     def __init__(self, home: Path, address: str):
-        from flwr.cli.typing import SuperLinkConnection
-        from flwr.cli.utils import init_http_client_from_connection
-
+        _, SuperLinkConnection, init_http_client_from_connection = _flwr_cli()
         self.home = Path(home)
         with _flwr_home(self.home), contextlib.redirect_stdout(io.StringIO()):
             self._client = init_http_client_from_connection(
