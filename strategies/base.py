@@ -11,7 +11,14 @@ It owns the global model (NumPy arrays) and, per round:
    the rest (uniform or sample-weighted) and hands the average to :meth:`server_update`,
    the hook where server optimizers (FedAvgM, FedAdam, FedACG) differ;
 3. ``evaluate`` runs the centralised evaluation every ``eval_every`` rounds and passes one
-   record per evaluated round to ``on_record`` (the run's recorder).
+   record per evaluated round to ``on_record`` (the run's recorder), then
+   ``on_checkpoint(run_round, state)`` with the strategy's state as it was at the end of
+   that round. With ``overlap_evaluation`` (the simulation's ServerApp) this round-end
+   work runs in one background thread while the next round trains, on a snapshot of the
+   round's weights, fit info and state; the next ``evaluate`` first waits for it (one in
+   flight at most, in round order), so records, checkpoints and results are exactly those
+   of the sequential order. The final round's is done before ``evaluate`` returns; an
+   error in the thread is raised by the next ``evaluate`` (or :meth:`drain`).
 
 Hooks for subclasses: :meth:`weights_to_send`, :meth:`fit_extras`, :meth:`server_update`,
 :meth:`after_aggregate`. Parameters: ``defaults`` with their allowed values in ``rules``
@@ -109,14 +116,18 @@ class FederatedStrategy(Strategy):
         params: Optional[dict] = None,
         evaluate_fn: Optional[Callable[[int, list], tuple[float, dict]]] = None,
         on_record: Optional[Callable[[dict], None]] = None,
-        on_checkpoint: Optional[Callable[[int], None]] = None,
+        on_checkpoint: Optional[Callable[[int, dict], None]] = None,
         max_consecutive_failed_rounds: int = 3,
         expected_nodes: Optional[int] = None,
         node_wait_s: float = 120.0,
         round_offset: int = 0,
         exchange=None,
+        overlap_evaluation: bool = False,
     ):
         super().__init__()
+        self.overlap_evaluation = overlap_evaluation
+        self._round_end_executor = None  # one worker thread, created on first use
+        self._round_end_pending = None
         self.p = self.resolve(params)
         self.weights = [np.asarray(w).copy() for w in initial_weights]
         self.kinds = entry_kinds(self.weights, trainable)
@@ -272,6 +283,9 @@ class FederatedStrategy(Strategy):
             self._fit_info = info
             first = f"; first client error: {self.first_client_error}" \
                 if self.first_client_error else ""
+            if self.consecutive_empty >= self.max_failed or (rnd >= self.rounds
+                                                             and self.rounds_trained == 0):
+                self.drain()  # the previous round's record and checkpoint first
             if self.consecutive_empty >= self.max_failed:
                 raise AllClientsFailed(
                     f"aborting: {self.consecutive_empty} consecutive rounds in which every "
@@ -316,15 +330,40 @@ class FederatedStrategy(Strategy):
         rnd = self.run_round(server_round)
         if server_round == 0:
             return None
-        record = None
-        if self.evaluate_fn is not None and (rnd % self.eval_every == 0 or rnd == self.rounds):
-            loss, metrics = self.evaluate_fn(rnd, self.weights)
-            record = {"round": rnd, "test_loss": loss, **metrics, **self._fit_info,
-                      "round_time_s": time.time() - self._round_start}
-            if self.on_record is not None:
-                self.on_record(record)
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(rnd)
+        self.drain()  # at most one round end in flight: the previous one is done first
+        due = self.evaluate_fn is not None and (rnd % self.eval_every == 0 or rnd == self.rounds)
+        state = self.state_dict()  # copies: the next round may change the live arrays
+        job = (rnd, due, state, dict(self._fit_info), self._round_start)
+        if self.overlap_evaluation and rnd < self.rounds:
+            from concurrent.futures import ThreadPoolExecutor
+
+            if self._round_end_executor is None:
+                self._round_end_executor = ThreadPoolExecutor(
+                    1, thread_name_prefix="fedrcl-round-end")
+            self._round_end_pending = self._round_end_executor.submit(self._round_end, *job)
+            return None  # Flower's own history only; the run's record comes from the thread
+        record = self._round_end(*job)
         if record is None:
             return None
         return record["test_loss"], {"accuracy": float(record.get("test_accuracy", 0.0))}
+
+    def _round_end(self, rnd: int, due: bool, state: dict, fit_info: dict,
+                   round_start: float) -> Optional[dict]:
+        """Evaluate the round's global model (``state["weights"]``), record it, then hand
+        the round's state to ``on_checkpoint``."""
+        record = None
+        if due:
+            loss, metrics = self.evaluate_fn(rnd, state["weights"])
+            record = {"round": rnd, "test_loss": loss, **metrics, **fit_info,
+                      "round_time_s": time.time() - round_start}
+            if self.on_record is not None:
+                self.on_record(record)
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(rnd, state)
+        return record
+
+    def drain(self) -> None:
+        """Wait for the overlapped round end, if any (re-raising its error)."""
+        pending, self._round_end_pending = self._round_end_pending, None
+        if pending is not None:
+            pending.result()

@@ -98,3 +98,57 @@ def test_resume_extends_finished_run(tiny, tmp_path):
     longer = tiny(federation={"rounds": 3}, output={"checkpoint_every": 1})
     run_inprocess(longer, tmp_path / "run", resume=True)
     assert [r["round"] for r in read_metrics(tmp_path / "run")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("strategy", ["fedavgm", "feddyn"])
+def test_overlapped_evaluation_equals_sequential(tiny, tmp_path, strategy):
+    """The ServerApp evaluates and checkpoints round r in a background thread while
+    round r+1 trains: records, checkpoints, model and summary are those of the sequential
+    order, also when a resumed run continues one cut short."""
+    import torch
+
+    from fedrcl_flwr.checkpoint import load_checkpoint
+
+    method = "feddyn" if strategy == "feddyn" else "fedrcl"
+    cfg = tiny(server={"strategy": strategy}, federation={"rounds": 4, "eval_every": 2},
+               output={"checkpoint_every": 1}, client={"method": method})
+    run_inprocess(cfg, tmp_path / "seq")
+    run_inprocess(cfg, tmp_path / "ovl", overlap_evaluation=True)
+    run_inprocess(cfg, tmp_path / "cut", overlap_evaluation=True, stop_after=3)
+    assert load_checkpoint(tmp_path / "cut")["round"] == 3  # drained before returning
+    run_inprocess(cfg, tmp_path / "cut", resume=True, overlap_evaluation=True)
+    seq = _strip(read_metrics(tmp_path / "seq"))
+    assert [r["round"] for r in seq] == [2, 4]
+    for other in ("ovl", "cut"):
+        assert _strip(read_metrics(tmp_path / other)) == seq
+        a = load_checkpoint(tmp_path / "seq")["strategy"]
+        b = load_checkpoint(tmp_path / other)["strategy"]
+        assert all(np.array_equal(x, y) for x, y in zip(a["weights"], b["weights"]))
+        ma = torch.load(tmp_path / "seq" / "model.pt")
+        mb = torch.load(tmp_path / other / "model.pt")
+        assert all(torch.equal(ma[k], mb[k]) for k in ma)
+        sa = json.loads((tmp_path / "seq" / "summary.json").read_text())
+        sb = json.loads((tmp_path / other / "summary.json").read_text())
+        assert {k: v for k, v in sa.items() if "time" not in k} == \
+            {k: v for k, v in sb.items() if "time" not in k}
+
+
+def test_overlapped_evaluation_error_reaches_the_server_loop(tiny, tmp_path):
+    """An exception in the background round end is raised by the next ``evaluate`` (the
+    run fails), never lost."""
+    from fedrcl_flwr.app.server_app import build_server
+
+    cfg = tiny(federation={"rounds": 3})
+    strategy, _ = build_server(cfg, tmp_path / "run", overlap_evaluation=True)
+    calls = []
+
+    def broken(rnd, weights):
+        calls.append(rnd)
+        raise RuntimeError("evaluation exploded")
+
+    strategy.evaluate_fn = broken
+    strategy._fit_info = {}
+    assert strategy.evaluate(1, None) is None  # handed to the thread
+    with pytest.raises(RuntimeError, match="evaluation exploded"):
+        strategy.evaluate(2, None)
+    assert calls == [1]

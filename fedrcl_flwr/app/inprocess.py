@@ -31,10 +31,14 @@ class _Manager:
 
 
 def run_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
-                  stop_after: int | None = None, client_factory=None):
+                  stop_after: int | None = None, client_factory=None,
+                  overlap_evaluation: bool = False):
     """Run the experiment sequentially; returns the strategy. ``stop_after`` ends early
-    (as if killed) after that many rounds of this call."""
-    strategy, rounds_left = build_server(cfg, Path(out_dir), resume=resume)
+    (as if killed) after that many rounds of this call. ``overlap_evaluation`` evaluates
+    each round in the background while the next trains, as the ServerApp does (see
+    ``strategies/base.py``)."""
+    strategy, rounds_left = build_server(cfg, Path(out_dir), resume=resume,
+                                         overlap_evaluation=overlap_evaluation)
     manager = _Manager(cfg.federation.sampled_per_round())
     cls = client_class(cfg.client.method)
     state_dir = str(Path(out_dir) / "client_state")  # as the ClientApp: per-client state
@@ -55,4 +59,5 @@ def run_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
         strategy.evaluate(server_round, None)
         if stop_after is not None and server_round >= stop_after:
             break
+    strategy.drain()
     return strategy

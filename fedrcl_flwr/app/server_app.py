@@ -77,8 +77,12 @@ def check_resume(cfg, out_dir) -> None:
                           f"'{cfg.server.strategy}' ({type(exc).__name__}: {exc})") from None
 
 
-def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
-    """Strategy + number of rounds left to run (also used in-process by tests)."""
+def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None,
+                 overlap_evaluation: bool = False):
+    """Strategy + number of rounds left to run (also used in-process by tests and by
+    :func:`fedrcl_flwr.app.inprocess.run_inprocess`). ``overlap_evaluation``: evaluate
+    and checkpoint round r while round r+1 trains (the ServerApp: its clients train in
+    other processes; see ``strategies/base.py``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     bundle = runtime.load_bundle(cfg)
     model = runtime.initial_model(cfg, bundle)
@@ -134,8 +138,6 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
                                            max_samples=ev.robust_samples, seed=cfg.seed))
         return res.loss, metrics
 
-    strategy = None
-
     def on_record(rec: dict) -> None:
         rec["wall_time_s"] = round(recorder.wall_time(), 3)
         recorder.append(rec)
@@ -143,26 +145,26 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
             tracker.log(rec)
         print(format_round_line(rec, cfg.federation.rounds), flush=True)
 
-    def on_checkpoint(rnd: int) -> None:
+    def on_checkpoint(rnd: int, state: dict) -> None:
         """After each round's record: the checkpoint when due, and after the final round
         the results (model, plot, then ``summary.json`` — written last, so the CLI may
         take a new summary as "every result of the run is on disk")."""
         every = cfg.output.checkpoint_every
         if every and (rnd % every == 0 or rnd == cfg.federation.rounds):
             save_checkpoint(out_dir, {
-                "round": rnd, "strategy": strategy.state_dict(), "ema": ema.value,
+                "round": rnd, "strategy": state, "ema": ema.value,
                 "wall_time_s": recorder.wall_time(),
             })
         if rnd >= cfg.federation.rounds:
-            state = None
+            model_state = None
             if cfg.output.save_model:
-                runtime.set_weights(eval_model, strategy.weights)
-                state = {k: v.detach().cpu() for k, v in eval_model.state_dict().items()}
-            recorder.finish(state)
+                runtime.set_weights(eval_model, state["weights"])
+                model_state = {k: v.detach().cpu() for k, v in eval_model.state_dict().items()}
+            recorder.finish(model_state)
 
     strategy = make_strategy(cfg, model, bundle, evaluate_fn=evaluate_fn, on_record=on_record,
                              on_checkpoint=on_checkpoint, expected_nodes=expected_nodes,
-                             round_offset=done)
+                             round_offset=done, overlap_evaluation=overlap_evaluation)
     if ckpt:
         strategy.load_state_dict(ckpt["strategy"])
     if done >= cfg.federation.rounds:
@@ -170,25 +172,17 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None):
     return strategy, max(cfg.federation.rounds - done, 0)
 
 
-def server_threads(cfg) -> int:
-    """Torch threads of the server process. It evaluates the global model between
-    rounds, while no client trains, so it may use every core Ray may use
-    (``simulation.init_num_cpus``, else all of this machine's): with one thread the
-    evaluation alone took half of a quickstart round on 2 cores."""
-    import os
-
-    return max(1, int(cfg.simulation.init_num_cpus or os.cpu_count() or 1))
-
-
 def server_fn(context: Context):
     quiet()
     cfg = config_from_run_config(context.run_config)
-    torch.set_num_threads(server_threads(cfg))
+    # the server evaluates round r while round r+1 trains: as many threads as a client
+    torch.set_num_threads(max(1, int(cfg.simulation.num_cpus)))
     out_dir = output_dir_from_run_config(context.run_config, cfg)
     resume = str(context.run_config.get("resume", "false")).lower() in ("1", "true", "yes")
     nodes = context.run_config.get("expected-nodes", 0) or None
     strategy, rounds_left = build_server(cfg, out_dir, resume=resume,
-                                         expected_nodes=int(nodes) if nodes else None)
+                                         expected_nodes=int(nodes) if nodes else None,
+                                         overlap_evaluation=True)
     print(f"[fedrcl-flwr] {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
           f"{rounds_left} rounds to run, output {out_dir}", file=sys.stderr, flush=True)
     return ServerAppComponents(strategy=strategy, config=ServerConfig(
