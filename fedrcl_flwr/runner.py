@@ -189,6 +189,11 @@ class LocalSuperLink:
         self.env.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
         # the SuperLink's executor looks for the submitted run every second by default
         self.env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")
+        # Ray prestarts idle workers for the first driver, but Flower's actors need
+        # workers with the run's runtime env and start their own: those idle workers
+        # only took CPU from the start-up (and so does the usage-stats reporter)
+        self.env.setdefault("RAY_prestart_worker_first_driver", "0")
+        self.env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if not verbose:
             self.env["PYTHONWARNINGS"] = "ignore"
         (self.home / "config.toml").write_text(
