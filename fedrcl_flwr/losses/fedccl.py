@@ -143,6 +143,9 @@ def fpl_prototype_loss(features: torch.Tensor, labels: torch.Tensor,
     cluster prototypes. FPL divides the sum over the samples that have prototypes by the
     batch size (``reduction="batch"``, default; ``"mean"`` and ``"none"`` as in
     :func:`cluster_contrast`). τ = 0.02 is FPL's default ``infoNCET``.
+
+    Not on any client's per-step path (the FPL client uses ``baselines.fpl_loss``):
+    ``torch.unique`` makes the host wait for the number of classes present.
     """
     _check_reduction(reduction)
     b = features.shape[0]
