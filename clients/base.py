@@ -28,6 +28,7 @@ import torch
 from flwr.client import NumPyClient
 
 from fedrcl_flwr import runtime
+from fedrcl_flwr.accel import use_channels_last
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.config import ExperimentConfig
 from fedrcl_flwr.signals import SignalSet, decode_signals, encode_signals
@@ -205,13 +206,17 @@ class FederatedClient(NumPyClient):
         self.on_round_start(config)
 
         bs = batch_size_for(self.data.size, c.batch_size, c.iterations_per_epoch)
-        batches = runtime.make_batches(self.data.dataset, self.data.indices, bs, seed)
+        batches = runtime.make_batches(self.data.dataset, self.data.indices, bs, seed,
+                                       device=self.device)
+        channels_last = use_channels_last(c.channels_last, self.device, self.model)
+        if channels_last:  # the pooled model keeps it; set_weights preserves the layout
+            self.model.to(memory_format=torch.channels_last)
         settings = LocalTrainSettings(
             lr=float(config.get("lr", round_lr(c.lr, c.lr_decay, self.run_round))),
             epochs=c.local_epochs, momentum=c.momentum, weight_decay=c.weight_decay,
             grad_clip=c.grad_clip, iterations_per_epoch=c.iterations_per_epoch,
             optimizer=c.optimizer, nesterov=c.nesterov, betas=tuple(c.betas), eps=c.eps,
-            epoch_lr_decay=c.epoch_lr_decay,
+            epoch_lr_decay=c.epoch_lr_decay, amp=c.amp, channels_last=channels_last,
         )
         terms = self.loss_terms()
         if "acg_beta" in config:  # FedACG's client regulariser, for any method

@@ -103,6 +103,8 @@ class FedCCLClient(SignalClient):
 
         p = self.p
         mean, std = dataset_pixel_stats(self.data.dataset)  # eps/step in [0, 1] pixels
+        # on the device once per round (a per-step host copy would wait for the device)
+        mean, std = mean.to(self.device), std.to(self.device)
 
         def adversarial(x, y, model):
             x_adv = pgd_attack(model, x, y, eps=float(p["eps"]), step=float(p["step"]),

@@ -1,7 +1,13 @@
 """Cheap batch-level augmentations on already-normalised image tensors (B, C, H, W).
 
 Used where a method needs a *second* view of a batch (self-supervised contrast) or an
-extra random transform without going back to the dataset.
+extra random transform without going back to the dataset, and by the dataset itself
+(``ImageArrayDataset.get_batch``) on whatever device the batch lives on.
+
+The random draws (offsets, flips, angles) always come from a generator on the host (the
+CPU ``generator`` given, or PyTorch's default one), in a fixed order, and are copied to
+the batch's device without blocking (a few bytes per sample): the same draws whatever
+the device, and no host wait on an accelerator.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from fedrcl_flwr.accel import to_device
+
 
 def random_crop_flip(x: torch.Tensor, pad: int = 4, flip: bool = True,
                      generator: torch.Generator | None = None) -> torch.Tensor:
@@ -18,12 +26,12 @@ def random_crop_flip(x: torch.Tensor, pad: int = 4, flip: bool = True,
     b, _, h, w = x.shape
     dev = x.device
     padded = F.pad(x, (pad, pad, pad, pad))
-    ox = torch.randint(0, 2 * pad + 1, (b,), generator=generator).to(dev)
-    oy = torch.randint(0, 2 * pad + 1, (b,), generator=generator).to(dev)
+    ox = to_device(torch.randint(0, 2 * pad + 1, (b,), generator=generator), dev)
+    oy = to_device(torch.randint(0, 2 * pad + 1, (b,), generator=generator), dev)
     rows = (oy[:, None] + torch.arange(h, device=dev)[None, :])  # (B, H)
     cols = (ox[:, None] + torch.arange(w, device=dev)[None, :])  # (B, W)
     if flip:
-        do = torch.rand(b, generator=generator).to(dev) < 0.5
+        do = to_device(torch.rand(b, generator=generator), dev) < 0.5
         cols = torch.where(do[:, None], cols.flip(1), cols)
     idx_b = torch.arange(b, device=dev)[:, None, None]
     out = padded.permute(0, 2, 3, 1)[idx_b, rows[:, :, None], cols[:, None, :]]
@@ -35,7 +43,7 @@ def rotate(x: torch.Tensor, degrees: torch.Tensor) -> torch.Tensor:
     clockwise, about the image centre) with nearest-neighbour sampling and zero fill — what
     torchvision's ``RandomRotation`` does per image with its defaults (NEAREST, fill 0)."""
     b = x.shape[0]
-    rad = degrees.to(x.device, torch.float32) * (math.pi / 180.0)
+    rad = to_device(degrees, x.device).to(torch.float32) * (math.pi / 180.0)
     cos, sin = torch.cos(rad), torch.sin(rad)
     h, w = x.shape[-2:]
     # affine_grid works in [-1, 1]^2 coordinates; rescale so non-square images rotate

@@ -246,6 +246,13 @@ class ClientConfig:
     ``trainer.local_lr_decay``; 1 = off). ``iterations_per_epoch`` (if set) overrides
     ``batch_size`` so that one local epoch is exactly that many steps (the FedRCL authors
     use 10).
+
+    ``amp`` (``off`` | ``bf16`` | ``fp16``, default ``off``): mixed precision of the
+    forward pass (``torch.autocast``; the loss terms stay float32; ``fp16`` adds a loss
+    scaler and needs CUDA). ``channels_last`` (``auto`` | ``true`` | ``false``): train
+    convolutional models in NHWC memory format; ``auto`` = on a CUDA device only, when the
+    model's normalisation layers keep NHWC there (see ``fedrcl_flwr.accel``). YAML reads a
+    bare ``off`` as false; both mean ``off``.
     """
 
     method: str = "fedavg"
@@ -264,6 +271,12 @@ class ClientConfig:
     iterations_per_epoch: Optional[int] = None
     grad_clip: Optional[float] = 10.0
     device: str = "auto"  # auto | cpu | cuda
+    amp: Union[str, bool] = "off"  # off | bf16 | fp16 (a bare YAML off is false)
+    channels_last: Union[str, bool] = "auto"  # auto | true | false
+
+    def __post_init__(self):
+        if self.amp is False:  # YAML 1.1 reads `amp: off` as a boolean
+            self.amp = "off"
 
 
 @dataclass
@@ -425,6 +438,9 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "client.iterations_per_epoch": (lambda v: v is None or v >= 1, "must be >= 1"),
     "client.grad_clip": (lambda v: v is None or v > 0, "must be > 0 (or null)"),
     "client.device": (lambda v: v in ("auto", "cpu", "cuda"), "must be auto, cpu or cuda"),
+    "client.amp": (lambda v: v in ("off", "bf16", "fp16"), "must be one of off, bf16, fp16"),
+    "client.channels_last": (lambda v: v == "auto" or isinstance(v, bool),
+                             "must be auto, true or false"),
     "server.weighting": (
         lambda v: v in ("uniform", "samples"), "must be 'uniform' or 'samples'"
     ),
@@ -463,7 +479,8 @@ def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return " or ".join(_type_name(a) for a in args) + " or null"
+        null = " or null" if type(None) in typing.get_args(tp) else ""
+        return " or ".join(_type_name(a) for a in args) + null
     if origin is not None:
         return origin.__name__
     return getattr(tp, "__name__", str(tp))
@@ -567,6 +584,9 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
         raise ConfigError(f"{source}: 'client.nesterov' needs client.optimizer sgd and "
                           f"'client.momentum' > 0 (got {cfg.client.optimizer}, momentum "
                           f"{cfg.client.momentum})")
+    if cfg.client.amp == "fp16" and cfg.client.device == "cpu":
+        raise ConfigError(f"{source}: 'client.amp' fp16 needs a CUDA device (client.device "
+                          "is cpu); use bf16 or off")
     if cfg.dataset.name == "npz" and not cfg.dataset.path:
         raise ConfigError(f"{source}: 'dataset.path' is required when dataset.name is npz")
     if cfg.partition.scheme == "file" and not cfg.partition.path:

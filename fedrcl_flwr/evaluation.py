@@ -32,25 +32,32 @@ def evaluate_model(model: nn.Module, dataset: Dataset, device: torch.device, *,
 
     ``groups`` (one id per sample, e.g. the domain) adds per-group accuracy and their
     unweighted average under ``per_group``.
+
+    Batches go to ``device`` as ``uint8`` and are normalised there; the loss (a float64
+    sum of the per-batch float32 sums, as before) and the hit counts stay on the device
+    until the end: one read-back per call.
     """
     model.eval()
     idx = np.arange(len(dataset)) if indices is None else indices
-    loader = iterate_batches(dataset, idx, batch_size)
-    loss_sum, correct, n = 0.0, 0, 0
-    preds = []
+    loader = iterate_batches(dataset, idx, batch_size, device=device)
+    dev = torch.device(device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
+    correct = torch.zeros((), dtype=torch.int64, device=dev)
+    n = 0
+    hits = []
     for x, y in loader:
-        x, y = x.to(device), y.to(device)
         logits = model(x)
-        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-        p = logits.argmax(1)
-        correct += int((p == y).sum())
+        loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
+        hit = logits.argmax(1) == y
+        correct += hit.sum()
         n += int(y.shape[0])
         if groups is not None:
-            preds.append((p == y).cpu().numpy())
-    result = EvalResult(loss=loss_sum / max(n, 1), accuracy=correct / max(n, 1),
+            hits.append(hit)
+    loss_total, correct_total = torch.stack([loss_sum, correct.double()]).tolist()
+    result = EvalResult(loss=loss_total / max(n, 1), accuracy=int(correct_total) / max(n, 1),
                         num_samples=n)
     if groups is not None:
-        hit = np.concatenate(preds)
+        hit = torch.cat(hits).cpu().numpy() if hits else np.zeros(0, bool)
         names = group_names or [str(g) for g in sorted(set(groups.tolist()))]
         accs = {}
         for g in sorted(set(groups.tolist())):
@@ -99,8 +106,7 @@ def robust_accuracy(model: nn.Module, dataset: Dataset, device: torch.device, *,
     gen = torch.Generator().manual_seed(seed)
     hits = {"clean": 0, "fgsm": 0, f"pgd{steps}": 0}
     total = 0
-    for x, y in iterate_batches(dataset, idx, batch_size):
-        x, y = x.to(device), y.to(device)
+    for x, y in iterate_batches(dataset, idx, batch_size, device=device):
         with torch.no_grad():
             hits["clean"] += int((model(x).argmax(1) == y).sum())
         x_f = fgsm_attack(model, x, y, eps=eps, mean=mean, std=std)

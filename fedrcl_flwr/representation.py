@@ -16,21 +16,22 @@ def embed(model, dataset, device, *, indices=None, feature: str = "penultimate",
     """The feature ``feature`` of ``dataset[indices]`` (all samples by default, in order,
     un-augmented) in eval mode, as float32 CPU tensors ``(features, labels)``; the model's
     train/eval mode is restored afterwards. The one embedding used by the signal methods
-    (their uploads) and by :func:`representation_record`."""
+    (their uploads) and by :func:`representation_record`. Batches are delivered on
+    ``device`` and the features stay there until one copy back at the end."""
     idx = np.arange(len(dataset)) if indices is None else indices
     was_training = model.training
     model.eval()
     feats, labels = [], []
     try:
-        for x, y in iterate_batches(dataset, idx, batch_size):
-            _, f = model(x.to(device), return_features=True)
-            feats.append(f[feature].float().cpu())
+        for x, y in iterate_batches(dataset, idx, batch_size, device=device):
+            _, f = model(x, return_features=True)
+            feats.append(f[feature].float())
             labels.append(torch.as_tensor(y))
     finally:
         model.train(was_training)
     if not feats:
         return torch.zeros(0, 0), torch.zeros(0, dtype=torch.int64)
-    return torch.cat(feats), torch.cat(labels)
+    return torch.cat(feats).cpu(), torch.cat(labels).cpu()
 
 
 def representation_record(model, dataset, device, *, feature: str = "penultimate",

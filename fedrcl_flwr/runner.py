@@ -107,6 +107,9 @@ def check_resources(cfg: ExperimentConfig) -> None:
     if cfg.client.device == "cuda" and not cuda:
         raise ConfigError("client.device is 'cuda' but no CUDA device is visible on this "
                           "machine; use client.device=auto or cpu")
+    if cfg.client.amp == "fp16" and not cuda:
+        raise ConfigError("client.amp is fp16 but no CUDA device is visible on this "
+                          "machine (fp16 training needs CUDA); use client.amp=bf16 or off")
     ncpu = os.cpu_count() or 1
     cap = cfg.simulation.init_num_cpus or ncpu
     if cfg.simulation.num_cpus > cap:

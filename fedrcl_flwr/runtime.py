@@ -186,16 +186,19 @@ def sample_partitions(seed: int, server_round: int, num_clients: int, k: int) ->
     return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
 
 
-def make_batches(dataset, indices: np.ndarray, batch_size: int, seed: int):
+def make_batches(dataset, indices: np.ndarray, batch_size: int, seed: int,
+                 device: Optional[torch.device] = None):
     """``batches(epoch)`` for :func:`fedrcl_flwr.training.train_local`: the shuffled,
     augmented batches of :func:`fedrcl_flwr.data.datasets.iterate_batches`, with a
     generator seeded with ``(seed, epoch)`` only (the permutation and the augmentation
-    draws)."""
+    draws, on the host whatever ``device``), delivered on ``device`` (default: the CPU;
+    a CUDA device gets pinned, non-blocking copies of the uint8 pixels, normalised and
+    augmented there)."""
     from fedrcl_flwr.data.datasets import iterate_batches
 
     def batches(epoch: int):
         g = torch.Generator()
         g.manual_seed((seed + 1000003 * epoch) & ((1 << 63) - 1))
-        return iterate_batches(dataset, indices, batch_size, generator=g)
+        return iterate_batches(dataset, indices, batch_size, generator=g, device=device)
 
     return batches

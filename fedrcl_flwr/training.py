@@ -12,6 +12,14 @@ augmented views). The loop
 * skips terms whose weight is zero (no wasted forward passes),
 * clips the gradient norm when configured, and
 * returns per-term running means so the server can log them.
+
+It is written for an accelerator (``fedrcl_flwr.accel``): batches arrive on the device
+(gathered on the host, pinned, copied without blocking, normalised and augmented there,
+``runtime.make_batches``); per-term losses, the total and the gradient norms are summed
+on the device in float64 (the same sums, in the same order, as the Python floats they
+replace) and read back once, at the end of :func:`train_local`, so a step never waits
+for the device. ``client.amp`` (``LocalTrainSettings.amp``) runs the forward pass under
+autocast with the loss terms in float32; ``channels_last`` feeds NHWC batches.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from typing import Callable, Iterable, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fedrcl_flwr import accel
 
 
 @dataclass
@@ -69,9 +79,12 @@ class LocalTrainSettings:
     # in-round decay: local epoch e (0-based) runs at lr * epoch_lr_decay**e (the FedRCL
     # authors' LambdaLR(local_lr_decay ** epoch), stepped once per local epoch)
     epoch_lr_decay: float = 1.0
+    amp: str = "off"  # off | bf16 | fp16: autocast of the forward pass (accel.amp_dtype)
+    channels_last: bool = False  # feed NHWC batches (the model is converted by the caller)
 
 
-def make_optimizer(params, settings: LocalTrainSettings) -> torch.optim.Optimizer:
+def make_optimizer(params, settings: LocalTrainSettings,
+                   fused: bool = False) -> torch.optim.Optimizer:
     """A fresh optimiser (no state carried between rounds) for ``settings.optimizer``:
 
     * ``sgd`` — ``torch.optim.SGD(lr, momentum, nesterov, weight_decay)`` (L2 added to the
@@ -81,18 +94,22 @@ def make_optimizer(params, settings: LocalTrainSettings) -> torch.optim.Optimize
       pre-trained-backbone models with Adam, lr 1e-3);
     * ``adamw`` — ``torch.optim.AdamW(lr, betas, eps, weight_decay)`` (decoupled decay,
       Loshchilov & Hutter).
+
+    ``fused=True`` (fp16 on CUDA, see :func:`train_local`) asks for PyTorch's fused
+    kernel, which also takes the loss scaler's inf check on the device.
     """
     name = settings.optimizer
+    extra = {"fused": True} if fused else {}
     if name == "sgd":
         if settings.nesterov and settings.momentum <= 0:
             raise ValueError("client.nesterov needs client.momentum > 0")
         return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum,
                                nesterov=bool(settings.nesterov),
-                               weight_decay=settings.weight_decay)
+                               weight_decay=settings.weight_decay, **extra)
     if name in ("adam", "adamw"):
         cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
         return cls(params, lr=settings.lr, betas=tuple(float(b) for b in settings.betas),
-                   eps=settings.eps, weight_decay=settings.weight_decay)
+                   eps=settings.eps, weight_decay=settings.weight_decay, **extra)
     raise ValueError(f"client.optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 
@@ -130,11 +147,24 @@ def train_local(
 ) -> TrainStats:
     """Run local optimisation (``settings.optimizer``) on ``model`` in place.
 
-    ``batches(epoch)`` yields ``(x, y)`` mini-batches for one epoch. ``transform(x, y,
-    model)`` may replace a batch (returning ``(x, y, extra)``) before the forward pass;
-    ``forward(model, x, need_features)`` replaces the forward pass itself (returning
-    ``(logits, feats or None)``; default: ``model(x, return_features=need_features)``).
-    ``params`` restricts the optimised parameters (default: all that require grad).
+    ``batches(epoch)`` yields ``(x, y)`` mini-batches for one epoch (moved to ``device``
+    here if they are not there yet). ``transform(x, y, model)`` may replace a batch
+    (returning ``(x, y, extra)``) before the forward pass; ``forward(model, x,
+    need_features)`` replaces the forward pass itself (returning ``(logits, feats or
+    None)``; default: ``model(x, return_features=need_features)``). ``params`` restricts
+    the optimised parameters (default: all that require grad).
+
+    No step reads a value back to the host: the statistics are float64 sums on the
+    device, transferred once at the end. Mixed precision (``settings.amp``): the forward
+    pass (``forward`` or the model) runs under autocast; the logits and features are then
+    cast to float32 and every loss term runs with autocast disabled (so a term that runs a
+    second model, e.g. MOON's or FedNTD's frozen global model, runs it in float32). With
+    ``fp16`` the loss is scaled (``torch.amp.GradScaler``), gradients are unscaled before
+    clipping, steps with inf/NaN gradients are skipped by the scaler, and the mean
+    gradient norm is over the steps whose norm was finite. The optimiser is then PyTorch's
+    fused kernel, which reads the scaler's inf flag on the device; where it is not
+    available the scaler reads that flag on the host once per step (PyTorch's own
+    ``GradScaler.step``).
     """
     active = [t for t in terms if t.weight != 0.0]
     if not active:
@@ -142,9 +172,17 @@ def train_local(
     need_feats = any(t.needs_features for t in active)
     if params is None:
         params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(params, settings)
+    dev = torch.device(device)
+    amp_dtype = accel.amp_dtype(settings.amp, dev)
+    scaler = accel.grad_scaler(settings.amp, dev)
+    opt = _optimizer_for(params, settings, fused=scaler is not None)
     model.train()
-    stats = TrainStats(terms={t.name: 0.0 for t in active})
+
+    def zero() -> torch.Tensor:
+        return torch.zeros((), dtype=torch.float64, device=dev)
+
+    loss_sum, norm_sum, norm_count = zero(), zero(), zero()
+    term_sums = {t.name: zero() for t in active}
     step = 0
     for epoch in range(settings.epochs):
         for group in opt.param_groups:
@@ -152,34 +190,68 @@ def train_local(
         for i, (x, y) in enumerate(batches(epoch)):
             if settings.iterations_per_epoch and i >= settings.iterations_per_epoch:
                 break
-            x = x.to(device, non_blocking=True)
-            y = y.to(device, non_blocking=True)
+            x = accel.to_device(x, dev)
+            y = accel.to_device(y, dev)
+            if settings.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
             extra: dict = {}
             if transform is not None:
                 x, y, extra = transform(x, y, model)
-            if forward is not None:
-                logits, feats = forward(model, x, need_feats)
-            elif need_feats:
-                logits, feats = model(x, return_features=True)
-            else:
-                logits, feats = model(x), None
+            with accel.forward_precision(dev, amp_dtype):
+                if forward is not None:
+                    logits, feats = forward(model, x, need_feats)
+                elif need_feats:
+                    logits, feats = model(x, return_features=True)
+                else:
+                    logits, feats = model(x), None
+            if amp_dtype is not None:
+                logits, feats = accel.as_float32(logits), accel.as_float32(feats)
             batch = Batch(x=x, y=y, logits=logits, feats=feats, model=model, extra=extra)
             total = None
-            for t in active:
-                value = t.fn(batch)
-                stats.terms[t.name] += float(value.detach())
-                total = t.weight * value if total is None else total + t.weight * value
+            with accel.loss_precision(dev, amp_dtype):
+                for t in active:
+                    value = t.fn(batch)
+                    term_sums[t.name] += value.detach().double().reshape(())
+                    total = t.weight * value if total is None else total + t.weight * value
             opt.zero_grad(set_to_none=True)
-            total.backward()
+            if scaler is None:
+                total.backward()
+            else:
+                scaler.scale(total).backward()
             if settings.grad_clip:
-                gn = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
-                stats.grad_norm += float(gn)
-            opt.step()
-            stats.loss += float(total.detach())
+                if scaler is not None:
+                    scaler.unscale_(opt)
+                gn = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip).detach()
+                if scaler is None:
+                    norm_sum += gn.double()
+                else:  # an overflowing fp16 step (skipped by the scaler) has no norm
+                    finite = torch.isfinite(gn)
+                    norm_sum += torch.where(finite, gn, torch.zeros_like(gn)).double()
+                    norm_count += finite.double()
+            if scaler is None:
+                opt.step()
+            else:
+                scaler.step(opt)
+                scaler.update()
+            loss_sum += total.detach().double().reshape(())
             step += 1
-    stats.steps = step
+    stats = TrainStats(steps=step, terms={t.name: 0.0 for t in active})
     if step:
-        stats.loss /= step
-        stats.grad_norm /= step
-        stats.terms = {k: v / step for k, v in stats.terms.items()}
+        # the one read-back of the call: every sum at once
+        loss, norm, count, *term_values = torch.stack(
+            [loss_sum, norm_sum, norm_count, *term_sums.values()]).tolist()
+        stats.loss = loss / step
+        stats.grad_norm = norm / (step if scaler is None else max(count, 1.0))
+        stats.terms = {k: v / step for k, v in zip(term_sums, term_values)}
     return stats
+
+
+def _optimizer_for(params, settings: LocalTrainSettings, fused: bool):
+    """:func:`make_optimizer`, fused when asked and this PyTorch has the fused kernel for
+    the optimiser (otherwise the plain one: see :func:`train_local`)."""
+    if fused:
+        try:
+            return make_optimizer(params, settings, fused=True)
+        except (RuntimeError, TypeError, ValueError):
+            pass
+    return make_optimizer(params, settings)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from fedrcl_flwr.accel import gather_rows, to_device, transfer_plan
 from fedrcl_flwr.config import ConfigError
 
 
@@ -57,6 +58,7 @@ class ImageArrayDataset(Dataset):
     ``dataset[i]`` returns ``(x, y)`` with ``x`` normalised float32 (C, H, W) (augmented
     when an :class:`AugmentSpec` is active); :meth:`get_batch` returns a whole batch with
     vectorised augmentation drawn from a given generator — the training loop's fast path.
+    ``images`` is only ever read (it may be a read-only memory map).
     """
 
     def __init__(self, images: torch.Tensor, labels: np.ndarray, mean, std,
@@ -67,6 +69,16 @@ class ImageArrayDataset(Dataset):
         self.mean = torch.as_tensor(mean, dtype=torch.float32).view(-1, 1, 1)
         self.std = torch.as_tensor(std, dtype=torch.float32).view(-1, 1, 1)
         self.augment = augment if augment is not None and augment.active else None
+        self._stats_on: dict = {}  # device -> (mean, std) there
+
+    def _stats(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mean, std)`` on ``device`` (copied there once)."""
+        if device.type == "cpu":
+            return self.mean, self.std
+        key = str(device)
+        if key not in self._stats_on:
+            self._stats_on[key] = (to_device(self.mean, device), to_device(self.std, device))
+        return self._stats_on[key]
 
     def __len__(self) -> int:
         return int(self.images.shape[0])
@@ -77,22 +89,36 @@ class ImageArrayDataset(Dataset):
                                  self.std.flatten(), None)
 
     def _normalise(self, u8: torch.Tensor) -> torch.Tensor:
-        return (u8.float().div_(255.0) - self.mean) / self.std
+        mean, std = self._stats(u8.device)
+        return (u8.float().div_(255.0) - mean) / std
 
     def __getitem__(self, i):
         x, y = self.get_batch(np.asarray([int(i)]))
         return x[0], int(y[0])
 
-    def get_batch(self, idx, generator: Optional[torch.Generator] = None):
+    def get_batch(self, idx, generator: Optional[torch.Generator] = None,
+                  device: Optional[torch.device] = None):
+        """Samples ``idx`` as ``(x, y)`` on ``device`` (default: the CPU).
+
+        The ``uint8`` pixels and the labels are gathered on the host (into pinned memory
+        for a CUDA device) and copied without blocking; normalisation and augmentation
+        (rotation, crop, flip) then run there as batched tensor ops. Every random draw
+        comes from ``generator`` on the host, in the same order whatever the device, so
+        on the CPU the batch is exactly what it always was."""
         idx_t = torch.as_tensor(np.asarray(idx, dtype=np.int64))
+        dev = torch.device("cpu" if device is None else device)
+        pin, _ = transfer_plan(dev)
+        u8 = to_device(gather_rows(self.images, idx_t, pin), dev)
+        y = to_device(gather_rows(self._labels_t, idx_t, pin), dev)
         if self.augment is not None and self.augment.rotation > 0:
             from fedrcl_flwr.augment import random_rotation
 
-            x = random_rotation(self.images[idx_t].float().div_(255.0), self.augment.rotation,
+            mean, std = self._stats(dev)
+            x = random_rotation(u8.float().div_(255.0), self.augment.rotation,
                                 generator=generator)
-            x = (x - self.mean) / self.std
+            x = (x - mean) / std
         else:
-            x = self._normalise(self.images[idx_t])
+            x = self._normalise(u8)
         if self.augment is not None:
             from fedrcl_flwr.augment import random_crop_flip
 
@@ -100,9 +126,9 @@ class ImageArrayDataset(Dataset):
                 x = random_crop_flip(x, pad=self.augment.crop_pad, flip=self.augment.flip,
                                      generator=generator)
             elif self.augment.flip:
-                do = torch.rand(x.shape[0], generator=generator) < 0.5
+                do = to_device(torch.rand(x.shape[0], generator=generator) < 0.5, dev)
                 x = torch.where(do[:, None, None, None], x.flip(3), x)
-        return x, self._labels_t[idx_t]
+        return x, y
 
 
 @dataclass
@@ -739,14 +765,27 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
     )
 
 
+def _takes_device(get_batch) -> bool:
+    import inspect
+
+    try:
+        return "device" in inspect.signature(get_batch).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def iterate_batches(dataset, indices, batch_size: int, *,
-                    generator: Optional[torch.Generator] = None):
+                    generator: Optional[torch.Generator] = None,
+                    device: Optional[torch.device] = None):
     """The project's one batch iterator: ``(x, y)`` batches of ``dataset[indices]``.
 
     Without ``generator``: in order and un-augmented (evaluation, embedding). With it
     (training, via ``runtime.make_batches``): the indices in a random order and the
     dataset's augmentation, both drawn from ``generator``. Datasets with ``get_batch``
     (every built-in one) fetch a whole batch at once; others are read sample by sample.
+    ``device``: where the batches are delivered; a ``get_batch`` that takes ``device``
+    (:meth:`ImageArrayDataset.get_batch`) moves the ``uint8`` pixels there and
+    normalises / augments there, other datasets' batches are moved as they come.
     """
     ds = dataset
     indices = np.asarray(indices, dtype=np.int64)
@@ -754,10 +793,16 @@ def iterate_batches(dataset, indices, batch_size: int, *,
         ds = dataset.plain() if hasattr(dataset, "plain") else dataset
     else:
         indices = indices[torch.randperm(len(indices), generator=generator).numpy()]
+    batch_has_device = device is not None and hasattr(ds, "get_batch") and \
+        _takes_device(ds.get_batch)
     for i in range(0, len(indices), batch_size):
         chunk = indices[i:i + batch_size]
+        if batch_has_device:
+            yield ds.get_batch(chunk, generator=generator, device=device)
+            continue
         if hasattr(ds, "get_batch"):
-            yield ds.get_batch(chunk, generator=generator)
+            x, y = ds.get_batch(chunk, generator=generator)
         else:
             xs, ys = zip(*(ds[int(j)] for j in chunk))
-            yield torch.stack(xs), torch.as_tensor(ys)
+            x, y = torch.stack(xs), torch.as_tensor(ys)
+        yield to_device(x, device), to_device(y, device)

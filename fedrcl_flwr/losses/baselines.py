@@ -8,6 +8,13 @@ only wire these functions to the model outputs and to what the server sends.
 
 Notation: ``z`` (B, d) features of the local model being trained, ``y`` (B,) labels,
 ``logits`` (B, C). "batchmean" means summed over classes and averaged over the batch.
+
+Every function runs on the device without reading a value back to the host (these are
+evaluated every local step): no ``bool(tensor)`` branch, no boolean-mask indexing (its
+size is only known on the device). Selections are gathers or fixed-shape views, and a
+mean over "the samples that have a prototype" is a sum with zeros in place of the others
+divided by their count on the device. That sum is the same number up to the rounding
+order of float addition when some samples are left out (bit-identical when none are).
 """
 
 from __future__ import annotations
@@ -90,10 +97,11 @@ def kd_kl(p_logits: torch.Tensor, q_logits: torch.Tensor, T: float = 1.0) -> tor
 
 
 def _not_true(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The (B, C − 1) logits without each row's true class, in class order (a gather)."""
     b, c = logits.shape
-    keep = torch.ones_like(logits, dtype=torch.bool)
-    keep[torch.arange(b, device=logits.device), y] = False
-    return logits[keep].view(b, c - 1)
+    cols = torch.arange(c - 1, device=logits.device).expand(b, c - 1)
+    cols = cols + (cols >= y.view(-1, 1)).to(cols.dtype)   # skip column y of each row
+    return logits.gather(1, cols)
 
 
 def fedntd_loss(logits: torch.Tensor, global_logits: torch.Tensor, y: torch.Tensor,
@@ -129,7 +137,9 @@ def feddecorr_loss(z: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     x = z - z.mean(dim=0, keepdim=True)
     x = x / torch.sqrt(eps + x.var(dim=0, keepdim=True))
     m = x.t() @ x
-    off = m[~torch.eye(d, dtype=torch.bool, device=z.device)]
+    # the off-diagonal entries in row-major order: drop m[0, 0], view the rest as
+    # (d − 1) rows of d + 1 whose last entry is the next diagonal one, drop that column
+    off = m.reshape(-1)[1:].view(d - 1, d + 1)[:, :-1].reshape(-1)
     return off.pow(2).mean() / n
 
 
@@ -171,8 +181,31 @@ def prototype_table(vectors: torch.Tensor, labels: torch.Tensor, num_classes: in
     table.index_add_(0, labels, vectors)
     count.index_add_(0, labels, torch.ones_like(labels, dtype=vectors.dtype))
     has = count > 0
-    table[has] /= count[has, None]
+    table = table / count.clamp(min=1)[:, None]  # rows without a prototype stay 0
     return table, has
+
+
+def _positives(proto_labels: torch.Tensor, y: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pos, valid)``: (B, K) which prototypes share each sample's class, and (B,) the
+    samples that have one. A row without any is made all-true (``pos``), so that its
+    positive log-sum-exp equals the full one (finite) instead of −inf: its value is
+    discarded (:func:`_where_valid`) and its gradient is then an exact 0, never NaN."""
+    pos = proto_labels[None, :] == y[:, None]
+    valid = pos.any(dim=1)
+    return pos | ~valid[:, None], valid
+
+
+def _where_valid(valid: torch.Tensor, per: torch.Tensor) -> torch.Tensor:
+    """``per`` with 0 for the samples that are not ``valid``."""
+    return torch.where(valid, per, torch.zeros_like(per))
+
+
+def _mean_valid(valid: torch.Tensor, per: torch.Tensor) -> torch.Tensor:
+    """Mean of ``per`` over the ``valid`` samples (0 when there are none), on the device:
+    a sum with zeros for the others over their count (:func:`torch.mean` is also sum / n,
+    so with every sample valid the number is the same to the bit)."""
+    return _where_valid(valid, per).sum() / valid.sum().clamp(min=1)
 
 
 def fedproc_loss(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor,
@@ -187,13 +220,10 @@ def fedproc_loss(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor,
     whose class has a prototype and divided by the *batch size*, as the reference code
     used by the FPL / FedCCL code base (which also has no temperature, τ = 1)."""
     sims = F.cosine_similarity(z[:, None, :], protos[None, :, :], dim=-1) / tau
-    pos = proto_labels[None, :] == y[:, None]
-    valid = pos.any(dim=1)
-    if not bool(valid.any()):
-        return z.sum() * 0.0
+    pos, valid = _positives(proto_labels, y)
     lse_all = torch.logsumexp(sims, dim=1)
     lse_pos = torch.logsumexp(sims.masked_fill(~pos, float("-inf")), dim=1)
-    per = (lse_all - lse_pos)[valid]
+    per = _where_valid(valid, lse_all - lse_pos)
     return per.sum() / z.shape[0]
 
 
@@ -227,15 +257,12 @@ def fpl_loss(z: torch.Tensor, y: torch.Tensor, cluster_protos: torch.Tensor,
     the two are added per sample and averaged over the samples whose class has
     prototypes (``lossProto / count``)."""
     sims = F.cosine_similarity(z[:, None, :], cluster_protos[None, :, :], dim=-1) / tau
-    pos = cluster_labels[None, :] == y[:, None]
-    valid = pos.any(dim=1)
-    if not bool(valid.any()):
-        return z.sum() * 0.0
+    pos, valid = _positives(cluster_labels, y)
     info = torch.logsumexp(sims, dim=1) - torch.logsumexp(
         sims.masked_fill(~pos, float("-inf")), dim=1)
     table, _ = prototype_table(cluster_protos, cluster_labels, num_classes)
     mse = ((z - table[y]) ** 2).mean(dim=1)
-    return (info + mse)[valid].mean()
+    return _mean_valid(valid, info + mse)
 
 
 def fedpcl_loss(z: torch.Tensor, y: torch.Tensor, global_protos: torch.Tensor,
@@ -261,13 +288,10 @@ def fedpcl_loss(z: torch.Tensor, y: torch.Tensor, global_protos: torch.Tensor,
 
     def global_term():
         s = zn @ global_protos.t() / tau
-        pos = global_labels[None, :] == y[:, None]
-        valid = pos.any(dim=1)
-        if not bool(valid.any()):
-            return zero
+        pos, valid = _positives(global_labels, y)
         per = torch.logsumexp(s, dim=1) - torch.logsumexp(
             s.masked_fill(~pos, float("-inf")), dim=1)
-        return per[valid].mean()
+        return _mean_valid(valid, per)
 
     def local_term():
         if local_protos is None or local_protos.shape[0] == 0:
@@ -275,13 +299,11 @@ def fedpcl_loss(z: torch.Tensor, y: torch.Tensor, global_protos: torch.Tensor,
         s = zn @ local_protos.t() / tau                       # (B, K)
         pos = local_labels[None, :] == y[:, None]             # (B, K)
         valid = pos.any(dim=1)
-        if not bool(valid.any()):
-            return zero
         neg_lse = torch.logsumexp(s.masked_fill(pos, float("-inf")), dim=1)  # (B,)
         # −log(e^{s_p} / (e^{s_p} + Σ_n e^{s_n})) for every positive p
         per_pos = torch.logaddexp(s, neg_lse[:, None]) - s
         per = (per_pos * pos).sum(dim=1) / pos.sum(dim=1).clamp(min=1)
-        return per[valid].mean()
+        return _mean_valid(valid, per)
 
     return global_term(), local_term()
 

@@ -52,14 +52,14 @@ def _cosine_logits(features: torch.Tensor, signals: torch.Tensor, tau: float) ->
 
 def _reduce(per_sample: torch.Tensor, valid: torch.Tensor, features: torch.Tensor,
             reduction: str) -> torch.Tensor:
-    """Reduce per-sample losses (garbage where ``~valid``)."""
+    """Reduce per-sample losses (garbage where ``~valid``). On the device, no host read:
+    with no valid sample the sum is 0 and the count is clamped to 1, so the result is 0
+    (what the former early return gave)."""
     per_sample = torch.where(valid, per_sample, torch.zeros_like(per_sample))
     if reduction == "none":
         return per_sample
-    if not bool(valid.any()):
-        return features.sum() * 0.0
     if reduction == "mean":
-        return per_sample.sum() / valid.sum()
+        return per_sample.sum() / valid.sum().clamp(min=1)
     return per_sample.sum() / per_sample.shape[0]  # "batch": FPL's sum over valid / B
 
 
@@ -143,6 +143,9 @@ def fpl_prototype_loss(features: torch.Tensor, labels: torch.Tensor,
     cluster prototypes. FPL divides the sum over the samples that have prototypes by the
     batch size (``reduction="batch"``, default; ``"mean"`` and ``"none"`` as in
     :func:`cluster_contrast`). τ = 0.02 is FPL's default ``infoNCET``.
+
+    Not on any client's per-step path (the FPL client uses ``baselines.fpl_loss``):
+    ``torch.unique`` makes the host wait for the number of classes present.
     """
     _check_reduction(reduction)
     b = features.shape[0]

@@ -112,7 +112,14 @@ def _smallest(x: torch.Tensor, k: int) -> torch.Tensor:
 
 def _official(sim: torch.Tensor, same: torch.Tensor, eye: torch.Tensor, tau: float,
               lam: float, beta: float, kp: int, kn: int):
-    """Per-anchor SCL and penalty of the released FedRCL code, shape (L, B) each."""
+    """Per-anchor SCL and penalty of the released FedRCL code, shape (L, B) each.
+
+    How many negatives a row keeps depends on the labels of the batch (``n_other``, the
+    fewest negatives any anchor has): the ``kn`` hardest when every anchor has more than
+    ``kn``, otherwise all of them (none for a single-class batch). That count is a device
+    tensor here, never read on the host: both candidate rows are computed and
+    ``torch.where`` keeps the right one (the same numbers as a branch on the host; the
+    other candidate only adds exact zeros to the gradient)."""
     L, B, _ = sim.shape
     inv_t = 1.0 / tau
     inf = float("inf")
@@ -120,31 +127,28 @@ def _official(sim: torch.Tensor, same: torch.Tensor, eye: torch.Tensor, tau: flo
     # --- SCL: k_p hardest positives (self included) vs k_n hardest negatives ---
     kp_eff = min(kp, B)
     pos = _smallest(sim.masked_fill(~same, inf), kp_eff)              # (L, B, kp')
-    n_other = B - int(same.sum(1).min())                              # most negatives a row has
-    kn_eff = min(kn, n_other)
-    if kn_eff > 0:
-        neg_all = sim.masked_fill(same, -inf)
-        if kn_eff < n_other:
-            neg = torch.topk(neg_all, kn_eff, dim=-1, largest=True, sorted=False).values
-        else:                                                         # every negative is kept
-            neg = neg_all
-        neg = neg * inv_t                                             # (L, B, N)
+    n_other = B - same.sum(1).min()                                   # fewest negatives of a row
+    keep_top = n_other > kn                                           # else: every negative kept
+    negatives = sim.masked_fill(same, -inf)                           # -inf: not a negative
+    candidates = [negatives * inv_t]                                  # all: (L, B, B)
+    if min(kn, B - 1) >= 1:                                           # (B = 1: never hard-mined)
+        top = torch.topk(negatives, min(kn, B - 1), dim=-1, largest=True, sorted=False)
+        candidates.append(top.values * inv_t)                         # hardest: (L, B, kn)
     if kp_eff == 1:                                                   # self is always a positive
         p = pos * inv_t                                               # (L, B, 1)
-        if kn_eff > 0:
-            rows = torch.logsumexp(torch.cat([p, neg], -1), -1) - p[..., 0]
-        else:                                                         # single-class batch
-            rows = (p - p)[..., 0]
+        # a single-class batch has no negative: lse([p, -inf, ...]) - p = 0, as p - p
+        rows = [torch.logsumexp(torch.cat([p, neg], -1), -1) - p[..., 0] for neg in candidates]
+        rows = rows[0] if len(rows) == 1 else torch.where(keep_top, rows[1], rows[0])
         scl = rows / kp
     else:
         valid = torch.isfinite(pos)
         p = torch.where(valid, pos, torch.zeros_like(pos)) * inv_t    # (L, B, kp')
-        if kn_eff > 0:
+        rows = []
+        for neg in candidates:
             z = torch.cat([p.unsqueeze(-1),
                            neg.unsqueeze(-2).expand(L, B, kp_eff, neg.shape[-1])], -1)
-            rows = torch.logsumexp(z, -1) - p
-        else:
-            rows = p - p
+            rows.append(torch.logsumexp(z, -1) - p)
+        rows = rows[0] if len(rows) == 1 else torch.where(keep_top, rows[1], rows[0])
         scl = (rows * valid).sum(-1) / kp
 
     if beta == 0:
@@ -212,8 +216,7 @@ def rcl_loss(features: Features, labels: torch.Tensor, *, tau: float = 0.05,
         pen_mean = pen.mean() if pen is not None else None
     else:
         scl, pen, valid = _paper(sim, same, eye, tau, lam, beta)
-        count = int(valid.sum()) * sim.shape[0]
-        denom = max(count, 1)
+        denom = (valid.sum() * sim.shape[0]).clamp(min=1)            # on the device
         scl_mean = scl.sum() / denom
         pen_mean = pen.sum() / denom if pen is not None else None
     total = scl_mean if pen_mean is None else scl_mean + beta * pen_mean

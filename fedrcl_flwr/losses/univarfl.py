@@ -259,21 +259,43 @@ def feduv_uniformity_loss(features: torch.Tensor, *, sigma: Optional[float] = No
     (``detach_sigma=True`` treats it as a constant). Degenerate batches: fewer than two
     samples → 0; all distances zero (every feature identical) → 1 (= exp(0)) without a
     NaN from an empty median.
+
+    The median of the non-zero distances is taken without reading their number on the
+    host (:func:`_median_of_nonzero`).
     """
     p = _flat(_promote(features))
     if p.shape[0] < 2:
         return p.sum() * 0.0
     d2 = torch.pdist(p, p=2).pow(2)
-    nonzero = d2[d2 != 0]
     if sigma is None:
-        if nonzero.numel() == 0:
-            return torch.ones((), dtype=p.dtype, device=p.device) + p.sum() * 0.0
-        s = nonzero.median()
+        s, any_nonzero = _median_of_nonzero(d2)
+        # all distances zero: σ = 1 gives exp(−0/1) = 1 for every pair, the mean is 1
+        s = torch.where(any_nonzero, s, torch.ones_like(s))
         if detach_sigma:
             s = s.detach()
     else:
         s = torch.as_tensor(float(sigma), dtype=p.dtype, device=p.device)
     return torch.exp(-d2 / s).mean()
+
+
+def _median_of_nonzero(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(torch.median(d[d != 0]), any non-zero)`` for a 1-D ``d >= 0``, on the device.
+
+    Boolean indexing would need the number of non-zero entries on the host. Instead the
+    ``z`` zeros are replaced by −inf (the first ``a`` of them) and +inf (the rest), with
+    ``a = (N − 1)//2 − (m − 1)//2`` for ``m = N − z`` non-zero entries, so that the lower
+    median of all ``N`` entries, ``torch.median`` at sorted position ``(N − 1)//2``, is
+    the one at position ``(m − 1)//2`` among the non-zero ones: the same value, and the
+    same gradient (``torch.median`` shares it among the entries equal to the result,
+    which are the same non-zero entries). Meaningless when every entry is zero."""
+    n = d.numel()
+    is_zero = d == 0
+    m = n - is_zero.sum()
+    below = (n - 1) // 2 - torch.div(m - 1, 2, rounding_mode="floor")
+    zero_rank = torch.cumsum(is_zero.to(torch.int64), 0) - 1      # 0, 1, ... over the zeros
+    fill = torch.where(zero_rank < below, torch.full_like(d, float("-inf")),
+                       torch.full_like(d, float("inf")))
+    return torch.where(is_zero, fill, d).median(), m > 0
 
 
 def feduv_reg_loss(logits: torch.Tensor, features: torch.Tensor, *,
