@@ -1,4 +1,4 @@
-"""Command line: ``fedrcl-flwr run | report | partition``.
+"""Command line: ``fedrcl-flwr run | sweep | report | plot | partition | cache``.
 
 Exit codes: 0 success, 2 bad input (configuration, data, command line, output directory in
 use or holding an earlier run; one line, nothing written), 1 failed run (one line; details
@@ -65,6 +65,54 @@ def check_output_dir(out_dir: Path) -> None:
         raise ConfigError(f"output directory {out_dir}: {p} is not writable")
 
 
+def prepare_data(cfg, source: str) -> Path:
+    """Build (or check) the experiment's dataset cache entry (``fedrcl_flwr.data.cache``);
+    returns its path. Input problems are one :class:`ConfigError` naming ``source``."""
+    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.runtime import prepare_dataset
+
+    root = cache.cache_dir(cfg.dataset)
+    why = cache.check_cache_dir(root)
+    if why:
+        raise ConfigError(f"{source}: dataset.cache_dir {root}: {why}")
+    try:
+        return prepare_dataset(cfg, note=lambda m: print(f"fedrcl-flwr: {m}", flush=True))
+    except MemoryError:
+        raise ConfigError(f"{source}: the dataset does not fit in memory (dataset."
+                          f"name={cfg.dataset.name})") from None
+    except OSError as exc:
+        raise ConfigError(f"{source}: dataset.cache_dir {root}: cannot write the dataset "
+                          f"cache ({exc.strerror or exc})") from None
+
+
+def cmd_cache(args) -> int:
+    """``cache ls`` / ``cache clear [KEY_PREFIX...]`` on the dataset cache."""
+    from fedrcl_flwr.data import cache
+
+    root = Path(args.cache_dir).expanduser().resolve() if args.cache_dir \
+        else cache.default_cache_dir().resolve()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"--cache-dir {root} is not a directory")
+    if args.action == "ls":
+        if args.keys:
+            raise ConfigError("cache ls takes no keys")
+        rows = cache.list_entries(root)
+        print(f"dataset cache {root}: {len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, "
+              f"{sum(r['bytes'] for r in rows) / 2**20:.1f} MiB")
+        for r in rows:
+            st = r["settings"]
+            what = ", ".join(f"{k}={st[k]}" for k in ("image_size", "val_fraction", "seed")
+                             if st.get(k) not in (None, 0, 0.0))
+            created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])) \
+                if r["created"] else "?"
+            print(f"  {r['key'][:12]}  {r['name']:<12} {r['bytes'] / 2**20:9.1f} MiB  "
+                  f"{created}  {r['status']}{'  ' + what if what else ''}")
+        return 0
+    removed = cache.clear(root, list(args.keys or []))
+    print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} from {root}")
+    return 0
+
+
 def cmd_run(args) -> int:
     from fedrcl_flwr.config import dump_config
     from fedrcl_flwr.runner import OutputLock, RunFailed, check_resources, \
@@ -102,20 +150,18 @@ def cmd_run(args) -> int:
         check_resources(cfg)
     except ConfigError as exc:
         raise ConfigError(f"{args.resume or args.experiment}: {exc}") from None
-    if not cfg.dataset.download or cfg.partition.scheme == "file":
-        # every dataset (synthetic included) is built and split here, before any Flower
-        # process starts: a missing dataset or an impossible split is one clear error
-        from fedrcl_flwr.data.partition import PartitionError
-        from fedrcl_flwr.runtime import client_partitions
+    # every dataset (synthetic included) is prepared into the dataset cache and split
+    # here, before any Flower process starts: a missing dataset or an impossible split is
+    # one clear error, and the ServerApp and every ClientApp only memory-map the entry
+    source = args.resume or args.experiment
+    entry = prepare_data(cfg, source)
+    from fedrcl_flwr.data.partition import PartitionError
+    from fedrcl_flwr.runtime import client_partitions
 
-        source = args.resume or args.experiment
-        try:
-            client_partitions(cfg)
-        except PartitionError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
-        except MemoryError:
-            raise ConfigError(f"{source}: the dataset does not fit in memory (dataset."
-                              f"name={cfg.dataset.name})") from None
+    try:
+        client_partitions(cfg)
+    except PartitionError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     if args.resume:
         from fedrcl_flwr.app.server_app import check_resume
 
@@ -141,7 +187,8 @@ def cmd_run(args) -> int:
         t0 = time.time()
         try:
             summary = run_simulation_via_flower(cfg, out_dir, resume=bool(args.resume),
-                                                verbose=args.verbose, lock=lock)
+                                                verbose=args.verbose, lock=lock,
+                                                dataset_entry=entry)
         except RunFailed as exc:
             print(f"fedrcl-flwr: run failed: {exc}", file=sys.stderr)
             return 1
@@ -280,6 +327,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a config key in every run, repeatable")
     sw.add_argument("--verbose", action="store_true", help="show Flower/Ray logs in run logs")
     sw.set_defaults(func=cmd_sweep)
+    ca = sub.add_parser("cache", help="list or clear the dataset cache")
+    ca.add_argument("action", choices=["ls", "clear"])
+    ca.add_argument("keys", nargs="*", metavar="KEY_PREFIX",
+                    help="clear only the entries whose key starts with one of these")
+    ca.add_argument("--cache-dir", help="the cache directory (default: $FEDRCL_FLWR_CACHE_DIR"
+                    ", else $XDG_CACHE_HOME/fedrcl-flwr or ~/.cache/fedrcl-flwr)")
+    ca.set_defaults(func=cmd_cache)
     pa = sub.add_parser("partition", help="print / plot the client split of an experiment")
     pa.add_argument("experiment")
     pa.add_argument("--set", action="append", metavar="KEY=VALUE")

@@ -177,6 +177,10 @@ class DatasetConfig:
     test_fraction: float = 0.2
     verify_md5: bool = True
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    # where prepared arrays are kept (fedrcl_flwr/data/cache.py); null = $FEDRCL_FLWR_CACHE_DIR,
+    # else $XDG_CACHE_HOME/fedrcl-flwr or ~/.cache/fedrcl-flwr. Must be the same path on
+    # every node of a Ray cluster (a shared filesystem).
+    cache_dir: Optional[str] = None
 
 
 @dataclass

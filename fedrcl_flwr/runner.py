@@ -365,11 +365,13 @@ def _one_line_error(text: str) -> str:
 def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
                               verbose: bool = False, poll_s: float = 0.25,
                               status_every_s: float = 1.0,
-                              lock: Optional[OutputLock] = None) -> dict:
+                              lock: Optional[OutputLock] = None,
+                              dataset_entry: Optional[Path] = None) -> dict:
     """Run the experiment whose resolved config is ``out_dir/config.yaml``; return the
     summary. Raises :class:`RunFailed` when the run did not complete (one line; the
     details are in ``run.log``), including when it stays ``pending``/``starting`` longer
-    than ``simulation.startup_timeout_s``. The run's start-up, phase by phase, goes to
+    than ``simulation.startup_timeout_s``. ``dataset_entry``: the dataset cache entry the
+    CLI prepared (every Flower process then only opens it). The run's start-up, phase by phase, goes to
     ``flower.log`` (``fedrcl-flwr timing:`` lines)."""
     from fedrcl_flwr.app.control import ControlClient, submit
 
@@ -393,7 +395,8 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
             f"experiment = {toml_string(str(config_path))}\n"
             f"output-dir = {toml_string(str(out_dir))}\n"
             f"resume = {toml_string('true' if resume else 'false')}\n"
-            f"expected-nodes = {int(nodes)}\n")
+            f"expected-nodes = {int(nodes)}\n"
+            f"dataset-cache = {toml_string(str(dataset_entry or ''))}\n")
         run_id, output = submit(link.home, app, "local", run_config, federation_config(cfg))
         if run_id is None:
             raise RunFailed(f"flwr run failed to submit the run: {_one_line_error(output)}")

@@ -27,25 +27,47 @@ def _key(obj) -> str:
                       sort_keys=True, default=str)
 
 
+# dataset key -> prepared cache entry (use_prepared_dataset): this process only opens it
+_PREPARED: dict = {}
+
+
+def use_prepared_dataset(cfg: ExperimentConfig, entry: str) -> None:
+    """Declare that this process's dataset is the cache entry ``entry`` prepared by the
+    CLI before the run (``fedrcl_flwr.data.cache``): :func:`load_bundle` then opens it and
+    never builds the dataset; an absent or corrupt entry is one
+    :class:`~fedrcl_flwr.data.datasets.DatasetError` naming the host. Called by the
+    ServerApp and the ClientApp when the run config carries ``dataset-cache``."""
+    _PREPARED[(_key(cfg.dataset), cfg.seed)] = str(entry)
+
+
+def prepare_dataset(cfg: ExperimentConfig, note=None):
+    """Build (or check) the dataset's cache entry; returns its path. The CLI's step
+    before any Flower process; ``note`` hears why an existing entry was rebuilt."""
+    from fedrcl_flwr.data import cache
+
+    bundle, entry = cache.load(cfg.dataset, cfg.seed, note=note)
+    _bundle_cached.cache_clear()
+    return entry
+
+
 @lru_cache(maxsize=4)
 def _bundle_cached(dataset_key: str, seed: int):
-    from fedrcl_flwr.data.datasets import load_dataset
+    from fedrcl_flwr.config import DatasetConfig, config_from_dict
+    from fedrcl_flwr.data import cache
 
-    d = json.loads(dataset_key)
-    return load_dataset(
-        d["name"], root=d["root"], path=d["path"], download=d["download"],
-        augment=d["augment"], normalize=d["normalize"], image_size=d["image_size"],
-        synthetic=d["synthetic"], seed=seed, val_fraction=d["val_fraction"],
-        domains=d["domains"], test_fraction=d["test_fraction"], rotation=d["rotation"],
-        crop_pad=d["crop_pad"], verify_md5=d.get("verify_md5", True),
-    )
+    d = config_from_dict({"dataset": json.loads(dataset_key)}).dataset
+    assert isinstance(d, DatasetConfig)
+    prepared = _PREPARED.get((dataset_key, seed))
+    if prepared is not None:
+        return cache.open_prepared(prepared, d)
+    return cache.load(d, seed)[0]
 
 
 def load_bundle(cfg: ExperimentConfig):
-    """The experiment's dataset (cached per process)."""
+    """The experiment's dataset, from the dataset cache (``fedrcl_flwr.data.cache``:
+    memory-mapped, built on first use unless :func:`use_prepared_dataset` said it was
+    prepared), kept per process."""
     return _bundle_cached(_key(cfg.dataset), cfg.seed)
-
-
 @lru_cache(maxsize=4)
 def _partition_cached(dataset_key: str, partition_key: str, num_clients: int, seed: int):
     from fedrcl_flwr.data.partition import partition

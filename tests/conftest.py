@@ -12,6 +12,23 @@ from fedrcl_flwr.runner import procs_with
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _dataset_cache_dir(tmp_path_factory):
+    """The suite's dataset cache is a temporary directory, never the user's cache (real
+    `fedrcl-flwr run` subprocesses inherit the variable)."""
+    import os
+
+    from fedrcl_flwr.data.cache import ENV_VAR
+
+    before = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = str(tmp_path_factory.mktemp("dataset-cache"))
+    yield
+    if before is None:
+        os.environ.pop(ENV_VAR, None)
+    else:
+        os.environ[ENV_VAR] = before
+
+
 def tiny_config(tmp_path=None, **sections):
     """A seconds-sized experiment: 8 clients, 2 per round, 16x16 synthetic images."""
     data = {

@@ -22,17 +22,50 @@ SMALL = [
 ]
 
 
-def _run(tmp_path, *sets, rounds=4):
+def _run(tmp_path, *sets, rounds=4, env=None):
     args = [sys.executable, "-m", "fedrcl_flwr.cli", "run",
             str(ROOT / "experiments" / "quickstart.yaml"), "--out", str(tmp_path / "run")]
     for s in [*SMALL, f"federation.rounds={rounds}", *sets]:
         args += ["--set", s]
-    return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env=env)
+
+
+# every Python process that starts with this directory on its path (the CLI, the
+# SuperLink, the simulation process, each Ray worker) loses the synthetic generator
+NO_GENERATOR = """
+import fedrcl_flwr.data.synthetic as _s
+
+def _refuse(*a, **kw):
+    raise RuntimeError("the synthetic generator ran in a run's process")
+
+_s.make_synthetic = _refuse
+"""
 
 
 def test_cli_runs_fedavg_end_to_end(tmp_path):
-    res = _run(tmp_path)
+    """Also: no process of the run generates the dataset. It is prepared in the dataset
+    cache beforehand; with the generator removed from every process the run still works
+    (the CLI checks the entry, the ServerApp and Ray workers memory-map it)."""
+    import os
+
+    from fedrcl_flwr.cli import _load
+    from fedrcl_flwr.runtime import prepare_dataset
+
+    cfg = _load(str(ROOT / "experiments" / "quickstart.yaml"),
+                [*SMALL, "federation.rounds=4"], None)
+    prepare_dataset(cfg)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(NO_GENERATOR)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), str(ROOT), env.get("PYTHONPATH", "")])
+    res = _run(tmp_path, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
+    # the hook was active: a dataset not prepared yet fails in the CLI, before Flower
+    (tmp_path / "b").mkdir()
+    other = _run(tmp_path / "b", "dataset.synthetic.num_train=2001", env=env)
+    assert other.returncode == 1 and "generator ran" in other.stderr, other.stderr
     run = tmp_path / "run"
     for f in ["config.yaml", "metrics.jsonl", "summary.json", "model.pt", "accuracy.png"]:
         assert (run / f).exists(), f

@@ -7,6 +7,8 @@ Run-config keys (declared in ``pyproject.toml`` under ``[tool.flwr.app.config]``
 * ``output-dir`` - absolute output directory (empty: ``output.dir`` from the YAML)
 * ``resume``     - ``true`` to continue the run found in the output directory
 * ``expected-nodes`` - deployment: how many SuperNodes the server waits for (0 = any)
+* ``dataset-cache`` - the dataset cache entry the CLI prepared (``fedrcl-flwr run``): the
+  ServerApp and ClientApps only open it (empty: each process opens or builds its entry)
 """
 
 from __future__ import annotations
@@ -36,8 +38,16 @@ def _load(path: str, overrides: str) -> ExperimentConfig:
 
 
 def config_from_run_config(run_config: dict) -> ExperimentConfig:
-    return _load(str(run_config.get("experiment", "experiments/quickstart.yaml")),
-                 str(run_config.get("overrides", "")))
+    """The run's experiment; with a ``dataset-cache`` entry, this process's dataset is
+    that prepared entry (:func:`fedrcl_flwr.runtime.use_prepared_dataset`)."""
+    cfg = _load(str(run_config.get("experiment", "experiments/quickstart.yaml")),
+                str(run_config.get("overrides", "")))
+    entry = str(run_config.get("dataset-cache", "") or "")
+    if entry:
+        from fedrcl_flwr.runtime import use_prepared_dataset
+
+        use_prepared_dataset(cfg, entry)
+    return cfg
 
 
 def output_dir_from_run_config(run_config: dict, cfg: ExperimentConfig) -> Path:

@@ -662,6 +662,22 @@ def default_augment(name: str, image_size: int) -> AugmentSpec:
     return AugmentSpec(max(1, image_size // 8), True)  # imagefolder, npz
 
 
+def augment_spec(name: str, image_size: int, augment: bool, rotation: float = 0.0,
+                 crop_pad: Optional[int] = None) -> Optional[AugmentSpec]:
+    """The training augmentation of a dataset: its standard crop/flip
+    (:func:`default_augment`) with ``dataset.rotation`` / ``dataset.crop_pad`` applied;
+    ``None`` when ``dataset.augment`` is off. Not part of the prepared arrays (it is
+    drawn per batch), so changing it never rebuilds the dataset cache."""
+    if not augment:
+        return None
+    aug = default_augment(name, image_size)
+    if rotation > 0:
+        aug = replace(aug, rotation=float(rotation))
+    if crop_pad is not None:
+        aug = replace(aug, crop_pad=int(crop_pad))
+    return aug
+
+
 def _channel_stats(x: np.ndarray) -> tuple[list, list]:
     sample = x[:: max(1, len(x) // 10000)].astype(np.float64) / 255.0
     mean = sample.mean(axis=(0, 1, 2))
@@ -743,11 +759,7 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
     mean, std = _channel_stats(tr.x) if normalize else ([0.0] * tr.x.shape[-1],
                                                          [1.0] * tr.x.shape[-1])
     size = int(tr.x.shape[1])
-    aug = default_augment(name, size) if augment else None
-    if aug is not None and rotation > 0:
-        aug = replace(aug, rotation=float(rotation))
-    if aug is not None and crop_pad is not None:
-        aug = replace(aug, crop_pad=int(crop_pad))
+    aug = augment_spec(name, size, augment, rotation, crop_pad)
 
     def wrap(split: RawSplit, aug_spec):
         imgs = torch.from_numpy(np.ascontiguousarray(split.x.transpose(0, 3, 1, 2)))

@@ -1,0 +1,406 @@
+"""The dataset cache: a dataset's prepared arrays, built once, memory-mapped by every process.
+
+Preparing a dataset — generating the synthetic images, decoding torchvision's files,
+resizing image folders, holding out the validation split — takes seconds, and every
+process of a run (the CLI's checks, the ServerApp, each Ray worker or SuperNode) used to
+do it again and hold its own copy of the pixels. Now the first process that needs a
+dataset writes its arrays to an *entry* of the cache directory and every process
+memory-maps that entry read-only: the pixels exist once in the page cache, whatever the
+number of workers.
+
+Where: ``dataset.cache_dir``; if null, ``$FEDRCL_FLWR_CACHE_DIR``, else
+``$XDG_CACHE_HOME/fedrcl-flwr``, else ``~/.cache/fedrcl-flwr``.
+
+Key: an entry is named by the SHA-256 of everything that determines the arrays — the
+dataset settings that shape them (name, resolved ``root`` / ``path``, ``image_size``,
+``normalize``, ``val_fraction``, ``domains``, ``test_fraction``, the synthetic generator's
+settings, the seed) plus the size and modification time of every source file read — and
+the cache format. Augmentation (``augment``, ``rotation``, ``crop_pad``) is drawn per batch
+and is not part of it.
+
+An entry is a directory ``<key>/`` of ``.npy`` arrays (images already in the
+(N, C, H, W) layout training uses; labels; domain ids) plus ``meta.json`` (shapes, dtypes and
+byte sizes of every array; normalisation statistics; number of classes; domain names) and
+``meta.sha256`` (the hash of ``meta.json``). Written atomically: built in a temporary
+directory beside it, flushed to disk, then renamed into place; when two processes race,
+the first rename wins and the other uses the winner's entry. Opening checks the metadata's
+hash, every array's size and header: a corrupt or stale entry is rebuilt (or, in a
+process that may only open entries, reported), never used.
+
+Simulations run by ``fedrcl-flwr run`` prepare the entry in the CLI before any Flower
+process exists and hand its path to the ServerApp and the ClientApps
+(:func:`fedrcl_flwr.runtime.use_prepared_dataset`), which then only open it. On a Ray
+cluster across machines the cache directory must therefore be a path every node sees
+(a shared filesystem); a node without it stops with one error naming the host and the path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+FORMAT = 1
+META = "meta.json"
+META_HASH = "meta.sha256"
+ENV_VAR = "FEDRCL_FLWR_CACHE_DIR"
+_SPLITS = ("train", "test", "val")
+
+
+class CacheMiss(Exception):
+    """An entry that is absent or unusable (the message says which and why)."""
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fedrcl-flwr"
+
+
+def cache_dir(dataset_cfg) -> Path:
+    """The cache directory of a :class:`~fedrcl_flwr.config.DatasetConfig`."""
+    given = getattr(dataset_cfg, "cache_dir", None)
+    return Path(given).expanduser().resolve() if given else default_cache_dir().resolve()
+
+
+def check_cache_dir(path: Path) -> Optional[str]:
+    """Why ``path`` cannot hold the cache (``None`` when it can): it is not a directory,
+    or neither it nor its nearest existing ancestor is writable."""
+    p = Path(path)
+    while not p.exists():
+        if p.parent == p:
+            break
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        return f"{p} is not a directory"
+    if not os.access(p, os.W_OK | os.X_OK):
+        return f"{p} is not writable"
+    return None
+
+
+# ------------------------------------------------------------------------------ keys
+
+
+def _source_files(d) -> list[Path]:
+    """The files (or roots of file trees) a dataset is read from."""
+    from fedrcl_flwr.data.datasets import _HOW_TO_GET, _torchvision_files
+
+    root = Path(os.path.expanduser(d.root or "."))
+    if d.name == "synthetic":
+        return []
+    if d.name == "npz":
+        return [Path(os.path.expanduser(d.path))] if d.path else []
+    if d.name in _HOW_TO_GET:
+        return [_torchvision_files(d.name, root)[0]]
+    return [root]
+
+
+def _fingerprint(paths: list[Path]) -> list:
+    """(relative path, size, mtime_ns) of every file under ``paths`` (sorted): a source
+    that changes on disk gets a new entry."""
+    out = []
+    for base in paths:
+        if base.is_file():
+            st = base.stat()
+            out.append([str(base.resolve()), st.st_size, st.st_mtime_ns])
+            continue
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames.sort()
+            for name in sorted(filenames):
+                f = Path(dirpath) / name
+                try:
+                    st = f.stat()
+                except OSError:
+                    continue
+                out.append([str(f.relative_to(base)), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def entry_settings(d, seed: int) -> dict:
+    """Everything that determines a dataset's arrays (see the module docstring)."""
+    from dataclasses import asdict
+
+    root = str(Path(os.path.expanduser(d.root or ".")).resolve())
+    return {
+        "format": FORMAT, "name": d.name, "seed": int(seed),
+        "root": None if d.name in ("synthetic", "npz") else root,
+        "path": str(Path(os.path.expanduser(d.path)).resolve()) if d.path else None,
+        "image_size": d.image_size, "normalize": bool(d.normalize),
+        "val_fraction": float(d.val_fraction), "domains": list(d.domains or []),
+        "test_fraction": float(d.test_fraction),
+        "synthetic": asdict(d.synthetic) if d.name == "synthetic" else None,
+        "sources": _fingerprint(_source_files(d)),
+    }
+
+
+def _key_of(settings: dict) -> str:
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def entry_key(d, seed: int) -> str:
+    return _key_of(entry_settings(d, seed))
+
+
+# ------------------------------------------------------------------------------ read
+
+
+def _read_meta(entry: Path) -> dict:
+    try:
+        raw = (entry / META).read_bytes()
+        want = (entry / META_HASH).read_text().strip()
+    except OSError as exc:
+        raise CacheMiss(f"{entry}: incomplete ({exc.strerror or exc})") from None
+    if hashlib.sha256(raw).hexdigest() != want:
+        raise CacheMiss(f"{entry}: {META} does not match its hash (corrupt)")
+    try:
+        meta = json.loads(raw)
+    except json.JSONDecodeError:
+        raise CacheMiss(f"{entry}: {META} is not JSON (corrupt)") from None
+    if meta.get("format") != FORMAT:
+        raise CacheMiss(f"{entry}: cache format {meta.get('format')} (this version "
+                        f"reads {FORMAT})")
+    return meta
+
+
+def _open_array(entry: Path, name: str, spec: dict, mmap: bool) -> np.ndarray:
+    f = entry / f"{name}.npy"
+    try:
+        size = f.stat().st_size
+    except OSError:
+        raise CacheMiss(f"{entry}: {f.name} is missing") from None
+    if size != spec["bytes"]:
+        raise CacheMiss(f"{entry}: {f.name} has {size} bytes, its metadata says "
+                        f"{spec['bytes']} (truncated or corrupt)")
+    try:
+        arr = np.load(f, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise CacheMiss(f"{entry}: {f.name} cannot be read ({exc})") from None
+    if list(arr.shape) != spec["shape"] or str(arr.dtype) != spec["dtype"]:
+        raise CacheMiss(f"{entry}: {f.name} is {arr.dtype}{list(arr.shape)}, its metadata "
+                        f"says {spec['dtype']}{spec['shape']} (corrupt)")
+    return arr
+
+
+def open_entry(entry: Path, d):
+    """The :class:`~fedrcl_flwr.data.datasets.DataBundle` of a cache entry, images
+    memory-mapped read-only; ``d`` (the dataset config) gives the augmentation.
+    Raises :class:`CacheMiss` for an absent, incomplete or corrupt entry."""
+    import torch
+
+    from fedrcl_flwr.data.datasets import DataBundle, ImageArrayDataset, augment_spec
+
+    entry = Path(entry)
+    if not entry.is_dir():
+        raise CacheMiss(f"{entry}: no such entry")
+    meta = _read_meta(entry)
+    arrays = {name: _open_array(entry, name, spec, mmap=name.endswith("_x"))
+              for name, spec in meta["arrays"].items()}
+    aug = augment_spec(meta["name"], meta["image_size"], d.augment, d.rotation, d.crop_pad)
+
+    def wrap(split: str, aug_spec):
+        if f"{split}_x" not in arrays:
+            return None
+        with warnings.catch_warnings():  # read-only memmap: never written (see module doc)
+            warnings.simplefilter("ignore", UserWarning)
+            images = torch.from_numpy(arrays[f"{split}_x"])
+        return ImageArrayDataset(images, arrays[f"{split}_y"], meta["mean"], meta["std"],
+                                 aug_spec)
+
+    return DataBundle(
+        name=meta["name"], train=wrap("train", aug), test=wrap("test", None),
+        train_labels=np.asarray(arrays["train_y"]), test_labels=np.asarray(arrays["test_y"]),
+        num_classes=int(meta["num_classes"]), in_channels=int(meta["in_channels"]),
+        image_size=int(meta["image_size"]),
+        train_domains=arrays.get("train_d"), test_domains=arrays.get("test_d"),
+        domain_names=list(meta["domain_names"]), val=wrap("val", None))
+
+
+# ------------------------------------------------------------------------------ write
+
+
+def _write_entry(tmp: Path, bundle, settings: dict) -> None:
+    arrays = {}
+    for split in _SPLITS:
+        ds = getattr(bundle, split)
+        if ds is None:
+            continue
+        arrays[f"{split}_x"] = np.ascontiguousarray(ds.images.numpy())
+        arrays[f"{split}_y"] = np.asarray(ds.labels, np.int64)
+    if bundle.train_domains is not None:
+        arrays["train_d"] = np.asarray(bundle.train_domains, np.int64)
+    if bundle.test_domains is not None:
+        arrays["test_d"] = np.asarray(bundle.test_domains, np.int64)
+    specs = {}
+    for name, arr in arrays.items():
+        f = tmp / f"{name}.npy"
+        with open(f, "wb") as fh:
+            np.save(fh, arr, allow_pickle=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        specs[name] = {"shape": list(arr.shape), "dtype": str(arr.dtype),
+                       "bytes": f.stat().st_size}
+    meta = {"format": FORMAT, "name": bundle.name, "created": time.time(),
+            "settings": {k: v for k, v in settings.items() if k != "sources"},
+            "num_sources": len(settings["sources"]),
+            "mean": [float(v) for v in bundle.train.mean.flatten().tolist()],
+            "std": [float(v) for v in bundle.train.std.flatten().tolist()],
+            "num_classes": int(bundle.num_classes), "in_channels": int(bundle.in_channels),
+            "image_size": int(bundle.image_size), "domain_names": list(bundle.domain_names),
+            "arrays": specs}
+    raw = json.dumps(meta, indent=1, sort_keys=True).encode()
+    (tmp / META).write_bytes(raw)
+    (tmp / META_HASH).write_text(hashlib.sha256(raw).hexdigest() + "\n")
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _discard(path: Path) -> None:
+    """Move ``path`` out of the way atomically, then delete it."""
+    gone = path.parent / f".discard-{path.name}-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        os.rename(path, gone)
+    except OSError:
+        return
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def build_entry(root: Path, key: str, d, seed: int, settings: dict):
+    """Prepare the dataset and publish it as entry ``key``; returns the opened entry.
+    Race-safe: if another process published the key first, theirs is used."""
+    from fedrcl_flwr.data.datasets import load_dataset
+
+    bundle = load_dataset(
+        d.name, root=d.root, path=d.path, download=d.download, augment=d.augment,
+        normalize=d.normalize, image_size=d.image_size,
+        synthetic=_synthetic_dict(d), seed=seed, val_fraction=d.val_fraction,
+        domains=d.domains, test_fraction=d.test_fraction, rotation=d.rotation,
+        crop_pad=d.crop_pad, verify_md5=d.verify_md5)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / key
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
+    try:
+        _write_entry(tmp, bundle, settings)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # a non-empty entry exists: someone else won, or it is corrupt
+            try:
+                return open_entry(final, d)
+            except CacheMiss:
+                _discard(final)
+                os.rename(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return open_entry(final, d)
+
+
+def _synthetic_dict(d) -> Optional[dict]:
+    from dataclasses import asdict
+
+    return asdict(d.synthetic) if d.name == "synthetic" else None
+
+
+def load(d, seed: int, *, note=None):
+    """Open the dataset's entry, building it first when absent or unusable. ``note``
+    (a callable) hears why an existing entry was rebuilt. Returns ``(bundle, entry)``."""
+    root = cache_dir(d)
+    settings = entry_settings(d, seed)
+    key = _key_of(settings)
+    entry = root / key
+    if entry.exists():
+        try:
+            return open_entry(entry, d), entry
+        except CacheMiss as exc:
+            if note is not None:
+                note(f"dataset cache: rebuilding an unusable entry: {exc}")
+            _discard(entry)
+    return build_entry(root, key, d, seed, settings), entry
+
+
+def open_prepared(entry: Path, d):
+    """Open an entry prepared by the CLI; any problem is one
+    :class:`~fedrcl_flwr.data.datasets.DatasetError` naming this host and the path (a
+    process of a run never builds the dataset itself)."""
+    from fedrcl_flwr.data.datasets import DatasetError
+
+    try:
+        return open_entry(entry, d)
+    except CacheMiss as exc:
+        raise DatasetError(
+            f"dataset cache entry unusable on host {socket.gethostname()}: {exc}. The CLI "
+            "prepared it before the run; dataset.cache_dir must be a directory every node "
+            "of the Ray cluster sees at the same path (a shared filesystem), and must not "
+            "be cleared while a run uses it") from None
+
+
+# ------------------------------------------------------------------------------ manage
+
+
+def _dir_bytes(path: Path) -> int:
+    total = 0
+    for f in path.rglob("*"):
+        try:
+            if f.is_file():
+                total += f.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def list_entries(root: Path) -> list[dict]:
+    """One dict per entry (``key``, ``name``, ``settings``, ``bytes``, ``created``,
+    ``status`` ok / corrupt: reason)."""
+    out = []
+    if not Path(root).is_dir():
+        return out
+    for entry in sorted(Path(root).iterdir()):
+        if not entry.is_dir() or entry.name.startswith("."):
+            continue
+        row = {"key": entry.name, "bytes": _dir_bytes(entry), "name": "?", "settings": {},
+               "created": None}
+        try:
+            meta = _read_meta(entry)
+            for name, spec in meta["arrays"].items():
+                f = entry / f"{name}.npy"
+                if not f.exists() or f.stat().st_size != spec["bytes"]:
+                    raise CacheMiss(f"{f.name} missing or of the wrong size")
+            row.update(name=meta["name"], settings=meta.get("settings", {}),
+                       created=meta.get("created"), status="ok")
+        except CacheMiss as exc:
+            row["status"] = f"corrupt: {str(exc).split(': ', 1)[-1]}"
+        out.append(row)
+    return out
+
+
+def clear(root: Path, prefixes: Optional[list] = None) -> list[str]:
+    """Delete the entries whose key starts with one of ``prefixes`` (all when empty) and
+    any leftover temporary directories; returns the deleted keys."""
+    removed = []
+    if not Path(root).is_dir():
+        return removed
+    for entry in sorted(Path(root).iterdir()):
+        if not entry.is_dir():
+            continue
+        if entry.name.startswith("."):
+            if not prefixes:
+                shutil.rmtree(entry, ignore_errors=True)
+            continue
+        if prefixes and not any(entry.name.startswith(p) for p in prefixes):
+            continue
+        _discard(entry)
+        removed.append(entry.name)
+    return removed
