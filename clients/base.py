@@ -229,6 +229,7 @@ class FederatedClient(NumPyClient):
             "train_loss": stats.loss,
             "steps": stats.steps,
             "fit_time_s": time.time() - t0,
+            "node": runtime.node_name(),
         }
         for name, value in stats.terms.items():
             metrics[f"loss_{name}"] = value

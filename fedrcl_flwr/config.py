@@ -329,7 +329,11 @@ class SimulationConfig:
     ``federation.num_clients``) is the number of execution slots. ``startup_timeout_s``:
     the CLI gives up (exit 1, everything torn down) when the submitted run is still
     ``pending``/``starting`` after this many seconds without a round recorded (Flower
-    issue #7953: runs that never leave ``pending``).
+    issue #7953: runs that never leave ``pending``). ``ray_address``: join an existing Ray
+    cluster (``HOST:PORT`` of its head, or ``auto`` for the cluster this machine belongs
+    to) instead of starting a private local Ray; ``num_cpus`` / ``num_gpus`` are then
+    per-client requests against the whole cluster, ``init_num_cpus`` / ``init_num_gpus``
+    do not apply, and ``dataset.cache_dir`` must be a path every node sees.
     """
 
     num_cpus: int = 1
@@ -338,6 +342,15 @@ class SimulationConfig:
     init_num_gpus: Optional[float] = None
     num_supernodes: Optional[int] = None  # default: federation.num_clients
     startup_timeout_s: float = 300.0
+    ray_address: Optional[str] = None
+
+
+def _ray_address_ok(v) -> bool:
+    if v is None or v == "auto":
+        return True
+    host, sep, port = str(v).rpartition(":")
+    return bool(sep) and bool(host) and port.isdigit() and 0 < int(port) < 65536 \
+        and not any(c.isspace() for c in str(v))
 
 
 @dataclass
@@ -470,6 +483,8 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "simulation.init_num_gpus": (lambda v: v is None or v >= 0, "must be >= 0"),
     "simulation.num_supernodes": (lambda v: v is None or v >= 1, "must be >= 1"),
     "simulation.startup_timeout_s": (lambda v: v > 0, "must be > 0"),
+    "simulation.ray_address": (_ray_address_ok, "must be HOST:PORT of a Ray head node or "
+                                                "'auto' (or null: a private local Ray)"),
     "output.checkpoint_every": (lambda v: v >= 0, "must be >= 0"),
 }
 

@@ -82,11 +82,28 @@ def federation_config(cfg: ExperimentConfig) -> str:
     nodes = s.num_supernodes or cfg.federation.num_clients
     items = [f"num-supernodes={nodes}", f"client-resources-num-cpus={int(s.num_cpus)}",
              f"client-resources-num-gpus={float(s.num_gpus)}"]
+    if s.ray_address:  # an existing cluster: its resources are what they are
+        return " ".join(items)
     if s.init_num_cpus:
         items.append(f"init-args-num-cpus={int(s.init_num_cpus)}")
     if s.init_num_gpus is not None:
         items.append(f"init-args-num-gpus={float(s.init_num_gpus)}")
     return " ".join(items)
+
+
+def check_ray_address(address: str, timeout: float = 3.0) -> None:
+    """A ``simulation.ray_address`` ``HOST:PORT`` that accepts no connection is a
+    :class:`ConfigError` (before any Flower process starts). ``auto`` is left to Ray."""
+    if address == "auto":
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"simulation.ray_address={address}: no Ray head node answers there "
+                          f"({exc.strerror or exc}); start the cluster first (ray start "
+                          "--head) or leave the key null for a private local Ray") from None
 
 
 def check_resources(cfg: ExperimentConfig) -> None:
@@ -110,6 +127,13 @@ def check_resources(cfg: ExperimentConfig) -> None:
     if cfg.client.amp == "fp16" and not cuda:
         raise ConfigError("client.amp is fp16 but no CUDA device is visible on this "
                           "machine (fp16 training needs CUDA); use client.amp=bf16 or off")
+    if cfg.simulation.ray_address:  # the cluster's resources count, not this machine's
+        if cfg.simulation.init_num_cpus or cfg.simulation.init_num_gpus is not None:
+            raise ConfigError("simulation.init_num_cpus / init_num_gpus size a private local "
+                              "Ray; with simulation.ray_address the cluster is already sized"
+                              " (leave them null)")
+        check_ray_address(cfg.simulation.ray_address)
+        return
     ncpu = os.cpu_count() or 1
     cap = cfg.simulation.init_num_cpus or ncpu
     if cfg.simulation.num_cpus > cap:
@@ -178,7 +202,8 @@ class LocalSuperLink:
     """A private simulation SuperLink on loopback, stopped by :meth:`stop` (or, if this
     process dies first, by its watchdog)."""
 
-    def __init__(self, log_path: Path, verbose: bool = False, lock: Optional[OutputLock] = None):
+    def __init__(self, log_path: Path, verbose: bool = False, lock: Optional[OutputLock] = None,
+                 ray_address: Optional[str] = None):
         self.home = Path(tempfile.mkdtemp(prefix="fedrcl-flwr-home-"))
         self.port = free_port()
         self.log_path = log_path
@@ -197,6 +222,10 @@ class LocalSuperLink:
         # only took CPU from the start-up (and so does the usage-stats reporter)
         self.env.setdefault("RAY_prestart_worker_first_driver", "0")
         self.env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if ray_address:  # Flower's ray.init() joins the cluster Ray finds in RAY_ADDRESS
+            self.env["RAY_ADDRESS"] = ray_address
+        else:
+            self.env.pop("RAY_ADDRESS", None)
         if not verbose:
             self.env["PYTHONWARNINGS"] = "ignore"
         (self.home / "config.toml").write_text(
@@ -380,7 +409,8 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
     app = find_app_dir()
     out_dir = out_dir.resolve()
     config_path = out_dir / "config.yaml"
-    link = LocalSuperLink(out_dir / "flower.log", verbose=verbose, lock=lock)
+    link = LocalSuperLink(out_dir / "flower.log", verbose=verbose, lock=lock,
+                          ray_address=cfg.simulation.ray_address)
     printed = 0
     if resume:
         printed = len(read_metrics(out_dir))

@@ -90,6 +90,26 @@ def client_partitions(cfg: ExperimentConfig) -> list:
                              cfg.federation.num_clients, cfg.seed)
 
 
+_NODE = {"name": None}
+
+
+def set_node_name(name: str) -> None:
+    """Name this process's machine / cluster node in client records (the ClientApp sets
+    the Ray node when it runs on a multi-node Ray cluster)."""
+    _NODE["name"] = str(name)
+
+
+def node_name() -> str:
+    """Where this process runs: the name :func:`set_node_name` gave, else the host name.
+    Clients report it with every result; the server counts them per round
+    (``client_nodes`` in ``metrics.jsonl``)."""
+    if _NODE["name"] is None:
+        import socket
+
+        _NODE["name"] = socket.gethostname()
+    return _NODE["name"]
+
+
 def pick_device(name: str = "auto") -> torch.device:
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():

@@ -302,6 +302,12 @@ class FederatedStrategy(Strategy):
         self.server_update(rnd, average)
         info["train_loss"] = float(np.mean([float(r.metrics.get("train_loss", np.nan))
                                             for _, r, _ in kept]))
+        nodes: dict = {}  # where the kept clients ran (clients report runtime.node_name())
+        for _, r, _ in kept:
+            if isinstance(r.metrics.get("node"), str):
+                nodes[r.metrics["node"]] = nodes.get(r.metrics["node"], 0) + 1
+        if nodes:
+            info["client_nodes"] = dict(sorted(nodes.items()))
         for key in sorted({k for _, r, _ in kept for k in r.metrics}):
             if key.startswith("loss_"):
                 vals = [r.metrics[key] for _, r, _ in kept if isinstance(

@@ -15,6 +15,7 @@ from flwr.common import Context
 
 from clients import client_class
 from clients.base import LocalData
+from fedrcl_flwr import runtime
 from fedrcl_flwr.app.common import (
     config_from_run_config,
     output_dir_from_run_config,
@@ -41,8 +42,29 @@ def _device_data(path: str, cfg) -> LocalData:
     return data
 
 
+def _name_ray_node() -> None:
+    """On a Ray cluster of several nodes, clients report ``host:<Ray node id>`` (two nodes
+    on one host differ only in that); elsewhere the host name (``runtime.node_name``)."""
+    import sys
+
+    if "ray" not in sys.modules:
+        return
+    try:
+        import socket
+
+        import ray
+
+        if ray.is_initialized() and len(ray.nodes()) > 1:
+            node = ray.get_runtime_context().get_node_id()
+            runtime.set_node_name(f"{socket.gethostname()}:{node[:8]}")
+    except Exception:  # noqa: BLE001 - the host name is a fine fallback
+        pass
+
+
 def client_fn(context: Context):
     quiet()
+    if runtime._NODE["name"] is None:
+        _name_ray_node()
     cfg = config_from_run_config(context.run_config)
     torch.set_num_threads(max(1, int(cfg.simulation.num_cpus)))
     node = context.node_config
