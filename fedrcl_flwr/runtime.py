@@ -52,11 +52,11 @@ def prepare_dataset(cfg: ExperimentConfig, note=None):
 
 @lru_cache(maxsize=4)
 def _bundle_cached(dataset_key: str, seed: int):
-    from fedrcl_flwr.config import DatasetConfig, config_from_dict
+    from fedrcl_flwr.config import DatasetConfig, SyntheticConfig
     from fedrcl_flwr.data import cache
 
-    d = config_from_dict({"dataset": json.loads(dataset_key)}).dataset
-    assert isinstance(d, DatasetConfig)
+    fields = json.loads(dataset_key)  # the (already validated) dataset section
+    d = DatasetConfig(**{**fields, "synthetic": SyntheticConfig(**fields["synthetic"])})
     prepared = _PREPARED.get((dataset_key, seed))
     if prepared is not None:
         return cache.open_prepared(prepared, d)
