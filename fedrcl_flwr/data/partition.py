@@ -56,7 +56,8 @@ Schemes:
   ``num_clients = D`` and several clients may share a domain. A *slot* is one
   (client, owned domain) pair; ``m_d`` is the number of slots of domain *d*. See
   :func:`by_domain` for the two draws (``balanced`` true / false). ``project`` only;
-* ``file`` — read from ``path`` (see :func:`load_split_file`): JSON ``{"<client>": [indices]}``
+* ``file`` — read from ``path`` (see :func:`load_split_file`; draws nothing, so
+  ``generator`` is ignored): JSON ``{"<client>": [indices]}``
   as ``fedrcl-flwr partition --save`` writes it, or the FedRCL / FedACG authors' released
   text format, a Python dict literal ``{0: [10385, ...], ...}`` or ``{0: {16406, ...}}``
   (``client_data/<DATASET>/balanced/*.txt`` in skynbe/FedRCL), read with
@@ -521,8 +522,9 @@ def resolve_generator(scheme: str, balanced: bool, generator: Optional[str]) -> 
     """The generator a split uses (``partition.generator``, see the module docstring):
     ``None`` is ``fedrcl`` for the balanced Dirichlet split and ``project`` otherwise. The
     balanced Dirichlet split exists only as the authors' algorithm (``fedrcl`` /
-    ``fedrcl_labels``); ``domain`` and ``file`` only as the project's. Anything else is a
-    :class:`PartitionError` (also raised by the config check, before a run)."""
+    ``fedrcl_labels``); ``domain`` only as the project's; ``file`` draws nothing and
+    ignores it. Anything else is a :class:`PartitionError` (also raised by the config
+    check, before a run)."""
     if generator is not None and generator not in GENERATORS:
         raise PartitionError(f"partition.generator must be one of {', '.join(GENERATORS)} "
                              f"(or null), got {generator!r}")
@@ -532,7 +534,9 @@ def resolve_generator(scheme: str, balanced: bool, generator: Optional[str]) -> 
                                  "split (it is the FedRCL authors' algorithm): use fedrcl "
                                  "(their trainer's draws, the default) or fedrcl_labels")
         return generator or "fedrcl"
-    if scheme in ("domain", "file") and generator not in (None, "project"):
+    if scheme == "file":
+        return "project"
+    if scheme == "domain" and generator not in (None, "project"):
         raise PartitionError(f"partition.generator {generator} has no '{scheme}' split "
                              "(the authors' code has none): leave it null or project")
     return generator or "project"
