@@ -61,8 +61,11 @@ def pil_rotation_coefficients(angle: float, width: int, height: int) -> list[int
 
 
 def _angles(degrees: Union[torch.Tensor, Sequence[float]]) -> list[float]:
+    """The angles as Python floats (Pillow's coefficients are computed in double precision
+    on the host). The training loop's angles are drawn on the host, so reading them is no
+    device synchronisation."""
     if isinstance(degrees, torch.Tensor):
-        return [float(v) for v in degrees.detach().cpu().reshape(-1).tolist()]
+        return [float(v) for v in degrees.detach().reshape(-1).tolist()]  # host read
     return [float(v) for v in degrees]
 
 
