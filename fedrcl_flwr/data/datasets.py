@@ -732,7 +732,7 @@ def augment_spec(name: str, image_size: int, augment: bool, rotation: float = 0.
     return aug
 
 
-def normalisation(normalize, x: np.ndarray, what: str = "dataset.normalize"
+def normalisation(normalize, x: np.ndarray, what: str = "dataset"
                   ) -> tuple[list, list]:
     """``(mean, std)`` per channel of ``dataset.normalize``: the training images'
     statistics (``True``), none (``False``: 0 / 1) or the given ``{mean, std}`` constants
@@ -838,7 +838,7 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
             hold[rng.choice(idx, int(round(val_fraction * len(idx))), replace=False)] = True
         val_split = RawSplit(tr.x[hold], tr.y[hold])
         tr = RawSplit(tr.x[~hold], tr.y[~hold], None if tr.d is None else tr.d[~hold])
-    mean, std = normalisation(normalize, tr.x)
+    mean, std = normalisation(normalize, tr.x, f"dataset {name!r}")
     size = int(tr.x.shape[1])
     aug = augment_spec(name, size, augment, rotation, crop_pad, flip, pad_fill)
 
