@@ -74,7 +74,7 @@ def rotate(x: torch.Tensor, degrees: Union[torch.Tensor, Sequence[float]]) -> to
     ``degrees[b]`` (counter-clockwise, about the image centre), as torchvision's
     ``F.rotate`` on a PIL image with ``RandomRotation``'s defaults (see
     :func:`pil_rotation_coefficients`); pixels with no source are 0."""
-    b, _, h, w = x.shape
+    b, c, h, w = x.shape
     angles = _angles(degrees)
     if len(angles) != b:
         raise ValueError(f"rotate: {len(angles)} angles for {b} images")
@@ -83,16 +83,15 @@ def rotate(x: torch.Tensor, degrees: Union[torch.Tensor, Sequence[float]]) -> to
     dev = x.device
     coef = to_device(torch.tensor([pil_rotation_coefficients(a, w, h) for a in angles],
                                   dtype=torch.int64), dev)
-    c = [coef[:, i, None, None] for i in range(6)]
+    k = [coef[:, i, None, None] for i in range(6)]
     xs = torch.arange(w, device=dev, dtype=torch.int64)[None, None, :]
     ys = torch.arange(h, device=dev, dtype=torch.int64)[None, :, None]
-    x_in = torch.div(c[2] + xs * c[0] + ys * c[1], 1 << 16, rounding_mode="floor")
-    y_in = torch.div(c[5] + xs * c[3] + ys * c[4], 1 << 16, rounding_mode="floor")
+    x_in = torch.div(k[2] + xs * k[0] + ys * k[1], 1 << 16, rounding_mode="floor")
+    y_in = torch.div(k[5] + xs * k[3] + ys * k[4], 1 << 16, rounding_mode="floor")
     inside = (x_in >= 0) & (x_in < w) & (y_in >= 0) & (y_in < h)  # (B, H, W)
-    bi = torch.arange(b, device=dev)[:, None, None]
-    src = x.permute(0, 2, 3, 1)[bi, y_in.clamp(0, h - 1), x_in.clamp(0, w - 1)]  # B,H,W,C
-    out = torch.where(inside[..., None], src, torch.zeros((), dtype=x.dtype, device=dev))
-    return out.permute(0, 3, 1, 2).contiguous()
+    flat = (y_in.clamp(0, h - 1) * w + x_in.clamp(0, w - 1)).view(b, 1, h * w)
+    src = x.reshape(b, c, h * w).gather(2, flat.expand(b, c, h * w)).view(b, c, h, w)
+    return torch.where(inside[:, None], src, torch.zeros((), dtype=x.dtype, device=dev))
 
 
 def random_rotation(x: torch.Tensor, max_degrees: float,
