@@ -284,3 +284,48 @@ def test_off_by_default_is_the_plain_path(tiny, tmp_path):
     for x, y in zip(a.weights, b.weights):
         assert np.array_equal(x, y)
     assert not any(k.startswith("dp_") for k in read_metrics(tmp_path / "a")[0])
+
+
+@pytest.mark.flwr
+def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
+    """The real wiring, through ``fedrcl-flwr run`` (Flower's simulation): the ServerApp
+    runs SecAgg+ with client-side DP, the ClientApps' mods mask and clip, the ServerApp
+    process logs to MLflow (file store) and W&B (offline); nothing is left running."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import leftover_procs
+
+    store = tmp_path / "mlstore"
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true",
+               MLFLOW_TRACKING_URI=f"file:{store}", WANDB_CACHE_DIR=str(tmp_path / "wbc"),
+               WANDB_CONFIG_DIR=str(tmp_path / "wbcfg"), WANDB_DATA_DIR=str(tmp_path / "wbd"))
+    sets = ["dataset.synthetic.num_train=600", "dataset.synthetic.num_test=200",
+            "dataset.synthetic.image_size=16", "federation.num_clients=6",
+            "federation.clients_per_round=3", "federation.participation=null",
+            "federation.rounds=2", "client.local_epochs=1", "evaluation.target_rounds=[2]",
+            "privacy.secagg=true", "output.tracker=[mlflow, wandb]",
+            "privacy.dp={mode: client, noise_multiplier: 0.5, clipping_norm: 0.1}"]
+    args = [sys.executable, "-m", "fedrcl_flwr.cli", "run", str(QUICKSTART), "--out",
+            str(tmp_path / "run")]
+    for s in sets:
+        args += ["--set", s]
+    res = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                         env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    recs = read_metrics(tmp_path / "run")
+    assert [r["round"] for r in recs] == [1, 2]
+    assert all(r["num_clients"] == 3 and r["failures"] == 0 for r in recs), recs
+    assert all(r["dp_epsilon"] > 0 for r in recs)
+    state = json.loads((tmp_path / "run" / "tracker.json").read_text())
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"file:{store}")
+    hist = client.get_metric_history(state["mlflow"]["run_id"], "accuracy/test")
+    assert sorted((m.step, m.value) for m in hist) == [(r["round"], r["test_accuracy"])
+                                                        for r in recs]
+    assert client.get_run(state["mlflow"]["run_id"]).info.status == "FINISHED"
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert leftover_procs() == {}
