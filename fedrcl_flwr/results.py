@@ -56,6 +56,9 @@ def format_round_line(rec: dict, total_rounds: int) -> str:
         parts.append(f"test_loss {rec['test_loss']:.4f}")
     if rec.get("train_loss") is not None:
         parts.append(f"train_loss {rec['train_loss']:.4f}")
+    if "dp_delta" in rec:  # privacy.dp: the budget spent so far
+        eps = rec.get("dp_epsilon")
+        parts.append(f"eps {eps:.2f}" if eps is not None else "eps inf")
     parts.append(f"clients {rec.get('num_clients', 0)}")
     if rec.get("failures"):
         parts.append(f"failures {rec['failures']}")

@@ -296,8 +296,6 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    from conftest import leftover_procs
-
     store = tmp_path / "mlstore"
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true",
                MLFLOW_TRACKING_URI=f"file:{store}", WANDB_CACHE_DIR=str(tmp_path / "wbc"),
@@ -322,10 +320,20 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     state = json.loads((tmp_path / "run" / "tracker.json").read_text())
     from mlflow.tracking import MlflowClient
 
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # reading MLflow 3's file store
     client = MlflowClient(tracking_uri=f"file:{store}")
     hist = client.get_metric_history(state["mlflow"]["run_id"], "accuracy/test")
     assert sorted((m.step, m.value) for m in hist) == [(r["round"], r["test_accuracy"])
                                                         for r in recs]
     assert client.get_run(state["mlflow"]["run_id"]).info.status == "FINISHED"
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert leftover_procs() == {}
+    # every process of this run (its environment names tmp_path: the SuperLink, the
+    # simulation, Ray, W&B's service) is gone
+    import time
+
+    from fedrcl_flwr.runner import procs_with
+
+    deadline = time.time() + 10
+    while procs_with(str(tmp_path)) and time.time() < deadline:
+        time.sleep(0.25)
+    assert procs_with(str(tmp_path)) == []
