@@ -233,6 +233,8 @@ def test_tls_secagg_over_the_wire(loopback):
     the round aggregates both nodes (one trains a server-assigned partition, the other its
     own data) and the model is evaluated."""
     recs = _run(loopback, "fedavg", rounds=1, extra="privacy: {secagg: true}")
+    log = (loopback[2] / "serverapp_fedavg.log").read_text()
+    assert "privacy.secagg: Flower's SecAggPlusWorkflow" in log, log[-2000:]
     assert all(r["num_clients"] == 2 and r["failures"] == 0 for r in recs), recs
     assert all(np.isfinite(r["test_accuracy"]) and np.isfinite(r["train_loss"])
                for r in recs)

@@ -314,6 +314,9 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
                          env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     recs = read_metrics(tmp_path / "run")
+    log = (tmp_path / "run" / "run.log").read_text()
+    assert "privacy.secagg: Flower's SecAggPlusWorkflow" in log
+    assert "DifferentialPrivacyClientSideFixedClipping" in log
     assert [r["round"] for r in recs] == [1, 2]
     assert all(r["num_clients"] == 3 and r["failures"] == 0 for r in recs), recs
     assert all(r["dp_epsilon"] > 0 for r in recs)

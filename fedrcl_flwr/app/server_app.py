@@ -188,6 +188,10 @@ def server_components(context: Context):
                                          overlap_evaluation=True)
     print(f"[fedrcl-flwr] {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
           f"{rounds_left} rounds to run, output {out_dir}", file=sys.stderr, flush=True)
+    if strategy.dp is not None:
+        print(f"[fedrcl-flwr] privacy.dp: Flower's {type(strategy.dp.wrapper).__name__}, "
+              f"noise std {strategy.dp.std:g} per entry of the average", file=sys.stderr,
+              flush=True)
     return cfg, strategy, ServerConfig(num_rounds=rounds_left,
                                        round_timeout=cfg.federation.round_timeout_s)
 
@@ -220,6 +224,9 @@ def run_secagg(grid, context: Context) -> None:
 
     cfg, strategy, config = server_components(context)
     fit = secagg_workflow(cfg, max_weight=secagg_max_weight(cfg))
+    print(f"[fedrcl-flwr] privacy.secagg: Flower's SecAggPlusWorkflow (shares "
+          f"{fit.num_shares}, threshold {fit.reconstruction_threshold}, max weight "
+          f"{fit.max_weight:g})", file=sys.stderr, flush=True)
     DefaultWorkflow(fit_workflow=fit)(grid, LegacyContext(
         context=context, config=config, strategy=strategy,
         client_manager=EagerClientManager()))
