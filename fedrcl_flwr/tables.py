@@ -341,6 +341,8 @@ def _short(key: str) -> str:
         return parts[-2]
     if parts[0] in ("client", "server") and len(parts) > 2 and parts[1] == "params":
         return ".".join(parts[2:])
+    if parts[0] == "privacy" and len(parts) > 1:  # dp.noise_multiplier, secagg
+        return ".".join(parts[1:])
     return parts[-1]
 
 
@@ -361,7 +363,9 @@ def group_runs(runs: list[Run]) -> list[Group]:
     row_keys = [k for k in vary if k.startswith(("client.", "server."))
                 and k not in ("client.method", "server.strategy")]
     for g, f in zip(gs, flat):
-        g.col = ", ".join(f"{_short(k)}={_fmt_val(f.get(k))}" for k in col_keys)
+        # a key the group's config does not have (a sub-key of a mapping that is null
+        # there, e.g. privacy.dp.mode without privacy.dp) is left out of its label
+        g.col = ", ".join(f"{_short(k)}={_fmt_val(f.get(k))}" for k in col_keys if k in f)
         g.row = method_label(g.config, g.runs[0].summary)
     # two groups with the same method in one column: tell them apart by their client keys
     by_cell: dict[tuple, list] = {}

@@ -28,6 +28,13 @@ parameter, ``None`` for BatchNorm buffers / counters, filled with :meth:`buffer_
 saves / restores it in :meth:`state_dict` / :meth:`load_state_dict`, so a new optimizer
 cannot forget to checkpoint one.
 
+Privacy (``privacy`` section, off by default): with ``privacy.dp`` the round's averaging
+step runs inside Flower's fixed-clipping DP wrapper (:mod:`strategies.privacy`: clipping,
+fixed-denominator average, Gaussian noise, the privacy accountant whose state is
+checkpointed); with ``privacy.secagg`` every result holds the same SecAgg+ average (the
+ServerApp's SecAgg+ workflow unmasked it), which replaces the weighted average, and a
+round with an unusable result is discarded (it cannot be taken out of the masked sum).
+
 Rounds: Flower numbers the rounds of *this process* 1, 2, ... (``server_round``); a resumed
 run continues at ``run_round = server_round + round_offset`` (rounds done before). Every
 hook, record, sample and checkpoint uses ``run_round``.
