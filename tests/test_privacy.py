@@ -169,14 +169,14 @@ def test_run_records_epsilon_of_the_busiest_client_across_a_resume(tiny, tmp_pat
     sigma, delta = 1.2, 1e-4
     priv = {"dp": {"mode": "server", "noise_multiplier": sigma, "clipping_norm": 0.01,
                    "delta": delta}}
-    cfg = tiny(federation={"rounds": 3, "num_clients": 6, "clients_per_round": 2},
+    cfg = tiny(federation={"rounds": 3},  # 8 clients, 2 a round
                privacy=priv, output={"dir": str(tmp_path / "run"), "checkpoint_every": 1})
     run_inprocess(cfg, tmp_path / "run", stop_after=2)
     run_inprocess(cfg, tmp_path / "run", resume=True)  # the accountant from the checkpoint
-    counts = np.zeros(6, int)
+    counts = np.zeros(8, int)
     recs = read_metrics(tmp_path / "run")
     for rec in recs:
-        counts[sample_partitions(0, rec["round"], 6, 2)] += 1
+        counts[sample_partitions(0, rec["round"], 8, 2)] += 1
         assert rec["dp_max_client_rounds"] == counts.max()
         assert rec["dp_epsilon"] == pytest.approx(gaussian_epsilon(sigma, counts.max(), delta))
         assert rec["dp_delta"] == delta
