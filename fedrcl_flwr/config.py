@@ -160,7 +160,11 @@ class DatasetConfig:
     in [−rotation, rotation] before the dataset's crop/flip when ``augment`` is on (the
     FedRCL authors use 10 for CIFAR and Tiny-ImageNet); ``crop_pad`` overrides the
     dataset's random-crop padding (null = its default: CIFAR 4, Tiny-ImageNet 8; the
-    authors pad 4 for both; 0 = no crop).
+    authors pad 4 for both; 0 = no crop); ``flip`` switches the random horizontal flip
+    (null = the dataset's: on for CIFAR, STL-10, Tiny-ImageNet, synthetic and image
+    folders; off for the digit datasets). ``npz`` arrays get no augmentation unless asked
+    for (``crop_pad``, ``flip``, ``rotation``): a flip is wrong for digits, text and most
+    images that are not natural photographs.
     """
 
     name: str = "synthetic"
@@ -170,6 +174,7 @@ class DatasetConfig:
     augment: bool = True
     rotation: float = 0.0
     crop_pad: Optional[int] = None
+    flip: Optional[bool] = None
     normalize: bool = True
     image_size: Optional[int] = None
     val_fraction: float = 0.0

@@ -653,21 +653,27 @@ _AUGMENT = {
     "svhn": AugmentSpec(4, False), "mnist": AugmentSpec(0, False),
     "fmnist": AugmentSpec(0, False), "usps": AugmentSpec(0, False),
     "digit5": AugmentSpec(2, False), "synthetic": AugmentSpec(2, True),
+    # your own arrays: nothing is assumed about them (digits, text, medical images, ...:
+    # a horizontal flip is wrong for most that are not natural photographs); opt in with
+    # dataset.crop_pad / dataset.flip / dataset.rotation (issue #25)
+    "npz": AugmentSpec(0, False),
 }
 
 
 def default_augment(name: str, image_size: int) -> AugmentSpec:
     if name in _AUGMENT:
         return _AUGMENT[name]
-    return AugmentSpec(max(1, image_size // 8), True)  # imagefolder, npz
+    return AugmentSpec(max(1, image_size // 8), True)  # imagefolder (natural images)
 
 
 def augment_spec(name: str, image_size: int, augment: bool, rotation: float = 0.0,
-                 crop_pad: Optional[int] = None) -> Optional[AugmentSpec]:
+                 crop_pad: Optional[int] = None,
+                 flip: Optional[bool] = None) -> Optional[AugmentSpec]:
     """The training augmentation of a dataset: its standard crop/flip
-    (:func:`default_augment`) with ``dataset.rotation`` / ``dataset.crop_pad`` applied;
-    ``None`` when ``dataset.augment`` is off. Not part of the prepared arrays (it is
-    drawn per batch), so changing it never rebuilds the dataset cache."""
+    (:func:`default_augment`; none for ``npz``) with ``dataset.rotation`` /
+    ``dataset.crop_pad`` / ``dataset.flip`` applied; ``None`` when ``dataset.augment`` is
+    off or nothing is left. Not part of the prepared arrays (it is drawn per batch), so
+    changing it never rebuilds the dataset cache."""
     if not augment:
         return None
     aug = default_augment(name, image_size)
@@ -675,7 +681,9 @@ def augment_spec(name: str, image_size: int, augment: bool, rotation: float = 0.
         aug = replace(aug, rotation=float(rotation))
     if crop_pad is not None:
         aug = replace(aug, crop_pad=int(crop_pad))
-    return aug
+    if flip is not None:
+        aug = replace(aug, flip=bool(flip))
+    return aug if aug.active else None
 
 
 def _channel_stats(x: np.ndarray) -> tuple[list, list]:
@@ -695,7 +703,8 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
                  image_size: Optional[int] = None, synthetic: Optional[dict] = None,
                  seed: int = 0, val_fraction: float = 0.0, domains: Optional[list] = None,
                  test_fraction: float = 0.2, rotation: float = 0.0,
-                 crop_pad: Optional[int] = None, verify_md5: bool = True) -> DataBundle:
+                 crop_pad: Optional[int] = None, verify_md5: bool = True,
+                 flip: Optional[bool] = None) -> DataBundle:
     """Load a dataset into a :class:`DataBundle` (see the module docstring)."""
     root_p = Path(os.path.expanduser(root or "."))
     dnames: list = []
@@ -759,7 +768,7 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
     mean, std = _channel_stats(tr.x) if normalize else ([0.0] * tr.x.shape[-1],
                                                          [1.0] * tr.x.shape[-1])
     size = int(tr.x.shape[1])
-    aug = augment_spec(name, size, augment, rotation, crop_pad)
+    aug = augment_spec(name, size, augment, rotation, crop_pad, flip)
 
     def wrap(split: RawSplit, aug_spec):
         imgs = torch.from_numpy(np.ascontiguousarray(split.x.transpose(0, 3, 1, 2)))
