@@ -115,6 +115,7 @@ def cmd_cache(args) -> int:
 
 def cmd_run(args) -> int:
     from fedrcl_flwr.config import dump_config
+    from fedrcl_flwr.results import ema_note, reported_value, shows_ema
     from fedrcl_flwr.runner import OutputLock, RunFailed, check_resources, \
         run_simulation_via_flower
 
@@ -184,6 +185,9 @@ def cmd_run(args) -> int:
         print(f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
               f"{cfg.federation.num_clients} clients, {cfg.federation.sampled_per_round()} "
               f"per round, {cfg.federation.rounds} rounds -> {out_dir}", flush=True)
+        metric = cfg.evaluation.report_metric
+        if shows_ema(metric):
+            print(f"fedrcl-flwr: {ema_note(cfg.evaluation.ema, metric)}", flush=True)
         t0 = time.time()
         try:
             summary = run_simulation_via_flower(cfg, out_dir, resume=bool(args.resume),
@@ -195,9 +199,12 @@ def cmd_run(args) -> int:
     finally:
         lock.release()
     acc = summary.get("final_accuracy")
-    ema = summary.get("ema_accuracy")
-    print(f"fedrcl-flwr: done in {time.time() - t0:.0f}s: final accuracy "
-          f"{100 * (acc or 0):.2f}%, EMA {100 * (ema or 0):.2f}% -> {out_dir}")
+    text = f"final accuracy {100 * acc:.2f}%" if acc is not None else "no evaluated round"
+    if metric != "final":
+        value = reported_value(summary, metric)
+        text += f", {metric} (reported) " + (f"{100 * value:.2f}%" if value is not None
+                                             else "missing")
+    print(f"fedrcl-flwr: done in {time.time() - t0:.0f}s: {text} -> {out_dir}")
     return 0
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Optional
 
 from fedrcl_flwr.config import ConfigError, ExperimentConfig
-from fedrcl_flwr.results import format_round_line, read_metrics
+from fedrcl_flwr.results import format_round_line, read_metrics, shows_ema
 
 
 class RunFailed(RuntimeError):
@@ -444,7 +444,8 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
                 timing.append(("first round started",
                                time.time() - t0 - float(first.get("round_time_s", 0.0))))
             for rec in recs[printed:]:
-                print(format_round_line(rec, cfg.federation.rounds), flush=True)
+                print(format_round_line(rec, cfg.federation.rounds,
+                                        shows_ema(cfg.evaluation.report_metric)), flush=True)
             started = started or len(recs) > printed
             printed = max(printed, len(recs))
             if _mtime(summary_path) != summary_before:
