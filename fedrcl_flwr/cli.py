@@ -174,6 +174,7 @@ def cmd_run(args) -> int:
                           f"({exc.strerror or exc})") from None
     lock = OutputLock(out_dir)
     lock.acquire()
+    completed = False
     try:
         if args.overwrite:
             import shutil
@@ -193,11 +194,12 @@ def cmd_run(args) -> int:
             summary = run_simulation_via_flower(cfg, out_dir, resume=bool(args.resume),
                                                 verbose=args.verbose, lock=lock,
                                                 dataset_entry=entry)
+            completed = True
         except RunFailed as exc:
             print(f"fedrcl-flwr: run failed: {exc}", file=sys.stderr)
             return 1
     finally:
-        lock.release()
+        lock.release(remove=completed)  # a completed run leaves no lock file behind
     acc = summary.get("final_accuracy")
     text = f"final accuracy {100 * acc:.2f}%" if acc is not None else "no evaluated round"
     if metric != "final":

@@ -113,6 +113,8 @@ def test_progress_shows_the_ema_only_for_runs_that_report_it(tmp_path, capsys,
         assert main(["run", str(path)]) == 0
         out = capsys.readouterr().out
         assert done in out, out
+        assert sorted(p.name for p in (tmp_path / metric / "run").iterdir()) == [
+            "config.yaml"]  # a completed run leaves no lock file (issue #25)
         if note:
             assert note in out and "trails 'acc' by about 10 rounds" in out, out
         else:
