@@ -75,8 +75,8 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     # once the run has completed (issue #25)
     assert not (run / ".fedrcl-flwr.lock").exists()
     readme = (ROOT / "README.md").read_text()
-    listed = readme[readme.index("writes to `runs/quickstart/`"):]
-    listed = set(re.findall(r"`([^`/]+)`", listed[:listed.index("\n\n")]))
+    start = readme.index("writes to `runs/quickstart/`:") + len("writes to `runs/quickstart/`:")
+    listed = set(re.findall(r"`([^`]+)`", readme[start:readme.index("\n\n", start)]))
     assert {p.name for p in run.iterdir()} <= listed, listed
     assert ".fedrcl-flwr.lock" in listed
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
