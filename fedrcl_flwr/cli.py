@@ -214,7 +214,7 @@ def cmd_report(args) -> int:
     """``report DIR...``: mean +- std per method and setting (fedrcl_flwr.tables)."""
     from fedrcl_flwr.tables import report
 
-    print(report(args.dirs, args.format, args.metric), end="")
+    print(report(args.dirs, args.format, args.metric, args.vs), end="")
     if args.format == "markdown":
         print()
     return 0
@@ -263,9 +263,7 @@ def cmd_partition(args) -> int:
     print(format_counts_table(counts, max_rows=args.max_rows, domains=doms))
     if args.plot:
         try:
-            plot_counts_heatmap(counts, args.plot,
-                                title=f"{cfg.name}: {cfg.partition.scheme}",
-                                domains=doms)
+            plot_counts_heatmap(counts, args.plot, title=partition_title(cfg), domains=doms)
         except OSError as exc:
             raise ConfigError(f"--plot {args.plot}: cannot write ({exc.strerror or exc})"
                               ) from None
@@ -274,6 +272,17 @@ def cmd_partition(args) -> int:
         save_split_file(parts, args.save)
         print(f"split written to {args.save} (use it with partition.scheme: file)")
     return 0
+
+
+def partition_title(cfg) -> str:
+    """``name: N clients, <scheme and its parameter>`` for the partition heatmap."""
+    p = cfg.partition
+    what = {"dirichlet": f"Dirichlet α={p.alpha:g}" + ("" if p.balanced else ", unbalanced"),
+            "shards": f"shards γ={p.shards_per_client}",
+            "domain": "by domain" + ("" if p.balanced else f", imbalanced α={p.alpha:g}"),
+            "iid": "IID", "file": f"split file {Path(str(p.path)).name}"}.get(p.scheme,
+                                                                                p.scheme)
+    return f"{cfg.name}: {cfg.federation.num_clients} clients, {what}"
 
 
 def check_plot_path(path: str) -> None:
@@ -321,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--metric", default=None,
                      help="final | best | last5 | ema@ROUND (default: the runs' "
                           "report_metric, else their paper reference's, else final)")
+    rep.add_argument("--vs", metavar="ROW",
+                     help="also compare every row with ROW (a row name, label or method) "
+                          "seed by seed: per-seed differences, mean ± std, 95%% t-interval")
     rep.set_defaults(func=cmd_report)
     pl = sub.add_parser("plot", help="accuracy curves per method, mean ± std over seeds")
     pl.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")

@@ -374,6 +374,10 @@ class OutputConfig:
 @dataclass
 class ExperimentConfig:
     name: str = "experiment"
+    # how `report` and `plot` name this run's row (a sweep sets its variant's label);
+    # null = the method and what tells it apart (fedrcl_flwr.tables). Not a setting:
+    # runs that differ only by label compute the same thing.
+    label: Optional[str] = None
     seed: int = 0
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
@@ -405,6 +409,8 @@ _DATASETS = (
 
 _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "seed": (lambda v: v >= 0, "must be >= 0"),
+    "label": (lambda v: v is None or (bool(v.strip()) and v.isprintable() and len(v) <= 80),
+              "must be one line of printable text, at most 80 characters (or null)"),
     "dataset.name": (lambda v: v in _DATASETS, f"must be one of {', '.join(_DATASETS)}"),
     "dataset.val_fraction": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
     "dataset.test_fraction": (lambda v: 0.0 < v < 1.0, "must be in (0, 1)"),
