@@ -231,16 +231,21 @@ def cmd_plot(args) -> int:
 
 def cmd_sweep(args) -> int:
     """``sweep SWEEP.yaml``: plan and validate every run, then run those not finished."""
-    from fedrcl_flwr.sweep import check_data, check_existing, format_plan, plan_sweep, run_sweep
+    from fedrcl_flwr.sweep import (check_data, check_existing, earlier_runs, format_plan,
+                                   plan_sweep, run_sweep, take_over_earlier_runs)
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
     runs, out_dir = plan_sweep(args.sweep, args.out, args.set)
     if args.dry_run:
         print(format_plan(runs, out_dir))
+        for line in take_over_earlier_runs(runs, out_dir, dry_run=True):
+            print(f"fedrcl-flwr sweep: {line}")
         return 0
     check_existing(runs)
-    check_data(runs)
+    check_data(runs, frozenset(earlier_runs(runs, out_dir)[0]))
+    for line in take_over_earlier_runs(runs, out_dir):
+        print(f"fedrcl-flwr sweep: {line}", flush=True)
     return run_sweep(runs, out_dir, jobs=args.jobs, verbose=args.verbose)
 
 
