@@ -335,6 +335,10 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
     if path.stem == "synthetic_cpu":
         assert len(runs) == 8 and all(r.cfg.dataset.name == "synthetic" for r in runs)
         return
+    if path.stem == "digits_study":  # a study on scikit-learn's digits, no paper table
+        assert len(runs) == 24 and {r.cfg.label for r in runs} == {
+            "fedavg", "fedprox", "fedrcl", "univarfl_proj"}
+        return
     assert seeds == {0, 1, 2}
     if path.stem.startswith("fedccl_figure"):
         assert all(r.cfg.reference is None for r in runs)
