@@ -120,13 +120,7 @@ def experiment_hash(cfg: ExperimentConfig) -> str:
     schema later, at its default, changes no name), without what only names, places or
     resources a run (``name``, ``label``, ``output``, ``simulation``, ``reference``,
     ``dataset.cache_dir``). ``client.params`` count as written."""
-    def flat(d: Any, prefix: str = "") -> dict:
-        if isinstance(d, dict):
-            out = {}
-            for k, v in d.items():
-                out.update(flat(v, f"{prefix}.{k}" if prefix else str(k)))
-            return out
-        return {prefix: d}
+    from fedrcl_flwr.tables import flatten_keys as flat
 
     skip = ("name", "label", "output", "simulation", "reference", "dataset.cache_dir")
     defaults = flat(to_dict(ExperimentConfig()))

@@ -316,13 +316,13 @@ def method_label(config: dict, summary: Optional[dict] = None) -> str:
     return str(method) if strategy == "fedavg" else f"{strategy}+{method}"
 
 
-def _flatten(d: Any, prefix: str = "") -> dict:
+def flatten_keys(d: Any, prefix: str = "") -> dict:
     """Dotted keys of the leaves; an empty mapping has none (``params: {}`` and a missing
     ``params`` are the same setting)."""
     if isinstance(d, dict):
         out = {}
         for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+            out.update(flatten_keys(v, f"{prefix}.{k}" if prefix else str(k)))
         return out
     return {prefix: d}
 
@@ -382,7 +382,7 @@ def group_runs(runs: list[Run]) -> list[Group]:
         groups[key].runs.append(run)
     gs = list(groups.values())
     for g in gs:
-        g.flat = _flatten(_setting(g.config, g.runs[0].summary))
+        g.flat = flatten_keys(_setting(g.config, g.runs[0].summary))
     keys = list(dict.fromkeys(k for g in gs for k in g.flat))
     vary = [k for k in keys if len({_jkey(g.flat.get(k)) for g in gs}) > 1]
     ident = {"client.method", "server.strategy"}
