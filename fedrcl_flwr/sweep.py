@@ -416,14 +416,15 @@ class SweepEta:
     estimate from the whole elapsed time over the rounds done counted every run's
     start-up against one round, 4 h 17 min for a 16-minute sweep).
 
-    Two figures, both from the runs in flight: the seconds per round (each record's
-    ``round_time_s``, the mean of the latest ``window``; a run's first round after a
-    (re)start, which includes Ray's actor start, is left out as long as a later round is
-    known) and each run's start-up (launch to its first recorded round, less that
-    round). With ``jobs`` runs at a time, each progressing one round per round time:
-    ``ETA = max(work / jobs, longest run in flight)``, work = the rounds left of the runs
-    in flight plus, per queued run, a start-up and its rounds. None before the first
-    round is recorded (no measurement yet)."""
+    Measured: the seconds per round (each record's ``round_time_s``, the mean of the
+    latest ``window``; a run's first round after a (re)start, which includes Ray's actor
+    start, is left out as long as a later round is known), each run's start-up (launch to
+    its first recorded round, less that round) and, once runs have finished, each run's
+    whole overhead (launch to exit, less its rounds: start-up plus the end, writing the
+    results and tearing Flower down). With ``jobs`` runs at a time, each progressing one
+    round per round time: ``ETA = max(work / jobs, longest run in flight)``, work = per
+    run in flight its rounds left and its end, per queued run an overhead and its
+    rounds. None before the first round is recorded (no measurement yet)."""
 
     def __init__(self, jobs: int, window: int = 50):
         self.jobs = max(int(jobs), 1)
@@ -431,6 +432,7 @@ class SweepEta:
         self.first_rounds: list[float] = []
         self.rounds: list[float] = []
         self.startups: list[float] = []
+        self.overheads: list[float] = []
 
     def observe_round(self, seconds: Any, first_of_launch: bool = False) -> None:
         if isinstance(seconds, (int, float)) and seconds >= 0:
@@ -438,6 +440,10 @@ class SweepEta:
 
     def observe_startup(self, seconds: float) -> None:
         self.startups.append(max(float(seconds), 0.0))
+
+    def observe_finish(self, seconds: float, round_seconds: float) -> None:
+        """A run ended ``seconds`` after its launch, ``round_seconds`` of it in rounds."""
+        self.overheads.append(max(float(seconds) - float(round_seconds), 0.0))
 
     def round_s(self) -> Optional[float]:
         recent = (self.rounds or self.first_rounds)[-self.window:]
@@ -451,9 +457,14 @@ class SweepEta:
         r = self.round_s()
         if r is None:
             return None
-        start = sum(self.startups) / len(self.startups) if self.startups else 0.0
-        work = sum(in_flight) * r + sum(start + n * r for n in queued)
-        return max(work / self.jobs, max(in_flight, default=0) * r)
+        def mean(xs: list) -> float:
+            return sum(xs) / len(xs) if xs else 0.0
+
+        start = mean(self.startups)
+        whole = mean(self.overheads) if self.overheads else start
+        end = max(whole - start, 0.0) if self.overheads and self.startups else 0.0
+        work = sum(n * r + end for n in in_flight) + sum(whole + n * r for n in queued)
+        return max(work / self.jobs, max(in_flight, default=0) * r + end)
 
 
 def _fmt_eta(seconds: Optional[float]) -> str:
@@ -471,6 +482,7 @@ class _Job:
         self.printed = kept  # last round with a progress line
         self.kept = kept  # rounds done before this launch (a resume)
         self.t0 = time.time()
+        self.round_s = 0.0  # seconds of the rounds recorded since the launch
 
 
 def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
@@ -562,6 +574,7 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
                 timer.observe_startup(time.time() - job.t0
                                       - float(rec.get("round_time_s") or 0.0))
             timer.observe_round(rec.get("round_time_s"), first_of_launch=first)
+            job.round_s += float(rec.get("round_time_s") or 0.0)
             job.printed = int(rec["round"])
             total = job.run.cfg.federation.rounds
             prev = total - rounds_left[job.run.name]
@@ -619,6 +632,7 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
                 took = time.time() - job.t0
                 run = job.run
                 if rc == 0 and (run.out_dir / SUMMARY_FILE).exists():
+                    timer.observe_finish(took, job.round_s)
                     s = json.loads((run.out_dir / SUMMARY_FILE).read_text())
                     acc = s.get("final_accuracy")
                     status[run.name] = {"status": "done", "dir": str(run.out_dir),

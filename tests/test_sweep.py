@@ -414,3 +414,9 @@ def test_eta_comes_from_rounds_of_the_runs_in_flight():
     # the tail: one run left in flight, nothing queued -> its own rounds
     assert timer.eta([10], []) == pytest.approx(10.0)
     assert timer.eta([], []) == 0.0
+    # once runs have finished, their whole overhead counts: 30 rounds of 1 s in a 72 s
+    # run = start-up 18 s + an end of 24 s (results written, Flower torn down)
+    timer.observe_finish(72.0, 30.0)
+    timer.observe_finish(72.0, 30.0)
+    assert timer.eta([10, 10], [30] * 2) == pytest.approx((2 * (10 + 24) + 2 * (42 + 30)) / 2)
+    assert timer.eta([10], []) == pytest.approx(10 + 24)
