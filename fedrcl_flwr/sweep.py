@@ -60,7 +60,6 @@ from fedrcl_flwr.config import (
     apply_overrides,
     config_from_dict,
     dump_config,
-    get_key,
     parse_override,
     read_yaml,
     to_dict,
