@@ -423,7 +423,7 @@ class SweepEta:
     results and tearing Flower down). With ``jobs`` runs at a time, each progressing one
     round per round time: ``ETA = max(work / jobs, longest run in flight)``, work = per
     run in flight its rounds left and its end, per queued run an overhead and its
-    rounds. None before the first round is recorded (no measurement yet)."""
+    rounds. None before a run's second round is recorded (no measurement yet)."""
 
     def __init__(self, jobs: int, window: int = 50):
         self.jobs = max(int(jobs), 1)
@@ -445,7 +445,10 @@ class SweepEta:
         self.overheads.append(max(float(seconds) - float(round_seconds), 0.0))
 
     def round_s(self) -> Optional[float]:
-        recent = (self.rounds or self.first_rounds)[-self.window:]
+        """Seconds per round; from first rounds alone (they include Ray's actor start:
+        3 h for a 17-minute sweep was seen) only once a run has finished."""
+        recent = (self.rounds or (self.first_rounds if self.overheads else []))
+        recent = recent[-self.window:]
         return sum(recent) / len(recent) if recent else None
 
     def eta(self, in_flight: list[int], queued: list[int]) -> Optional[float]:

@@ -569,6 +569,8 @@ def paired(groups: list[Group], vs: str) -> list[Paired]:
     """Every other row's per-seed differences to row ``vs``, column by column."""
     ref_row = find_row(groups, vs)
     refs = {g.col: g for g in groups if g.row == ref_row}
+    rows, cols = _layout(groups)[:2]
+    groups = sorted(groups, key=lambda g: (rows.index(g.row), cols.index(g.col)))
     out = []
     for g in groups:
         ref = refs.get(g.col)
