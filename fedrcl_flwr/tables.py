@@ -824,6 +824,7 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     cols = list(dict.fromkeys(g.col for g in groups))
     rows = list(dict.fromkeys(g.row for g in groups))
@@ -864,6 +865,7 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
             ax.fill_between(rounds, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
         ax.set_title(c or "", fontsize=10)
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     for ax in axes[:, 0]:

@@ -407,6 +407,7 @@ def test_plot_clips_bands_shares_the_y_range_and_names_the_setting(tmp_path):
                  for ln in ax.get_lines()}
         assert len(looks) == 3  # three rows, three looks
         assert ax.get_title() in ("alpha=0.1", "alpha=0.5")
+        assert all(float(t).is_integer() for t in ax.get_xticks())  # rounds
     title = fig._suptitle.get_text()
     assert "npz digits.npz" in title and "Dirichlet" in title and "all runs" not in title
     plt.close(fig)
