@@ -415,40 +415,38 @@ class SweepEta:
     estimate from the whole elapsed time over the rounds done counted every run's
     start-up against one round, 4 h 17 min for a 16-minute sweep).
 
-    Measured: the seconds per round (each record's ``round_time_s``, the mean of the
-    latest ``window``; a run's first round after a (re)start, which includes Ray's actor
-    start, is left out as long as a later round is known), each run's start-up (launch to
-    its first recorded round, less that round) and, once runs have finished, each run's
-    whole overhead (launch to exit, less its rounds: start-up plus the end, writing the
-    results and tearing Flower down). With ``jobs`` runs at a time, each progressing one
-    round per round time: ``ETA = max(work / jobs, longest run in flight)``, work = per
-    run in flight its rounds left and its end, per queued run an overhead and its
-    rounds. None before a run's second round is recorded (no measurement yet)."""
+    Measured: ``r``, the seconds per round (each record's ``round_time_s``, the mean of
+    the latest ``window``, leaving out a run's first round after a (re)start, which
+    includes Ray's actor start: 32 s against 0.8 s seen); each run's time from launch to
+    its first recorded round; and, once runs have finished, each one's whole time and
+    rounds. A run costs its *overhead* (whole time − rounds · r: Flower's and Ray's start,
+    writing the results, tearing down) plus its rounds; the part before its first round
+    is (launch → first round) − r, the rest is its end. With ``jobs`` runs at a time,
+    each progressing one round per ``r``: ``ETA = max(work / jobs, longest run in
+    flight)``, work = per run in flight its rounds left and its end, per queued run its
+    overhead and rounds. None until a round other than a first one is recorded."""
 
     def __init__(self, jobs: int, window: int = 50):
         self.jobs = max(int(jobs), 1)
         self.window = window
-        self.first_rounds: list[float] = []
         self.rounds: list[float] = []
-        self.startups: list[float] = []
-        self.overheads: list[float] = []
+        self.to_first: list[float] = []  # launch -> first round recorded
+        self.finished: list[tuple] = []  # (whole seconds, rounds run)
 
     def observe_round(self, seconds: Any, first_of_launch: bool = False) -> None:
-        if isinstance(seconds, (int, float)) and seconds >= 0:
-            (self.first_rounds if first_of_launch else self.rounds).append(float(seconds))
+        if not first_of_launch and isinstance(seconds, (int, float)) and seconds >= 0:
+            self.rounds.append(float(seconds))
 
     def observe_startup(self, seconds: float) -> None:
-        self.startups.append(max(float(seconds), 0.0))
+        """A run's first round was recorded ``seconds`` after its launch."""
+        self.to_first.append(max(float(seconds), 0.0))
 
-    def observe_finish(self, seconds: float, round_seconds: float) -> None:
-        """A run ended ``seconds`` after its launch, ``round_seconds`` of it in rounds."""
-        self.overheads.append(max(float(seconds) - float(round_seconds), 0.0))
+    def observe_finish(self, seconds: float, rounds: int) -> None:
+        """A run ended ``seconds`` after its launch, having run ``rounds`` rounds."""
+        self.finished.append((float(seconds), int(rounds)))
 
     def round_s(self) -> Optional[float]:
-        """Seconds per round; from first rounds alone (they include Ray's actor start:
-        3 h for a 17-minute sweep was seen) only once a run has finished."""
-        recent = (self.rounds or (self.first_rounds if self.overheads else []))
-        recent = recent[-self.window:]
+        recent = self.rounds[-self.window:]
         return sum(recent) / len(recent) if recent else None
 
     def eta(self, in_flight: list[int], queued: list[int]) -> Optional[float]:
@@ -459,12 +457,16 @@ class SweepEta:
         r = self.round_s()
         if r is None:
             return None
+
         def mean(xs: list) -> float:
             return sum(xs) / len(xs) if xs else 0.0
 
-        start = mean(self.startups)
-        whole = mean(self.overheads) if self.overheads else start
-        end = max(whole - start, 0.0) if self.overheads and self.startups else 0.0
+        start = max(mean(self.to_first) - r, 0.0)
+        if self.finished:
+            whole = mean([max(t - n * r, 0.0) for t, n in self.finished])
+            end = max(whole - start, 0.0)
+        else:
+            whole, end = start, 0.0
         work = sum(n * r + end for n in in_flight) + sum(whole + n * r for n in queued)
         return max(work / self.jobs, max(in_flight, default=0) * r + end)
 
@@ -484,7 +486,7 @@ class _Job:
         self.printed = kept  # last round with a progress line
         self.kept = kept  # rounds done before this launch (a resume)
         self.t0 = time.time()
-        self.round_s = 0.0  # seconds of the rounds recorded since the launch
+        self.rounds_run = 0  # rounds recorded since the launch
 
 
 def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
@@ -572,11 +574,10 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
             if int(rec.get("round", 0)) <= job.printed:
                 continue  # printed already, or kept from before a resume
             first = job.printed == job.kept
-            if first:  # this launch's start-up: launch -> first round, less that round
-                timer.observe_startup(time.time() - job.t0
-                                      - float(rec.get("round_time_s") or 0.0))
+            if first:  # this launch's start-up, its first round included
+                timer.observe_startup(time.time() - job.t0)
             timer.observe_round(rec.get("round_time_s"), first_of_launch=first)
-            job.round_s += float(rec.get("round_time_s") or 0.0)
+            job.rounds_run += 1
             job.printed = int(rec["round"])
             total = job.run.cfg.federation.rounds
             prev = total - rounds_left[job.run.name]
@@ -634,7 +635,7 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
                 took = time.time() - job.t0
                 run = job.run
                 if rc == 0 and (run.out_dir / SUMMARY_FILE).exists():
-                    timer.observe_finish(took, job.round_s)
+                    timer.observe_finish(took, job.rounds_run)
                     s = json.loads((run.out_dir / SUMMARY_FILE).read_text())
                     acc = s.get("final_accuracy")
                     status[run.name] = {"status": "done", "dir": str(run.out_dir),

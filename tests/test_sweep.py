@@ -396,27 +396,28 @@ def test_failed_runs_are_recorded_and_the_sweep_goes_on(tmp_path):
 def test_eta_comes_from_rounds_of_the_runs_in_flight():
     """Issue #25: 16 runs x 30 rounds, 2 at a time, ~20 s start-up and ~1 s rounds: the
     old estimate (elapsed / rounds done x rounds left) said 4 h 17 min after the first
-    rounds; from the measured round time and start-up it is the sweep's real length."""
+    rounds; from the measured round time and overheads it is the sweep's real length."""
     from fedrcl_flwr.sweep import SweepEta, _fmt_eta
 
     timer = SweepEta(jobs=2)
     assert timer.eta([30, 30], [30] * 14) is None  # nothing measured yet: "?"
-    for _ in range(2):  # each run in flight: launched 21 s ago, its first round took 3 s
-        timer.observe_startup(21.0 - 3.0)
+    for _ in range(2):  # each run in flight recorded its first round 21 s after launch
+        timer.observe_startup(21.0)
         timer.observe_round(3.0, first_of_launch=True)
     assert timer.eta([29, 29], [30] * 14) is None  # a first round includes Ray's start
-    for _ in range(6):  # later rounds: 1 s each (the first included Ray's actor start)
+    for _ in range(6):  # later rounds: 1 s each
         timer.observe_round(1.0)
+    # queued runs: start-up 21 - 1 = 20 s, then 30 rounds
     left = timer.eta([26, 26], [30] * 14)
-    assert left == pytest.approx((52 + 14 * (18 + 30)) / 2) and _fmt_eta(left) == "6m02s"
+    assert left == pytest.approx((52 + 14 * (20 + 30)) / 2) and _fmt_eta(left) == "6m16s"
     old = (16 * 30 - 8) * (21 + 3) / 8  # the former formula at the same moment
     assert old > 3 * left
     # the tail: one run left in flight, nothing queued -> its own rounds
     assert timer.eta([10], []) == pytest.approx(10.0)
     assert timer.eta([], []) == 0.0
-    # once runs have finished, their whole overhead counts: 30 rounds of 1 s in a 72 s
-    # run = start-up 18 s + an end of 24 s (results written, Flower torn down)
-    timer.observe_finish(72.0, 30.0)
-    timer.observe_finish(72.0, 30.0)
-    assert timer.eta([10, 10], [30] * 2) == pytest.approx((2 * (10 + 24) + 2 * (42 + 30)) / 2)
-    assert timer.eta([10], []) == pytest.approx(10 + 24)
+    # once runs have finished, their whole overhead counts: 30 rounds in a 72 s run =
+    # 42 s of overhead, 20 s of start-up and an end of 22 s (results, teardown)
+    timer.observe_finish(72.0, 30)
+    timer.observe_finish(72.0, 30)
+    assert timer.eta([10, 10], [30] * 2) == pytest.approx((2 * (10 + 22) + 2 * (42 + 30)) / 2)
+    assert timer.eta([10], []) == pytest.approx(10 + 22)
