@@ -357,6 +357,10 @@ def test_report_vs_gives_per_seed_paired_differences_and_a_t_interval(study, cap
     assert cells[2] == "0: +3.00, 1: +4.00, 2: +3.00"
     assert cells[3] == "+3.33 ± 0.58"
     assert cells[4] == "[+1.90, +4.77]"
+    from scipy.stats import ttest_rel  # an independent computation of the same interval
+
+    ci = ttest_rel([93, 96, 96], [90, 92, 93]).confidence_interval(0.95)
+    assert cells[4] == f"[{ci.low:+.2f}, {ci.high:+.2f}]"
     assert cells[5] == "3"
     assert cells[6] == "95.00 ± 1.73 vs 91.67 ± 1.53"  # the unpaired means beside
     assert "Student-t" in text and "same seed" in text
