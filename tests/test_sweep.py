@@ -339,6 +339,10 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
         assert len(runs) == 30 and {r.cfg.label for r in runs} == {
             "fedavg", "fedprox", "fedrcl", "univarfl_proj", "univarfl_noproj"}
         return
+    if path.stem == "research_features":  # issue 22's features on synthetic data, no paper
+        assert all(r.cfg.dataset.name == "synthetic" for r in runs)
+        assert {r.cfg.output.tracker_group for r in runs} == {"research_features"}
+        return
     assert seeds == {0, 1, 2}
     if path.stem.startswith("fedccl_figure"):
         assert all(r.cfg.reference is None for r in runs)
