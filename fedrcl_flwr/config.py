@@ -162,14 +162,17 @@ class DatasetConfig:
     ``RandomRotation(rotation)`` -> ``RandomCrop(size, padding=crop_pad)`` ->
     ``RandomHorizontalFlip()`` -> ``ToTensor()`` -> ``Normalize(mean, std)`` applied to the
     PIL image (pixel-exact for the same angle, offsets and flip, ``pad_fill: black``;
-    ``fedrcl_flwr/augment.py``), run batched on the training device:
+    ``fedrcl_flwr/augment.py``), run batched on the training device, when ``augment`` is on:
 
     * ``rotation`` (degrees, 0 = off): a random rotation in [−rotation, rotation], nearest
       neighbour, black corners (the FedRCL authors use 10, ``datasets/build.py``);
     * ``crop_pad``: the random crop's padding (null = the dataset's default: CIFAR 4,
       Tiny-ImageNet 8, STL-10 12, ...; the FedRCL authors pad 4 for CIFAR and
-      Tiny-ImageNet; 0 = no crop); ``flip`` (null = the dataset's default): random
-      horizontal flip;
+      Tiny-ImageNet; 0 = no crop); ``flip`` (null = the dataset's default: on for CIFAR,
+      STL-10, Tiny-ImageNet, synthetic and image folders; off for the digit datasets):
+      random horizontal flip. ``npz`` arrays get no augmentation unless asked for
+      (``crop_pad``, ``flip``, ``rotation``): a flip is wrong for digits, text and most
+      images that are not natural photographs;
     * ``pad_fill``: ``black`` pads the crop with pixel value 0 before normalisation, as the
       authors' PIL pipelines do; ``mean`` (default) pads after normalisation with 0, i.e.
       with the normalisation mean colour;
@@ -431,6 +434,10 @@ class PrivacyConfig:
 @dataclass
 class ExperimentConfig:
     name: str = "experiment"
+    # how `report` and `plot` name this run's row (a sweep sets its variant's label);
+    # null = the method and what tells it apart (fedrcl_flwr.tables). Not a setting:
+    # runs that differ only by label compute the same thing.
+    label: Optional[str] = None
     seed: int = 0
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
@@ -463,6 +470,8 @@ _DATASETS = (
 
 _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "seed": (lambda v: v >= 0, "must be >= 0"),
+    "label": (lambda v: v is None or (bool(v.strip()) and v.isprintable() and len(v) <= 80),
+              "must be one line of printable text, at most 80 characters (or null)"),
     "dataset.name": (lambda v: v in _DATASETS, f"must be one of {', '.join(_DATASETS)}"),
     "dataset.val_fraction": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
     "dataset.test_fraction": (lambda v: 0.0 < v < 1.0, "must be in (0, 1)"),

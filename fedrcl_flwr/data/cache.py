@@ -14,10 +14,11 @@ Where: ``dataset.cache_dir``; if null, ``$FEDRCL_FLWR_CACHE_DIR``, else
 Key: an entry is named by the SHA-256 of everything that determines the arrays — the
 dataset settings that shape them (name, resolved ``root`` / ``path``, ``image_size``,
 ``normalize`` (true, false or the constants themselves: the stored statistics),
-``val_fraction``, ``domains``, ``test_fraction``, the synthetic generator's settings, the
-seed) plus the size and modification time of every source file read — and the cache
-format. Augmentation (``augment``, ``rotation``, ``crop_pad``, ``flip``, ``pad_fill``) is
-drawn per batch and is not part of it.
+``val_fraction``, ``domains``, ``test_fraction``, the synthetic generator's settings, and
+the seed where it draws something: the synthetic images, the validation hold-out, an image
+folder's test split) plus the size and modification time of every source file read — and
+the cache format. Augmentation (``augment``, ``rotation``, ``crop_pad``, ``flip``,
+``pad_fill``) is drawn per batch and is not part of it.
 
 An entry is a directory ``<key>/`` of ``.npy`` arrays (images already in the
 (N, C, H, W) layout training uses; labels; domain ids) plus ``meta.json`` (shapes, dtypes and
@@ -127,13 +128,29 @@ def _fingerprint(paths: list[Path]) -> list:
     return out
 
 
+def seed_shapes_arrays(d) -> bool:
+    """Whether the experiment's seed changes the arrays: it draws the synthetic images,
+    the ``val_fraction`` hold-out and the test split of an image folder without
+    ``train``/``test`` sub-folders; nothing else (an ``npz`` file, torchvision's files)
+    depends on it, so those share one entry across seeds (issue #25)."""
+    if d.name == "synthetic" or float(d.val_fraction) > 0:
+        return True
+    if d.name == "imagefolder":
+        root = Path(os.path.expanduser(d.root or "."))
+        folders = [root / x for x in d.domains] if d.domains else [root]
+        return not all((f / "train").is_dir() and (f / "test").is_dir() for f in folders)
+    return False
+
+
 def entry_settings(d, seed: int) -> dict:
-    """Everything that determines a dataset's arrays (see the module docstring)."""
+    """Everything that determines a dataset's arrays (see the module docstring): the seed
+    only where it does (:func:`seed_shapes_arrays`)."""
     from dataclasses import asdict
 
     root = str(Path(os.path.expanduser(d.root or ".")).resolve())
     return {
-        "format": FORMAT, "name": d.name, "seed": int(seed),
+        "format": FORMAT, "name": d.name,
+        "seed": int(seed) if seed_shapes_arrays(d) else None,
         "root": None if d.name in ("synthetic", "npz") else root,
         "path": str(Path(os.path.expanduser(d.path)).resolve()) if d.path else None,
         "image_size": d.image_size, "normalize": _normalize_key(d.normalize),

@@ -703,23 +703,27 @@ _AUGMENT = {
     "svhn": AugmentSpec(4, False), "mnist": AugmentSpec(0, False),
     "fmnist": AugmentSpec(0, False), "usps": AugmentSpec(0, False),
     "digit5": AugmentSpec(2, False), "synthetic": AugmentSpec(2, True),
+    # your own arrays: nothing is assumed about them (digits, text, medical images, ...:
+    # a horizontal flip is wrong for most that are not natural photographs); opt in with
+    # dataset.crop_pad / dataset.flip / dataset.rotation (issue #25)
+    "npz": AugmentSpec(0, False),
 }
 
 
 def default_augment(name: str, image_size: int) -> AugmentSpec:
     if name in _AUGMENT:
         return _AUGMENT[name]
-    return AugmentSpec(max(1, image_size // 8), True)  # imagefolder, npz
+    return AugmentSpec(max(1, image_size // 8), True)  # imagefolder (natural images)
 
 
 def augment_spec(name: str, image_size: int, augment: bool, rotation: float = 0.0,
                  crop_pad: Optional[int] = None, flip: Optional[bool] = None,
                  pad_fill: str = "mean") -> Optional[AugmentSpec]:
     """The training augmentation of a dataset: its standard crop/flip
-    (:func:`default_augment`) with ``dataset.rotation`` / ``crop_pad`` / ``flip`` /
-    ``pad_fill`` applied; ``None`` when ``dataset.augment`` is off. Not part of the
-    prepared arrays (it is drawn per batch), so changing it never rebuilds the dataset
-    cache."""
+    (:func:`default_augment`; none for ``npz``) with ``dataset.rotation`` / ``crop_pad`` /
+    ``flip`` / ``pad_fill`` applied; ``None`` when ``dataset.augment`` is off or nothing is
+    left. Not part of the prepared arrays (it is drawn per batch), so changing it never
+    rebuilds the dataset cache."""
     if not augment:
         return None
     aug = replace(default_augment(name, image_size), pad_fill=str(pad_fill))
@@ -729,7 +733,7 @@ def augment_spec(name: str, image_size: int, augment: bool, rotation: float = 0.
         aug = replace(aug, crop_pad=int(crop_pad))
     if flip is not None:
         aug = replace(aug, flip=bool(flip))
-    return aug
+    return aug if aug.active else None
 
 
 def normalisation(normalize, x: np.ndarray, what: str = "dataset"
