@@ -79,8 +79,7 @@ def _bin(name: str) -> str:
 
 def federation_config(cfg: ExperimentConfig) -> str:
     s = cfg.simulation
-    nodes = s.num_supernodes or cfg.federation.num_clients
-    items = [f"num-supernodes={nodes}", f"client-resources-num-cpus={int(s.num_cpus)}",
+    items = [f"num-supernodes={cfg.supernodes()}", f"client-resources-num-cpus={int(s.num_cpus)}",
              f"client-resources-num-gpus={float(s.num_gpus)}"]
     if s.ray_address:  # an existing cluster: its resources are what they are
         return " ".join(items)
@@ -443,7 +442,7 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
     try:
         link.start()
         timing.append(("superlink healthy", time.time() - t0))
-        nodes = cfg.simulation.num_supernodes or cfg.federation.num_clients
+        nodes = cfg.supernodes()
         run_config = link.home / "run-config.toml"
         run_config.write_text(
             f"experiment = {toml_string(str(config_path))}\n"

@@ -375,17 +375,15 @@ def check_data(runs: list[PlannedRun], finished: frozenset = frozenset()) -> Non
             raise ConfigError(f"run '{run.name}': {exc}") from None
         if cfg.dataset.name == "synthetic" or cfg.dataset.download:
             continue
-        key = runtime._key(cfg.dataset)
+        key = (cfg.dataset, cfg.seed)
         if key != last:  # one dataset in memory at a time
-            runtime._partition_cached.cache_clear()
-            runtime._bundle_cached.cache_clear()
+            runtime.WORKER.clear_datasets()
             last = key
         try:
             runtime.client_partitions(cfg)
         except PartitionError as exc:
             raise ConfigError(f"run '{run.name}': {exc}") from None
-    runtime._partition_cached.cache_clear()
-    runtime._bundle_cached.cache_clear()
+    runtime.WORKER.clear_datasets()
 
 
 def share_resources(cfg: ExperimentConfig, jobs: int, slot: int) -> dict:

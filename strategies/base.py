@@ -47,17 +47,13 @@ import time
 from typing import Callable, Optional
 
 import numpy as np
-from flwr.common import (
-    FitIns,
-    FitRes,
-    Parameters,
-    ndarrays_to_parameters,
-    parameters_to_ndarrays,
-)
+from flwr.common import FitIns, FitRes, Parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from fedrcl_flwr import timers
+from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.runtime import sample_partitions
 from strategies.aggregation import (
@@ -94,6 +90,11 @@ def client_error_line(failure) -> str:
             text = text[:-2]
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return (lines[0] if lines else type(failure).__name__)[:500]
+
+
+def to_parameters(arrays) -> Parameters:
+    """Flower ``Parameters`` of ``arrays`` (``.npy`` bytes, :mod:`fedrcl_flwr.codec`)."""
+    return Parameters(tensors=encode_arrays(arrays), tensor_type=TENSOR_TYPE)
 
 
 def copy_arrays(arrays):
@@ -230,7 +231,7 @@ class FederatedStrategy(Strategy):
 
     # --------------------------------------------------------------- Strategy
     def initialize_parameters(self, client_manager: ClientManager) -> Optional[Parameters]:
-        return ndarrays_to_parameters(self.weights)
+        return to_parameters(self.weights)
 
     def run_round(self, server_round: int) -> int:
         """The run's round number of Flower's ``server_round`` (shifted on resume)."""
@@ -247,7 +248,8 @@ class FederatedStrategy(Strategy):
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         self._round_start = time.time()
-        send = ndarrays_to_parameters(self.weights_to_send(self.run_round(server_round)))
+        timers.server_event("configure", round=self.run_round(server_round))
+        send = to_parameters(self.weights_to_send(self.run_round(server_round)))
         if self.dp is not None:  # Flower's DP wrapper sees what the clients start from
             return self.dp.configure_fit(server_round, send, client_manager)
         return self.sample_clients(server_round, send, client_manager)
@@ -271,10 +273,13 @@ class FederatedStrategy(Strategy):
                 config.update(self.exchange.fit_extras(rnd, pid))
             out.append((slot, FitIns(send, config)))
         self._sampled = pids
+        timers.server_event("sent", round=rnd, clients=len(out))
         return out
 
     def aggregate_fit(self, server_round: int, results, failures):
         rnd = self.run_round(server_round)
+        timers.server_event("results", round=rnd, results=len(results),
+                            failures=len(failures))
         kept: list[tuple[int, FitRes, list]] = []
         reasons: list[str] = []
         for f in failures:
@@ -285,7 +290,7 @@ class FederatedStrategy(Strategy):
         for proxy, res in results:
             pid = int(res.metrics.get("partition_id", -1))
             try:
-                arrays = parameters_to_ndarrays(res.parameters)
+                arrays = decode_arrays(res.parameters.tensors)
             except Exception as exc:  # noqa: BLE001 - any undecodable upload is dropped
                 reasons.append(f"partition {pid}: undecodable parameters ({exc})")
                 continue
@@ -336,7 +341,7 @@ class FederatedStrategy(Strategy):
                     f"{self.max_failed}){first}")
             if rnd >= self.rounds and self.rounds_trained == 0:
                 raise AllClientsFailed(f"no client trained in any of the {rnd} rounds{first}")
-            return ndarrays_to_parameters(self.weights), {}
+            return to_parameters(self.weights), {}
         self.consecutive_empty = 0
         self.rounds_trained += 1
         kept.sort(key=lambda t: t[0])  # order-independent arithmetic
@@ -377,7 +382,7 @@ class FederatedStrategy(Strategy):
                 for pid, r, _ in kept if "local_repr_effective_rank" in r.metrics}
         info.update(self.after_aggregate(rnd, [(pid, r) for pid, r, _ in kept]))
         self._fit_info = info
-        return ndarrays_to_parameters(self.weights), {}
+        return to_parameters(self.weights), {}
 
     def configure_evaluate(self, server_round, parameters, client_manager):
         return []  # centralised evaluation only
@@ -411,6 +416,7 @@ class FederatedStrategy(Strategy):
         """Evaluate the round's global model (``state["weights"]``), record it, then hand
         the round's state to ``on_checkpoint``."""
         record = None
+        timers.server_event("round_end_start", round=rnd)
         if due:
             loss, metrics = self.evaluate_fn(rnd, state["weights"])
             record = {"round": rnd, "test_loss": loss, **metrics, **fit_info,
@@ -419,6 +425,7 @@ class FederatedStrategy(Strategy):
                 self.on_record(record)
         if self.on_checkpoint is not None:
             self.on_checkpoint(rnd, state)
+        timers.server_event("round_end_end", round=rnd)
         return record
 
     def drain(self) -> None:

@@ -9,7 +9,7 @@ import copy
 from pathlib import Path
 
 from flwr.app import Context
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitIns
 from flwr.server import Grid
 
 from clients import client_class
@@ -56,12 +56,9 @@ def run_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
         ins = strategy.configure_fit(server_round, None, manager)
         results, failures = [], []
         for slot, fit_ins in ins:
-            try:
-                client = make()
-                weights, n, metrics = client.fit(parameters_to_ndarrays(fit_ins.parameters),
-                                                 dict(fit_ins.config))
-                results.append((slot, FitRes(Status(Code.OK, ""),
-                                             ndarrays_to_parameters(weights), n, metrics)))
+            try:  # the client's own Flower Client, as the ClientApp hands it the message
+                res = make().to_client().fit(FitIns(fit_ins.parameters, dict(fit_ins.config)))
+                results.append((slot, res))
             except Exception as exc:  # noqa: BLE001 - mirrors Flower: failure, not crash
                 failures.append(exc)
         strategy.aggregate_fit(server_round, results, failures)
@@ -142,7 +139,6 @@ def run_workflow_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool
     from flwr.server import LegacyContext, ServerConfig
     from flwr.server.workflow import DefaultWorkflow
 
-    from fedrcl_flwr.app import common
     from fedrcl_flwr.app.control import task_identity
     from fedrcl_flwr.app.server_app import EagerClientManager
     from fedrcl_flwr.app.validate import secagg_max_weight, secagg_workflow
@@ -150,7 +146,6 @@ def run_workflow_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool
 
     out_dir = Path(out_dir)
     strategy, rounds_left = build_server(cfg, out_dir, resume=resume)
-    common._load.cache_clear()  # the ClientApp reads the config.yaml just written
     run_config = {"experiment": str(out_dir / CONFIG_FILE), "output-dir": str(out_dir),
                   "resume": "true" if resume else "false"}
     rounds = rounds_left if stop_after is None else min(stop_after, rounds_left)
