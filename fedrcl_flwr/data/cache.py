@@ -46,6 +46,7 @@ import socket
 import tempfile
 import time
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Optional
 
@@ -396,7 +397,7 @@ def _read_partition(path: Path, num_clients: int) -> Optional[list]:
     try:
         with np.load(path, allow_pickle=False) as z:
             indices, offsets, digest = z["indices"], z["offsets"], str(z["sha256"])
-    except (OSError, ValueError, KeyError, EOFError):
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
     if (indices.dtype != np.int64 or offsets.dtype != np.int64 or indices.ndim != 1
             or offsets.shape != (num_clients + 1,) or offsets[0] != 0
