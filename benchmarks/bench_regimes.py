@@ -175,13 +175,16 @@ class LoadWatch:
 
 # ---------------------------------------------------------------------- measurements
 
+CODE = ROOT  # the checkout whose runners are measured (--code)
+
+
 def timed_process(cmd: list[str], env: dict, watch: LoadWatch) -> dict:
     """Run ``cmd`` to its end; wall seconds, the arrival time (seconds after start) of
     each printed round line with the round's own ``round_time_s``, the exit code."""
     with watch:
         t_launch = time.time()
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, cwd=CODE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=env)
         rounds, tail = [], []
         for line in proc.stdout:
@@ -213,8 +216,8 @@ def steady_round(out_dir: Path) -> float:
 
 
 def measure(regime: Regime, rounds: int, exp: Path, env: dict, work: Path,
-            marker: str) -> tuple[dict, dict, Path]:
-    sets = [f"federation.rounds={rounds}", "output.checkpoint_every=0", *regime.sets]
+            marker: str, extra: list[str]) -> tuple[dict, dict, Path]:
+    sets = [f"federation.rounds={rounds}", "output.checkpoint_every=0", *regime.sets, *extra]
     out_a, out_b = work / f"{regime.name}-{rounds}-bare", work / f"{regime.name}-{rounds}-sim"
     timer_dir = work / f"{regime.name}-{rounds}-timers"
     for d in (out_a, out_b, timer_dir):
@@ -341,7 +344,8 @@ FLOOR_APP = '''
 import json
 import time
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -350,7 +354,11 @@ client = ClientApp()
 
 @client.train()
 def train(msg: Message, context: Context) -> Message:
-    return Message(RecordDict({"res": ConfigRecord({"ok": 1})}), reply_to=msg)
+    """No work: the reply carries back what the message carried (a model's bytes)."""
+    content = RecordDict({"res": ConfigRecord({"ok": 1})})
+    for name, record in msg.content.array_records.items():
+        content[name] = record
+    return Message(content, reply_to=msg)
 
 
 server = ServerApp()
@@ -359,6 +367,7 @@ server = ServerApp()
 @server.main()
 def main(grid: Grid, context: Context) -> None:
     out, k = str(context.run_config["out"]), int(context.run_config["per-round"])
+    payload = int(context.run_config["payload-bytes"])
 
     def note(**rec):
         with open(out, "a") as fh:
@@ -370,8 +379,11 @@ def main(grid: Grid, context: Context) -> None:
         while len(nodes) < k:
             time.sleep(0.05)
             nodes = sorted(grid.get_node_ids())
-        msgs = [Message(RecordDict({"ins": ConfigRecord({"round": r})}), dst_node_id=n,
-                        message_type="train") for n in nodes[:k]]
+        content = {"ins": ConfigRecord({"round": r})}
+        if payload:
+            content["weights"] = ArrayRecord([np.zeros(payload // 4, np.float32)])
+        msgs = [Message(RecordDict(content), dst_node_id=n, message_type="train")
+                for n in nodes[:k]]
         replies = list(grid.send_and_receive(msgs))
         note(round=r, start=t, end=time.time(), replies=len(replies),
              errors=sum(m.has_error() for m in replies))
@@ -398,14 +410,17 @@ clientapp = "floor_app:client"
 out = ""
 per-round = 1
 rounds = 3
+payload-bytes = 0
 '''
 
 
-def measure_floor(nodes: int, per_round: int, rounds: int, env: dict, work: Path,
-                  marker: str) -> dict:
+def measure_floor(nodes: int, per_round: int, rounds: int, payload: int, env: dict,
+                  work: Path, marker: str) -> dict:
     """Flower's minimal simulation as a Flower user runs it: ``flower-superlink
     --simulation`` (the runner's flags and environment) and ``flwr run`` of a no-op app
-    with ``nodes`` SuperNodes (one CPU per client); times from the SuperLink's launch."""
+    with ``nodes`` SuperNodes (one CPU per client) whose messages carry ``payload`` bytes
+    there and back (the model's size: Flower's own cost of moving it); times from the
+    SuperLink's launch."""
     from fedrcl_flwr.runner import free_port, teardown
 
     app = work / "floor-app"
@@ -439,7 +454,7 @@ def measure_floor(nodes: int, per_round: int, rounds: int, env: dict, work: Path
                 start_new_session=True, cwd=str(home))
             fed = f"num-supernodes={nodes} client-resources-num-cpus=1 " \
                   "client-resources-num-gpus=0.0"
-            cfg = f'out="{out}" per-round={per_round} rounds={rounds}'
+            cfg = f'out="{out}" per-round={per_round} rounds={rounds} payload-bytes={payload}'
             deadline = time.time() + 300
             while True:  # flwr run fails until the SuperLink answers
                 sub = subprocess.run([exe("flwr"), "run", str(app), "local",
@@ -461,7 +476,7 @@ def measure_floor(nodes: int, per_round: int, rounds: int, env: dict, work: Path
             teardown(home, [link.pid] if link is not None else [])
     if len(recs) < rounds:
         return {"ok": False, "load": watch.describe(), "others": watch.others_cores}
-    steady = [r["end"] - r["start"] for r in recs[1:]]
+    steady = [r["end"] - r["start"] for r in recs[2:]]
     return {"ok": True, "startup": recs[0]["start"] - t_launch,
             "round1": recs[0]["end"] - recs[0]["start"],
             "noop_round": median(steady) if steady else float("nan"),
@@ -500,8 +515,25 @@ def main() -> int:
     ap.add_argument("--quiet-cores", type=float, default=0.10,
                     help="others' CPU (cores, mean over a run) above which the machine "
                          "counts as busy and no goal is judged")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override added to every regime's experiment")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="measure each setting this many times; the run pair with the "
+                         "median steady ratio is reported")
+    ap.add_argument("--code", metavar="DIR",
+                    help="measure the runners of another checkout (e.g. a `git worktree` "
+                         "of an earlier commit): its fedrcl_flwr goes first on the path of "
+                         "every process; figures only (its runs have no stage timers)")
     ap.add_argument("--keep", metavar="DIR", help="keep the runs' directories here")
     args = ap.parse_args()
+    global CODE
+    if args.code:
+        CODE = Path(args.code).resolve()
+        if not (CODE / "fedrcl_flwr").is_dir():
+            ap.error(f"--code {CODE}: no fedrcl_flwr package there")
+        if args.floor:
+            ap.error("--floor measures Flower's floor for this checkout's runs: leave it "
+                     "out with --code")
     names = args.regime or ["all"]
     if "all" in names:
         names = list(REGIMES)
@@ -516,12 +548,13 @@ def main() -> int:
     marker = str(private_tmp)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
     env.pop(timers.ENV_VAR, None)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(CODE) + os.pathsep + env.get("PYTHONPATH", "")
     env["TMPDIR"] = str(private_tmp)  # every process of ours names it (LoadWatch)
     os.environ["TMPDIR"] = str(private_tmp)
     tempfile.tempdir = None
     print(f"machine: {os.cpu_count()} cores, 1-min load {os.getloadavg()[0]:.2f}; "
-          f"in-process runner with torch's default threads; Flower: one actor per core")
+          f"in-process runner with torch's default threads; Flower: one actor per core; "
+          f"code: {CODE}")
     failed = False
     try:
         for name in names:
@@ -539,11 +572,11 @@ def main() -> int:
 
 def run_regime(regime: Regime, rounds_list: list[int], exp: Path, env: dict, work: Path,
                marker: str, args) -> bool:
-    base = ["output.checkpoint_every=0", *regime.sets]
+    base = ["output.checkpoint_every=0", *regime.sets, *args.set]
     t0 = time.perf_counter()
     warm = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "partition", str(exp),
                            "--max-rows", "0", *sum((["--set", s] for s in base), [])],
-                          cwd=ROOT, env=env, capture_output=True, text=True)
+                          cwd=CODE, env=env, capture_output=True, text=True)
     if warm.returncode != 0:
         print(warm.stdout[-2000:], warm.stderr[-2000:], file=sys.stderr)
         return False
@@ -551,7 +584,19 @@ def run_regime(regime: Regime, rounds_list: list[int], exp: Path, env: dict, wor
           f"process incl. imports); --set {' '.join(regime.sets) or '(none)'}")
     ok = True
     for rounds in rounds_list:
-        bare, sim, timer_dir = measure(regime, rounds, exp, env, work, marker)
+        trials = []
+        for i in range(max(1, args.repeat)):
+            bare, sim, timer_dir = measure(regime, rounds, exp, env, work, marker, args.set)
+            kept = timer_dir.with_name(f"{timer_dir.name}-{i}")
+            shutil.rmtree(kept, ignore_errors=True)
+            timer_dir.rename(kept)  # the next trial writes its own
+            ratio = sim["steady"] / bare["steady"] if bare.get("steady") else float("nan")
+            trials.append((ratio, bare, sim, kept))
+        trials.sort(key=lambda t: (t[0] != t[0], t[0]))
+        _, bare, sim, timer_dir = trials[(len(trials) - 1) // 2]
+        if len(trials) > 1:
+            print(f"  {len(trials)} trials, steady sim/bare: "
+                  + ", ".join(f"{t[0]:.2f}" for t in trials) + " (median reported)")
         print(describe("in-process", bare))
         print(describe("fedrcl-flwr run", sim))
         if bare["rc"] or sim["rc"] or not bare["rounds"] or not sim["rounds"]:
@@ -565,11 +610,12 @@ def run_regime(regime: Regime, rounds_list: list[int], exp: Path, env: dict, wor
                 print(f"  per-client overhead {over:.1f} ms"
                       f"{verdict(over, regime.overhead_goal_ms, quiet)}")
         if args.floor:
-            floor = measure_floor_for(regime, rounds, env, work, marker, exp)
+            floor = measure_floor_for(regime, rounds, env, work, marker, exp, args.set)
             if floor.get("ok"):
                 extra = sim["startup"] - floor["startup"]
                 print(f"  Flower's floor (no-op apps, {floor['nodes']} SuperNodes, "
-                      f"{floor['per_round']} messages per round): start-up "
+                      f"{floor['per_round']} messages per round each carrying the model's "
+                      f"{floor['payload'] / 2**20:.1f} MiB there and back): start-up "
                       f"{floor['startup']:.1f} s, round 1 {floor['round1']:.2f} s, no-op "
                       f"round {floor['noop_round']:.3f} s  [{floor['load']}]")
                 q = quiet and floor["others"] < args.quiet_cores
@@ -591,14 +637,15 @@ def run_regime(regime: Regime, rounds_list: list[int], exp: Path, env: dict, wor
 
 
 def measure_floor_for(regime: Regime, rounds: int, env: dict, work: Path, marker: str,
-                      exp: Path) -> dict:
+                      exp: Path, extra: list[str]) -> dict:
     from fedrcl_flwr.cli import _load
+    from fedrcl_flwr.runtime import get_weights, load_bundle, new_model
 
-    cfg = _load(str(exp), [f"federation.rounds={rounds}", *regime.sets], None)
-    nodes = cfg.simulation.num_supernodes or cfg.federation.num_clients
-    k = cfg.federation.sampled_per_round()
-    res = measure_floor(nodes, k, 3, env, work, marker)
-    res.update(nodes=nodes, per_round=k)
+    cfg = _load(str(exp), [f"federation.rounds={rounds}", *regime.sets, *extra], None)
+    nodes, k = cfg.supernodes(), cfg.federation.sampled_per_round()
+    payload = sum(a.nbytes for a in get_weights(new_model(cfg, load_bundle(cfg))))
+    res = measure_floor(nodes, k, 6, payload, env, work, marker)
+    res.update(nodes=nodes, per_round=k, payload=payload)
     return res
 
 
