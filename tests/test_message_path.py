@@ -286,3 +286,33 @@ def test_records_are_json_lines(tmp_path, monkeypatch):
     clients, server = timers.read_records(tmp_path)
     assert len(clients) == 1 and clients[0]["stages"]["train"] >= 0.01
     assert server == [json.loads((next(tmp_path.glob("server-*.jsonl"))).read_text())]
+
+
+def test_defaults_are_one_single_threaded_actor_per_core(tiny, tmp_path):
+    """Ray sizes Flower's actor pool as its CPUs / ``client-resources-num-cpus``: with the
+    default 1 CPU per client and no cap, one actor per core on any machine; each message
+    runs with one torch thread (issue #24: threads per actor beyond the CPUs it holds
+    only fight the other actors)."""
+    import torch
+    from flwr.common import Context, RecordDict
+
+    from fedrcl_flwr.app.client_app import client_fn
+    from fedrcl_flwr.config import dump_config
+    from fedrcl_flwr.runner import federation_config
+
+    cfg = tiny()
+    fed = federation_config(cfg).split()
+    assert "client-resources-num-cpus=1" in fed
+    assert not any(item.startswith("init-args-num-cpus") for item in fed)
+    dump_config(cfg, tmp_path / "exp.yaml")
+    ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
+                  run_config={"experiment": str(tmp_path / "exp.yaml"),
+                              "output-dir": str(tmp_path / "out")})
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        client_fn(ctx)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+        runtime.WORKER.clear()
