@@ -92,26 +92,6 @@ def client_error_line(failure) -> str:
     return (lines[0] if lines else type(failure).__name__)[:500]
 
 
-ROUND_END_NICENESS = 10  # the overlapped round end's thread, on Linux (see below)
-
-
-def _yield_to_clients() -> None:
-    """The overlapped round end (evaluation, records, checkpoints) runs in a thread of the
-    ServerApp's process, where Flower's simulation engine also hands messages to the
-    Ray actors: on Linux its thread gets niceness +10, so that it takes the CPU the clients
-    and the message dispatch leave (their waits between messages, the end of a round)
-    instead of delaying them; its work and results are the same. Elsewhere a no-op."""
-    import os
-    import threading
-
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                       os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-                       + ROUND_END_NICENESS)
-    except (AttributeError, OSError):
-        pass
-
-
 def to_parameters(arrays) -> Parameters:
     """Flower ``Parameters`` of ``arrays`` (``.npy`` bytes, :mod:`fedrcl_flwr.codec`)."""
     return Parameters(tensors=encode_arrays(arrays), tensor_type=TENSOR_TYPE)
@@ -423,7 +403,7 @@ class FederatedStrategy(Strategy):
 
             if self._round_end_executor is None:
                 self._round_end_executor = ThreadPoolExecutor(
-                    1, thread_name_prefix="fedrcl-round-end", initializer=_yield_to_clients)
+                    1, thread_name_prefix="fedrcl-round-end")
             self._round_end_pending = self._round_end_executor.submit(self._round_end, *job)
             return None  # Flower's own history only; the run's record comes from the thread
         record = self._round_end(*job)
