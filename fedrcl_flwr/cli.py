@@ -310,10 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
     rep.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"])
     rep.add_argument("--metric", default=None,
-                     help="final | best | last5 | ema@ROUND (default: the runs' "
+                     help="final | best | last5 | ema@ROUND | client_mean | client_std | "
+                          "client_worst10 | client_best10 (default: the runs' "
                           "report_metric, else their paper reference's, else final)")
     rep.set_defaults(func=cmd_report)
-    pl = sub.add_parser("plot", help="accuracy curves per method, mean ± std over seeds")
+    pl = sub.add_parser("plot", help="accuracy curves per method, mean ± std over seeds "
+                        "(and the per-client accuracy distribution, when recorded)")
     pl.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
     pl.add_argument("--out", default="accuracy_curves",
                     help="output file stem (FILE.png and FILE.pdf are written)")

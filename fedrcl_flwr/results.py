@@ -56,7 +56,12 @@ def format_round_line(rec: dict, total_rounds: int) -> str:
         parts.append(f"test_loss {rec['test_loss']:.4f}")
     if rec.get("train_loss") is not None:
         parts.append(f"train_loss {rec['train_loss']:.4f}")
+    if rec.get("client_acc_mean") is not None:  # per-client evaluation (client_eval.py)
+        parts.append(f"clients' acc {100 * rec['client_acc_mean']:.2f}% (worst 10% "
+                     f"{100 * rec['client_acc_worst10']:.2f}%)")
     parts.append(f"clients {rec.get('num_clients', 0)}")
+    if rec.get("dropped"):  # unreliable clients (availability.py)
+        parts.append(f"dropped {rec['dropped']}")
     if rec.get("failures"):
         parts.append(f"failures {rec['failures']}")
         if not rec.get("num_clients"):
@@ -152,6 +157,7 @@ class RunRecorder:
         per_domain = last_k_per_domain(evaluated, LAST_K)
         if per_domain:
             out["last5_per_domain"] = per_domain
+        out.update(research_summary(self.records))
         return out
 
     def finish(self, model_state: Optional[dict] = None) -> dict:
@@ -168,6 +174,29 @@ class RunRecorder:
                       title=f"{self.method} + {self.strategy}")
         atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         return summary
+
+
+CLIENT_STATS = ("client_acc_mean", "client_acc_std", "client_acc_worst10",
+                "client_acc_best10")
+
+
+def research_summary(records: list[dict]) -> dict:
+    """``summary.json`` entries of per-client evaluation (the ``client_acc_*`` of the last
+    round that has them, and its ``client_acc_round``) and of unreliable clients
+    (``dropped_total`` / ``late_total`` at the last record); nothing when the run has
+    neither."""
+    out: dict = {}
+    with_clients = [r for r in records if r.get("client_acc_mean") is not None]
+    if with_clients:
+        last = with_clients[-1]
+        out.update({k: last.get(k) for k in CLIENT_STATS})
+        out["client_acc_round"] = last["round"]
+    with_drops = [r for r in records if "dropped_total" in r]
+    if with_drops:
+        out["dropped_total"] = with_drops[-1]["dropped_total"]
+        if "late_total" in with_drops[-1]:
+            out["late_total"] = with_drops[-1]["late_total"]
+    return out
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

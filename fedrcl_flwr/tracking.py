@@ -10,6 +10,9 @@ every run of a sweep. Tags (step = round):
 * ``representation/<name>``: ``repr_*`` metrics (effective rank, VCI, ...)
 * ``comm/<name>``: ``*_bytes_*`` (model and signal bytes per round)
 * ``robust/<name>``: FGSM / PGD accuracy; ``round/<name>``: clients, failures, times
+  (and ``dropped``, ``late``, ``sim_round_time`` of ``federation.availability``)
+* ``client_accuracy/mean|std|worst10|best10|n`` and the histogram
+  ``client_accuracy/distribution``: per-client evaluation (``evaluation.per_client``)
 * text ``config``: the resolved experiment (YAML)
 
 The writer is ``torch.utils.tensorboard.SummaryWriter``, which needs the ``tensorboard``
@@ -44,6 +47,8 @@ def _tag(key: str) -> str:
         return f"comm/{key}"
     if key.startswith(("fgsm", "pgd", "robust", "clean")):
         return f"robust/{key}"
+    if key.startswith("client_acc_"):  # per-client evaluation (client_eval.py)
+        return f"client_accuracy/{key[len('client_acc_'):]}"
     return f"round/{key}"
 
 
@@ -84,6 +89,14 @@ class TensorBoardTracker:
         step = int(record["round"])
         for tag, value in scalars(record).items():
             self.writer.add_scalar(tag, value, step)
+        per_client = record.get("client_accuracy")
+        if isinstance(per_client, dict) and per_client:
+            import numpy as np
+
+            values = [float(v) for v in per_client.values() if _num(v)]
+            if values:
+                self.writer.add_histogram("client_accuracy/distribution",
+                                          np.asarray(values), step)
         self.writer.flush()
 
     def close(self) -> None:
