@@ -593,19 +593,27 @@ def plot_groups(dirs: list, out: Path, metric_key: str = "test_accuracy") -> lis
                       else metric_key)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(cols):]:
-        ax.set_visible(False)
-    fig.tight_layout()
     out = Path(out)
     stem = out.with_suffix("") if out.suffix.lower() in (".png", ".pdf") else out
     stem.parent.mkdir(parents=True, exist_ok=True)
+    written = _save_panels(fig, axes, len(cols), stem)
+    written += plot_client_distribution(groups, stem.with_name(stem.name + "_clients"))
+    return written
+
+
+def _save_panels(fig, axes, used: int, stem: Path) -> list[Path]:
+    """Hide the unused panels, write ``stem.png`` and ``stem.pdf``, close the figure."""
+    import matplotlib.pyplot as plt
+
+    for ax in list(axes.flat)[used:]:
+        ax.set_visible(False)
+    fig.tight_layout()
     written = []
     for ext in (".png", ".pdf"):
         p = stem.with_name(stem.name + ext)
         fig.savefig(p, dpi=120)
         written.append(p)
     plt.close(fig)
-    written += plot_client_distribution(groups, stem.with_name(stem.name + "_clients"))
     return written
 
 
@@ -655,13 +663,4 @@ def plot_client_distribution(groups: list[Group], stem: Path) -> list[Path]:
         ax.set_title(c or "all runs", fontsize=10)
         ax.set_ylabel("per-client accuracy (%)")
         ax.grid(alpha=0.3, axis="y")
-    for ax in list(axes.flat)[len(cols):]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    written = []
-    for ext in (".png", ".pdf"):
-        p = stem.with_name(stem.name + ext)
-        fig.savefig(p, dpi=120)
-        written.append(p)
-    plt.close(fig)
-    return written
+    return _save_panels(fig, axes, len(cols), stem)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
+from conftest import assert_run_refused
 
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.availability import Availability, local_steps, per_client_values
@@ -229,12 +229,6 @@ def test_both_features_off_change_no_number(tiny, tmp_path):
     ("federation.availability.late=1", "unknown key 'federation.availability.late'"),
 ])
 def test_bad_values_stop_before_the_run(tmp_path, capsys, override, message):
-    from fedrcl_flwr.cli import main
-
-    exp = tmp_path / "exp.yaml"
-    exp.write_text(yaml.safe_dump({"federation": {"num_clients": 10},
-                                   "dataset": {"synthetic": {"num_train": 100}}}))
-    assert main(["run", str(exp), "--set", override, "--out", str(tmp_path / "o")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and str(exp) in err and "\n" not in err, err
-    assert not (tmp_path / "o").exists()
+    experiment = {"federation": {"num_clients": 10},
+                  "dataset": {"synthetic": {"num_train": 100}}}
+    assert_run_refused(tmp_path, capsys, experiment, override, message)

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 import yaml
+from conftest import assert_run_refused
 
 from fedrcl_flwr import client_eval, runtime
 from fedrcl_flwr.app.inprocess import _Manager, evaluate_clients, run_inprocess
@@ -312,12 +313,6 @@ def test_tensorboard_tags_and_histogram(tiny, tmp_path):
     ("evaluation.per_client.every=3", "must be a multiple of 'federation.eval_every' (2)"),
 ])
 def test_bad_values_stop_before_the_run(tmp_path, capsys, override, message):
-    from fedrcl_flwr.cli import main
-
-    exp = tmp_path / "exp.yaml"
-    exp.write_text(yaml.safe_dump({"federation": {"eval_every": 2, "num_clients": 10},
-                                   "dataset": {"synthetic": {"num_train": 100}}}))
-    assert main(["run", str(exp), "--set", override, "--out", str(tmp_path / "o")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and str(exp) in err and "\n" not in err, err
-    assert not (tmp_path / "o").exists()
+    experiment = {"federation": {"eval_every": 2, "num_clients": 10},
+                  "dataset": {"synthetic": {"num_train": 100}}}
+    assert_run_refused(tmp_path, capsys, experiment, override, message)
