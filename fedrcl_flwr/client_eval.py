@@ -143,7 +143,9 @@ def local_test(cfg, client: int, indices: np.ndarray, train_dataset, bundle=None
                              split_seed(cfg), client)[1]
         return train_dataset, test
     if bundle is None or bundle.train_domains is None or bundle.test_domains is None:
-        raise ValueError("local_test domain needs a dataset with domains")
+        raise ValueError("evaluation.per_client.local_test domain needs the experiment's "
+                         "dataset with domains (a real device with its own data: use "
+                         "local_test holdout)")
     mine = np.unique(np.asarray(bundle.train_domains)[np.asarray(indices)])
     return bundle.test, np.flatnonzero(np.isin(np.asarray(bundle.test_domains), mine))
 
