@@ -316,3 +316,23 @@ def test_bad_values_stop_before_the_run(tmp_path, capsys, override, message):
     experiment = {"federation": {"eval_every": 2, "num_clients": 10},
                   "dataset": {"synthetic": {"num_train": 100}}}
     assert_run_refused(tmp_path, capsys, experiment, override, message)
+
+
+def test_a_device_holds_out_and_evaluates_its_own_data(tiny):
+    """A real device (fixed local data) ignores the partitions the server names: it holds
+    out its own share (seeded by its partition-id), trains on the rest and reports itself."""
+    from clients.base import LocalData
+    from clients.fedavg import FedAvgClient
+
+    cfg = tiny(evaluation={"target_rounds": [2], "per_client": {"every": 1,
+                                                                "local_test_fraction": 0.5}})
+    bundle = runtime.load_bundle(cfg)
+    own = LocalData(bundle.train, np.arange(40), bundle.train_labels, bundle.num_classes)
+    client = FedAvgClient(cfg, local_data=own, partition_id=3)
+    train, test = _reference_holdout(list(range(40)), 0.5, 0, 3)
+    assert client.local_data(0).indices.tolist() == train
+    _, n, metrics = client.evaluate(_constant_class0_weights(cfg),
+                                    {"run_round": 1, "partition_ids": "0,1"})
+    got = client_eval.decode(metrics["client_eval"])
+    assert list(got) == [3] and n == len(test) == 20
+    assert got[3][0] == int(np.sum(bundle.train_labels[test] == 0))
