@@ -176,20 +176,18 @@ class RunRecorder:
         return summary
 
 
-CLIENT_STATS = ("client_acc_mean", "client_acc_std", "client_acc_worst10",
-                "client_acc_best10")
-
-
 def research_summary(records: list[dict]) -> dict:
     """``summary.json`` entries of per-client evaluation (the ``client_acc_*`` of the last
     round that has them, and its ``client_acc_round``) and of unreliable clients
     (``dropped_total`` / ``late_total`` at the last record); nothing when the run has
     neither."""
+    from fedrcl_flwr.client_eval import STAT_KEYS
+
     out: dict = {}
     with_clients = [r for r in records if r.get("client_acc_mean") is not None]
     if with_clients:
         last = with_clients[-1]
-        out.update({k: last.get(k) for k in CLIENT_STATS})
+        out.update({k: last.get(k) for k in STAT_KEYS})
         out["client_acc_round"] = last["round"]
     with_drops = [r for r in records if "dropped_total" in r]
     if with_drops:
