@@ -44,7 +44,9 @@ def _load(path: str, sets: list[str], out: str | None):
 
 # what a run writes into its output directory (removed by --overwrite)
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "model.pt", "accuracy.png",
-             "checkpoint.pt", "run.log", "flower.log")
+             "checkpoint.pt", "run.log", "flower.log", "tracker.json")
+# directories a run writes (trackers' local files; an MLflow store is left alone)
+RUN_DIRS = ("client_state", "tensorboard", "wandb")
 RESULT_FILES = ("metrics.jsonl", "summary.json", "model.pt", "checkpoint.pt")
 
 
@@ -179,7 +181,8 @@ def cmd_run(args) -> int:
 
             for f in RUN_FILES:
                 (out_dir / f).unlink(missing_ok=True)
-            shutil.rmtree(out_dir / "client_state", ignore_errors=True)
+            for d in RUN_DIRS:
+                shutil.rmtree(out_dir / d, ignore_errors=True)
         dump_config(cfg, out_dir / "config.yaml")
         print(f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
               f"{cfg.federation.num_clients} clients, {cfg.federation.sampled_per_round()} "

@@ -413,8 +413,49 @@ class OutputConfig:
     dir: str = "runs/{name}"
     checkpoint_every: int = 0
     save_model: bool = True
-    # TensorBoard event files in <dir>/tensorboard (needs the `tensorboard` extra)
+    # TensorBoard event files in <dir>/tensorboard (needs the `tensorboard` extra); an
+    # alias of `tensorboard` in `tracker`
     tensorboard: bool = False
+    # experiment trackers fed from the records of metrics.jsonl (fedrcl_flwr/tracking.py):
+    # any of tensorboard, wandb, mlflow (extras of the same names)
+    tracker: list = field(default_factory=list)
+    # the W&B project / MLflow experiment the runs go to
+    tracker_project: str = "fedrcl-flwr"
+    # W&B group / MLflow parent run of the run (a sweep sets its name; null = none)
+    tracker_group: Optional[str] = None
+
+
+@dataclass
+class DPConfig:
+    """Central differential privacy (``privacy.dp``, see ``fedrcl_flwr/privacy.py``):
+    Flower's fixed-clipping wrappers, ``mode`` server (the server clips each update) or
+    client (each client clips with Flower's ``fixedclipping_mod``); Gaussian noise of
+    std ``noise_multiplier * clipping_norm / clients_per_round`` on the average; ε
+    reported at ``delta``."""
+
+    mode: str = "server"
+    noise_multiplier: Optional[float] = None
+    clipping_norm: Optional[float] = None
+    delta: float = 1e-5
+
+
+@dataclass
+class PrivacyConfig:
+    """Privacy of the client updates (``fedrcl_flwr/privacy.py``). ``dp``: central DP
+    (null = off). ``secagg``: Flower's SecAgg+ (``secaggplus_mod`` + ``SecAggPlusWorkflow``)
+    with its parameters ``secagg_num_shares`` / ``secagg_threshold`` (an int: a count; a
+    float: a proportion of the sampled clients / of the shares, as in Flower),
+    ``secagg_clipping_range`` (model values are clipped to ±range before quantisation) and
+    ``secagg_quantization_range`` (quantisation levels) and ``secagg_max_weight`` (the
+    largest client weight, null = 1 under uniform weighting, else the largest partition)."""
+
+    dp: Optional[DPConfig] = None
+    secagg: bool = False
+    secagg_num_shares: Union[int, float] = 1.0
+    secagg_threshold: Union[int, float] = 0.5
+    secagg_clipping_range: float = 8.0
+    secagg_quantization_range: int = 1 << 22
+    secagg_max_weight: Optional[float] = None
 
 
 @dataclass
@@ -430,6 +471,7 @@ class ExperimentConfig:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     # the paper's numbers for this setting (see check_reference): {source, metric, values
     # {method label: percent}, when {dotted key: value}} or a list of such blocks
     reference: Optional[Union[dict, list]] = None
@@ -537,6 +579,12 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "simulation.ray_address": (_ray_address_ok, "must be HOST:PORT of a Ray head node or "
                                                 "'auto' (or null: a private local Ray)"),
     "output.checkpoint_every": (lambda v: v >= 0, "must be >= 0"),
+    "output.tracker_project": (lambda v: bool(v.strip()) and "/" not in v,
+                               "must be a non-empty name without slashes"),
+    "output.tracker_group": (lambda v: v is None or bool(v.strip()),
+                             "must be a non-empty name (or null)"),
+    "privacy.secagg_clipping_range": (lambda v: v > 0, "must be > 0"),
+    "privacy.secagg_quantization_range": (lambda v: v >= 2, "must be >= 2"),
 }
 
 
@@ -688,6 +736,11 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
             raise ConfigError(f"{source}: 'output.tensorboard' is true but the tensorboard "
                               "package is not installed (pip install "
                               "'fedrcl-flwr[tensorboard]', or set it to false)")
+    from fedrcl_flwr.tracking import check_trackers
+    from fedrcl_flwr.privacy import check_privacy_section
+
+    check_trackers(cfg, source)
+    check_privacy_section(cfg, source)
     if not cfg.name or any(c in cfg.name for c in "/\\\0") or cfg.name.strip() in (".", ".."):
         raise ConfigError(f"{source}: 'name' must be a non-empty name without slashes that "
                           f"is not '.' or '..' (it names the run's directory), got {cfg.name!r}")

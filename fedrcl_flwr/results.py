@@ -56,6 +56,9 @@ def format_round_line(rec: dict, total_rounds: int) -> str:
         parts.append(f"test_loss {rec['test_loss']:.4f}")
     if rec.get("train_loss") is not None:
         parts.append(f"train_loss {rec['train_loss']:.4f}")
+    if "dp_delta" in rec:  # privacy.dp: the budget spent so far
+        eps = rec.get("dp_epsilon")
+        parts.append(f"eps {eps:.2f}" if eps is not None else "eps inf")
     if rec.get("client_acc_mean") is not None:  # per-client evaluation (client_eval.py)
         parts.append(f"clients' acc {100 * rec['client_acc_mean']:.2f}% (worst 10% "
                      f"{100 * rec['client_acc_worst10']:.2f}%)")
@@ -154,15 +157,21 @@ class RunRecorder:
             "report_metric": self.report_metric,
             "wall_time_s": round(self.wall_time(), 3),
         }
+        private = [r for r in self.records if r.get("dp_epsilon", None) is not None
+                   or "dp_delta" in r]
+        if private:  # privacy.dp: the budget spent by the end of the run (privacy.py)
+            out["dp_epsilon"] = private[-1].get("dp_epsilon")
+            out["dp_delta"] = private[-1].get("dp_delta")
         per_domain = last_k_per_domain(evaluated, LAST_K)
         if per_domain:
             out["last5_per_domain"] = per_domain
         out.update(research_summary(self.records))
         return out
 
-    def finish(self, model_state: Optional[dict] = None) -> dict:
+    def finish(self, model_state: Optional[dict] = None, before_summary=None) -> dict:
         """Write the model, the plot and, last, ``summary.json`` (its appearance means
-        every result of the run is on disk)."""
+        every result of the run is on disk). ``before_summary(summary, plots)`` is called
+        just before (the experiment trackers, ``fedrcl_flwr.tracking``)."""
         summary = self.summary()
         if model_state is not None:
             import torch
@@ -172,6 +181,9 @@ class RunRecorder:
             os.replace(tmp, self.out_dir / MODEL_FILE)
         plot_accuracy(self.records, self.out_dir / PLOT_FILE,
                       title=f"{self.method} + {self.strategy}")
+        if before_summary is not None:
+            before_summary(summary, sorted(p for p in self.out_dir.glob("*.png")
+                                           if not p.name.endswith(".tmp.png")))
         atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         return summary
 

@@ -127,6 +127,9 @@ def check_resources(cfg: ExperimentConfig) -> None:
     if cfg.client.amp == "fp16" and not cuda:
         raise ConfigError("client.amp is fp16 but no CUDA device is visible on this "
                           "machine (fp16 training needs CUDA); use client.amp=bf16 or off")
+    from fedrcl_flwr.tracking import check_tracker_environment
+
+    check_tracker_environment(cfg)  # W&B's API key, the MLflow server answering
     if cfg.simulation.ray_address:  # the cluster's resources count, not this machine's
         if cfg.simulation.init_num_cpus or cfg.simulation.init_num_gpus is not None:
             raise ConfigError("simulation.init_num_cpus / init_num_gpus size a private local "

@@ -257,6 +257,9 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
         seen[run.name] = run.index
         run.out_dir = out_dir / run.name
         run.cfg.output.dir = str(run.out_dir)
+        if run.cfg.output.tracker_group is None and {"wandb", "mlflow"} & set(
+                run.cfg.output.tracker):  # the sweep groups its runs in W&B / MLflow
+            run.cfg.output.tracker_group = str(sweep_name)
         if run.cfg.output.checkpoint_every < 1:
             run.cfg.output.checkpoint_every = 1  # resumable from round 1 on
     return runs, out_dir
@@ -376,6 +379,9 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
     def save_status():
         atomic_write_text(status_path, json.dumps(status, indent=2) + "\n")
 
+    from fedrcl_flwr.tracking import prepare_sweep_group
+
+    group_env = prepare_sweep_group([r.cfg for r in runs], out_dir)  # MLflow parent run
     n = len(runs)
     todo = []
     for run in runs:
@@ -408,6 +414,7 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
     def launch(run: PlannedRun) -> _Job:
         slot = free_slots.pop(0)
         env = dict(os.environ)
+        env.update(group_env)
         env.update(share_resources(run.cfg, jobs, slot))
         resume = run.state() == "resume"
         if not resume and run.out_dir.exists():

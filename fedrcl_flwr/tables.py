@@ -41,7 +41,7 @@ from fedrcl_flwr.results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 
 METRIC_RE = re.compile(r"^(final|best|last5|ema@([1-9][0-9]*)"
                        r"|client_(mean|std|worst10|best10))$")
-SKIP_DIRS = {"_configs", "_logs", "client_state", "tensorboard"}
+SKIP_DIRS = {"_configs", "_logs", "client_state", "tensorboard", "wandb", "mlruns"}
 # config sections that do not change what a run computes (or that name it)
 NOT_A_SETTING = ("seed", "name", "output", "simulation", "reference")
 
@@ -93,6 +93,25 @@ class Group:
     @property
     def diff(self) -> Optional[float]:
         return None if self.mean is None or self.paper is None else self.mean - self.paper
+
+    @property
+    def private(self) -> bool:
+        """The runs ran with ``privacy.dp`` (their records carry ``dp_delta``)."""
+        return any("dp_delta" in r.summary or any("dp_delta" in x for x in r.records)
+                   for r in self.runs)
+
+    @property
+    def epsilon(self) -> Optional[float]:
+        """The largest final ε of the group's runs under ``privacy.dp`` (``inf`` for
+        noise 0); ``None`` without DP."""
+        if not self.private:
+            return None
+        eps = []
+        for r in self.runs:
+            recs = [x for x in r.records if "dp_delta" in x]
+            v = r.summary.get("dp_epsilon", recs[-1].get("dp_epsilon") if recs else None)
+            eps.append(math.inf if v is None else float(v))
+        return max(eps)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -331,6 +350,8 @@ def _short(key: str) -> str:
         return parts[-2]
     if parts[0] in ("client", "server") and len(parts) > 2 and parts[1] == "params":
         return ".".join(parts[2:])
+    if parts[0] == "privacy" and len(parts) > 1:  # dp.noise_multiplier, secagg
+        return ".".join(parts[1:])
     return parts[-1]
 
 
@@ -351,7 +372,9 @@ def group_runs(runs: list[Run]) -> list[Group]:
     row_keys = [k for k in vary if k.startswith(("client.", "server."))
                 and k not in ("client.method", "server.strategy")]
     for g, f in zip(gs, flat):
-        g.col = ", ".join(f"{_short(k)}={_fmt_val(f.get(k))}" for k in col_keys)
+        # a key the group's config does not have (a sub-key of a mapping that is null
+        # there, e.g. privacy.dp.mode without privacy.dp) is left out of its label
+        g.col = ", ".join(f"{_short(k)}={_fmt_val(f.get(k))}" for k in col_keys if k in f)
         g.row = method_label(g.config, g.runs[0].summary)
     # two groups with the same method in one column: tell them apart by their client keys
     by_cell: dict[tuple, list] = {}
@@ -452,10 +475,16 @@ def _ours(g: Optional[Group], best: Optional[float], bold: tuple[str, str],
     if g.std is not None:
         text += f" {pm} {_pct(g.std)}"
     missing = len(g.values) - g.n
-    text += f" (n={g.n}" + (f", {missing} missing)" if missing else ")")
+    text += f" (n={g.n}" + (f", {missing} missing" if missing else "") + _eps(g) + ")"
     if best is not None and math.isclose(g.mean, best):
         text = f"{bold[0]}{text}{bold[1]}"
     return text
+
+
+def _eps(g: Group, fmt: str = ", ε≤{}") -> str:
+    """The group's privacy budget (``privacy.dp``), empty without DP."""
+    e = g.epsilon
+    return "" if e is None else fmt.format("∞" if math.isinf(e) else f"{e:.2f}")
 
 
 def _sources(groups: list[Group]) -> str:
@@ -482,6 +511,8 @@ def format_markdown(groups: list[Group], metric: str) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     note = f"\nmetric: {metric}; mean ± sample std over seeds (%), n runs; best per column " \
            "in bold"
+    if any(g.private for g in groups):
+        note += "; ε: the largest (ε, δ)-DP budget of the cell's runs (privacy.dp)"
     if _sources(groups):
         note += f"; paper: {_sources(groups)}; diff = ours - paper"
     return "\n".join(lines) + "\n" + note
@@ -491,14 +522,16 @@ def format_csv(groups: list[Group], metric: str) -> str:
     _, cols, _, best, _ = _layout(groups)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
+    private = any(g.private for g in groups)  # privacy.dp: one more column, dp_epsilon
     w.writerow(["method", "setting", "metric", "n", "missing", "mean", "std", "best",
-                "paper", "diff", "source", "runs"])
+                "paper", "diff", "source", "runs"] + (["dp_epsilon"] if private else []))
     for g in groups:
         is_best = g.mean is not None and best[g.col] is not None and \
             math.isclose(g.mean, best[g.col])
         w.writerow([g.row, g.col, metric, g.n, len(g.values) - g.n, _pct(g.mean),
                     _pct(g.std), int(is_best), _pct(g.paper), _pct(g.diff, True),
-                    g.source, ";".join(str(r.path) for r in g.runs)])
+                    g.source, ";".join(str(r.path) for r in g.runs)]
+                   + ([_eps(g, "{}")] if private else []))
     return buf.getvalue()
 
 
@@ -527,6 +560,7 @@ def format_latex(groups: list[Group], metric: str) -> str:
                 cells.append("--" if g is None else "missing")
             else:
                 text = _pct(g.mean) + (rf" \pm {_pct(g.std)}" if g.std is not None else "")
+                text += _eps(g, r"\,(\varepsilon\le {})").replace("∞", r"\infty")
                 if best[c] is not None and math.isclose(g.mean, best[c]):
                     text = rf"\mathbf{{{text}}}"
                 cells.append(f"${text}$")

@@ -22,9 +22,10 @@ It owns the global model (NumPy arrays) and, per round:
 
 Unreliable clients (``availability``, :mod:`fedrcl_flwr.availability`): after sampling,
 ``configure_fit`` sends nothing to the sampled clients that drop out or would miss the
-round's deadline; the round's record counts them (``dropped`` ...). A round in which no
-sampled client reports leaves the global model unchanged (Flower then skips
-``aggregate_fit``; it is not a failure). Per-client evaluation (``per_client``,
+round's deadline; the round's record counts them (``dropped`` ...), and the privacy
+accountant counts only the clients that were sent the model. A round in which no sampled
+client reports leaves the global model unchanged (Flower then skips ``aggregate_fit``, as
+SecAgg+ does below 2 reporting clients; it is not a failure). Per-client evaluation (``per_client``,
 :mod:`fedrcl_flwr.client_eval`): in a round where it is due, ``configure_evaluate`` asks the
 round's sampled clients (or all) to evaluate the global model on their local test data and
 the round's record waits for ``aggregate_evaluate`` (Flower calls it right after
@@ -38,6 +39,13 @@ Hooks for subclasses: :meth:`weights_to_send`, :meth:`fit_extras`, :meth:`server
 parameter, ``None`` for BatchNorm buffers / counters, filled with :meth:`buffer_fill`) and
 saves / restores it in :meth:`state_dict` / :meth:`load_state_dict`, so a new optimizer
 cannot forget to checkpoint one.
+
+Privacy (``privacy`` section, off by default): with ``privacy.dp`` the round's averaging
+step runs inside Flower's fixed-clipping DP wrapper (:mod:`strategies.privacy`: clipping,
+fixed-denominator average, Gaussian noise, the privacy accountant whose state is
+checkpointed); with ``privacy.secagg`` every result holds the same SecAgg+ average (the
+ServerApp's SecAgg+ workflow unmasked it), which replaces the weighted average, and a
+round with an unusable result is discarded (it cannot be taken out of the masked sum).
 
 Rounds: Flower numbers the rounds of *this process* 1, 2, ... (``server_round``); a resumed
 run continues at ``run_round = server_round + round_offset`` (rounds done before). Every
@@ -137,6 +145,7 @@ class FederatedStrategy(Strategy):
         overlap_evaluation: bool = False,
         availability=None,
         per_client: Optional[tuple[int, str]] = None,
+        privacy=None,
     ):
         super().__init__()
         self.availability = availability  # fedrcl_flwr.availability.Availability or None
@@ -168,12 +177,22 @@ class FederatedStrategy(Strategy):
         self.rounds_trained = 0  # rounds in which at least one client result was kept
         self.first_client_error: Optional[str] = None
         self._fit_info: dict = {}
-        self._sampled: list[int] = []
+        self._sampled: list[int] = []  # the round's sampled partitions (all, with availability)
+        self._sent: list[int] = []  # those sent the model to train
         self._round_start = time.time()
         for b in self.buffers:
             fill = self.buffer_fill(b)
             setattr(self, b, [np.full(w.shape, fill, np.float64) if k == "param" else None
                               for w, k in zip(self.weights, self.kinds)])
+        # privacy (a fedrcl_flwr.config.PrivacyConfig; off by default): central DP through
+        # Flower's wrappers (strategies/privacy.py), SecAgg+ results (fedrcl_flwr/app)
+        self.secagg = bool(privacy is not None and privacy.secagg)
+        self.dp = None
+        if privacy is not None and privacy.dp is not None:
+            from strategies.privacy import CentralDP
+
+            self.dp = CentralDP(self, privacy.dp, num_sampled=clients_per_round,
+                                num_clients=num_clients)
 
     @classmethod
     def resolve(cls, params: Optional[dict]) -> dict:
@@ -210,6 +229,8 @@ class FederatedStrategy(Strategy):
                  "buffers": {b: copy_arrays(getattr(self, b)) for b in self.buffers}}
         if self.exchange is not None:
             state["exchange"] = self.exchange.state_dict()
+        if self.dp is not None:
+            state["privacy_accountant"] = self.dp.accountant.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -221,6 +242,11 @@ class FederatedStrategy(Strategy):
         self.first_client_error = state.get("first_client_error")
         if self.exchange is not None and "exchange" in state:
             self.exchange.load_state_dict(state["exchange"])
+        if self.dp is not None:
+            if "privacy_accountant" not in state:
+                raise ValueError("privacy.dp is set but the checkpoint has no privacy "
+                                 "accountant (the run started without privacy.dp)")
+            self.dp.accountant.load_state_dict(state["privacy_accountant"])
 
     # --------------------------------------------------------------- Strategy
     def initialize_parameters(self, client_manager: ClientManager) -> Optional[Parameters]:
@@ -240,36 +266,48 @@ class FederatedStrategy(Strategy):
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        rnd = self.run_round(server_round)
         self._round_start = time.time()
+        send = ndarrays_to_parameters(self.weights_to_send(self.run_round(server_round)))
+        if self.dp is not None:  # Flower's DP wrapper sees what the clients start from
+            return self.dp.configure_fit(server_round, send, client_manager)
+        return self.sample_clients(server_round, send, client_manager)
+
+    def sample_clients(self, server_round: int, send: Parameters,
+                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        """The round's partitions on the connected nodes, each with ``send`` and its fit
+        config."""
+        rnd = self.run_round(server_round)
         pids = sample_partitions(self.seed, rnd, self.num_clients, self.clients_per_round)
-        self._sampled = pids
-        if self.availability is not None:
+        sampled = pids
+        if self.availability is not None:  # who drops out or would be late: sent nothing
             outcome = self.availability.round(rnd, pids)
             self._avail_info = self.availability.record(rnd, outcome)
             pids = outcome.reporting
-            if not pids:  # nobody reports: Flower skips aggregate_fit, the model stays
+            if not pids:
                 log.warning("round %d: every sampled client dropped out or was late; "
                             "global model unchanged", rnd)
-                self._fit_info = {"num_clients": 0, "failures": 0,
-                                  "model_bytes_down": self.model_bytes * len(self._sampled),
-                                  "model_bytes_up": 0, **self._avail_info}
-                return []
-        slots = self._slots(client_manager, len(pids))
-        if len(slots) < len(pids):
-            log.warning("round %d: only %d client nodes for %d sampled partitions; "
-                        "training the first %d", rnd, len(slots), len(pids), len(slots))
-            pids = pids[: len(slots)]
-        send = ndarrays_to_parameters(self.weights_to_send(rnd))
         out = []
-        for slot, pid in zip(slots, pids):
-            config = {"run_round": rnd, "partition_id": pid}
-            config.update(self.fit_extras(rnd, pid))
-            if self.exchange is not None:
-                config.update(self.exchange.fit_extras(rnd, pid))
-            out.append((slot, FitIns(send, config)))
-        if self.availability is None:
-            self._sampled = pids
+        if pids:
+            slots = self._slots(client_manager, len(pids))
+            if len(slots) < len(pids):
+                log.warning("round %d: only %d client nodes for %d sampled partitions; "
+                            "training the first %d", rnd, len(slots), len(pids), len(slots))
+                pids = pids[: len(slots)]
+            for slot, pid in zip(slots, pids):
+                config = {"run_round": rnd, "partition_id": pid}
+                config.update(self.fit_extras(rnd, pid))
+                if self.exchange is not None:
+                    config.update(self.exchange.fit_extras(rnd, pid))
+                out.append((slot, FitIns(send, config)))
+        self._sent = pids  # the clients whose data may enter this round's release
+        self._sampled = pids if self.availability is None else sampled
+        # the round's record when aggregate_fit is not called (Flower skips it when there
+        # are no instructions; SecAgg+ halts below 2 reporting clients): nothing trained
+        self._fit_info = {"num_clients": 0, "failures": 0,
+                          "model_bytes_down": self.model_bytes * len(self._sampled),
+                          "model_bytes_up": 0, **self._avail_info}
+        if self.dp is not None:
+            self._fit_info.update(self.dp.accountant.record())
         return out
 
     def aggregate_fit(self, server_round: int, results, failures):
@@ -291,10 +329,19 @@ class FederatedStrategy(Strategy):
             why = check_update(arrays, self.weights)
             if why is None and not np.isfinite(float(res.metrics.get("train_loss", 0.0))):
                 why = "non-finite training loss"
+            if why is None and self.dp is not None and not self.secagg:
+                why = self.dp.unclipped(arrays)
             if why is not None:
                 reasons.append(f"partition {pid}: {why}")
                 continue
             kept.append((pid, res, arrays))
+        if self.secagg and len(kept) < len(results):
+            # SecAgg+: an unusable result is inside the masked sum every result holds
+            log.warning("round %d: SecAgg+: %d result(s) unusable, and a result cannot be "
+                        "taken out of the masked sum: the round's aggregate is discarded",
+                        rnd, len(results) - len(kept))
+            reasons += [f"partition {pid}: in a discarded SecAgg+ sum" for pid, _, _ in kept]
+            kept = []
         for r in reasons:
             log.warning("round %d: dropped a client result (%s)", rnd, r)
         if reasons and self.first_client_error is None:
@@ -303,6 +350,8 @@ class FederatedStrategy(Strategy):
         info = {"num_clients": len(kept), "failures": len(reasons),
                 "model_bytes_down": self.model_bytes * len(self._sampled),
                 "model_bytes_up": self.model_bytes * len(kept), **self._avail_info}
+        if self.dp is not None:  # ε so far (updated below when this round releases)
+            info.update(self.dp.accountant.record())
         if self.exchange is not None:
             info["signal_bytes_down"] = (self.exchange.bytes_down_per_client(rnd)
                                          * len(self._sampled))
@@ -328,8 +377,18 @@ class FederatedStrategy(Strategy):
         self.consecutive_empty = 0
         self.rounds_trained += 1
         kept.sort(key=lambda t: t[0])  # order-independent arithmetic
-        coefs = client_coefficients([r.num_examples for _, r, _ in kept], self.weighting)
-        average = weighted_average([a for _, _, a in kept], coefs, self.kinds)
+        if self.dp is not None:  # Flower's wrapper: clip (server mode), average, noise
+            average = self.dp.aggregate(server_round, [(None, r) for _, r, _ in kept],
+                                        secagg_active=len(kept) if self.secagg else 0)
+            self.dp.accountant.record_release(self._sent)
+            info.update(self.dp.accountant.record())
+        elif self.secagg:  # every result holds the same unmasked SecAgg+ average
+            average = [np.asarray(a).astype(np.asarray(w).dtype)
+                       for a, w in zip(kept[0][2], self.weights)]
+        else:
+            coefs = client_coefficients([r.num_examples for _, r, _ in kept],
+                                        self.weighting)
+            average = weighted_average([a for _, _, a in kept], coefs, self.kinds)
         self.server_update(rnd, average)
         info["train_loss"] = float(np.mean([float(r.metrics.get("train_loss", np.nan))
                                             for _, r, _ in kept]))
