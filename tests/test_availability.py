@@ -177,6 +177,45 @@ def test_composes_with_methods_and_server_optimizers(tiny, tmp_path, method, str
         assert r["client_acc_n"] == 3 and 0 <= r["client_acc_mean"] <= 1
 
 
+@pytest.mark.parametrize("privacy", [
+    {"dp": {"mode": "server", "noise_multiplier": 1.0, "clipping_norm": 0.05}},
+    {"secagg": True, "dp": {"mode": "client", "noise_multiplier": 0.0, "clipping_norm": 0.05}},
+], ids=["dp-server", "secagg-dp-client"])
+def test_composes_with_privacy(tiny, tmp_path, privacy):
+    """Dropout with central DP and with SecAgg+ (Flower's workflow and the real ClientApp
+    in process, per-client evaluation included): the privacy accountant counts the clients
+    that were sent the model, not the sampled ones that dropped out; under SecAgg+ a round
+    with a single reporting client is halted by Flower and leaves the model unchanged."""
+    from fedrcl_flwr.privacy import gaussian_epsilon
+
+    p = [0.99, 0.99, 0.99, 0.0, 0.0, 0.0, 0.0, 0.0]  # clients 0-2 always drop out
+    cfg = tiny(federation={"rounds": 3, "clients_per_round": 4,
+                           "availability": {"dropout": p}},
+               evaluation={"target_rounds": [2], "per_client": {"every": 3}},
+               privacy=privacy)
+    run_inprocess(cfg, tmp_path / "run")
+    recs = read_metrics(tmp_path / "run")
+    av = Availability.from_config(cfg)
+    sent = [av.round(r, sample_partitions(0, r, 8, 4)).reporting for r in (1, 2, 3)]
+    assert sent == [[3], [5], [3, 4, 5, 7]]
+    released = [False, False, True] if privacy.get("secagg") else [True, True, True]
+    counts = np.zeros(8, int)
+    for rec, ids, out in zip(recs, sent, released):
+        counts[ids] += out  # a halted SecAgg+ round releases nothing
+        assert rec["dp_max_client_rounds"] == counts.max()  # round 2: 1 (sampled: 2)
+        sigma = privacy["dp"]["noise_multiplier"]
+        if sigma:
+            assert rec["dp_epsilon"] == pytest.approx(
+                gaussian_epsilon(sigma, counts.max(), rec["dp_delta"]))
+        assert rec["dropped"] == 4 - len(ids)
+    if privacy.get("secagg"):  # SecAgg+ needs 2 reporting clients
+        assert [r["num_clients"] for r in recs] == [0, 0, 4]
+        assert recs[0]["test_loss"] == recs[1]["test_loss"]
+    else:
+        assert [r["num_clients"] for r in recs] == [1, 1, 4]
+    assert recs[-1]["client_acc_n"] == 4 and recs[-1]["client_eval_failures"] == 0
+
+
 def test_both_features_off_change_no_number(tiny, tmp_path):
     """Defaults: the records are those of the code before issue 22 (same keys; the
     numbers within float tolerance: another BLAS may round differently)."""
