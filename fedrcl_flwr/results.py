@@ -45,12 +45,30 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def format_round_line(rec: dict, total_rounds: int) -> str:
-    """One concise progress line for a round."""
+def shows_ema(report_metric: str) -> bool:
+    """Whether progress lines show the EMA accuracy: only for runs that report it
+    (``evaluation.report_metric: ema@ROUND``, FedRCL's tables). The EMA trails the
+    round's accuracy by about 1 / (1 - evaluation.ema) rounds (10 for 0.9), so beside it
+    on a line of a run that reports something else it only suggested a gap (issue #25);
+    it is in ``metrics.jsonl`` and ``summary.json`` either way."""
+    return str(report_metric or "").startswith("ema@")
+
+
+def ema_note(factor: float, report_metric: str) -> str:
+    """What ``ema`` on the progress lines is, printed once before them."""
+    lag = 1.0 / (1.0 - factor) if factor < 1 else float("inf")
+    return (f"'ema' is the reported metric ({report_metric}): EMA_t = {factor:g}·EMA_(t-1) + "
+            f"{1 - factor:g}·acc_t from EMA_1 = acc_1, the exponential moving average "
+            f"FedRCL reports; it trails 'acc' by about {lag:.0f} rounds")
+
+
+def format_round_line(rec: dict, total_rounds: int, show_ema: bool = False) -> str:
+    """One concise progress line for a round (``ema`` only with ``show_ema``:
+    :func:`shows_ema`)."""
     parts = [f"round {rec['round']:>4}/{total_rounds}"]
     if rec.get("test_accuracy") is not None:
         parts.append(f"acc {100 * rec['test_accuracy']:6.2f}%")
-    if rec.get("ema_accuracy") is not None:
+    if show_ema and rec.get("ema_accuracy") is not None:
         parts.append(f"ema {100 * rec['ema_accuracy']:6.2f}%")
     if rec.get("test_loss") is not None:
         parts.append(f"test_loss {rec['test_loss']:.4f}")
@@ -209,6 +227,15 @@ def research_summary(records: list[dict]) -> dict:
     return out
 
 
+def reported_value(summary: dict, metric: str) -> Optional[float]:
+    """``summary.json``'s value of a report metric: final | best | last5 | ema@ROUND."""
+    metric = str(metric or "final")
+    if metric.startswith("ema@"):
+        return (summary.get("accuracy_at") or {}).get(metric[4:])
+    key = {"final": "final_accuracy", "best": "best_accuracy", "last5": "last5"}.get(metric)
+    return summary.get(key) if key else None
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
@@ -235,7 +262,8 @@ def plot_accuracy(records: list[dict], path: Path, title: str = "") -> None:
     if rs:
         x = [r["round"] for r in rs]
         ax.plot(x, [100 * r["test_accuracy"] for r in rs], label="test accuracy", alpha=0.6)
-        ax.plot(x, [100 * r["ema_accuracy"] for r in rs], label="EMA accuracy")
+        ax.plot(x, [100 * r["ema_accuracy"] for r in rs],
+                label="EMA accuracy (moving average: trails the test accuracy)")
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy (%)")
     ax.set_title(title)

@@ -35,7 +35,9 @@ def _device_data(path: str, cfg) -> LocalData:
     name = "npz" if path.endswith(".npz") else "imagefolder"
     d = cfg.dataset
     bundle = load_dataset(name, root=path, path=path, download=False, augment=d.augment,
-                          normalize=d.normalize, image_size=d.image_size, seed=cfg.seed)
+                          normalize=d.normalize, image_size=d.image_size, seed=cfg.seed,
+                          rotation=d.rotation, crop_pad=d.crop_pad, flip=d.flip,
+                          pad_fill=d.pad_fill)
     data = LocalData(bundle.train, np.arange(len(bundle.train_labels)), bundle.train_labels,
                      bundle.num_classes)
     _DEVICE_DATA[path] = data

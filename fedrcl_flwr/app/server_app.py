@@ -15,7 +15,7 @@ from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_c
 from fedrcl_flwr.checkpoint import load_checkpoint, save_checkpoint
 from fedrcl_flwr.config import ConfigError, dump_config
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
-from fedrcl_flwr.results import CONFIG_FILE, RunRecorder, format_round_line
+from fedrcl_flwr.results import CONFIG_FILE, RunRecorder, format_round_line, shows_ema
 from strategies import strategy_class
 
 
@@ -158,7 +158,8 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None,
         recorder.append(rec)
         if tracker is not None:
             tracker.log(rec)
-        print(format_round_line(rec, cfg.federation.rounds), flush=True)
+        print(format_round_line(rec, cfg.federation.rounds,
+                                shows_ema(cfg.evaluation.report_metric)), flush=True)
 
     def on_checkpoint(rnd: int, state: dict) -> None:
         """After each round's record: the checkpoint when due, and after the final round
