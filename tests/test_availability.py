@@ -1,7 +1,7 @@
 """Unreliable clients, ``federation.availability`` (fedrcl_flwr/availability.py): the
 documented draws written out independently, stragglers in closed form, reproducible and
 resume-safe runs, rounds nobody reports, every method x server optimizer, up-front checks,
-and — with both research features off — the metrics of the code before issue 22."""
+and, with both features off, the metrics of the code before them."""
 
 import json
 import math
@@ -217,9 +217,9 @@ def test_composes_with_privacy(tiny, tmp_path, privacy):
 
 
 def test_both_features_off_change_no_number(tiny, tmp_path):
-    """Defaults: the records are those of the code before issue 22 (same keys; the
+    """Defaults: the records are those of the code before these two features (same keys; the
     numbers within float tolerance: another BLAS may round differently)."""
-    before = json.loads((DATA / "metrics_before_issue22.json").read_text())
+    before = json.loads((DATA / "metrics_features_off.json").read_text())
     easy = {"name": "synthetic", "synthetic": {
         "num_train": 800, "num_test": 300, "num_classes": 4, "image_size": 16, "channels": 3,
         "subclusters": 2, "noise": 0.3, "class_weight": 3.0, "distractor_strength": 0.2}}

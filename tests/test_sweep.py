@@ -342,7 +342,7 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
     if path.stem == "research_features":  # issue 22's features on synthetic data, no paper
         assert all(r.cfg.dataset.name == "synthetic" for r in runs)
         assert {r.cfg.output.tracker_group for r in runs} == {"research_features"}
-        by = {r.name: r.cfg for r in runs}
+        by = {r.cfg.label: r.cfg for r in runs}
         assert {"per_client", "all_domains", "unreliable", "fedrcl_both"} <= set(by)
         assert by["per_client"].evaluation.per_client.finetune_steps > 0
         assert by["all_domains"].evaluation.per_client.clients == "all"
