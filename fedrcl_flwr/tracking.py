@@ -74,8 +74,15 @@ class TensorBoardTracker:
     def __init__(self, run_dir: Path, config_yaml: str, *, resume_after: int = 0):
         from torch.utils.tensorboard import SummaryWriter
 
+        from fedrcl_flwr.results import write_marker
+
         kwargs = {"purge_step": resume_after + 1} if resume_after else {}
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / TB_DIR), **kwargs)
+        tb_dir = Path(run_dir) / TB_DIR
+        created = not tb_dir.exists()
+        self.writer = SummaryWriter(log_dir=str(tb_dir), **kwargs)
+        if created:  # ours: `run --overwrite` may clear it
+            tb_dir.mkdir(parents=True, exist_ok=True)
+            write_marker(tb_dir, TB_DIR)
         if not resume_after:
             self.writer.add_text("config", "```yaml\n" + config_yaml + "```", 0)
         self.writer.flush()
