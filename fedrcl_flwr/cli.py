@@ -17,9 +17,9 @@ from fedrcl_flwr.config import ConfigError, apply_overrides, config_from_dict, r
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # exit 2 with one line, as argparse does, but no usage spam
-        self.print_usage(sys.stderr)
-        print(f"fedrcl-flwr: error: {message}", file=sys.stderr)
+    def error(self, message):  # exit 2 with one line (argparse would add its usage lines)
+        print(f"fedrcl-flwr: error: {' '.join(str(message).split())} (see {self.prog} "
+              "--help)", file=sys.stderr)
         sys.exit(2)
 
 
@@ -136,12 +136,13 @@ def cmd_cache(args) -> int:
             print(f"  {key}  {r['name']:<12} {r['bytes'] / 2**20:9.1f} MiB  "
                   f"{created}  {r['status']}{'  ' + what if what else ''}")
         return 0
-    for k in args.keys or []:
+    keys = [k.lower() for k in args.keys or []]
+    for k in keys:
         if not cache.KEY_PREFIX_RE.fullmatch(k):
             raise ConfigError(f"cache clear: {k!r} is not a key prefix (1 to "
                               f"{cache.KEY_LEN} hexadecimal digits, as 'cache ls' shows; "
                               "no prefix at all clears every entry)")
-    removed, foreign = cache.clear(root, list(args.keys or []))
+    removed, foreign = cache.clear(root, keys)
     print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} from {root}")
     if foreign:
         print(f"left {len(foreign)} item(s) that are not dataset cache entries in place: "

@@ -109,6 +109,8 @@ def check_ray_address(address: str, timeout: float = 3.0) -> None:
     except OSError as exc:
         raise ConfigError(f"simulation.ray_address={address}: no Ray head node answers there "
                           f"({exc.strerror or exc}); {hint}") from None
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return  # a TLS cluster: the handshake would need its certificates (Ray's job)
     why = _ray_gcs_problem(address, timeout)
     if why:
         raise ConfigError(f"simulation.ray_address={address}: something listens there but "

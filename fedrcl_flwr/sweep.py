@@ -243,8 +243,17 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
                     raise ConfigError(f"{src}: 'grid.{gk}' and variants[{i}] '{vk}' set the "
                                       "same key (the grid would silently win); vary it in "
                                       "one place only")
-    if seeds is not None:
+    for fk in fixed:
         for where, keys in [("grid", list(grid))] + [
+                (f"variants[{i}]", [k for k in v if k != "label"])
+                for i, v in enumerate(variants)]:
+            hit = next((k for k in keys if _overlaps(fk, k)), None)
+            if hit is not None:
+                raise ConfigError(f"{src}: 'set.{fk}' and {where} '{hit}' set the same key "
+                                  f"('set' is for what every run shares; the {where.split('[')[0]}"
+                                  " would silently win); keep it in one place")
+    if seeds is not None:
+        for where, keys in [("grid", list(grid)), ("set", list(fixed))] + [
                 (f"variants[{i}]", [k for k in v if k != "label"])
                 for i, v in enumerate(variants)]:
             if any(_overlaps(k, "seed") for k in keys):

@@ -27,6 +27,7 @@ import csv
 import io
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,12 +214,45 @@ def read_config(run_dir: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: not a regular file")
     data = read_yaml(path)
+    for section, value in data.items():  # what grouping and labelling read
+        if section in _SECTIONS and value is not None and not isinstance(value, dict):
+            raise ConfigError(f"{path}: '{section}' must be a mapping, got "
+                              f"{type(value).__name__}")
+    for section, key in (("client", "method"), ("server", "strategy")):
+        v = (data.get(section) or {}).get(key)
+        if v is not None and not isinstance(v, str):
+            raise ConfigError(f"{path}: '{section}.{key}' must be a string, got {v!r}")
     check_reference(data.get("reference"), str(path))
     return data
 
 
+_SECTIONS = ("dataset", "partition", "model", "federation", "client", "server",
+             "evaluation", "simulation", "output")
+MAX_SCAN_DEPTH = 4          # a sweep's runs are OUT/<run>; room for nesting sweeps
+MAX_SCAN_ENTRIES = 200_000  # directory entries looked at below one DIR
+
+
 def _is_run(d: Path) -> bool:
     return any((d / f).is_file() for f in (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE))
+
+
+def _dirs_below(d: Path) -> list[Path]:
+    """Directories below ``d`` (links not followed), at most :data:`MAX_SCAN_DEPTH`
+    levels deep, skipping the sweep's and runs' own sub-directories; a tree with more
+    than :data:`MAX_SCAN_ENTRIES` entries is an error (``report /`` would scan a disk)."""
+    out, seen = [], 0
+    for root, dirnames, filenames in os.walk(d, followlinks=False):
+        depth = len(Path(root).relative_to(d).parts)
+        seen += len(dirnames) + len(filenames)
+        if seen > MAX_SCAN_ENTRIES:
+            raise ConfigError(f"{d}: more than {MAX_SCAN_ENTRIES} files and directories "
+                              "below it; name a run directory or a sweep's --out")
+        dirnames[:] = sorted(n for n in dirnames if n not in SKIP_DIRS
+                             and not os.path.islink(os.path.join(root, n)))
+        if depth >= MAX_SCAN_DEPTH:
+            dirnames[:] = []
+        out.extend(Path(root) / n for n in dirnames)
+    return sorted(out)
 
 
 def find_runs(dirs: list) -> list[tuple[Path, bool]]:
@@ -229,12 +263,7 @@ def find_runs(dirs: list) -> list[tuple[Path, bool]]:
         if _is_run(d):
             found.append((d, True))
             continue
-        below = []
-        if d.is_dir():
-            for sub in sorted(d.rglob("*")):
-                if sub.is_dir() and not set(sub.relative_to(d).parts) & SKIP_DIRS \
-                        and _is_run(sub):
-                    below.append(sub)
+        below = [sub for sub in _dirs_below(d) if _is_run(sub)] if d.is_dir() else []
         if not below:
             raise ConfigError(f"{d}: no {SUMMARY_FILE} (is this a finished run dir, or a "
                               "sweep's --out?)")

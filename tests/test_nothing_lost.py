@@ -544,6 +544,8 @@ def _bomb() -> str:
     ({"metrics": '{"round": -1, "test_accuracy": 0.5}\n'}, "'round'"),
     ({"metrics": '{"round": 1, "test_accuracy": NaN}\n'}, "test_accuracy"),
     ({"metrics": '{"round": 1, "ema_accuracy": 7}\n'}, "ema_accuracy"),
+    ({"config": yaml.safe_dump({**BASE, "client": 5})}, "'client' must be a mapping"),
+    ({"config": yaml.safe_dump({**BASE, "server": {"strategy": [1]}})}, "server.strategy"),
 ])
 def test_report_and_plot_refuse_bad_run_files_in_one_line(tmp_path, capsys, files, needle):
     d = _run_dir(tmp_path, **files)
@@ -653,6 +655,8 @@ def test_weak_sweep_inputs_are_one_line(tmp_path, capsys, flower):
         ({"grid": {"client.params": [{"mu": 0.1}, {"mu": 0.2}]},
           "variants": [{"client.method": "fedprox", "client.params.mu": 0.3}]}, "same key"),
         ({"grid": {"seed": [1, 2]}, "seeds": [0, 1]}, "'seed'"),
+        ({"set": {"client.lr": 0.3}, "variants": [{"client.lr": 0.1}, {"client.lr": 0.2}]},
+         "same key"),                         # dry-run said "every run: client.lr=0.3"
         ({"seeds": [0, 2**32]}, "seeds"),
         ({"grid": {"model.params": [{"width": 3}, {"bogus": 1}]}}, "model.params"),
     ]
@@ -703,6 +707,29 @@ def test_plot_out_onto_a_directory_or_under_a_file(tmp_path, capsys, target):
     line = _refused(capsys, "plot", d, "--out", out)
     assert "--out" in line
     assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("argv", [
+    ["sweep", "S", "--jobs", "many"], ["partition", "E", "--max-rows", "x"],
+    ["cache", "wipe"], ["report"], ["run", "E", "--bogus"],
+])
+def test_bad_command_lines_are_one_line_too(tmp_path, capsys, argv):
+    argv = [str(_exp(tmp_path)) if a in ("S", "E") else a for a in argv]
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("fedrcl-flwr: error:")
+
+
+def test_report_does_not_scan_a_whole_disk_or_follow_links(tmp_path, capsys):
+    d = _run_dir(tmp_path / "sweep", "run1")
+    (tmp_path / "sweep" / "loop").symlink_to(tmp_path / "sweep")  # a link cycle
+    deep = tmp_path / "sweep" / "a" / "b" / "c" / "d" / "e" / "f"
+    _run_dir(deep.parent, deep.name)  # deeper than a sweep's runs ever are
+    rc, out, err = _cli(capsys, "report", tmp_path / "sweep", "--format", "csv")
+    assert rc == 0, err
+    assert str(d) in out and str(deep) not in out and "loop" not in out
 
 
 # ------------------------------------------------------------ Bad 4 + 5, real processes
