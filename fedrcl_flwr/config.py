@@ -820,24 +820,39 @@ def config_from_dict(data: dict, source: str = "<config>") -> ExperimentConfig:
     return cfg
 
 
+def read_text_file(path: Path, limit: int, what: str, *, label: Optional[str] = None,
+                   error: type = ConfigError) -> str:
+    """The project's one reader of text files it is given (experiments, sweeps, run
+    files, split files): a regular file (not a directory, device or FIFO) of at most
+    ``limit`` bytes — checked before reading — decoded as UTF-8. Any problem is one
+    ``error`` (a :class:`ConfigError`) starting with ``label`` (default: the path);
+    ``what`` names the kind of file in the size message."""
+    path = Path(path)
+    label = str(path) if label is None else label
+    try:
+        if not path.is_file():
+            raise error(f"{label}: not a regular file" if path.exists()
+                        else f"{label}: no such file")
+        size = path.stat().st_size
+        if size > limit:
+            raise error(f"{label}: {size} bytes is too large for {what} (at most {limit} "
+                        "bytes)")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise error(f"{label}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise error(f"{label}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at line "
+                    f"{line}); save the file as UTF-8") from None
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"experiment file not found: {path}")
-    try:
-        size = path.stat().st_size
-        if size > MAX_YAML_BYTES:
-            raise ConfigError(f"{path}: {size} bytes is too large for an experiment file "
-                              f"(at most {MAX_YAML_BYTES} bytes)")
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at line "
-                          f"{line}); save the file as UTF-8") from None
+    text = read_text_file(path, MAX_YAML_BYTES, "an experiment file")
     data = parse_yaml(text, str(path))
     if data is None:
         data = {}

@@ -105,24 +105,9 @@ MAX_METRICS_BYTES = 512 << 20  # metrics.jsonl: ~1-10 KB per round
 
 
 def _read_text(path: Path, limit: int) -> str:
-    """A run file's text: a regular file (not a directory) of at most ``limit`` bytes in
-    UTF-8; anything else is one :class:`ConfigError` naming the file."""
-    try:
-        if not path.is_file():
-            raise ConfigError(f"{path}: not a regular file")
-        size = path.stat().st_size
-        if size > limit:
-            raise ConfigError(f"{path}: {size} bytes, more than a run writes (at most "
-                              f"{limit})")
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at line "
-                          f"{line})") from None
+    from fedrcl_flwr.config import read_text_file
+
+    return read_text_file(path, limit, "a run file")
 
 
 def _accuracy_problem(v: Any) -> Optional[str]:

@@ -29,22 +29,26 @@ import torch
 import yaml
 
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.results import MARKER_FILE, has_marker, read_metrics, write_marker
+from fedrcl_flwr.results import read_metrics
 from fedrcl_flwr.runner import LOCK_FILE, OutputLock, procs_with
+from test_hardening_inputs import TINY
+from test_hardening_processes import _alive
 
 ROOT = Path(__file__).resolve().parents[1]
 
-BASE = {
-    "name": "tiny21", "seed": 0,
-    "dataset": {"name": "synthetic", "synthetic": {
-        "num_train": 400, "num_test": 100, "num_classes": 4, "image_size": 16}},
-    "partition": {"scheme": "iid"},
-    "model": {"name": "cnn5"},
-    "federation": {"num_clients": 4, "rounds": 2, "participation": None,
-                   "clients_per_round": 2},
-    "client": {"method": "fedavg", "local_epochs": 1, "batch_size": 32, "device": "cpu"},
-    "output": {"checkpoint_every": 1},
-}
+BASE = TINY  # a seconds-sized experiment on the embedded synthetic data
+
+
+def has_marker(directory, kind):  # the tool's run-directory marker (fedrcl_flwr.results)
+    from fedrcl_flwr.results import has_marker as has
+
+    return has(directory, kind)
+
+
+def write_marker(directory, kind):
+    from fedrcl_flwr.results import write_marker as write
+
+    write(directory, kind)
 
 
 def _write(path: Path, data) -> Path:
@@ -734,24 +738,6 @@ def test_report_does_not_scan_a_whole_disk_or_follow_links(tmp_path, capsys):
 
 # ------------------------------------------------------------ Bad 4 + 5, real processes
 
-def _alive(tag: str, extra: list[str], grace: float) -> dict:
-    deadline = time.time() + grace
-    while True:
-        left = set(procs_with(f"FEDRCL_TEST_TAG={tag}"))
-        for m in extra:
-            left |= set(procs_with(m))
-        if not left or time.time() > deadline:
-            break
-        time.sleep(0.5)
-    out = {}
-    for pid in sorted(left):
-        try:
-            out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
-        except OSError:
-            continue
-    return out
-
-
 def _sweep_home(tag: str) -> str:
     """The sweep's private home, from the environment of a run it started."""
     for pid in procs_with(f"FEDRCL_TEST_TAG={tag}"):
@@ -793,12 +779,12 @@ def test_kill_9_of_a_sweep_takes_its_runs_with_it(tmp_path, capsys):
         assert sweep_home and Path(sweep_home).is_dir()
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        left = _alive(tag, [home], grace=40)
+        left = _alive(home, tag, grace=40)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for pid in _alive(tag, [home] if home else [], grace=0):  # never leave a run behind
+        for pid in _alive(home or tag, tag, grace=0):  # never leave a run behind
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:

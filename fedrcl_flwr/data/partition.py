@@ -335,27 +335,15 @@ def load_split_file(path: str, n: int, num_clients: int) -> list[np.ndarray]:
     import json
     from pathlib import Path
 
+    from fedrcl_flwr.config import read_text_file
+
     p = Path(path).expanduser()
     where = f"partition.path {str(p)!r}"
     limit = SPLIT_BYTES_BASE + SPLIT_BYTES_PER_INDEX * int(n)
-    try:
-        if not p.is_file():
-            raise PartitionError(f"{where}: cannot read the split file (not a regular file"
-                                 f"{'' if p.exists() else ': no such file'})")
-        size = p.stat().st_size
-        if size > limit:
-            raise PartitionError(f"{where}: {size} bytes is too large for a split of {n} "
-                                 f"training samples (at most {limit} bytes)")
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise PartitionError(f"{where}: cannot read the split file ({exc.strerror or exc})") \
-            from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PartitionError(f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
-                             f"offset {exc.start}); a split file is JSON or the authors' "
-                             "dict-literal text") from None
+    if not p.exists():
+        raise PartitionError(f"{where}: cannot read the split file (no such file)")
+    text = read_text_file(p, limit, f"a split of {n} training samples", label=where,
+                          error=PartitionError)
     if "\0" in text:
         raise PartitionError(f"{where}: binary content (NUL bytes); a split file is JSON or "
                              "the authors' dict-literal text")
