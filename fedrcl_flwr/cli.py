@@ -185,8 +185,8 @@ def _load_resume(args):
 
 def cmd_run(args) -> int:
     from fedrcl_flwr.config import dump_config
-    from fedrcl_flwr.results import (RESULT_FILES, RUN_SUBDIRS, clear_run_dir,
-                                     has_marker, overwrite_problem, write_marker)
+    from fedrcl_flwr.results import (RESULT_FILES, RUN_SUBDIRS, clear_run_dir, has_marker,
+                                     linked_run_entries, overwrite_problem, write_marker)
     from fedrcl_flwr.runner import OutputLock, RunFailed, check_resources, \
         run_simulation_via_flower
 
@@ -216,6 +216,11 @@ def cmd_run(args) -> int:
         if why:  # a run writes (and --overwrite clears) only a directory the tool created
             raise ConfigError(f"output directory {why}" if not args.overwrite
                               else f"--overwrite: {why}")
+    links = [] if args.overwrite else linked_run_entries(out_dir)
+    if links:  # writing through them would write outside the output directory
+        raise ConfigError(f"output directory {out_dir}: {', '.join(links)} "
+                          f"{'is a link' if len(links) == 1 else 'are links'}; a run writes "
+                          "only inside its directory (remove the link, or --overwrite)")
     try:
         check_resources(cfg)
     except ConfigError as exc:

@@ -97,6 +97,14 @@ def overwrite_problem(out_dir: Path) -> Optional[str]:
     return None
 
 
+def linked_run_entries(out_dir: Path) -> list[str]:
+    """The run's files and sub-directories in ``out_dir`` that are symbolic links: a run
+    writing through one would write outside its directory (``--overwrite`` removes the
+    links themselves; without it such a directory is refused)."""
+    files, dirs = _entries_of_run(Path(out_dir))
+    return [p.name for p in files + dirs if p.is_symlink()]
+
+
 def clear_run_dir(out_dir: Path) -> None:
     """Remove a previous run's files and sub-directories from ``out_dir`` (after
     :func:`overwrite_problem` said it may; anything else in the directory stays)."""
@@ -263,7 +271,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
     at a torn last line from a killed run, or at anything that is not a round record."""
     path = Path(run_dir) / METRICS_FILE
     try:
-        if not path.is_file():
+        if not path.is_file() or path.stat().st_size > (512 << 20):  # not a run's
             return []
         text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError:

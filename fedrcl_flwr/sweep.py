@@ -23,9 +23,16 @@ of what varies between runs (``method=fedavg_alpha=0.05_seed=0``). Runs go throu
 port and teardown), ``jobs`` of them at once; ``OUT/_configs/<name>.yaml`` holds each
 planned configuration and ``OUT/_logs/<name>.log`` each run's output. A rerun skips runs
 with a ``summary.json``, resumes runs with a ``checkpoint.pt`` (``--resume``), and starts
-the others afresh; sweeps force ``output.checkpoint_every >= 1`` so that any run killed
-after its first round continues from a checkpoint. ``OUT/sweep_status.json`` records each
-run's outcome.
+the others afresh (``run --overwrite``, which clears only a run directory the tool
+created); sweeps force ``output.checkpoint_every >= 1`` so that any run killed after its
+first round continues from a checkpoint. ``OUT/sweep_status.json`` records each run's
+outcome.
+
+Safety (issue 21): the sweep's ``name``, every ``label`` and every run directory name are
+single safe path components (:func:`run_name_problem`); at most :data:`MAX_SWEEP_RUNS`
+runs; a key set in two places (``set``/grid/variant/``seeds``) is refused; every path the
+sweep will write or remove is checked before anything is (:func:`check_sweep_dir`); the
+sweep holds ``OUT``'s lock and its runs die with it, however it dies (:func:`run_sweep`).
 """
 
 from __future__ import annotations

@@ -197,6 +197,28 @@ def test_run_overwrite_removes_only_a_run_directory_the_tool_created(tmp_path, c
     assert "client_state" in line and (run / "client_state" / "x.pt").exists()
 
 
+def test_a_run_never_writes_through_a_link_in_its_directory(resumable, tmp_path, capsys,
+                                                           flower):
+    """A link planted in a run directory (the tool's own) would make the run write outside
+    it: refused for a new run and a resume alike; --overwrite removes the link itself."""
+    exp, run = resumable
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    write_marker(run, "run")
+    (run / "run.log").symlink_to(victim)
+    line = _refused(capsys, "run", "--resume", run)
+    assert "run.log is a link" in line
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    write_marker(fresh, "run")
+    (fresh / "flower.log").symlink_to(victim)
+    line = _refused(capsys, "run", exp, "--out", fresh)
+    assert "flower.log is a link" in line and not flower
+    rc, _, err = _cli(capsys, "run", exp, "--out", fresh, "--overwrite")
+    assert rc == 0, err
+    assert not (fresh / "flower.log").is_symlink() and victim.read_text() == "precious"
+
+
 def test_sweep_never_removes_a_run_directory_it_cannot_recognise(tmp_path, capsys, flower):
     sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedprox"]})
     out = tmp_path / "out"
