@@ -329,6 +329,8 @@ def open_entry(entry: Path, d, *, verify: bool = False):
     entry = Path(entry)
     if not entry.is_dir():
         raise CacheMiss(f"{entry}: no such entry")
+    if not is_own_entry(entry):  # links, FIFOs, other files: never opened
+        raise CacheMiss(f"{entry}: holds files the cache does not write")
     meta = _read_meta(entry)
     if verify:
         verify_arrays(entry, meta)
@@ -519,7 +521,7 @@ def list_entries(root: Path) -> list[dict]:
             continue
         row = {"key": entry.name, "bytes": _dir_bytes(entry), "name": "?", "settings": {},
                "created": None}
-        try:
+        try:  # is_own_entry held: regular files only (no link, no FIFO to block on)
             meta = _read_meta(entry)
             for name, spec in meta["arrays"].items():
                 f = entry / f"{name}.npy"
