@@ -237,7 +237,10 @@ class FederatedClient(NumPyClient):
         if every and self.run_round % every == 0:
             metrics.update(self.local_representation())
         self.on_round_end(metrics)
-        return runtime.get_weights(self.model), self.data.size, metrics
+        weight = self.data.size
+        if self.cfg.privacy.secagg and self.cfg.server.weighting == "uniform":
+            weight = 1  # SecAgg+ weights each masked upload by it: equal weights
+        return runtime.get_weights(self.model), weight, metrics
 
     def local_representation(self) -> dict:
         """Representation metrics of the local model after local training (FedRCL

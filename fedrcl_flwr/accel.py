@@ -14,8 +14,11 @@ memory format, decided in one place (no Flower here).
   of the model outputs (``training.train_local``), so the contrastive / RCL / UniVarFL /
   FedCCL losses (exponentials of similarities over a temperature, reciprocals of
   ``1 − cos``) are evaluated in float32. ``fp16`` needs a CUDA device (a loss scaler,
-  ``torch.amp.GradScaler``, guards its narrow exponent range); asking for it on a CPU is
-  a :class:`~fedrcl_flwr.config.ConfigError`. ``off`` (default) changes nothing.
+  ``torch.amp.GradScaler``, fresh every client round, guards its narrow exponent range:
+  :func:`grad_scaler`); asking for it on a CPU is a
+  :class:`~fedrcl_flwr.config.ConfigError`. ``off`` (default) changes nothing. The FedRCL
+  authors train with ``use_amp: True`` = ``fp16`` here (their losses too run under the
+  autocast; on a CPU their autocast and scaler do nothing, i.e. float32 as ``off``).
 * Memory format (``client.channels_last``, :func:`use_channels_last`): NHWC
   (``torch.channels_last``) lets cuDNN pick its tensor-core convolution kernels. ``auto``
   turns it on only for a CUDA device, a model with 2-D convolutions, and normalisation
@@ -114,11 +117,18 @@ def as_float32(obj: Any) -> Any:
 
 
 def grad_scaler(mode: str, device: Union[str, torch.device]):
-    """A ``torch.amp.GradScaler`` for ``fp16`` (``None`` otherwise: bf16 has float32's
-    exponent range and needs no loss scaling)."""
+    """A new ``torch.amp.GradScaler`` for ``fp16`` (``None`` otherwise: bf16 has float32's
+    exponent range and needs no loss scaling). ``training.train_local`` asks for one per
+    call, i.e. a fresh scaler every client round, with ``GradScaler()``'s constants (init
+    scale 2^16, growth x2 every 2000 finite steps, backoff x0.5): the FedRCL authors'
+    ``use_amp`` (skynbe/FedRCL ``clients/base_client.py: local_train``: ``scaler =
+    GradScaler()`` per call, ``scale(loss).backward()``, ``unscale_``, clip 10, ``step``,
+    ``update``). Difference: their loss terms run under the autocast too; ours in float32
+    (:func:`loss_precision`)."""
     if mode != "fp16":
         return None
-    return torch.amp.GradScaler(torch.device(device).type)
+    return torch.amp.GradScaler(torch.device(device).type, init_scale=2.0 ** 16,
+                                growth_factor=2.0, backoff_factor=0.5, growth_interval=2000)
 
 
 # --------------------------------------------------------------------------- memory format

@@ -185,8 +185,9 @@ def _load_resume(args):
 
 def cmd_run(args) -> int:
     from fedrcl_flwr.config import dump_config
-    from fedrcl_flwr.results import (RESULT_FILES, RUN_SUBDIRS, clear_run_dir, has_marker,
-                                     linked_run_entries, overwrite_problem, write_marker)
+    from fedrcl_flwr.results import (RESULT_FILES, RUN_SUBDIRS, clear_run_dir, ema_note,
+                                     has_marker, linked_run_entries, overwrite_problem,
+                                     reported_value, shows_ema, write_marker)
     from fedrcl_flwr.runner import OutputLock, RunFailed, check_resources, \
         run_simulation_via_flower
 
@@ -252,6 +253,7 @@ def cmd_run(args) -> int:
                           f"({exc.strerror or exc})") from None
     lock = OutputLock(out_dir)
     lock.acquire()
+    completed = False
     try:
         if args.overwrite:
             try:
@@ -264,20 +266,27 @@ def cmd_run(args) -> int:
         print(f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
               f"{cfg.federation.num_clients} clients, {cfg.federation.sampled_per_round()} "
               f"per round, {cfg.federation.rounds} rounds -> {out_dir}", flush=True)
+        metric = cfg.evaluation.report_metric
+        if shows_ema(metric):
+            print(f"fedrcl-flwr: {ema_note(cfg.evaluation.ema, metric)}", flush=True)
         t0 = time.time()
         try:
             summary = run_simulation_via_flower(cfg, out_dir, resume=bool(args.resume),
                                                 verbose=args.verbose, lock=lock,
                                                 dataset_entry=entry)
+            completed = True
         except RunFailed as exc:
             print(f"fedrcl-flwr: run failed: {exc}", file=sys.stderr)
             return 1
     finally:
-        lock.release()
+        lock.release(remove=completed)  # a completed run leaves no lock file behind
     acc = summary.get("final_accuracy")
-    ema = summary.get("ema_accuracy")
-    print(f"fedrcl-flwr: done in {time.time() - t0:.0f}s: final accuracy "
-          f"{100 * (acc or 0):.2f}%, EMA {100 * (ema or 0):.2f}% -> {out_dir}")
+    text = f"final accuracy {100 * acc:.2f}%" if acc is not None else "no evaluated round"
+    if metric != "final":
+        value = reported_value(summary, metric)
+        text += f", {metric} (reported) " + (f"{100 * value:.2f}%" if value is not None
+                                             else "missing")
+    print(f"fedrcl-flwr: done in {time.time() - t0:.0f}s: {text} -> {out_dir}")
     return 0
 
 
@@ -285,7 +294,7 @@ def cmd_report(args) -> int:
     """``report DIR...``: mean +- std per method and setting (fedrcl_flwr.tables)."""
     from fedrcl_flwr.tables import report
 
-    print(report(args.dirs, args.format, args.metric), end="")
+    print(report(args.dirs, args.format, args.metric, args.vs), end="")
     if args.format == "markdown":
         print()
     return 0
@@ -306,9 +315,8 @@ def cmd_plot(args) -> int:
 
 def cmd_sweep(args) -> int:
     """``sweep SWEEP.yaml``: plan and validate every run, then run those not finished."""
-    from fedrcl_flwr.sweep import check_data, format_plan, plan_sweep, run_sweep
-
-    from fedrcl_flwr.sweep import check_sweep_dir
+    from fedrcl_flwr.sweep import (check_data, check_sweep_dir, earlier_runs, format_plan,
+                                   plan_sweep, run_sweep, take_over_earlier_runs)
 
     ncpu = os.cpu_count() or 1
     if not 1 <= args.jobs <= ncpu:
@@ -319,9 +327,13 @@ def cmd_sweep(args) -> int:
     runs, out_dir = plan_sweep(args.sweep, args.out, args.set)
     if args.dry_run:
         print(format_plan(runs, out_dir))
+        for line in take_over_earlier_runs(runs, out_dir, dry_run=True):
+            print(f"fedrcl-flwr sweep: {line}")
         return 0
     check_sweep_dir(runs, out_dir)  # includes check_existing
-    check_data(runs)
+    check_data(runs, frozenset(earlier_runs(runs, out_dir)[0]))
+    for line in take_over_earlier_runs(runs, out_dir):
+        print(f"fedrcl-flwr sweep: {line}", flush=True)
     return run_sweep(runs, out_dir, jobs=args.jobs, verbose=args.verbose)
 
 
@@ -350,9 +362,7 @@ def cmd_partition(args) -> int:
     print(format_counts_table(counts, max_rows=args.max_rows, domains=doms))
     if args.plot:
         try:
-            plot_counts_heatmap(counts, args.plot,
-                                title=f"{cfg.name}: {cfg.partition.scheme}",
-                                domains=doms)
+            plot_counts_heatmap(counts, args.plot, title=partition_title(cfg), domains=doms)
         except OSError as exc:
             raise ConfigError(f"--plot {args.plot}: cannot write ({exc.strerror or exc})"
                               ) from None
@@ -365,6 +375,17 @@ def cmd_partition(args) -> int:
                               ) from None
         print(f"split written to {args.save} (use it with partition.scheme: file)")
     return 0
+
+
+def partition_title(cfg) -> str:
+    """``name: N clients, <scheme and its parameter>`` for the partition heatmap."""
+    p = cfg.partition
+    what = {"dirichlet": f"Dirichlet α={p.alpha:g}" + ("" if p.balanced else ", unbalanced"),
+            "shards": f"shards γ={p.shards_per_client}",
+            "domain": "by domain" + ("" if p.balanced else f", imbalanced α={p.alpha:g}"),
+            "iid": "IID", "file": f"split file {Path(str(p.path)).name}"}.get(p.scheme,
+                                                                                p.scheme)
+    return f"{cfg.name}: {cfg.federation.num_clients} clients, {what}"
 
 
 def check_plot_path(path: str) -> None:
@@ -416,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--metric", default=None,
                      help="final | best | last5 | ema@ROUND (default: the runs' "
                           "report_metric, else their paper reference's, else final)")
+    rep.add_argument("--vs", metavar="ROW",
+                     help="also compare every row with ROW (a row name, label or method) "
+                          "seed by seed: per-seed differences, mean ± std, 95%% t-interval")
     rep.set_defaults(func=cmd_report)
     pl = sub.add_parser("plot", help="accuracy curves per method, mean ± std over seeds")
     pl.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")

@@ -200,11 +200,30 @@ class DatasetConfig:
     Digit-5's domains; ``test_fraction`` is held out for testing from image folders that
     have no ``train``/``test`` split. ``verify_md5`` (default true): torchvision checks
     the CIFAR / SVHN / STL-10 files against the official release's MD5s; false loads
-    files of your own in those layouts (still decoded by torchvision's classes). ``rotation`` (degrees, 0 = off) adds a random rotation
-    in [−rotation, rotation] before the dataset's crop/flip when ``augment`` is on (the
-    FedRCL authors use 10 for CIFAR and Tiny-ImageNet); ``crop_pad`` overrides the
-    dataset's random-crop padding (null = its default: CIFAR 4, Tiny-ImageNet 8; the
-    authors pad 4 for both; 0 = no crop).
+    files of your own in those layouts (still decoded by torchvision's classes).
+
+    Input pipeline (training batches; test batches are only normalised), as torchvision's
+    ``RandomRotation(rotation)`` -> ``RandomCrop(size, padding=crop_pad)`` ->
+    ``RandomHorizontalFlip()`` -> ``ToTensor()`` -> ``Normalize(mean, std)`` applied to the
+    PIL image (pixel-exact for the same angle, offsets and flip, ``pad_fill: black``;
+    ``fedrcl_flwr/augment.py``), run batched on the training device, when ``augment`` is on:
+
+    * ``rotation`` (degrees, 0 = off): a random rotation in [−rotation, rotation], nearest
+      neighbour, black corners (the FedRCL authors use 10, ``datasets/build.py``);
+    * ``crop_pad``: the random crop's padding (null = the dataset's default: CIFAR 4,
+      Tiny-ImageNet 8, STL-10 12, ...; the FedRCL authors pad 4 for CIFAR and
+      Tiny-ImageNet; 0 = no crop); ``flip`` (null = the dataset's default: on for CIFAR,
+      STL-10, Tiny-ImageNet, synthetic and image folders; off for the digit datasets):
+      random horizontal flip. ``npz`` arrays get no augmentation unless asked for
+      (``crop_pad``, ``flip``, ``rotation``): a flip is wrong for digits, text and most
+      images that are not natural photographs;
+    * ``pad_fill``: ``black`` pads the crop with pixel value 0 before normalisation, as the
+      authors' PIL pipelines do; ``mean`` (default) pads after normalisation with 0, i.e.
+      with the normalisation mean colour;
+    * ``normalize``: ``true`` = the training set's per-channel mean / std; ``false`` =
+      none (pixels in [0, 1]); ``{mean: [...], std: [...]}`` = fixed constants, one per
+      channel (mean in [0, 1], std > 0), as the authors' ``Normalize`` (FedRCL:
+      ``datasets/configs.yaml``).
     """
 
     name: str = "synthetic"
@@ -214,7 +233,9 @@ class DatasetConfig:
     augment: bool = True
     rotation: float = 0.0
     crop_pad: Optional[int] = None
-    normalize: bool = True
+    flip: Optional[bool] = None
+    pad_fill: str = "mean"  # black | mean
+    normalize: Union[bool, dict] = True  # true | false | {mean: [...], std: [...]}
     image_size: Optional[int] = None
     val_fraction: float = 0.0
     domains: list = field(default_factory=list)
@@ -241,10 +262,13 @@ class PartitionConfig:
     # largest size every domain can give (FedCCL's balanced inter-domain setting)
     samples_per_class: Optional[int] = None
     # seeds the split alone (null = the experiment's ``seed``); ``dirichlet`` + ``balanced``
-    # with seed 0 on the real CIFAR labels is the FedRCL authors' split
+    # with seed 0 is the split the FedRCL authors' trainer computes (their temp_seed(0))
     seed: Optional[int] = None
     # ``scheme: file``: JSON {"<client>": [indices]} or the authors' dict-literal text file
     path: Optional[str] = None
+    # project | fedrcl | fedrcl_labels; null = fedrcl for the balanced Dirichlet split (the
+    # authors' function as their trainer calls it), project otherwise (see partition.py)
+    generator: Optional[str] = None
 
 
 @dataclass
@@ -406,13 +430,58 @@ class OutputConfig:
     dir: str = "runs/{name}"
     checkpoint_every: int = 0
     save_model: bool = True
-    # TensorBoard event files in <dir>/tensorboard (needs the `tensorboard` extra)
+    # TensorBoard event files in <dir>/tensorboard (needs the `tensorboard` extra); an
+    # alias of `tensorboard` in `tracker`
     tensorboard: bool = False
+    # experiment trackers fed from the records of metrics.jsonl (fedrcl_flwr/tracking.py):
+    # any of tensorboard, wandb, mlflow (extras of the same names)
+    tracker: list = field(default_factory=list)
+    # the W&B project / MLflow experiment the runs go to
+    tracker_project: str = "fedrcl-flwr"
+    # W&B group / MLflow parent run of the run (a sweep sets its name; null = none)
+    tracker_group: Optional[str] = None
+
+
+@dataclass
+class DPConfig:
+    """Central differential privacy (``privacy.dp``, see ``fedrcl_flwr/privacy.py``):
+    Flower's fixed-clipping wrappers, ``mode`` server (the server clips each update) or
+    client (each client clips with Flower's ``fixedclipping_mod``); Gaussian noise of
+    std ``noise_multiplier * clipping_norm / clients_per_round`` on the average; ε
+    reported at ``delta``."""
+
+    mode: str = "server"
+    noise_multiplier: Optional[float] = None
+    clipping_norm: Optional[float] = None
+    delta: float = 1e-5
+
+
+@dataclass
+class PrivacyConfig:
+    """Privacy of the client updates (``fedrcl_flwr/privacy.py``). ``dp``: central DP
+    (null = off). ``secagg``: Flower's SecAgg+ (``secaggplus_mod`` + ``SecAggPlusWorkflow``)
+    with its parameters ``secagg_num_shares`` / ``secagg_threshold`` (an int: a count; a
+    float: a proportion of the sampled clients / of the shares, as in Flower),
+    ``secagg_clipping_range`` (model values are clipped to ±range before quantisation) and
+    ``secagg_quantization_range`` (quantisation levels) and ``secagg_max_weight`` (the
+    largest client weight, null = 1 under uniform weighting, else the largest partition)."""
+
+    dp: Optional[DPConfig] = None
+    secagg: bool = False
+    secagg_num_shares: Union[int, float] = 1.0
+    secagg_threshold: Union[int, float] = 0.5
+    secagg_clipping_range: float = 8.0
+    secagg_quantization_range: int = 1 << 22
+    secagg_max_weight: Optional[float] = None
 
 
 @dataclass
 class ExperimentConfig:
     name: str = "experiment"
+    # how `report` and `plot` name this run's row (a sweep sets its variant's label);
+    # null = the method and what tells it apart (fedrcl_flwr.tables). Not a setting:
+    # runs that differ only by label compute the same thing.
+    label: Optional[str] = None
     seed: int = 0
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
@@ -423,6 +492,7 @@ class ExperimentConfig:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     # the paper's numbers for this setting (see check_reference): {source, metric, values
     # {method label: percent}, when {dotted key: value}} or a list of such blocks
     reference: Optional[Union[dict, list]] = None
@@ -444,6 +514,8 @@ _DATASETS = (
 
 _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "seed": (lambda v: 0 <= v < 2**32, "must be in [0, 2**32)"),
+    "label": (lambda v: v is None or (bool(v.strip()) and v.isprintable() and len(v) <= 80),
+              "must be one line of printable text, at most 80 characters (or null)"),
     "dataset.name": (lambda v: v in _DATASETS, f"must be one of {', '.join(_DATASETS)}"),
     "dataset.val_fraction": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
     "dataset.test_fraction": (lambda v: 0.0 < v < 1.0, "must be in (0, 1)"),
@@ -452,6 +524,7 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "dataset.image_size": (lambda v: v is None or v >= 8, "must be >= 8"),
     "dataset.rotation": (lambda v: 0 <= v <= 180, "must be in [0, 180] degrees"),
     "dataset.crop_pad": (lambda v: v is None or v >= 0, "must be >= 0 (or null)"),
+    "dataset.pad_fill": (lambda v: v in ("black", "mean"), "must be black or mean"),
     "dataset.synthetic.num_train": (lambda v: v >= 1, "must be >= 1"),
     "dataset.synthetic.num_test": (lambda v: v >= 1, "must be >= 1"),
     "dataset.synthetic.num_classes": (lambda v: v >= 2, "must be >= 2"),
@@ -468,6 +541,8 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     ),
     "partition.seed": (lambda v: v is None or 0 <= v < 2**32,
                        "must be in [0, 2**32) (or null)"),
+    "partition.generator": (lambda v: v is None or v in ("project", "fedrcl", "fedrcl_labels"),
+                            "must be project, fedrcl or fedrcl_labels (or null)"),
     "partition.alpha": (lambda v: v > 0, "must be > 0"),
     "partition.shards_per_client": (lambda v: v >= 1, "must be >= 1"),
     "partition.min_size": (lambda v: v >= 0, "must be >= 0"),
@@ -531,6 +606,12 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
     "simulation.ray_address": (_ray_address_ok, "must be HOST:PORT of a Ray head node or "
                                                 "'auto' (or null: a private local Ray)"),
     "output.checkpoint_every": (lambda v: v >= 0, "must be >= 0"),
+    "output.tracker_project": (lambda v: bool(v.strip()) and "/" not in v,
+                               "must be a non-empty name without slashes"),
+    "output.tracker_group": (lambda v: v is None or bool(v.strip()),
+                             "must be a non-empty name (or null)"),
+    "privacy.secagg_clipping_range": (lambda v: v > 0, "must be > 0"),
+    "privacy.secagg_quantization_range": (lambda v: v >= 2, "must be >= 2"),
 }
 
 
@@ -653,6 +734,8 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
                           "is cpu); use bf16 or off")
     if cfg.dataset.name == "npz" and not cfg.dataset.path:
         raise ConfigError(f"{source}: 'dataset.path' is required when dataset.name is npz")
+    check_normalize(cfg.dataset, source)
+    _check_generator(cfg.partition, source)
     if cfg.partition.scheme == "file" and not cfg.partition.path:
         raise ConfigError(f"{source}: 'partition.path' is required when partition.scheme is "
                           "file (a JSON or the authors' dict-literal split file)")
@@ -678,6 +761,11 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
             raise ConfigError(f"{source}: 'output.tensorboard' is true but the tensorboard "
                               "package is not installed (pip install "
                               "'fedrcl-flwr[tensorboard]', or set it to false)")
+    from fedrcl_flwr.tracking import check_trackers
+    from fedrcl_flwr.privacy import check_privacy_section
+
+    check_trackers(cfg, source)
+    check_privacy_section(cfg, source)
     why = name_problem(cfg.name)
     if why:
         raise ConfigError(f"{source}: 'name' {why} (it names the run's directory), got "
@@ -696,6 +784,67 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
             f"{source}: 'simulation.num_supernodes' ({cfg.simulation.num_supernodes}) exceeds "
             f"'federation.num_clients' ({fed.num_clients}); extra SuperNodes would never train")
     _check_registries(cfg, source)
+
+
+# images' channels per dataset (None: known only once loaded; checked there)
+_CHANNELS = {"cifar10": 3, "cifar100": 3, "svhn": 3, "stl10": 3, "tinyimagenet": 3,
+             "imagefolder": 3, "digit5": 3, "mnist": 1, "fmnist": 1, "usps": 1}
+
+
+def dataset_channels(d: DatasetConfig) -> Optional[int]:
+    """Channels of the dataset's images, where the config decides it."""
+    if d.name == "synthetic":
+        return int(d.synthetic.channels)
+    return _CHANNELS.get(d.name)
+
+
+def normalize_constants(value: Any, where: str, channels: Optional[int]) -> Optional[tuple]:
+    """``(mean, std)`` of an explicit ``dataset.normalize`` mapping (``None`` for
+    true / false), checked: exactly the keys ``mean`` and ``std``, each a list of
+    ``channels`` finite numbers (any common length when ``channels`` is None), mean in
+    [0, 1], std > 0. A problem is one :class:`ConfigError` naming the key and ``where``."""
+    if isinstance(value, bool):
+        return None
+    key = "dataset.normalize"
+    if not isinstance(value, dict) or set(value) != {"mean", "std"}:
+        got = sorted(map(str, value)) if isinstance(value, dict) else repr(value)
+        raise ConfigError(f"{where}: '{key}' must be true, false or {{mean: [...], std: "
+                          f"[...]}} (one value per channel), got {got}")
+    out = []
+    for part in ("mean", "std"):
+        v = value[part]
+        ok = isinstance(v, list) and len(v) > 0 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            for x in v)
+        if not ok:
+            raise ConfigError(f"{where}: '{key}.{part}' must be a list of numbers, one per "
+                              f"channel, got {v!r}")
+        if channels is not None and len(v) != channels:
+            raise ConfigError(f"{where}: '{key}.{part}' has {len(v)} values but the images "
+                              f"have {channels} channel(s), got {v!r}")
+        out.append([float(x) for x in v])
+    mean, std = out
+    if len(mean) != len(std):
+        raise ConfigError(f"{where}: '{key}.mean' has {len(mean)} values and '{key}.std' "
+                          f"{len(std)}: give one of each per channel")
+    if not all(0.0 <= m <= 1.0 for m in mean):
+        raise ConfigError(f"{where}: '{key}.mean' must be in [0, 1] (pixel units), got {mean}")
+    if not all(s > 0 for s in std):
+        raise ConfigError(f"{where}: '{key}.std' must be > 0, got {std}")
+    return mean, std
+
+
+def check_normalize(d: DatasetConfig, source: str) -> None:
+    normalize_constants(d.normalize, source, dataset_channels(d))
+
+
+def _check_generator(p: PartitionConfig, source: str) -> None:
+    from fedrcl_flwr.data.partition import PartitionError, resolve_generator
+
+    try:
+        resolve_generator(p.scheme, p.balanced, p.generator)
+    except PartitionError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 REFERENCE_KEYS = ("source", "metric", "values", "when")
@@ -898,21 +1047,15 @@ RESUME_MAY_CHANGE = (
     "dataset.cache_dir",
     "dataset.download",
     "reference",                            # the paper's numbers (reporting only)
+    "label",                                # the report's row name (reporting only)
 )
-
-
-def _flat(d: Any, prefix: str = "") -> dict:
-    if isinstance(d, dict) and d:
-        out: dict = {}
-        for k, v in d.items():
-            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: d}
 
 
 def changed_keys(old: ExperimentConfig, new: ExperimentConfig) -> list[str]:
     """Dotted keys whose resolved value differs between two configurations."""
-    a, b = _flat(to_dict(old)), _flat(to_dict(new))
+    from fedrcl_flwr.tables import flatten_keys
+
+    a, b = flatten_keys(to_dict(old)), flatten_keys(to_dict(new))
     missing = object()
     return sorted(k for k in set(a) | set(b) if a.get(k, missing) != b.get(k, missing))
 

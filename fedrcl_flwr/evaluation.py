@@ -71,7 +71,15 @@ def evaluate_model(model: nn.Module, dataset: Dataset, device: torch.device, *,
 class EMATracker:
     """EMA_t = factor * EMA_{t-1} + (1 - factor) * acc_t, as FedRCL reports.
 
-    The first value initialises the average (EMA_1 = acc_1).
+    The FedRCL paper reports "accuracies at the target round ... based on the exponential
+    moving average results with parameter 0.9" (Table 1 caption, Figure A); the authors'
+    released code (skynbe/FedRCL ``trainers/base_trainer.py``) logs each round's test
+    accuracy and computes no EMA, so the start is ours: the first value initialises the
+    average (EMA_1 = acc_1), so there is no zero-start bias to correct. The average
+    trails a rising accuracy by about 1 / (1 - factor) evaluations (10 for 0.9): it is
+    the number to compare with FedRCL's tables at their target rounds (``ema@ROUND``),
+    not a running estimate of the current model (progress lines show it only for runs
+    that report it, :func:`fedrcl_flwr.results.shows_ema`).
     """
 
     def __init__(self, factor: float = 0.9, value: Optional[float] = None):

@@ -28,9 +28,10 @@ PLOT_FILE = "accuracy.png"
 # what a run writes into its output directory (``run --overwrite`` removes exactly these,
 # their temporary siblings and RUN_SUBDIRS, in a directory carrying the run marker)
 RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, MODEL_FILE, PLOT_FILE,
-             "checkpoint.pt", "run.log", "flower.log")
+             "checkpoint.pt", "run.log", "flower.log", "tracker.json")
 RESULT_FILES = (METRICS_FILE, SUMMARY_FILE, MODEL_FILE, "checkpoint.pt")
-RUN_SUBDIRS = ("client_state", "tensorboard")
+# directories a run writes (trackers' local files; an MLflow store is left alone)
+RUN_SUBDIRS = ("client_state", "tensorboard", "wandb")
 _TMP_SUFFIXES = (".tmp",)
 
 # Every directory the tool creates and may later delete or clear carries this file,
@@ -140,17 +141,38 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def format_round_line(rec: dict, total_rounds: int) -> str:
-    """One concise progress line for a round."""
+def shows_ema(report_metric: str) -> bool:
+    """Whether progress lines show the EMA accuracy: only for runs that report it
+    (``evaluation.report_metric: ema@ROUND``, FedRCL's tables). The EMA trails the
+    round's accuracy by about 1 / (1 - evaluation.ema) rounds (10 for 0.9), so beside it
+    on a line of a run that reports something else it only suggested a gap (issue #25);
+    it is in ``metrics.jsonl`` and ``summary.json`` either way."""
+    return str(report_metric or "").startswith("ema@")
+
+
+def ema_note(factor: float, report_metric: str) -> str:
+    """What ``ema`` on the progress lines is, printed once before them."""
+    lag = 1.0 / (1.0 - factor) if factor < 1 else float("inf")
+    return (f"'ema' is the reported metric ({report_metric}): EMA_t = {factor:g}·EMA_(t-1) + "
+            f"{1 - factor:g}·acc_t from EMA_1 = acc_1, the exponential moving average "
+            f"FedRCL reports; it trails 'acc' by about {lag:.0f} rounds")
+
+
+def format_round_line(rec: dict, total_rounds: int, show_ema: bool = False) -> str:
+    """One concise progress line for a round (``ema`` only with ``show_ema``:
+    :func:`shows_ema`)."""
     parts = [f"round {rec['round']:>4}/{total_rounds}"]
     if rec.get("test_accuracy") is not None:
         parts.append(f"acc {100 * rec['test_accuracy']:6.2f}%")
-    if rec.get("ema_accuracy") is not None:
+    if show_ema and rec.get("ema_accuracy") is not None:
         parts.append(f"ema {100 * rec['ema_accuracy']:6.2f}%")
     if rec.get("test_loss") is not None:
         parts.append(f"test_loss {rec['test_loss']:.4f}")
     if rec.get("train_loss") is not None:
         parts.append(f"train_loss {rec['train_loss']:.4f}")
+    if "dp_delta" in rec:  # privacy.dp: the budget spent so far
+        eps = rec.get("dp_epsilon")
+        parts.append(f"eps {eps:.2f}" if eps is not None else "eps inf")
     parts.append(f"clients {rec.get('num_clients', 0)}")
     if rec.get("failures"):
         parts.append(f"failures {rec['failures']}")
@@ -244,14 +266,20 @@ class RunRecorder:
             "report_metric": self.report_metric,
             "wall_time_s": round(self.wall_time(), 3),
         }
+        private = [r for r in self.records if r.get("dp_epsilon", None) is not None
+                   or "dp_delta" in r]
+        if private:  # privacy.dp: the budget spent by the end of the run (privacy.py)
+            out["dp_epsilon"] = private[-1].get("dp_epsilon")
+            out["dp_delta"] = private[-1].get("dp_delta")
         per_domain = last_k_per_domain(evaluated, LAST_K)
         if per_domain:
             out["last5_per_domain"] = per_domain
         return out
 
-    def finish(self, model_state: Optional[dict] = None) -> dict:
+    def finish(self, model_state: Optional[dict] = None, before_summary=None) -> dict:
         """Write the model, the plot and, last, ``summary.json`` (its appearance means
-        every result of the run is on disk)."""
+        every result of the run is on disk). ``before_summary(summary, plots)`` is called
+        just before (the experiment trackers, ``fedrcl_flwr.tracking``)."""
         summary = self.summary()
         if model_state is not None:
             import torch
@@ -261,8 +289,20 @@ class RunRecorder:
             os.replace(tmp, self.out_dir / MODEL_FILE)
         plot_accuracy(self.records, self.out_dir / PLOT_FILE,
                       title=f"{self.method} + {self.strategy}")
+        if before_summary is not None:
+            before_summary(summary, sorted(p for p in self.out_dir.glob("*.png")
+                                           if not p.name.endswith(".tmp.png")))
         atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         return summary
+
+
+def reported_value(summary: dict, metric: str) -> Optional[float]:
+    """``summary.json``'s value of a report metric: final | best | last5 | ema@ROUND."""
+    metric = str(metric or "final")
+    if metric.startswith("ema@"):
+        return (summary.get("accuracy_at") or {}).get(metric[4:])
+    key = {"final": "final_accuracy", "best": "best_accuracy", "last5": "last5"}.get(metric)
+    return summary.get(key) if key else None
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -302,7 +342,8 @@ def plot_accuracy(records: list[dict], path: Path, title: str = "") -> None:
     if rs:
         x = [r["round"] for r in rs]
         ax.plot(x, [100 * r["test_accuracy"] for r in rs], label="test accuracy", alpha=0.6)
-        ax.plot(x, [100 * r["ema_accuracy"] for r in rs], label="EMA accuracy")
+        ax.plot(x, [100 * r["ema_accuracy"] for r in rs],
+                label="EMA accuracy (moving average: trails the test accuracy)")
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy (%)")
     ax.set_title(title)

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Optional
 
 from fedrcl_flwr.config import ConfigError, ExperimentConfig
-from fedrcl_flwr.results import format_round_line, read_metrics
+from fedrcl_flwr.results import format_round_line, read_metrics, shows_ema
 
 
 class RunFailed(RuntimeError):
@@ -162,6 +162,9 @@ def check_resources(cfg: ExperimentConfig) -> None:
     if cfg.client.amp == "fp16" and not cuda:
         raise ConfigError("client.amp is fp16 but no CUDA device is visible on this "
                           "machine (fp16 training needs CUDA); use client.amp=bf16 or off")
+    from fedrcl_flwr.tracking import check_tracker_environment
+
+    check_tracker_environment(cfg)  # W&B's API key, the MLflow server answering
     if cfg.simulation.ray_address:  # the cluster's resources count, not this machine's
         if cfg.simulation.init_num_cpus or cfg.simulation.init_num_gpus is not None:
             raise ConfigError("simulation.init_num_cpus / init_num_gpus size a private local "
@@ -238,7 +241,14 @@ class OutputLock:
     """An output directory is owned by one live run: an exclusive ``flock`` on
     ``DIR/.fedrcl-flwr.lock``, which the kernel releases when the last process holding it
     (the CLI, then its watchdog) is gone, however it died. The file names the holder's PID
-    (and the run's private home, for tests and for people hunting processes)."""
+    (and the run's private home, for tests and for people hunting processes).
+
+    A run that completed removes the file as it releases the lock (``release(remove=
+    True)``: unlinked while still held, then closed); a failed, interrupted or killed run
+    leaves it, naming the PID and home it had. The lock is the ``flock``, not the file's
+    existence: :meth:`acquire` locks the file and then checks that the path still names
+    the file it locked, retrying otherwise, so a holder that unlinks the file while a
+    newcomer opens it cannot let two runs in."""
 
     def __init__(self, out_dir: Path, what: str = "run"):
         self.path = Path(out_dir) / LOCK_FILE
@@ -264,15 +274,23 @@ class OutputLock:
             os.close(fd)
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            pid = self.holder(self.path.parent) or "?"
-            raise ConfigError(f"output directory {self.path.parent} is in use by another "
-                              f"{self.what} (PID {pid}); wait for it to end or choose "
-                              "another --out") from None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                pid = self.holder(self.path.parent) or "?"
+                raise ConfigError(f"output directory {self.path.parent} is in use by "
+                                  f"another {self.what} (PID {pid}); wait for it to end or "
+                                  "choose another --out") from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # its holder removed that file as it finished: lock the new one
         self.fd = fd
         self.note()
 
@@ -281,8 +299,14 @@ class OutputLock:
             os.ftruncate(self.fd, 0)
             os.pwrite(self.fd, f"{os.getpid()}\n{home}\n".encode(), 0)
 
-    def release(self) -> None:
+    def release(self, remove: bool = False) -> None:
+        """Release the lock; ``remove`` (a completed run) first deletes the file."""
         if self.fd is not None:
+            if remove:
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
             os.close(self.fd)
             self.fd = None
 
@@ -519,7 +543,8 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
                 timing.append(("first round started",
                                time.time() - t0 - float(first.get("round_time_s", 0.0))))
             for rec in recs[printed:]:
-                print(format_round_line(rec, cfg.federation.rounds), flush=True)
+                print(format_round_line(rec, cfg.federation.rounds,
+                                        shows_ema(cfg.evaluation.report_metric)), flush=True)
             started = started or len(recs) > printed
             printed = max(printed, len(recs))
             if _mtime(summary_path) != summary_before:

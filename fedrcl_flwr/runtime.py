@@ -81,6 +81,7 @@ def _partition_cached(dataset_key: str, partition_key: str, num_clients: int, se
         domains_per_client=p["domains_per_client"],
         samples_per_class=p.get("samples_per_class"),
         seed=seed if p["seed"] is None else p["seed"], path=p["path"],
+        generator=p.get("generator"), num_classes=bundle.num_classes,
     )
 
 

@@ -17,8 +17,16 @@ with, in order, ``set``, the variant, the grid point, ``seed`` and the command l
 may carry a ``label`` (then every variant must), used in run names instead of its values.
 
 Every run is validated before anything runs (one bad combination: one line naming the
-sweep file and the run, exit 2). Each run directory is ``OUT/<name>``, ``<name>`` made
-of what varies between runs (``method=fedavg_alpha=0.05_seed=0``). Runs go through the
+sweep file and the run, exit 2). A labelled variant's runs carry the label in their
+configuration (``label``: what ``report`` and ``plot`` call their row). Each run directory
+is ``OUT/<name>``, ``<name>`` = the label (else the method), the seed and a short hash of
+the resolved experiment (:func:`run_name`, :func:`experiment_hash`:
+``fedprox_seed=0_1f3a9c2e``): a run's name depends on the run alone, so a sweep edited to
+add a setting, a method or a seed finds every run it had finished under the same name.
+Directories under other names holding a planned experiment (an earlier version named runs
+after what varied, ``method=fedavg_alpha=0.05_seed=0``) are renamed to the planned name
+when finished or checkpointed (:func:`take_over_earlier_runs`); others are left untouched,
+with a note. Runs go through the
 ``run`` command (``python -m fedrcl_flwr.cli run``: the runner's private SuperLink, free
 port and teardown), ``jobs`` of them at once; ``OUT/_configs/<name>.yaml`` holds each
 planned configuration and ``OUT/_logs/<name>.log`` each run's output. A rerun skips runs
@@ -37,6 +45,7 @@ sweep holds ``OUT``'s lock and its runs die with it, however it dies (:func:`run
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -59,7 +68,6 @@ from fedrcl_flwr.config import (
     apply_overrides,
     config_from_dict,
     dump_config,
-    get_key,
     MAX_NAME_BYTES,
     name_problem,
     parse_override,
@@ -71,8 +79,10 @@ from fedrcl_flwr.results import (
     RESULT_FILES,
     SUMMARY_FILE,
     atomic_write_text,
+    ema_note,
     overwrite_problem,
     read_metrics,
+    shows_ema,
 )
 
 SWEEP_KEYS = ("base", "grid", "seeds", "variants", "set", "name")
@@ -122,31 +132,34 @@ def _fmt_value(v: Any) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", text.replace(": ", "-")).rstrip("-") or "x"
 
 
-def _short_names(keys: list[str]) -> dict[str, str]:
-    """``partition.alpha`` -> ``alpha``; ``dataset.name`` -> ``dataset``; the full dotted
-    key where the short one would be ambiguous (``client.params`` / ``server.params``)."""
-    def short(k: str) -> str:
-        parts = k.split(".")
-        if len(parts) > 1 and parts[-1] == "name":
-            return parts[-2]
-        return parts[-1]
+def experiment_hash(cfg: ExperimentConfig) -> str:
+    """8 hex digits of SHA-256 over what the run computes: the resolved experiment's
+    values that differ from the schema's defaults, as dotted keys (so a key added to the
+    schema later, at its default, changes no name), without what only names, places or
+    resources a run (``name``, ``label``, ``output``, ``simulation``, ``reference``,
+    ``dataset.cache_dir``). ``client.params`` count as written."""
+    from fedrcl_flwr.tables import flatten_keys as flat
 
-    names = [short(k) for k in keys]
-    return {k: (s if names.count(s) == 1 and s != "params" else k)
-            for k, s in zip(keys, names)}
+    skip = ("name", "label", "output", "simulation", "reference", "dataset.cache_dir")
+    defaults = flat(to_dict(ExperimentConfig()))
+    mine = {k: v for k, v in flat(to_dict(cfg)).items()
+            if not any(k == s or k.startswith(s + ".") for s in skip)
+            and (k not in defaults or json.dumps(defaults[k], sort_keys=True, default=str)
+                 != json.dumps(v, sort_keys=True, default=str))}
+    text = json.dumps(mine, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def _value_of(cfg: ExperimentConfig, data: dict, dotted: str) -> Any:
-    """A dotted key's value in the resolved config (defaults included)."""
-    try:
-        return get_key(cfg, dotted)
-    except (AttributeError, KeyError, TypeError):
-        node: Any = data
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return None
-            node = node[part]
-        return node
+def run_name(cfg: ExperimentConfig) -> str:
+    """A run directory's name: the variant label (else the method, prefixed by a server
+    optimizer other than fedavg), the seed and :func:`experiment_hash`. It depends on
+    the run alone, never on what else the sweep plans: adding a setting, a method or a
+    seed to a sweep leaves every earlier run's name, and so its results, in place."""
+    from fedrcl_flwr.tables import method_label
+
+    what = cfg.label or method_label({"client": {"method": cfg.client.method},
+                                      "server": {"strategy": cfg.server.strategy}})
+    return f"{_fmt_value(what)}_seed={cfg.seed}_{experiment_hash(cfg)}"
 
 
 def _as_list(value: Any, key: str, source: str) -> list:
@@ -295,11 +308,9 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
     out_dir = Path(out) if out else Path("runs") / "sweeps" / str(sweep_name)
     out_dir = out_dir.expanduser().resolve()
 
-    variant_keys = list(dict.fromkeys(k for v in variants for k in v if k != "label"))
     grid_keys = list(grid)
     combos = list(itertools.product(*[grid[k] for k in grid_keys])) if grid_keys else [()]
     runs: list[PlannedRun] = []
-    descs: list[dict] = []
     fixed_items = list(fixed.items())
     for base in bases:
         base_data = read_yaml(base)
@@ -312,6 +323,8 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
                         ov.append(("seed", seed))
                     ov += cli_sets
                     data = apply_overrides(base_data, ov)
+                    if "label" in variant:  # how report / plot name the run's row
+                        data["label"] = str(variant["label"])
                     what = ", ".join(f"{k}={v}" for k, v in ov if (k, v) not in fixed_items)
                     where = f"{src}: run {len(runs) + 1} ({what}; base {base.name})"
                     cfg = config_from_dict(data, where)
@@ -322,57 +335,34 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
                             validate_components(cfg)
                         except ConfigError as exc:
                             raise ConfigError(f"{where}: {exc}") from None
-                    desc = {"base": base.stem}
-                    if "label" in variant:
-                        desc["variant"] = str(variant["label"])
-                    else:
-                        for k in variant_keys:
-                            desc[k] = _value_of(cfg, data, k)
-                    for k in grid_keys:
-                        desc[k] = _value_of(cfg, data, k)
-                    if seed is not None:
-                        desc["seed"] = seed
-                    runs.append(PlannedRun(len(runs), "", base, ov, cfg))
-                    descs.append(desc)
-    keys = list(dict.fromkeys(k for d in descs for k in d))
-    vary = [k for k in keys if len({json.dumps(d.get(k), sort_keys=True, default=str)
-                                    for d in descs}) > 1]
-    short = _short_names([k for k in vary if k not in ("base", "variant")])
+                    runs.append(PlannedRun(len(runs), run_name(cfg), base, ov, cfg))
     seen: dict[str, int] = {}
-    for run, desc in zip(runs, descs):
-        parts = []
-        for k in vary:
-            if k in ("base", "variant"):
-                parts.append(_fmt_value(desc.get(k)))
-            else:
-                parts.append(f"{short[k]}={_fmt_value(desc.get(k))}")
-        run.name = "_".join(parts) if parts else str(sweep_name)
+    for run in runs:
         why = run_name_problem(run.name)
         if why:
             raise ConfigError(f"{src}: run {run.index + 1}'s directory name {why}, got "
                               f"{_shorten(run.name)}; give the variants short labels")
-        if run.name in seen:
-            raise ConfigError(f"{src}: runs {seen[run.name] + 1} and {run.index + 1} are the "
-                              f"same experiment ('{run.name}'); remove the duplicate")
-        seen[run.name] = run.index
+        same = experiment_hash(run.cfg)
+        if same in seen:
+            raise ConfigError(f"{src}: runs {seen[same] + 1} and {run.index + 1} are the "
+                              f"same experiment ('{run.name}': they differ at most in name, "
+                              "label, output, simulation or reference, which do not change "
+                              "what a run computes); remove the duplicate")
+        seen[same] = run.index
         run.out_dir = out_dir / run.name
         run.cfg.output.dir = str(run.out_dir)
+        if run.cfg.output.tracker_group is None and {"wandb", "mlflow"} & set(
+                run.cfg.output.tracker):  # the sweep groups its runs in W&B / MLflow
+            run.cfg.output.tracker_group = str(sweep_name)
         if run.cfg.output.checkpoint_every < 1:
             run.cfg.output.checkpoint_every = 1  # resumable from round 1 on
     return runs, out_dir
 
 
-def _comparable(d: dict) -> dict:
-    d = dict(d)
-    d.pop("simulation", None)  # resources may differ between invocations (--jobs)
-    d["output"] = {k: v for k, v in (d.get("output") or {}).items() if k != "dir"}
-    return d
-
-
 def check_existing(runs: list[PlannedRun]) -> None:
-    """A run directory that holds a different experiment (the sweep file was edited), or
-    results without the configuration that produced them, stops the sweep: nothing is
-    overwritten or counted silently."""
+    """A run directory that holds a different experiment (:func:`experiment_hash`; e.g.
+    edited by hand), or results without the configuration that produced them, stops the
+    sweep: nothing is overwritten or counted silently."""
     for run in runs:
         cfg_file = run.out_dir / CONFIG_FILE
         if not cfg_file.exists():
@@ -384,11 +374,11 @@ def check_existing(runs: list[PlannedRun]) -> None:
                                   "another --out")
             continue
         try:
-            there = to_dict(config_from_dict(read_yaml(cfg_file), str(cfg_file)))
+            there = config_from_dict(read_yaml(cfg_file), str(cfg_file))
         except ConfigError as exc:
             raise ConfigError(f"{cfg_file}: unreadable run config ({exc}); remove the "
                               "directory to rerun it") from None
-        if _comparable(there) != _comparable(to_dict(run.cfg)):
+        if experiment_hash(there) != experiment_hash(run.cfg):
             raise ConfigError(f"{run.out_dir} holds a different experiment than the sweep "
                               f"plans for run '{run.name}'; remove it or use another --out")
 
@@ -445,10 +435,85 @@ def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
                 raise ConfigError(f"run '{run.name}' would start afresh, but {why}")
 
 
-def check_data(runs: list[PlannedRun]) -> None:
+def _dir_state(d: Path) -> str:
+    if (d / SUMMARY_FILE).is_file():
+        return "done"
+    return "resume" if (d / CHECKPOINT_FILE).is_file() else "new"
+
+
+def earlier_runs(runs: list[PlannedRun], out_dir: Path) -> tuple[dict, list]:
+    """Run directories in ``out_dir`` under names this plan does not use — an earlier
+    version of the sweep named runs after what varied (``method=fedavg_alpha=0.1_seed=0``),
+    or a run was renamed by hand. Returns ``{run index: directory}`` for those holding a
+    planned experiment (the same :func:`experiment_hash`) that is finished or
+    checkpointed, not in use by a live run, whose planned directory does not exist yet;
+    and the list of the other directories, which the sweep leaves alone."""
+    from fedrcl_flwr.runner import OutputLock
+
+    planned = {r.out_dir.name for r in runs}
+    by_hash = {experiment_hash(r.cfg): r for r in runs}
+    found: dict = {}
+    others: list = []
+    if not out_dir.is_dir():
+        return found, others
+    for d in sorted(out_dir.iterdir()):
+        if d.is_symlink() or not d.is_dir() or d.name in planned \
+                or d.name in (CONFIGS_DIR, LOGS_DIR) or not (d / CONFIG_FILE).is_file():
+            continue  # (a link is never taken over: writing into it would leave --out)
+        try:
+            run = by_hash.get(experiment_hash(config_from_dict(read_yaml(d / CONFIG_FILE),
+                                                               str(d / CONFIG_FILE))))
+        except ConfigError:
+            run = None
+        if run is None or run.index in found or run.out_dir.exists() \
+                or _dir_state(d) == "new" or OutputLock.holder(d) is not None:
+            others.append(d)
+        else:
+            found[run.index] = d
+    return found, others
+
+
+def take_over_earlier_runs(runs: list[PlannedRun], out_dir: Path, *,
+                           dry_run: bool = False) -> list[str]:
+    """Move each directory :func:`earlier_runs` matched to its planned name (a rename in
+    ``out_dir``: nothing is deleted or recomputed), with its log, and its ``config.yaml``
+    rewritten as planned (the same experiment: only its name, label and paths change).
+    Returns the lines to print (what would be done, with ``dry_run``)."""
+    found, others = earlier_runs(runs, out_dir)
+    lines = []
+    for index, d in sorted(found.items()):
+        run = runs[index]
+        lines.append(f"{d.name}: holds run {index + 1} ({_dir_state(d)}), "
+                     f"{'to be ' if dry_run else ''}renamed {run.name}")
+        if dry_run:
+            continue
+        os.rename(d, run.out_dir)
+        dump_config(run.cfg, run.out_dir / CONFIG_FILE)
+        old_log, new_log = out_dir / LOGS_DIR / f"{d.name}.log", \
+            out_dir / LOGS_DIR / f"{run.name}.log"
+        if old_log.exists() and not new_log.exists():
+            os.rename(old_log, new_log)
+        status_path = out_dir / STATUS_FILE
+        try:
+            status = json.loads(status_path.read_text())
+        except (OSError, ValueError):
+            status = None
+        if isinstance(status, dict) and d.name in status:
+            status.pop(d.name)
+            atomic_write_text(status_path, json.dumps(status, indent=2) + "\n")
+    if others:
+        lines.append(f"{len(others)} other run director{'y' if len(others) == 1 else 'ies'} "
+                     f"in {out_dir} left untouched (not planned by this sweep, e.g. "
+                     f"{others[0].name}); `fedrcl-flwr report {out_dir}` reads them too: "
+                     "move them elsewhere if they are not part of this study")
+    return lines
+
+
+def check_data(runs: list[PlannedRun], finished: frozenset = frozenset()) -> None:
     """What ``run`` checks before Flower starts (resources present, datasets present,
-    split possible), for every run still to do, so that such an input error stops the sweep
-    up front (exit 2) instead of failing its runs one by one."""
+    split possible), for every run still to do (not done, and not among the run indices
+    ``finished`` elsewhere, :func:`earlier_runs`), so that such an input error stops the
+    sweep up front (exit 2) instead of failing its runs one by one."""
     from fedrcl_flwr import runtime
     from fedrcl_flwr.data.partition import PartitionError
     from fedrcl_flwr.runner import check_resources
@@ -456,7 +521,7 @@ def check_data(runs: list[PlannedRun]) -> None:
     last = None
     for run in runs:
         cfg = run.cfg
-        if run.state() == "done":
+        if run.state() == "done" or run.index in finished:
             continue
         try:
             check_resources(cfg)
@@ -503,6 +568,67 @@ def share_resources(cfg: ExperimentConfig, jobs: int, slot: int) -> dict:
     return env
 
 
+class SweepEta:
+    """The time a sweep has left, from what this sweep measured itself (issue #25: an
+    estimate from the whole elapsed time over the rounds done counted every run's
+    start-up against one round, 4 h 17 min for a 16-minute sweep).
+
+    Measured: ``r``, the seconds per round (each record's ``round_time_s``, the mean of
+    the latest ``window``, leaving out a run's first round after a (re)start, which
+    includes Ray's actor start: 32 s against 0.8 s seen); each run's time from launch to
+    its first recorded round; and, once runs have finished, each one's whole time and
+    rounds. A run costs its *overhead* (whole time − rounds · r: Flower's and Ray's start,
+    writing the results, tearing down) plus its rounds; the part before its first round
+    is (launch → first round) − r, the rest is its end. With ``jobs`` runs at a time,
+    each progressing one round per ``r``: ``ETA = max(work / jobs, longest run in
+    flight)``, work = per run in flight its rounds left and its end, per queued run its
+    overhead and rounds. None until a round other than a first one is recorded."""
+
+    def __init__(self, jobs: int, window: int = 50):
+        self.jobs = max(int(jobs), 1)
+        self.window = window
+        self.rounds: list[float] = []
+        self.to_first: list[float] = []  # launch -> first round recorded
+        self.finished: list[tuple] = []  # (whole seconds, rounds run)
+
+    def observe_round(self, seconds: Any, first_of_launch: bool = False) -> None:
+        if not first_of_launch and isinstance(seconds, (int, float)) and seconds >= 0:
+            self.rounds.append(float(seconds))
+
+    def observe_startup(self, seconds: float) -> None:
+        """A run's first round was recorded ``seconds`` after its launch."""
+        self.to_first.append(max(float(seconds), 0.0))
+
+    def observe_finish(self, seconds: float, rounds: int) -> None:
+        """A run ended ``seconds`` after its launch, having run ``rounds`` rounds."""
+        self.finished.append((float(seconds), int(rounds)))
+
+    def round_s(self) -> Optional[float]:
+        recent = self.rounds[-self.window:]
+        return sum(recent) / len(recent) if recent else None
+
+    def eta(self, in_flight: list[int], queued: list[int]) -> Optional[float]:
+        """``in_flight``: rounds left of each running run; ``queued``: rounds of each
+        run not started yet."""
+        if not in_flight and not queued:
+            return 0.0
+        r = self.round_s()
+        if r is None:
+            return None
+
+        def mean(xs: list) -> float:
+            return sum(xs) / len(xs) if xs else 0.0
+
+        start = max(mean(self.to_first) - r, 0.0)
+        if self.finished:
+            whole = mean([max(t - n * r, 0.0) for t, n in self.finished])
+            end = max(whole - start, 0.0)
+        else:
+            whole, end = start, 0.0
+        work = sum(n * r + end for n in in_flight) + sum(whole + n * r for n in queued)
+        return max(work / self.jobs, max(in_flight, default=0) * r + end)
+
+
 def _fmt_eta(seconds: Optional[float]) -> str:
     if seconds is None:
         return "?"
@@ -516,7 +642,9 @@ class _Job:
     def __init__(self, run: PlannedRun, proc: subprocess.Popen, slot: int, log, kept: int):
         self.run, self.proc, self.slot, self.log = run, proc, slot, log
         self.printed = kept  # last round with a progress line
+        self.kept = kept  # rounds done before this launch (a resume)
         self.t0 = time.time()
+        self.rounds_run = 0  # rounds recorded since the launch
 
 
 def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
@@ -544,12 +672,15 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
         shutil.rmtree(home, ignore_errors=True)
         lock.release()
         raise
+    returned = False
     try:
-        return _run_sweep(runs, out_dir, jobs=jobs, verbose=verbose, poll_s=poll_s,
-                          watchdog=watchdog, env_mark={SWEEP_VAR: str(home)})
+        rc = _run_sweep(runs, out_dir, jobs=jobs, verbose=verbose, poll_s=poll_s,
+                        watchdog=watchdog, env_mark={SWEEP_VAR: str(home)})
+        returned = True
+        return rc
     finally:
         watchdog.stop()
-        lock.release()
+        lock.release(remove=returned)  # as a completed run does; an interrupted one keeps it
 
 
 def _run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: bool,
@@ -567,6 +698,9 @@ def _run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: boo
     def save_status():
         atomic_write_text(status_path, json.dumps(status, indent=2) + "\n")
 
+    from fedrcl_flwr.tracking import prepare_sweep_group
+
+    group_env = prepare_sweep_group([r.cfg for r in runs], out_dir)  # MLflow parent run
     n = len(runs)
     todo = []
     for run in runs:
@@ -580,21 +714,21 @@ def _run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: boo
     skipped = n - len(todo)
     print(f"fedrcl-flwr sweep: {n} runs, {skipped} finished already, {len(todo)} to run "
           f"({jobs} at a time) -> {out_dir}", flush=True)
+    if any(shows_ema(r.cfg.evaluation.report_metric) for r in todo):
+        r0 = next(r for r in todo if shows_ema(r.cfg.evaluation.report_metric))
+        print("fedrcl-flwr sweep: " + ema_note(r0.cfg.evaluation.ema,
+                                               r0.cfg.evaluation.report_metric), flush=True)
     rounds_left = {r.name: r.cfg.federation.rounds - _rounds_done(r) for r in todo}
     t_start = time.time()
-    rounds_done_now = 0
+    timer = SweepEta(jobs)
     failed: list[str] = []
     running: list[_Job] = []
     free_slots = list(range(jobs))
     queue = list(todo)
 
     def eta() -> Optional[float]:
-        left = sum(rounds_left.values())
-        if left <= 0:
-            return 0.0
-        if rounds_done_now == 0:
-            return None
-        return left * (time.time() - t_start) / rounds_done_now
+        return timer.eta([max(rounds_left[j.run.name], 0) for j in running],
+                         [max(rounds_left[r.name], 0) for r in queue])
 
     def launch(run: PlannedRun) -> Optional[_Job]:
         from fedrcl_flwr.runner import OutputLock
@@ -611,6 +745,7 @@ def _run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: boo
             return None
         slot = free_slots.pop(0)
         env = dict(os.environ)
+        env.update(group_env)
         env.update(share_resources(run.cfg, jobs, slot))
         env.update(env_mark)
         resume = run.state() == "resume"
@@ -646,22 +781,26 @@ def _run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: boo
         return _Job(run, proc, slot, log, kept)
 
     def progress(job: _Job) -> None:
-        nonlocal rounds_done_now
         recs = read_metrics(job.run.out_dir)
+        show_ema = shows_ema(job.run.cfg.evaluation.report_metric)
         for rec in recs:
             if int(rec.get("round", 0)) <= job.printed:
                 continue  # printed already, or kept from before a resume
+            first = job.printed == job.kept
+            if first:  # this launch's start-up, its first round included
+                timer.observe_startup(time.time() - job.t0)
+            timer.observe_round(rec.get("round_time_s"), first_of_launch=first)
+            job.rounds_run += 1
             job.printed = int(rec["round"])
             total = job.run.cfg.federation.rounds
             prev = total - rounds_left[job.run.name]
             step = max(int(rec.get("round", prev)) - prev, 0)
             rounds_left[job.run.name] -= step
-            rounds_done_now += step
             parts = [f"run {job.run.index + 1}/{n} {job.run.name}",
                      f"round {rec.get('round')}/{total}"]
             if _is_number(rec.get("test_accuracy")):
                 parts.append(f"acc {100 * rec['test_accuracy']:.2f}%")
-            if _is_number(rec.get("ema_accuracy")):
+            if show_ema and _is_number(rec.get("ema_accuracy")):
                 parts.append(f"ema {100 * rec['ema_accuracy']:.2f}%")
             parts.append(f"ETA {_fmt_eta(eta())}")
             print(" | ".join(parts), flush=True)
@@ -712,6 +851,7 @@ def _run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: boo
                 took = time.time() - job.t0
                 run = job.run
                 if rc == 0 and (run.out_dir / SUMMARY_FILE).is_file():
+                    timer.observe_finish(took, job.rounds_run)
                     acc = _summary_value(run.out_dir, "final_accuracy")
                     status[run.name] = {"status": "done", "dir": str(run.out_dir),
                                         "seconds": round(took, 1)}

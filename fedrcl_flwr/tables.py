@@ -5,13 +5,26 @@ Runs are read from their ``config.yaml`` (the resolved experiment), ``summary.js
 from it). Runs whose configurations differ only by ``seed`` (and output / simulation
 resources / name) form a group; a group's cell is the mean and the sample standard
 deviation (``ddof = 1``; none for one run) over its runs, in percent, with ``n`` the
-number of runs that have the metric. Rows are methods (``client.method``, prefixed by the
-server optimizer when it is not ``fedavg``: ``fedacg+fedrcl``; suffixed by the client
-keys that tell two rows of the same method apart), columns the settings that vary
-between groups (``alpha=0.05``); the best mean per column is marked. When the runs carry
-the paper's numbers (the experiment's ``reference`` blocks, see
-``fedrcl_flwr.config.check_reference``) for the reported metric, the paper's value and
-our difference (ours - paper) stand beside ours.
+number of runs that have the metric.
+
+Rows and columns (:func:`group_runs`): a row is the run's ``label`` (a sweep's variant
+label), else its method (``client.method``, prefixed by the server optimizer when it is
+not ``fedavg``: ``fedacg+fedrcl``). Columns are the settings outside ``client`` /
+``server`` that vary *within* a row (``alpha=0.05``); whatever else differs between rows
+(a method's parameters, a model's projector, ...) is named beside the method, readably:
+``fedprox (mu=0.01)``, ``univarfl (projector=256)``; a labelled row is named by its label
+and what it is follows the table (``rows: univarfl_proj = univarfl (projector=256)``).
+The table's title names what every run shares (dataset, partition and α, clients, rounds).
+The best mean per column is marked. When the runs carry the paper's numbers (the
+experiment's ``reference`` blocks, see ``fedrcl_flwr.config.check_reference``) for the
+reported metric, the paper's value and our difference (ours - paper) stand beside ours.
+
+Paired comparison (``report --vs ROW``, :func:`paired`): a seed fixes the partition and
+the clients sampled in every round, identical for every method and strategy, so runs of
+two rows in one column with the same seed form a pair. For each row and column: the
+per-seed differences (row − ROW, points), their mean ± sample std, and a two-sided 95 %
+Student-t interval for the mean difference (mean ± t_{0.975, n−1} · std / √n), beside
+the unpaired means ± std of both rows.
 
 Metrics (``--metric``): ``final`` (test accuracy of the last evaluated round), ``best``
 (highest test accuracy), ``last5`` (mean test accuracy of the last five evaluated rounds;
@@ -39,9 +52,10 @@ from fedrcl_flwr.config import ConfigError, check_reference
 from fedrcl_flwr.results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 
 METRIC_RE = re.compile(r"^(final|best|last5|ema@([1-9][0-9]*))$")
-SKIP_DIRS = {"_configs", "_logs", "client_state", "tensorboard"}
+SKIP_DIRS = {"_configs", "_logs", "client_state", "tensorboard", "wandb", "mlruns"}
 # config sections that do not change what a run computes (or that name it)
-NOT_A_SETTING = ("seed", "name", "output", "simulation", "reference")
+NOT_A_SETTING = ("seed", "name", "label", "output", "simulation", "reference")
+CONFIDENCE = 0.95  # of the paired t-interval
 
 
 @dataclass
@@ -66,6 +80,18 @@ class Group:
     values: list = field(default_factory=list)  # per run, None = missing
     paper: Optional[float] = None
     source: str = ""
+    what: str = ""  # what a labelled row is: method (what differs)
+    flat: dict = field(default_factory=dict)  # its setting, dotted keys
+
+    @property
+    def by_seed(self) -> dict:
+        """seed -> value, for the runs that have the metric and a seed."""
+        out = {}
+        for run, v in zip(self.runs, self.values):
+            seed = run.config.get("seed")
+            if v is not None and _is_number(seed):
+                out[int(seed)] = v
+        return out
 
     @property
     def present(self) -> list:
@@ -91,6 +117,25 @@ class Group:
     @property
     def diff(self) -> Optional[float]:
         return None if self.mean is None or self.paper is None else self.mean - self.paper
+
+    @property
+    def private(self) -> bool:
+        """The runs ran with ``privacy.dp`` (their records carry ``dp_delta``)."""
+        return any("dp_delta" in r.summary or any("dp_delta" in x for x in r.records)
+                   for r in self.runs)
+
+    @property
+    def epsilon(self) -> Optional[float]:
+        """The largest final ε of the group's runs under ``privacy.dp`` (``inf`` for
+        noise 0); ``None`` without DP."""
+        if not self.private:
+            return None
+        eps = []
+        for r in self.runs:
+            recs = [x for x in r.records if "dp_delta" in x]
+            v = r.summary.get("dp_epsilon", recs[-1].get("dp_epsilon") if recs else None)
+            eps.append(math.inf if v is None else float(v))
+        return max(eps)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -355,11 +400,13 @@ def method_label(config: dict, summary: Optional[dict] = None) -> str:
     return str(method) if strategy == "fedavg" else f"{strategy}+{method}"
 
 
-def _flatten(d: Any, prefix: str = "") -> dict:
-    if isinstance(d, dict) and d:
+def flatten_keys(d: Any, prefix: str = "") -> dict:
+    """Dotted keys of the leaves; an empty mapping has none (``params: {}`` and a missing
+    ``params`` are the same setting)."""
+    if isinstance(d, dict):
         out = {}
         for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+            out.update(flatten_keys(v, f"{prefix}.{k}" if prefix else str(k)))
         return out
     return {prefix: d}
 
@@ -375,54 +422,133 @@ def _jkey(v: Any) -> str:
     return json.dumps(v, sort_keys=True, default=str)
 
 
-def _fmt_val(v: Any) -> str:
+def _fmt_val(v: Any, key: str = "") -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, str) and key.endswith((".path", ".root")) and "/" in v:
+        return Path(v).name or v  # a file's name says which data; the path is noise
     if isinstance(v, (list, dict)):
         return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip()
     return str(v)
 
 
 def _short(key: str) -> str:
+    if key == "dataset.path":
+        return "data"
     parts = key.split(".")
     if len(parts) > 1 and parts[-1] == "name":
         return parts[-2]
     if parts[0] in ("client", "server") and len(parts) > 2 and parts[1] == "params":
         return ".".join(parts[2:])
+    if parts[0] == "privacy" and len(parts) > 1:  # dp.noise_multiplier, secagg
+        return ".".join(parts[1:])
     return parts[-1]
 
 
+def _short_names(keys: list) -> dict:
+    """Each key's short name (:func:`_short`), the dotted key where two would collide."""
+    shorts = [_short(k) for k in keys]
+    return {k: (s if shorts.count(s) == 1 else k) for k, s in zip(keys, shorts)}
+
+
+def _describe(items: list, names: dict) -> str:
+    return ", ".join(f"{names[k]}={_fmt_val(v, k)}" for k, v in items)
+
+
 def group_runs(runs: list[Run]) -> list[Group]:
+    """Group runs that differ only by seed, then name rows and columns (module docstring)."""
     groups: dict[str, Group] = {}
     for run in runs:
         setting = _setting(run.config, run.summary)
-        key = _jkey(setting)
+        label = run.config.get("label")
+        key = _jkey([label, setting])
         if key not in groups:
             groups[key] = Group(key, [], run.config or {"client": {"method": run.summary.get(
                 "method")}, "server": {"strategy": run.summary.get("strategy") or "fedavg"}})
         groups[key].runs.append(run)
     gs = list(groups.values())
-    flat = [_flatten(_setting(g.config, g.runs[0].summary)) for g in gs]
-    keys = list(dict.fromkeys(k for f in flat for k in f))
-    vary = [k for k in keys if len({_jkey(f.get(k)) for f in flat}) > 1]
-    col_keys = [k for k in vary if not k.startswith(("client.", "server."))]
-    row_keys = [k for k in vary if k.startswith(("client.", "server."))
-                and k not in ("client.method", "server.strategy")]
-    for g, f in zip(gs, flat):
-        g.col = ", ".join(f"{_short(k)}={_fmt_val(f.get(k))}" for k in col_keys)
-        g.row = method_label(g.config, g.runs[0].summary)
-    # two groups with the same method in one column: tell them apart by their client keys
-    by_cell: dict[tuple, list] = {}
-    for i, g in enumerate(gs):
-        by_cell.setdefault((g.row, g.col), []).append(i)
-    clash = {gs[i].row for idx in by_cell.values() if len(idx) > 1 for i in idx}
-    base_rows = [g.row for g in gs]
-    for g, f, base in zip(gs, flat, base_rows):
-        if base in clash:
-            same = [flat[j] for j, b in enumerate(base_rows) if b == base]
-            diff = [k for k in row_keys if len({_jkey(x.get(k)) for x in same}) > 1]
-            extra = ", ".join(f"{_short(k)}={_fmt_val(f.get(k))}" for k in diff
-                              if f.get(k) is not None)
-            g.row = f"{g.row} [{extra or 'defaults'}]"
+    for g in gs:
+        g.flat = flatten_keys(_setting(g.config, g.runs[0].summary))
+    keys = list(dict.fromkeys(k for g in gs for k in g.flat))
+    vary = [k for k in keys if len({_jkey(g.flat.get(k)) for g in gs}) > 1]
+    ident = {"client.method", "server.strategy"}
+
+    def base(g: Group) -> str:
+        return str(g.config.get("label") or method_label(g.config, g.runs[0].summary))
+
+    def varies_within_a_row(k: str) -> bool:
+        seen: dict = {}
+        for g in gs:
+            seen.setdefault(base(g), set()).add(_jkey(g.flat.get(k)))
+        return any(len(v) > 1 for v in seen.values())
+
+    col_keys = [k for k in vary if not k.startswith(("client.", "server."))
+                and varies_within_a_row(k)]
+    attr_keys = [k for k in vary if k not in col_keys and k not in ident]
+    names = _short_names(col_keys + attr_keys)
+    for g in gs:
+        # a key the group's config does not have (a sub-key of a mapping that is null
+        # there, e.g. privacy.dp.mode without privacy.dp) is left out of its label
+        g.col = _describe([(k, g.flat[k]) for k in col_keys if k in g.flat], names)
+        method = method_label(g.config, g.runs[0].summary)
+        attrs = [(k, g.flat.get(k)) for k in attr_keys if g.flat.get(k) is not None]
+        g.what = f"{method} ({_describe(attrs, names)})" if attrs else method
+        label = g.config.get("label")
+        if not label:
+            g.row = g.what
+            continue
+        # a labelled row: the label, plus what tells apart groups that share it
+        same = [h for h in gs if h.config.get("label") == label]
+        split = [(k, v) for k, v in attrs
+                 if len({_jkey(h.flat.get(k)) for h in same}) > 1]
+        g.row = f"{label} ({_describe(split, names)})" if split else str(label)
     return gs
+
+
+_VARIES = object()
+
+
+def setting_title(groups: list[Group]) -> str:
+    """What every run of the table shares, in words: dataset, partition (and α),
+    clients per round, rounds — the settings that vary are the columns instead."""
+    def common(key: str) -> Any:
+        vals = {_jkey(g.flat.get(key)) for g in groups}
+        return groups[0].flat.get(key) if len(vals) == 1 else _VARIES
+
+    parts = []
+    name = common("dataset.name")
+    if isinstance(name, str):
+        path = common("dataset.path" if name == "npz" else "dataset.root")
+        if name in ("npz", "imagefolder") and isinstance(path, str):
+            parts.append(f"{name} {Path(path).name}")
+        else:
+            parts.append(name)
+    scheme = common("partition.scheme")
+    if isinstance(scheme, str):
+        text = {"dirichlet": "Dirichlet", "iid": "IID", "shards": "shards",
+                "domain": "by domain", "file": "split file"}.get(scheme, scheme)
+        alpha, gamma = common("partition.alpha"), common("partition.shards_per_client")
+        balanced = common("partition.balanced")
+        if scheme == "dirichlet" and _is_number(alpha):
+            text += f" α={alpha:g}"
+        elif scheme == "domain" and balanced is False and _is_number(alpha):
+            text += f" (imbalanced, α={alpha:g})"
+        elif scheme == "shards" and _is_number(gamma):
+            text += f" γ={gamma:g}"
+        parts.append(text)
+    clients = common("federation.num_clients")
+    if _is_number(clients):
+        per, frac = common("federation.clients_per_round"), common("federation.participation")
+        text = f"{clients} clients"
+        if _is_number(per):
+            text += f", {per} per round"
+        elif _is_number(frac):
+            text += f", {100 * frac:g} % per round"
+        parts.append(text)
+    rounds = common("federation.rounds")
+    if _is_number(rounds):
+        parts.append(f"{rounds} rounds")
+    return ", ".join(parts)
 
 
 def _resolved_params(method: str, params: Any) -> Any:
@@ -477,6 +603,73 @@ def build_table(dirs: list, metric: Optional[str] = None) -> tuple[list[Group], 
     return groups, metric
 
 
+@dataclass
+class Paired:
+    """One row's paired differences to the reference row in one column (fractions)."""
+
+    group: Group
+    ref: Group
+    diffs: dict  # seed -> group value - reference value
+
+    @property
+    def n(self) -> int:
+        return len(self.diffs)
+
+    @property
+    def mean(self) -> Optional[float]:
+        d = list(self.diffs.values())
+        return sum(d) / len(d) if d else None
+
+    @property
+    def std(self) -> Optional[float]:
+        d = list(self.diffs.values())
+        if len(d) < 2:
+            return None
+        m = sum(d) / len(d)
+        return math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1))
+
+    @property
+    def interval(self) -> Optional[tuple[float, float]]:
+        """Two-sided :data:`CONFIDENCE` Student-t interval for the mean difference."""
+        if self.n < 2:
+            return None
+        from scipy.stats import t
+
+        half = float(t.ppf(0.5 + CONFIDENCE / 2, self.n - 1)) * self.std / math.sqrt(self.n)
+        return self.mean - half, self.mean + half
+
+
+def find_row(groups: list[Group], name: str) -> str:
+    """The row ``--vs NAME`` means: a row's full name, else its label or method when
+    that picks one row."""
+    rows = list(dict.fromkeys(g.row for g in groups))
+    if name in rows:
+        return name
+    hits = list(dict.fromkeys(g.row for g in groups if name in (
+        g.config.get("label"), method_label(g.config, g.runs[0].summary))))
+    if len(hits) == 1:
+        return hits[0]
+    what = "matches several rows" if hits else "is not a row of this table"
+    raise ConfigError(f"--vs {name!r} {what}; rows: {', '.join(rows)}")
+
+
+def paired(groups: list[Group], vs: str) -> list[Paired]:
+    """Every other row's per-seed differences to row ``vs``, column by column."""
+    ref_row = find_row(groups, vs)
+    refs = {g.col: g for g in groups if g.row == ref_row}
+    rows, cols = _layout(groups)[:2]
+    groups = sorted(groups, key=lambda g: (rows.index(g.row), cols.index(g.col)))
+    out = []
+    for g in groups:
+        ref = refs.get(g.col)
+        if g.row == ref_row or ref is None:
+            continue
+        mine, theirs = g.by_seed, ref.by_seed
+        out.append(Paired(g, ref, {s: mine[s] - theirs[s] for s in sorted(mine)
+                                   if s in theirs}))
+    return out
+
+
 # ----------------------------------------------------------------------------- output
 
 
@@ -495,7 +688,10 @@ def _layout(groups: list[Group]):
 def _pct(v: Optional[float], signed: bool = False) -> str:
     if v is None:
         return ""
-    return f"{100 * v:+.2f}" if signed else f"{100 * v:.2f}"
+    x = 100 * v
+    if abs(x) < 0.005:
+        x = 0.0  # no "-0.00" from a difference that is zero up to rounding
+    return f"{x:+.2f}" if signed else f"{x:.2f}"
 
 
 def _ours(g: Optional[Group], best: Optional[float], bold: tuple[str, str],
@@ -508,15 +704,61 @@ def _ours(g: Optional[Group], best: Optional[float], bold: tuple[str, str],
     if g.std is not None:
         text += f" {pm} {_pct(g.std)}"
     missing = len(g.values) - g.n
-    text += f" (n={g.n}" + (f", {missing} missing)" if missing else ")")
+    text += f" (n={g.n}" + (f", {missing} missing" if missing else "") + _eps(g) + ")"
     if best is not None and math.isclose(g.mean, best):
         text = f"{bold[0]}{text}{bold[1]}"
     return text
 
 
+def _eps(g: Group, fmt: str = ", ε≤{}") -> str:
+    """The group's privacy budget (``privacy.dp``), empty without DP."""
+    e = g.epsilon
+    return "" if e is None else fmt.format("∞" if math.isinf(e) else f"{e:.2f}")
+
+
 def _sources(groups: list[Group]) -> str:
     src = sorted({g.source for g in groups if g.source})
     return ", ".join(src)
+
+
+def _rows_note(groups: list[Group]) -> str:
+    """What each labelled row is, where its label does not say it already."""
+    seen, parts = set(), []
+    for g in groups:
+        if g.config.get("label") and g.row != g.what and g.row not in seen:
+            seen.add(g.row)
+            parts.append(f"{g.row} = {g.what}")
+    return "; ".join(parts)
+
+
+def _ci_text(p: Paired) -> str:
+    lo_hi = p.interval
+    return f"[{_pct(lo_hi[0], True)}, {_pct(lo_hi[1], True)}]" if lo_hi else "—"
+
+
+def _unpaired_text(p: Paired, pm: str = "±") -> str:
+    def one(g: Group) -> str:
+        if g.mean is None:
+            return "missing"
+        return _pct(g.mean) + (f" {pm} {_pct(g.std)}" if g.std is not None else "")
+    return f"{one(p.group)} vs {one(p.ref)}"
+
+
+def format_paired_markdown(pairs: list[Paired], vs: str, metric: str) -> str:
+    level = f"{100 * CONFIDENCE:g} %"
+    lines = [f"Paired with {vs} (the same seed: the same partition and the same clients in "
+             f"every round), {metric} difference in points:", "",
+             f"| method | setting | per seed (seed: diff) | mean ± std | {level} CI | n | "
+             f"unpaired (this vs {vs}) |", "|---|---|---|---|---|---|---|"]
+    for p in pairs:
+        per = ", ".join(f"{s}: {_pct(d, True)}" for s, d in p.diffs.items()) or "no common seed"
+        mean = "" if p.mean is None else _pct(p.mean, True) + (
+            f" ± {_pct(p.std)}" if p.std is not None else "")
+        lines.append(f"| {p.group.row} | {p.group.col or metric} | {per} | {mean} | "
+                     f"{_ci_text(p)} | {p.n} | {_unpaired_text(p)} |")
+    lines += ["", f"CI: two-sided {level} Student-t interval of the mean paired difference, "
+              "mean ± t(n−1) · std / √n (none for n < 2); std: sample std (n − 1)."]
+    return "\n".join(lines)
 
 
 def format_markdown(groups: list[Group], metric: str) -> str:
@@ -538,23 +780,47 @@ def format_markdown(groups: list[Group], metric: str) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     note = f"\nmetric: {metric}; mean ± sample std over seeds (%), n runs; best per column " \
            "in bold"
+    if any(g.private for g in groups):
+        note += "; ε: the largest (ε, δ)-DP budget of the cell's runs (privacy.dp)"
     if _sources(groups):
         note += f"; paper: {_sources(groups)}; diff = ours - paper"
-    return "\n".join(lines) + "\n" + note
+    if _rows_note(groups):
+        note += f"\nrows: {_rows_note(groups)}"
+    title = setting_title(groups)
+    head = f"**{title}** ({metric})\n\n" if title else ""
+    return head + "\n".join(lines) + "\n" + note
 
 
-def format_csv(groups: list[Group], metric: str) -> str:
+def format_csv(groups: list[Group], metric: str, pairs: Optional[list] = None,
+               vs: str = "") -> str:
+    """One row per group; with ``--vs`` also the paired columns (empty for the reference
+    row): ``vs, paired_n, paired_mean, paired_std, ci_low, ci_high, per_seed``."""
     _, cols, _, best, _ = _layout(groups)
+    by_group = {id(p.group): p for p in pairs or []}
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["method", "setting", "metric", "n", "missing", "mean", "std", "best",
-                "paper", "diff", "source", "runs"])
+    private = any(g.private for g in groups)  # privacy.dp: one more column, dp_epsilon
+    head = ["method", "setting", "metric", "n", "missing", "mean", "std", "best",
+            "paper", "diff", "source", "runs"] + (["dp_epsilon"] if private else [])
+    if pairs is not None:
+        head += ["vs", "paired_n", "paired_mean", "paired_std", "ci_low", "ci_high",
+                 "per_seed"]
+    w.writerow(head)
     for g in groups:
         is_best = g.mean is not None and best[g.col] is not None and \
             math.isclose(g.mean, best[g.col])
-        w.writerow([g.row, g.col, metric, g.n, len(g.values) - g.n, _pct(g.mean),
-                    _pct(g.std), int(is_best), _pct(g.paper), _pct(g.diff, True),
-                    g.source, ";".join(str(r.path) for r in g.runs)])
+        row = [g.row, g.col, metric, g.n, len(g.values) - g.n, _pct(g.mean),
+               _pct(g.std), int(is_best), _pct(g.paper), _pct(g.diff, True),
+               g.source, ";".join(str(r.path) for r in g.runs)] \
+            + ([_eps(g, "{}")] if private else [])
+        if pairs is not None:
+            p = by_group.get(id(g))
+            ci = p.interval if p else None
+            row += [vs, p.n if p else "", _pct(p.mean, True) if p else "",
+                    _pct(p.std) if p else "", _pct(ci[0], True) if ci else "",
+                    _pct(ci[1], True) if ci else "",
+                    ";".join(f"{s}:{_pct(d, True)}" for s, d in p.diffs.items()) if p else ""]
+        w.writerow(row)
     return buf.getvalue()
 
 
@@ -583,6 +849,7 @@ def format_latex(groups: list[Group], metric: str) -> str:
                 cells.append("--" if g is None else "missing")
             else:
                 text = _pct(g.mean) + (rf" \pm {_pct(g.std)}" if g.std is not None else "")
+                text += _eps(g, r"\,(\varepsilon\le {})").replace("∞", r"\infty")
                 if best[c] is not None and math.isclose(g.mean, best[c]):
                     text = rf"\mathbf{{{text}}}"
                 cells.append(f"${text}$")
@@ -593,17 +860,48 @@ def format_latex(groups: list[Group], metric: str) -> str:
     out += [r"\bottomrule", r"\end{tabular}",
             f"% metric: {metric}; mean $\\pm$ sample std over seeds (%); n per cell: " +
             ", ".join(f"{_tex(g.row)}/{_tex(g.col or metric)}={g.n}" for g in groups)]
+    if setting_title(groups):
+        out.append(f"% setting: {_tex(setting_title(groups))}")
+    if _rows_note(groups):
+        out.append(f"% rows: {_tex(_rows_note(groups))}")
+    return "\n".join(out) + "\n"
+
+
+def format_paired_latex(pairs: list[Paired], vs: str, metric: str) -> str:
+    out = [r"\begin{tabular}{llrrr}", r"\toprule",
+           rf"Method & Setting & $\Delta$ vs {_tex(vs)} & {100 * CONFIDENCE:g}\% CI & $n$ \\",
+           r"\midrule"]
+    for p in pairs:
+        mean = "--" if p.mean is None else _pct(p.mean, True) + (
+            rf" \pm {_pct(p.std)}" if p.std is not None else "")
+        ci = p.interval
+        out.append(f"{_tex(p.group.row)} & {_tex(p.group.col or metric)} & ${mean}$ & " +
+                   (f"$[{_pct(ci[0], True)}, {_pct(ci[1], True)}]$" if ci else "--") +
+                   rf" & {p.n} \\")
+    out += [r"\bottomrule", r"\end{tabular}",
+            f"% paired by seed, {metric} difference in points, mean $\\pm$ sample std; CI: "
+            f"two-sided Student-t interval of the mean difference"]
     return "\n".join(out) + "\n"
 
 
 FORMATS = {"markdown": format_markdown, "csv": format_csv, "latex": format_latex}
 
 
-def report(dirs: list, fmt: str = "markdown", metric: Optional[str] = None) -> str:
+def report(dirs: list, fmt: str = "markdown", metric: Optional[str] = None,
+           vs: Optional[str] = None) -> str:
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     groups, metric = build_table(dirs, metric)
-    return FORMATS[fmt](groups, metric)
+    if vs is None:
+        return FORMATS[fmt](groups, metric)
+    pairs = paired(groups, vs)
+    ref = find_row(groups, vs)
+    if fmt == "csv":
+        return format_csv(groups, metric, pairs, ref)
+    if fmt == "latex":
+        return format_latex(groups, metric) + "\n" + format_paired_latex(pairs, ref, metric)
+    return format_markdown(groups, metric) + "\n\n" + format_paired_markdown(pairs, ref,
+                                                                             metric)
 
 
 # ----------------------------------------------------------------------------- plots
@@ -617,23 +915,34 @@ def plot_files(out: Path) -> list[Path]:
     return [stem.with_name(stem.name + ext) for ext in (".png", ".pdf")]
 
 
-def plot_groups(dirs: list, out: Path, metric_key: str = "test_accuracy") -> list[Path]:
-    """Accuracy per round, one line per method (mean over seeds, +-std band), one panel
-    per setting; written as ``out`` with suffix .png and .pdf."""
+LINESTYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
+    """The figure of :func:`plot_groups`: one panel per column (setting), one line per
+    row (mean over seeds) with a ±std band. Accuracy bands are clipped to [0, 100]; every
+    panel shares one y-range (the panels are settings of one study: the same scale lets
+    them be compared at a glance); each row has its own colour, line style and marker
+    (a line hidden under another stays visible at its markers); the title names what
+    the runs share and the panels what differs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
-    runs = load_runs(dirs)
-    groups = group_runs(runs)
     cols = list(dict.fromkeys(g.col for g in groups))
     rows = list(dict.fromkeys(g.row for g in groups))
-    colors = {r: plt.cm.tab10(i % 10) for i, r in enumerate(rows)}
+    style = {r: dict(color=plt.cm.tab10(i % 10), linestyle=LINESTYLES[i % len(LINESTYLES)],
+                     marker=MARKERS[i % len(MARKERS)]) for i, r in enumerate(rows)}
+    percent = metric_key.endswith("accuracy")
     ncol = min(len(cols), 3)
     nrow = math.ceil(len(cols) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.6 * nrow), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.8 * nrow), squeeze=False,
+                             sharey=True)
+    lows, highs = [], []
     for ax, c in zip(axes.flat, cols):
         for g in (g for g in groups if g.col == c):
             curves = []
@@ -643,23 +952,52 @@ def plot_groups(dirs: list, out: Path, metric_key: str = "test_accuracy") -> lis
             rounds = sorted(set().union(*curves)) if curves else []
             if not rounds:
                 continue
+            scale = 100.0 if percent else 1.0
             mean, std = [], []
             for rd in rounds:
                 vs = [cv[rd] for cv in curves if rd in cv]
-                mean.append(100 * float(np.mean(vs)))
-                std.append(100 * float(np.std(vs, ddof=1)) if len(vs) > 1 else 0.0)
+                mean.append(scale * float(np.mean(vs)))
+                std.append(scale * float(np.std(vs, ddof=1)) if len(vs) > 1 else 0.0)
             mean, std = np.array(mean), np.array(std)
-            ax.plot(rounds, mean, color=colors[g.row], label=f"{g.row} (n={len(g.runs)})")
-            ax.fill_between(rounds, mean - std, mean + std, color=colors[g.row], alpha=0.2)
-        ax.set_title(c or "all runs", fontsize=10)
+            lo, hi = mean - std, mean + std
+            if percent:
+                lo, hi = np.clip(lo, 0.0, 100.0), np.clip(hi, 0.0, 100.0)
+            lows.append(float(lo.min()))
+            highs.append(float(hi.max()))
+            st = style[g.row]
+            ax.plot(rounds, mean, color=st["color"], linestyle=st["linestyle"],
+                    marker=st["marker"], markersize=4,
+                    markevery=max(1, len(rounds) // 10), linewidth=1.5,
+                    label=f"{g.row} (n={len(g.runs)})")
+            ax.fill_between(rounds, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
+        ax.set_title(c or "", fontsize=10)
         ax.set_xlabel("round")
-        ax.set_ylabel("test accuracy (%)" if metric_key == "test_accuracy"
-                      else metric_key)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("test accuracy (%)" if metric_key == "test_accuracy"
+                      else metric_key + (" (%)" if percent else ""))
+    if lows:
+        pad = 0.03 * max(max(highs) - min(lows), 1.0)
+        y0, y1 = min(lows) - pad, max(highs) + pad
+        if percent:
+            y0, y1 = max(y0, 0.0), min(y1, 100.0)
+        axes.flat[0].set_ylim(y0, y1)  # shared by every panel
     for ax in list(axes.flat)[len(cols):]:
         ax.set_visible(False)
+    title = setting_title(groups)
+    fig.suptitle((title + ": " if title else "") + "mean ± std over seeds", fontsize=11)
     fig.tight_layout()
+    return fig
+
+
+def plot_groups(dirs: list, out: Path, metric_key: str = "test_accuracy") -> list[Path]:
+    """Accuracy per round, one line per row (mean over seeds, ±std band), one panel per
+    setting (:func:`curves_figure`); written as ``out`` with suffix .png and .pdf."""
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(group_runs(load_runs(dirs)), metric_key)
     written = plot_files(out)
     written[0].parent.mkdir(parents=True, exist_ok=True)
     for p in written:

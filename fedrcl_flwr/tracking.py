@@ -1,34 +1,160 @@
-"""TensorBoard event files per run (``output.tensorboard: true``), written from the same
-round record that goes to ``metrics.jsonl`` (which stays the source of truth).
+"""Experiment trackers (``output.tracker: [tensorboard, wandb, mlflow]``), all fed from the
+records that go to ``metrics.jsonl`` (which stays the source of truth) through one writer
+interface, :class:`Backend`, driven by one :class:`RunTracker`:
 
-Files go to ``<run dir>/tensorboard/``, so ``tensorboard --logdir <sweep --out>`` compares
-every run of a sweep. Tags (step = round):
+* the resolved config as run parameters (TensorBoard: the YAML as text; W&B: the run's
+  config; MLflow: one parameter per dotted key, plus ``config.yaml`` as an artefact);
+* per evaluated round, the record's numeric entries at step = round, under the same names
+  in every tracker (:func:`scalars`):
 
-* ``accuracy/test``, ``accuracy/ema``, ``accuracy/val``, ``loss/test``, ``loss/val``
-* ``train/<name>``: the per-term training losses (``train_loss``, ``train_loss_rcl``, ...)
-* ``domain_accuracy/<domain>``: per-domain test accuracy
-* ``representation/<name>``: ``repr_*`` metrics (effective rank, VCI, ...)
-* ``comm/<name>``: ``*_bytes_*`` (model and signal bytes per round)
-* ``robust/<name>``: FGSM / PGD accuracy; ``round/<name>``: clients, failures, times
-* text ``config``: the resolved experiment (YAML)
+  - ``accuracy/test``, ``accuracy/ema``, ``accuracy/val``, ``loss/test``, ``loss/val``
+  - ``train/<name>``: the per-term training losses (``train_loss``, ``train_loss_rcl``, ...)
+  - ``domain_accuracy/<domain>``: per-domain test accuracy
+  - ``representation/<name>``: ``repr_*`` metrics (effective rank, VCI, ...)
+  - ``comm/<name>``: ``*_bytes_*`` (model and signal bytes per round)
+  - ``robust/<name>``: FGSM / PGD accuracy; ``privacy/<name>``: ``dp_*`` (ε, ...);
+    ``round/<name>``: clients, failures, times;
 
-The writer is ``torch.utils.tensorboard.SummaryWriter``, which needs the ``tensorboard``
-package (extra ``fedrcl-flwr[tensorboard]``); the config check refuses
-``output.tensorboard: true`` without it (exit 2 at start-up).
+* at the end, every number of ``summary.json`` as ``summary/<key>`` (nested keys joined
+  with ``/``) and the run's plots (``*.png`` of the run directory) as artefacts (W&B: run
+  files; MLflow: ``plots/``; TensorBoard: images), all before ``summary.json`` is written
+  (its appearance still means every result of the run is on disk and in the trackers).
+
+Backends (each an optional extra, refused at start-up without it: exit 2):
+
+* ``tensorboard`` (alias ``output.tensorboard: true``): ``<run dir>/tensorboard/``, one
+  ``torch.utils.tensorboard.SummaryWriter``; ``tensorboard --logdir <sweep --out>``
+  compares every run of a sweep.
+* ``wandb``: one W&B run named after the run directory in project
+  ``output.tracker_project``, group ``output.tracker_group``, files under
+  ``<run dir>/wandb/``. ``WANDB_MODE=offline`` works without a network (``wandb sync``
+  uploads later); online mode needs an API key (checked before the run starts).
+* ``mlflow``: one MLflow run in experiment ``output.tracker_project``, a child of the
+  group's parent run (tag ``mlflow.parentRunId``). The store is ``MLFLOW_TRACKING_URI``
+  (an ``http(s)`` server must answer when the run starts); unset, a file store in the run
+  directory (``<run dir>/mlruns``; a sweep uses ``<sweep out>/mlruns`` for all its runs).
+  MLflow 3 refuses file stores unless ``MLFLOW_ALLOW_FILE_STORE=true``: asking for a
+  ``file:`` store sets it.
+
+Sweeps group their runs: ``sweep`` sets ``output.tracker_group`` to the sweep's name (W&B
+group) and creates the MLflow parent run (tag ``fedrcl_flwr.sweep``) before the first run
+starts (:func:`prepare_sweep_group`).
+
+Resume: TensorBoard rewrites the rounds after the checkpoint (``purge_step``), so it gets
+each record at once. W&B and MLflow cannot take a round back, so they get a round's record
+only once it is checkpointed (at once with ``output.checkpoint_every: 0``, when no resume
+is possible); a resumed run continues the same W&B / MLflow run (ids in
+``<run dir>/tracker.json``) and sends what the killed run had not. Each tracker thus holds
+exactly the records of ``metrics.jsonl``. A tracker that fails during a run (a server gone
+away) is reported on one line and dropped; the run and its files go on.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import os
+import re
+import secrets
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Optional
 
 TB_DIR = "tensorboard"
+WANDB_DIR = "wandb"
+MLRUNS_DIR = "mlruns"
+STATE_FILE = "tracker.json"
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+# the module each tracker imports, and the pip extra that installs it
+_PACKAGE = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+SWEEP_TAG = "fedrcl_flwr.sweep"
 
 
-def tensorboard_available() -> bool:
-    return importlib.util.find_spec("tensorboard") is not None
+# ----------------------------------------------------------------------------- config
+
+
+def enabled_trackers(cfg) -> list[str]:
+    """``output.tracker`` with the ``output.tensorboard: true`` alias, in order, once each."""
+    names = [str(t) for t in cfg.output.tracker]
+    if cfg.output.tensorboard:
+        names.append("tensorboard")
+    return list(dict.fromkeys(names))
+
+
+def check_trackers(cfg, source: str) -> None:
+    """``output.tracker`` names known trackers, each once, whose package is installed
+    (a :class:`~fedrcl_flwr.config.ConfigError` naming the key and ``source``)."""
+    from fedrcl_flwr.config import ConfigError
+
+    raw = cfg.output.tracker
+    for t in raw:
+        if t not in TRACKERS:
+            raise ConfigError(f"{source}: 'output.tracker' must list trackers among "
+                              f"{', '.join(TRACKERS)}, got {t!r}")
+    if len(set(raw)) != len(raw):
+        raise ConfigError(f"{source}: 'output.tracker' lists a tracker twice: {raw}")
+    for t in enabled_trackers(cfg):
+        if importlib.util.find_spec(_PACKAGE[t]) is None:
+            raise ConfigError(f"{source}: 'output.tracker' includes {t} but the {t} package "
+                              f"is not installed (pip install 'fedrcl-flwr[{t}]', or remove "
+                              "it)")
+
+
+def mlflow_uri(default_dir: Path) -> str:
+    """``MLFLOW_TRACKING_URI``, else a file store ``default_dir/mlruns``."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    return uri or f"file:{Path(default_dir).resolve() / MLRUNS_DIR}"
+
+
+def _allow_file_store(uri: str) -> None:
+    if uri.startswith("file:") or "://" not in uri:
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+
+
+def check_tracker_environment(cfg) -> None:
+    """What a tracker needs outside the config, checked before anything runs (a
+    ``ConfigError``, exit 2): W&B online needs an API key; an ``http(s)`` MLflow tracking
+    server must accept a connection."""
+    from fedrcl_flwr.config import ConfigError
+
+    names = enabled_trackers(cfg)
+    if "wandb" in names and os.environ.get("WANDB_MODE", "").lower() not in (
+            "offline", "disabled", "dryrun") and not _wandb_key_present():
+        raise ConfigError("output.tracker includes wandb in online mode but no W&B API key "
+                          "is set (run `wandb login` or set WANDB_API_KEY; or "
+                          "WANDB_MODE=offline to log locally and `wandb sync` later)")
+    if "mlflow" in names:
+        uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+        if uri.startswith(("http://", "https://")):
+            import socket
+            from urllib.parse import urlparse
+
+            u = urlparse(uri)
+            port = u.port or (443 if u.scheme == "https" else 80)
+            try:
+                with socket.create_connection((u.hostname, port), timeout=3):
+                    pass
+            except OSError as exc:
+                raise ConfigError(f"output.tracker includes mlflow but the tracking server "
+                                  f"MLFLOW_TRACKING_URI={uri} does not answer "
+                                  f"({exc.strerror or exc})") from None
+
+
+def _wandb_key_present() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+# ----------------------------------------------------------------------------- records
 
 
 def _tag(key: str) -> str:
@@ -44,7 +170,13 @@ def _tag(key: str) -> str:
         return f"comm/{key}"
     if key.startswith(("fgsm", "pgd", "robust", "clean")):
         return f"robust/{key}"
+    if key.startswith("dp_"):
+        return f"privacy/{key}"
     return f"round/{key}"
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def scalars(record: dict) -> dict[str, float]:
@@ -63,15 +195,67 @@ def scalars(record: dict) -> dict[str, float]:
     return out
 
 
-def _num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def summary_scalars(summary: dict) -> dict[str, float]:
+    """Every finite number of ``summary.json`` as ``summary/<key>`` (nested mappings
+    joined with ``/``: ``summary/accuracy_at/500``)."""
+    out: dict[str, float] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}/{k}", v)
+        elif _num(value):
+            out[prefix] = float(value)
+
+    for key, value in summary.items():
+        walk(f"summary/{key}", value)
+    return out
 
 
-class TensorBoardTracker:
-    """One run's event writer; ``resume_after`` drops events of rounds after the
-    checkpoint that a killed run had written (they are recomputed)."""
+def flat_params(config: dict, prefix: str = "") -> dict[str, Any]:
+    """The resolved config as ``{dotted key: value}`` (lists and empty mappings kept as
+    values)."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(flat_params(v, key))
+        else:
+            out[key] = v
+    return out
 
-    def __init__(self, run_dir: Path, config_yaml: str, *, resume_after: int = 0):
+
+# ----------------------------------------------------------------------------- backends
+
+
+class Backend:
+    """The writer interface every tracker implements. ``rewrites_after_resume``: the
+    backend can take back the rounds after a checkpoint (TensorBoard's ``purge_step``),
+    so it gets each record at once; the others only checkpointed rounds."""
+
+    name = ""
+    rewrites_after_resume = False
+
+    def state(self) -> dict:
+        """What a resumed run needs to continue this backend's run (JSON)."""
+        return {}
+
+    def log_round(self, step: int, values: dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def log_results(self, summary: dict, values: dict[str, float],
+                    files: list[Path]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardBackend(Backend):
+    name = "tensorboard"
+    rewrites_after_resume = True
+
+    def __init__(self, run_dir: Path, config_yaml: str, resume_after: int):
         from torch.utils.tensorboard import SummaryWriter
 
         from fedrcl_flwr.results import write_marker
@@ -87,11 +271,299 @@ class TensorBoardTracker:
             self.writer.add_text("config", "```yaml\n" + config_yaml + "```", 0)
         self.writer.flush()
 
-    def log(self, record: dict) -> None:
-        step = int(record["round"])
-        for tag, value in scalars(record).items():
+    def log_round(self, step, values):
+        for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
         self.writer.flush()
 
-    def close(self) -> None:
+    def log_results(self, summary, values, files):
+        step = int(summary.get("rounds") or 0)
+        self.writer.add_text("summary", "```json\n" + json.dumps(summary, indent=2) +
+                             "\n```", step)
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+        for path in files:
+            if path.suffix == ".png":
+                import matplotlib.image as mpimg
+
+                self.writer.add_image(f"plots/{path.stem}", mpimg.imread(str(path)), step,
+                                      dataformats="HWC")
+        self.writer.flush()
+
+    def close(self):
         self.writer.close()
+
+
+class WandbBackend(Backend):
+    name = "wandb"
+
+    def __init__(self, run_dir: Path, cfg, config: dict, previous: dict):
+        import wandb
+
+        from fedrcl_flwr.results import write_marker
+
+        self.run_dir = Path(run_dir)
+        run_id = previous.get("id") or secrets.token_hex(6)  # W&B: [a-z0-9_-]
+        if not (self.run_dir / WANDB_DIR).exists():  # ours: `run --overwrite` may clear it
+            (self.run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
+            write_marker(self.run_dir / WANDB_DIR, WANDB_DIR)
+        settings = wandb.Settings(silent=True, console="off", x_disable_stats=True,
+                                  disable_git=True, save_code=False,
+                                  x_save_requirements=False, x_disable_machine_info=True)
+        self.run = wandb.init(project=cfg.output.tracker_project, name=self.run_dir.name,
+                              group=cfg.output.tracker_group, id=run_id, resume="allow",
+                              dir=str(self.run_dir), config=config, settings=settings)
+        self.id = run_id
+
+    def state(self):
+        return {"id": self.id}
+
+    def log_round(self, step, values):
+        self.run.log(dict(values), step=step)
+
+    def log_results(self, summary, values, files):
+        self.run.summary.update(values)
+        for path in files:
+            self.run.save(str(path), base_path=str(path.parent), policy="now")
+
+    def close(self):
+        import wandb
+
+        self.run.finish()
+        wandb.teardown()  # the W&B service process belongs to this run's process
+
+
+_MLFLOW_KEY_BAD = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def mlflow_key(key: str) -> str:
+    """A metric / parameter name MLflow accepts (other characters become ``_``)."""
+    return _MLFLOW_KEY_BAD.sub("_", key)[:250]
+
+
+def _mlflow_client(uri: str):
+    _allow_file_store(uri)
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _mlflow_experiment(client, name: str) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name)
+    except Exception:  # noqa: BLE001 - created by a concurrent run of the sweep meanwhile
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def mlflow_parent_run(client, experiment_id: str, group: str, *, create: bool) -> Optional[str]:
+    """The id of the group's parent run (tag ``fedrcl_flwr.sweep`` = ``group``), created
+    when absent and ``create``."""
+    found = client.search_runs([experiment_id],
+                               filter_string=f"tags.`{SWEEP_TAG}` = '{group}'",
+                               max_results=1)
+    if found:
+        return found[0].info.run_id
+    if not create:
+        return None
+    run = client.create_run(experiment_id, run_name=group, tags={SWEEP_TAG: group})
+    return run.info.run_id
+
+
+class MlflowBackend(Backend):
+    name = "mlflow"
+    PARAM_LIMIT = 6000  # MLflow's longest parameter value
+
+    def __init__(self, run_dir: Path, cfg, config: dict, config_path: Path, previous: dict):
+        from mlflow.entities import Param
+
+        self.uri = previous.get("tracking_uri") or mlflow_uri(run_dir)
+        self.client = _mlflow_client(self.uri)
+        if previous.get("run_id"):
+            self.run_id = previous["run_id"]
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        exp = _mlflow_experiment(self.client, cfg.output.tracker_project)
+        tags = {"fedrcl_flwr.run_dir": str(Path(run_dir).resolve())}
+        if cfg.output.tracker_group:
+            parent = mlflow_parent_run(self.client, exp, cfg.output.tracker_group,
+                                       create=True)
+            tags["mlflow.parentRunId"] = parent
+        self.run_id = self.client.create_run(exp, run_name=Path(run_dir).name,
+                                             tags=tags).info.run_id
+        params = [Param(mlflow_key(k), str(v)[: self.PARAM_LIMIT])
+                  for k, v in flat_params(config).items()]
+        for i in range(0, len(params), 100):  # MLflow takes 100 parameters per batch
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+        self.client.log_artifact(self.run_id, str(config_path))
+
+    def state(self):
+        return {"run_id": self.run_id, "tracking_uri": self.uri}
+
+    def _metrics(self, values: dict, step: int) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(mlflow_key(k), float(v), now, step) for k, v in values.items()]
+        for i in range(0, len(metrics), 1000):
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+
+    def log_round(self, step, values):
+        self._metrics(values, step)
+
+    def log_results(self, summary, values, files):
+        self._metrics(values, int(summary.get("rounds") or 0))
+        self.client.log_dict(self.run_id, summary, "summary.json")
+        for path in files:
+            self.client.log_artifact(self.run_id, str(path),
+                                     "plots" if path.suffix == ".png" else None)
+
+    def close(self):
+        self.client.set_terminated(self.run_id)
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+class RunTracker:
+    """Feeds every backend the run's records (:meth:`log`), checkpoints (:meth:`flush`)
+    and results (:meth:`finish`); keeps ``tracker.json`` (ids and last round sent)."""
+
+    def __init__(self, run_dir: Path, backends: list[Backend], sent: dict,
+                 defer: bool):
+        self.run_dir = Path(run_dir)
+        self.backends = backends
+        self.sent = {b.name: int(sent.get(b.name, 0)) for b in backends}
+        self.defer = defer  # hold records of non-rewriting backends until checkpointed
+        self.pending: list[dict] = []
+
+    def _each(self, what: str, fn) -> None:
+        for b in list(self.backends):
+            try:
+                fn(b)
+            except Exception as exc:  # noqa: BLE001 - a mirror must not stop the run
+                self.backends.remove(b)
+                one = " ".join(str(exc).split())[:300]
+                print(f"[fedrcl-flwr] tracker {b.name} failed while {what} and is dropped "
+                      f"for the rest of the run ({type(exc).__name__}: {one}); "
+                      "metrics.jsonl is complete", file=sys.stderr, flush=True)
+
+    def _send(self, records: Iterable[dict], rewriting: bool) -> None:
+        for rec in records:
+            step = int(rec["round"])
+            values = scalars(rec)
+
+            def one(b, step=step, values=values):
+                if b.rewrites_after_resume == rewriting and step > self.sent[b.name]:
+                    b.log_round(step, values)
+                    self.sent[b.name] = step
+            self._each(f"logging round {step}", one)
+
+    def log(self, record: dict) -> None:
+        """A round's record (as written to ``metrics.jsonl``)."""
+        self._send([record], rewriting=True)
+        self.pending.append(record)
+        if not self.defer:
+            self.flush(int(record["round"]))
+
+    def flush(self, checkpointed_round: int) -> None:
+        """The run is checkpointed up to this round: its records go to every backend."""
+        ready = [r for r in self.pending if int(r["round"]) <= checkpointed_round]
+        self.pending = [r for r in self.pending if int(r["round"]) > checkpointed_round]
+        self._send(ready, rewriting=False)
+        self.save_state()
+
+    def catch_up(self, records: list[dict]) -> None:
+        """Resume: the kept records (up to the checkpoint) that a backend has not had."""
+        self._send(records, rewriting=False)
+        self.save_state()
+
+    def finish(self, summary: dict, files: list[Path]) -> None:
+        """After the last round: the pending records, the summary and the plots; then every
+        backend is closed (before ``summary.json`` is written)."""
+        self.flush(1 << 62)
+        values = summary_scalars(summary)
+        self._each("logging the results", lambda b: b.log_results(summary, values, files))
+        self.close()
+
+    def close(self) -> None:
+        self._each("closing", lambda b: b.close())
+        self.backends = []
+
+    def save_state(self) -> None:
+        state = {b.name: {**b.state(), "last_round": self.sent[b.name]}
+                 for b in self.backends if not b.rewrites_after_resume}
+        if not state:
+            return
+        from fedrcl_flwr.results import atomic_write_text
+
+        old = read_state(self.run_dir)
+        atomic_write_text(self.run_dir / STATE_FILE, json.dumps({**old, **state}, indent=2))
+
+
+def read_state(run_dir: Path) -> dict:
+    try:
+        data = json.loads((Path(run_dir) / STATE_FILE).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def open_tracker(cfg, run_dir: Path, config_path: Path, *, resume_after: int = 0,
+                 kept_records: Optional[list] = None) -> Optional[RunTracker]:
+    """The run's trackers (``None`` when ``output.tracker`` is empty). ``resume_after``:
+    the checkpointed round a resumed run continues from (0: a new run); ``kept_records``:
+    the records up to it (``metrics.jsonl`` as kept)."""
+    names = enabled_trackers(cfg)
+    if not names:
+        return None
+    import dataclasses
+
+    config = dataclasses.asdict(cfg)
+    config_yaml = Path(config_path).read_text()
+    previous = read_state(run_dir) if resume_after else {}
+    backends: list[Backend] = []
+    for name in names:
+        if name == "tensorboard":
+            backends.append(TensorBoardBackend(run_dir, config_yaml, resume_after))
+        elif name == "wandb":
+            backends.append(WandbBackend(run_dir, cfg, config, previous.get("wandb", {})))
+        elif name == "mlflow":
+            backends.append(MlflowBackend(run_dir, cfg, config, Path(config_path),
+                                          previous.get("mlflow", {})))
+    sent = {k: int(v.get("last_round", 0)) for k, v in previous.items()
+            if isinstance(v, dict)}
+    for b in backends:
+        if b.rewrites_after_resume:
+            sent[b.name] = resume_after
+    tracker = RunTracker(run_dir, backends, sent,
+                         defer=bool(cfg.output.checkpoint_every))
+    if resume_after and kept_records:
+        tracker.catch_up([r for r in kept_records if int(r["round"]) <= resume_after])
+    else:
+        tracker.save_state()
+    return tracker
+
+
+def prepare_sweep_group(cfgs: list, sweep_out: Path) -> dict:
+    """Before a sweep's first run: the environment its runs get (``MLFLOW_TRACKING_URI``
+    = ``<sweep out>/mlruns`` when unset) and the MLflow parent run of each group."""
+    env: dict = {}
+    ml = [c for c in cfgs if "mlflow" in enabled_trackers(c) and c.output.tracker_group]
+    if not ml:
+        return env
+    uri = mlflow_uri(sweep_out)
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        env["MLFLOW_TRACKING_URI"] = uri
+    client = _mlflow_client(uri)
+    for project, group in sorted({(c.output.tracker_project, c.output.tracker_group)
+                                  for c in ml}):
+        mlflow_parent_run(client, _mlflow_experiment(client, project), group, create=True)
+    return env

@@ -28,6 +28,13 @@ parameter, ``None`` for BatchNorm buffers / counters, filled with :meth:`buffer_
 saves / restores it in :meth:`state_dict` / :meth:`load_state_dict`, so a new optimizer
 cannot forget to checkpoint one.
 
+Privacy (``privacy`` section, off by default): with ``privacy.dp`` the round's averaging
+step runs inside Flower's fixed-clipping DP wrapper (:mod:`strategies.privacy`: clipping,
+fixed-denominator average, Gaussian noise, the privacy accountant whose state is
+checkpointed); with ``privacy.secagg`` every result holds the same SecAgg+ average (the
+ServerApp's SecAgg+ workflow unmasked it), which replaces the weighted average, and a
+round with an unusable result is discarded (it cannot be taken out of the masked sum).
+
 Rounds: Flower numbers the rounds of *this process* 1, 2, ... (``server_round``); a resumed
 run continues at ``run_round = server_round + round_offset`` (rounds done before). Every
 hook, record, sample and checkpoint uses ``run_round``.
@@ -123,6 +130,7 @@ class FederatedStrategy(Strategy):
         round_offset: int = 0,
         exchange=None,
         overlap_evaluation: bool = False,
+        privacy=None,
     ):
         super().__init__()
         self.overlap_evaluation = overlap_evaluation
@@ -156,6 +164,15 @@ class FederatedStrategy(Strategy):
             fill = self.buffer_fill(b)
             setattr(self, b, [np.full(w.shape, fill, np.float64) if k == "param" else None
                               for w, k in zip(self.weights, self.kinds)])
+        # privacy (a fedrcl_flwr.config.PrivacyConfig; off by default): central DP through
+        # Flower's wrappers (strategies/privacy.py), SecAgg+ results (fedrcl_flwr/app)
+        self.secagg = bool(privacy is not None and privacy.secagg)
+        self.dp = None
+        if privacy is not None and privacy.dp is not None:
+            from strategies.privacy import CentralDP
+
+            self.dp = CentralDP(self, privacy.dp, num_sampled=clients_per_round,
+                                num_clients=num_clients)
 
     @classmethod
     def resolve(cls, params: Optional[dict]) -> dict:
@@ -192,6 +209,8 @@ class FederatedStrategy(Strategy):
                  "buffers": {b: copy_arrays(getattr(self, b)) for b in self.buffers}}
         if self.exchange is not None:
             state["exchange"] = self.exchange.state_dict()
+        if self.dp is not None:
+            state["privacy_accountant"] = self.dp.accountant.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -203,6 +222,11 @@ class FederatedStrategy(Strategy):
         self.first_client_error = state.get("first_client_error")
         if self.exchange is not None and "exchange" in state:
             self.exchange.load_state_dict(state["exchange"])
+        if self.dp is not None:
+            if "privacy_accountant" not in state:
+                raise ValueError("privacy.dp is set but the checkpoint has no privacy "
+                                 "accountant (the run started without privacy.dp)")
+            self.dp.accountant.load_state_dict(state["privacy_accountant"])
 
     # --------------------------------------------------------------- Strategy
     def initialize_parameters(self, client_manager: ClientManager) -> Optional[Parameters]:
@@ -222,15 +246,23 @@ class FederatedStrategy(Strategy):
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        rnd = self.run_round(server_round)
         self._round_start = time.time()
+        send = ndarrays_to_parameters(self.weights_to_send(self.run_round(server_round)))
+        if self.dp is not None:  # Flower's DP wrapper sees what the clients start from
+            return self.dp.configure_fit(server_round, send, client_manager)
+        return self.sample_clients(server_round, send, client_manager)
+
+    def sample_clients(self, server_round: int, send: Parameters,
+                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        """The round's partitions on the connected nodes, each with ``send`` and its fit
+        config."""
+        rnd = self.run_round(server_round)
         pids = sample_partitions(self.seed, rnd, self.num_clients, self.clients_per_round)
         slots = self._slots(client_manager, len(pids))
         if len(slots) < len(pids):
             log.warning("round %d: only %d client nodes for %d sampled partitions; "
                         "training the first %d", rnd, len(slots), len(pids), len(slots))
             pids = pids[: len(slots)]
-        send = ndarrays_to_parameters(self.weights_to_send(rnd))
         out = []
         for slot, pid in zip(slots, pids):
             config = {"run_round": rnd, "partition_id": pid}
@@ -260,10 +292,19 @@ class FederatedStrategy(Strategy):
             why = check_update(arrays, self.weights)
             if why is None and not np.isfinite(float(res.metrics.get("train_loss", 0.0))):
                 why = "non-finite training loss"
+            if why is None and self.dp is not None and not self.secagg:
+                why = self.dp.unclipped(arrays)
             if why is not None:
                 reasons.append(f"partition {pid}: {why}")
                 continue
             kept.append((pid, res, arrays))
+        if self.secagg and len(kept) < len(results):
+            # SecAgg+: an unusable result is inside the masked sum every result holds
+            log.warning("round %d: SecAgg+: %d result(s) unusable, and a result cannot be "
+                        "taken out of the masked sum: the round's aggregate is discarded",
+                        rnd, len(results) - len(kept))
+            reasons += [f"partition {pid}: in a discarded SecAgg+ sum" for pid, _, _ in kept]
+            kept = []
         for r in reasons:
             log.warning("round %d: dropped a client result (%s)", rnd, r)
         if reasons and self.first_client_error is None:
@@ -272,6 +313,8 @@ class FederatedStrategy(Strategy):
         info = {"num_clients": len(kept), "failures": len(reasons),
                 "model_bytes_down": self.model_bytes * len(self._sampled),
                 "model_bytes_up": self.model_bytes * len(kept)}
+        if self.dp is not None:  # ε so far (updated below when this round releases)
+            info.update(self.dp.accountant.record())
         if self.exchange is not None:
             info["signal_bytes_down"] = (self.exchange.bytes_down_per_client(rnd)
                                          * len(self._sampled))
@@ -297,8 +340,18 @@ class FederatedStrategy(Strategy):
         self.consecutive_empty = 0
         self.rounds_trained += 1
         kept.sort(key=lambda t: t[0])  # order-independent arithmetic
-        coefs = client_coefficients([r.num_examples for _, r, _ in kept], self.weighting)
-        average = weighted_average([a for _, _, a in kept], coefs, self.kinds)
+        if self.dp is not None:  # Flower's wrapper: clip (server mode), average, noise
+            average = self.dp.aggregate(server_round, [(None, r) for _, r, _ in kept],
+                                        secagg_active=len(kept) if self.secagg else 0)
+            self.dp.accountant.record_release(self._sampled)
+            info.update(self.dp.accountant.record())
+        elif self.secagg:  # every result holds the same unmasked SecAgg+ average
+            average = [np.asarray(a).astype(np.asarray(w).dtype)
+                       for a, w in zip(kept[0][2], self.weights)]
+        else:
+            coefs = client_coefficients([r.num_examples for _, r, _ in kept],
+                                        self.weighting)
+            average = weighted_average([a for _, _, a in kept], coefs, self.kinds)
         self.server_update(rnd, average)
         info["train_loss"] = float(np.mean([float(r.metrics.get("train_loss", np.nan))
                                             for _, r, _ in kept]))

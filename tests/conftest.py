@@ -74,17 +74,55 @@ def tiny(tmp_path):
     return lambda **kw: tiny_config(tmp_path, **kw)
 
 
-RUN_MARKER = "fedrcl-flwr-home-"
-PROCS_BEFORE_TESTS = frozenset(procs_with(RUN_MARKER))
+_SESSION: dict = {"tmp": None}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_tmpdir(tmp_path_factory):
+    """The suite's processes are marked as the runner marks a run's: every run started by
+    a test (in process or as a subprocess, which inherits the variable) makes its private
+    home with ``tempfile`` under ``$TMPDIR``, so with ``TMPDIR`` set to a directory of this
+    session, every process of a run the tests started — the SuperLink, the simulation
+    process, Ray's workers and agents (found by their command line or working directory)
+    — names ``<session dir>/fedrcl-flwr-home-``, and processes of anyone else's runs on
+    the machine never do (:func:`leftover_procs` judges only ours). Ray also keeps its
+    session files under ``$TMPDIR/ray``. pytest's own temporary directories are fixed
+    first and stay where they were; the directory is removed at the end."""
+    import os
+    import shutil
+    import tempfile
+
+    tmp_path_factory.getbasetemp()
+    before = os.environ.get("TMPDIR")
+    mine = Path(tempfile.mkdtemp(prefix="fedrcl-tests-"))  # short: Ray's socket paths
+    os.environ["TMPDIR"] = str(mine)
+    tempfile.tempdir = None  # recomputed from $TMPDIR
+    _SESSION["tmp"] = mine
+    yield mine
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
+    shutil.rmtree(mine, ignore_errors=True)
+
+
+def run_marker() -> str:
+    """What every process of a run started by this test session has in its environment,
+    command line or working directory (see :func:`_session_tmpdir`)."""
+    assert _SESSION["tmp"] is not None, "the session fixture has not run"
+    return f"{_SESSION['tmp']}/fedrcl-flwr-home-"
 
 
 def leftover_procs(grace: float = 10.0) -> dict[int, str]:
-    """Processes of our runs still alive ``grace`` seconds after the run returned (a
-    SIGKILLed Ray worker takes a moment to vanish), ignoring any that predate the test
-    session. Maps PID to its command line, for the assertion message."""
+    """Processes of the runs this test session started still alive ``grace`` seconds
+    after the run returned (a SIGKILLed Ray worker takes a moment to vanish); another
+    user's or session's runs on the same machine are never counted. Maps PID to its
+    command line, for the assertion message."""
+    marker = run_marker()
     deadline = time.time() + grace
     while True:
-        left = set(procs_with(RUN_MARKER)) - PROCS_BEFORE_TESTS
+        left = set(procs_with(marker))
         if not left or time.time() > deadline:
             break
         time.sleep(0.25)

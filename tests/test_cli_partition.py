@@ -35,7 +35,8 @@ def test_partition_quickstart_table_and_plot(tmp_path, capsys):
         client, size, n_classes, counts = r[0], r[1], r[2], r[3:]
         assert len(counts) == 10 and sum(counts) == size == 200
         assert n_classes == sum(c > 0 for c in counts)
-        assert n_classes < 10  # α = 0.3: label skew, not every class everywhere
+    # α = 0.3: label skew, most clients miss some classes
+    assert sum(r[2] < 10 for r in rows) >= 3
     assert "| ... 95 more clients |" in out
     summary = re.search(r"100 clients, 20000 samples; size min/mean/max 200/200.0/200; "
                         r"classes per client mean (\d+\.\d+)", out)

@@ -50,6 +50,8 @@ def _config(section: str, name: str) -> dict:
         cls = client_class(name)
         data["client"]["method"] = name
         data["server"]["strategy"] = (cls.strategies or ("fedavg",))[0]
+        if name == "univarfl":  # its model has the paper's projector (check_config)
+            data["model"] = {"name": "cnn5", "params": {"projector": 32}}
     else:
         data["server"]["strategy"] = name
     return data
@@ -160,3 +162,22 @@ def test_ints_are_not_floats_and_floats_become_floats(tiny):
     assert isinstance(p["tau"], float) and p["topk_pos"] == 3
     with pytest.raises(ConfigError, match="topk_pos .* must be a whole number"):
         cls.resolve(tiny(client={"method": "fedrcl", "params": {"topk_pos": 3.0}}))
+
+
+def test_univarfl_without_its_projector_is_refused_in_one_line(tmp_path, capsys, no_flower):
+    """UniVarFL's paper model has a two-layer projector (issue #25: without it the method
+    sat at chance): a config without ``model.params.projector`` stops the CLI (exit 2,
+    one line naming the key and the file, nothing written); 256, or 0 on purpose, pass."""
+    data = _config("client.params", "univarfl")
+    data["model"] = {"name": "cnn5"}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    assert cli.main(["run", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "model.params.projector" in err, err
+    assert str(path) in err and not out.exists()
+    for width in (256, 0):
+        cfg = config_from_dict({**data, "model": {"name": "cnn5",
+                                                  "params": {"projector": width}}}, "x")
+        validate_components(cfg)

@@ -511,6 +511,27 @@ def test_augmentation_is_seeded_and_plain_is_not_augmented(small_bundle):
     assert small_bundle.test.augment is None
 
 
+def test_npz_is_not_augmented_unless_asked(tmp_path):
+    """Issue #25: your own arrays (digits, text, ...) get no flip or crop by default; the
+    dataset keys opt in. Image folders (natural images) keep their crop + flip."""
+    from fedrcl_flwr.config import DatasetConfig
+    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.data.datasets import AugmentSpec, augment_spec
+
+    x = np.random.default_rng(0).integers(0, 256, (8, 8, 8), dtype=np.uint8)
+    p = _save_npz(tmp_path / "d.npz", x_train=x, y_train=np.arange(8) % 2, x_test=x,
+                  y_test=np.arange(8) % 2)
+    assert load_dataset("npz", path=p).train.augment is None
+    bundle, _ = cache.load(DatasetConfig(name="npz", path=p, cache_dir=str(tmp_path / "c")), 0)
+    assert bundle.train.augment is None  # what a run trains on
+    opted = load_dataset("npz", path=p, crop_pad=2, flip=True)
+    assert opted.train.augment == AugmentSpec(2, True)
+    assert augment_spec("npz", 8, True, rotation=10) == AugmentSpec(0, False, 10.0)
+    assert augment_spec("imagefolder", 64, True) == AugmentSpec(8, True)
+    assert augment_spec("cifar10", 32, True, flip=False) == AugmentSpec(4, False)
+    assert augment_spec("cifar10", 32, False, flip=True) is None  # augment: false wins
+
+
 def test_flip_only_augmentation():
     from fedrcl_flwr.data.datasets import AugmentSpec
 

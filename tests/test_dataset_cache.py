@@ -50,7 +50,7 @@ def test_key_follows_the_arrays_not_the_augmentation(cfg):
         cfg.dataset.synthetic, num_train=801))
     assert cache.entry_key(d, cfg.seed) != base
     for field, value in [("augment", False), ("rotation", 10.0), ("crop_pad", 3),
-                         ("verify_md5", False)]:
+                         ("flip", False), ("verify_md5", False)]:
         d = dataclasses.replace(cfg.dataset, **{field: value})
         assert cache.entry_key(d, cfg.seed) == base, field
 
@@ -205,3 +205,30 @@ def test_unwritable_cache_dir_is_an_input_error(tmp_path, capsys):
     assert rc == 2 and len(err) == 1
     assert "dataset.cache_dir" in err[0] and str(exp) in err[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_seed_is_in_the_key_only_where_it_draws_the_arrays(tmp_path):
+    """Issue #25: an npz (or torchvision files) gives the same arrays for every seed: one
+    entry for a 3-seed study, not three; the seed still keys what it draws (synthetic
+    images, the val_fraction hold-out, an image folder's held-out test split)."""
+    from fedrcl_flwr.config import DatasetConfig
+
+    f = tmp_path / "d.npz"
+    x = np.random.default_rng(0).integers(0, 255, (20, 8, 8), dtype=np.uint8)
+    np.savez(f, x_train=x, y_train=np.arange(20) % 2, x_test=x[:6], y_test=np.arange(6) % 2)
+    d = DatasetConfig(name="npz", path=str(f), cache_dir=str(tmp_path / "cache"))
+    assert len({cache.entry_key(d, s) for s in (0, 1, 2)}) == 1
+    for s in (0, 1, 2):
+        cache.load(d, s)
+    assert len(cache.list_entries(tmp_path / "cache")) == 1
+    held = dataclasses.replace(d, val_fraction=0.25)
+    assert cache.entry_key(held, 0) != cache.entry_key(held, 1)
+    assert cache.entry_key(DatasetConfig(), 0) != cache.entry_key(DatasetConfig(), 1)
+    tree = tmp_path / "folder"
+    for cls in ("a", "b"):
+        (tree / cls).mkdir(parents=True)
+    flat = DatasetConfig(name="imagefolder", root=str(tree))
+    assert cache.entry_key(flat, 0) != cache.entry_key(flat, 1)  # seeded test split
+    for split in ("train", "test"):
+        (tree / split).mkdir()
+    assert cache.entry_key(flat, 0) == cache.entry_key(flat, 1)

@@ -162,7 +162,7 @@ def _flwr(env, home, *args, timeout=300):
                           text=True, timeout=timeout, cwd=str(home))
 
 
-def _run(loopback, method, rounds=2, params="{}", federation=""):
+def _run(loopback, method, rounds=2, params="{}", federation="", extra=""):
     home, env, tmp = loopback
     out = tmp / f"out_{method}"
     exp = tmp / f"{method}.yaml"
@@ -176,6 +176,7 @@ federation: {{num_clients: 2, clients_per_round: 2, participation: null, rounds:
              {federation}}}
 client: {{method: {method}, params: {params}, lr: 0.05, local_epochs: 1, batch_size: 32,
          device: cpu}}
+{extra}
 """)
     rc = (f'experiment="{exp}" output-dir="{out}" expected-nodes=2')
     res = _flwr(env, home, "run", str(ROOT), "loopback", "--run-config", rc,
@@ -223,3 +224,17 @@ def test_tls_node_auth_and_a_hanging_device(loopback):
     assert all(r["num_clients"] == 1 and r["failures"] == 1 for r in recs), recs
     assert all(np.isfinite(r["test_accuracy"]) for r in recs)
     assert time.time() - t0 < 240  # did not wait for the sleeper
+
+
+@pytest.mark.parametrize("loopback", ["secure"], indirect=True)
+def test_tls_secagg_over_the_wire(loopback):
+    """privacy.secagg over TLS with SuperNode authentication: the ServerApp runs Flower's
+    SecAgg+ workflow, each SuperNode's ClientApp secaggplus_mod (four messages a round);
+    the round aggregates both nodes (one trains a server-assigned partition, the other its
+    own data) and the model is evaluated."""
+    recs = _run(loopback, "fedavg", rounds=1, extra="privacy: {secagg: true}")
+    log = (loopback[2] / "serverapp_fedavg.log").read_text()
+    assert "privacy.secagg: Flower's SecAggPlusWorkflow" in log, log[-2000:]
+    assert all(r["num_clients"] == 2 and r["failures"] == 0 for r in recs), recs
+    assert all(np.isfinite(r["test_accuracy"]) and np.isfinite(r["train_loss"])
+               for r in recs)

@@ -2,6 +2,7 @@
 and no SuperLink / simulation / Ray process left behind."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,8 +68,17 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     other = _run(tmp_path / "b", "dataset.synthetic.num_train=2001", env=env)
     assert other.returncode == 1 and "generator ran" in other.stderr, other.stderr
     run = tmp_path / "run"
-    for f in ["config.yaml", "metrics.jsonl", "summary.json", "model.pt", "accuracy.png"]:
+    for f in ["config.yaml", "metrics.jsonl", "summary.json", "model.pt", "accuracy.png",
+              "run.log", "flower.log"]:
         assert (run / f).exists(), f
+    # the README's quickstart list names every file a run leaves; the lock file is gone
+    # once the run has completed (issue #25)
+    assert not (run / ".fedrcl-flwr.lock").exists()
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("writes to `runs/quickstart/`:") + len("writes to `runs/quickstart/`:")
+    listed = set(re.findall(r"`([^`]+)`", readme[start:readme.index("\n\n", start)]))
+    assert {p.name for p in run.iterdir()} <= listed, listed
+    assert ".fedrcl-flwr.lock" in listed
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in recs] == [1, 2, 3, 4]
     for r in recs:

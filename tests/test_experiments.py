@@ -105,8 +105,10 @@ ALL_METHODS = sorted(m for m in CLIENTS if m != "faulty")
 @pytest.mark.parametrize("method", ALL_METHODS)
 def test_synthetic_all_is_valid_for_every_method(method):
     strategy = "feddyn" if method == "feddyn" else "fedavg"  # as the file's loop
+    projector = 256 if method == "univarfl" else 0
     cfg = load_config(SYNTHETIC_ALL, [f"client.method={method}",
                                       f"server.strategy={strategy}",
+                                      f"model.params.projector={projector}",
                                       f"name=synthetic_all_{method}"])
     validate_components(cfg)
 

@@ -271,6 +271,49 @@ def test_output_dir_held_by_a_live_run_is_refused_naming_its_pid(tmp_path, capsy
     lock.release()
 
 
+def test_a_completed_run_removes_its_lock_file_and_the_lock_still_excludes(tmp_path,
+                                                                          monkeypatch):
+    """Issue #25: the lock file stayed behind after a finished run. ``release(remove=True)``
+    unlinks it while still holding the lock; a newcomer that opened the old file just
+    before (and so locks a file no longer at the path) notices and locks the new one, so
+    two runs can never both hold the directory."""
+    import fcntl
+
+    out = tmp_path / "o"
+    out.mkdir()
+    first = OutputLock(out)
+    first.acquire()
+    assert (out / LOCK_FILE).exists()
+    first.release(remove=True)
+    assert not (out / LOCK_FILE).exists() and OutputLock.holder(out) is None
+    # the race: B opens the file, A (the holder) removes it and releases, B locks it
+    a = OutputLock(out)
+    a.acquire()
+    real_open = os.open
+    opened = []
+
+    def open_then_holder_finishes(path, flags, *mode):
+        fd = real_open(path, flags, *mode)
+        if not opened:
+            opened.append(fd)
+            a.release(remove=True)  # between B's open and B's flock
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_holder_finishes)
+    b = OutputLock(out)
+    b.acquire()  # retried on the new file
+    monkeypatch.setattr(os, "open", real_open)
+    assert os.fstat(b.fd).st_ino == os.stat(out / LOCK_FILE).st_ino
+    with pytest.raises(ConfigError, match="in use"):
+        OutputLock(out).acquire()  # a third run is refused: B holds the file at the path
+    fd = os.open(out / LOCK_FILE, os.O_RDONLY)
+    with pytest.raises(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
+    b.release()
+    assert (out / LOCK_FILE).exists()  # without remove (a failed run): the file stays
+
+
 @pytest.mark.parametrize("left", ["summary.json", "metrics.jsonl", "checkpoint.pt",
                                   "model.pt"])
 def test_finished_dir_is_not_overwritten_silently(tmp_path, capsys, left):

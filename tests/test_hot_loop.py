@@ -49,10 +49,29 @@ def _one_thread():
 
 # ------------------------------------------------------------------- the counting shim
 # Call sites (file:line of our code) allowed to read a value back on every step, with the
-# reason. Empty: no client method needs one. (fp16 on CUDA without PyTorch's fused
+# reason. No client method needs one; the augmentation reads its host-drawn rotation
+# angles on the host (no device wait). (fp16 on CUDA without PyTorch's fused
 # optimiser reads the loss scaler's inf flag per step inside torch.amp.GradScaler; the
 # loop asks for the fused kernel, which does not. Not reachable on the CPU.)
-PER_STEP_ALLOWED: dict[str, str] = {}
+def _line_of(fn, needle: str) -> str:
+    import inspect
+
+    lines, start = inspect.getsourcelines(fn)
+    line = start + next(i for i, text in enumerate(lines) if needle in text)
+    return f"{Path(inspect.getsourcefile(fn)).relative_to(ROOT)}:{line}"
+
+
+def _host_angle_read() -> str:
+    from fedrcl_flwr import augment
+
+    return _line_of(augment._angles, "# host read")
+
+
+PER_STEP_ALLOWED: dict[str, str] = {
+    # rotation angles are drawn on the host (the client's CPU generator); reading that host
+    # tensor to compute Pillow's coefficients in double precision waits for no device
+    _host_angle_read(): "host tensor read on the host (augmentation angles)",
+}
 
 _VALUE_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__",
                 "__index__", "__format__", "__repr__", "__array__")

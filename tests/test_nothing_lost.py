@@ -30,6 +30,7 @@ import yaml
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.sweep import plan_sweep
 from fedrcl_flwr.runner import LOCK_FILE, OutputLock, procs_with
 from test_hardening_inputs import TINY
 from test_hardening_processes import _alive
@@ -222,13 +223,13 @@ def test_a_run_never_writes_through_a_link_in_its_directory(resumable, tmp_path,
 def test_sweep_never_removes_a_run_directory_it_cannot_recognise(tmp_path, capsys, flower):
     sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedprox"]})
     out = tmp_path / "out"
-    stranger = out / "method=fedavg"
+    stranger = plan_sweep(sw, out)[0][0].out_dir  # where the first run goes
     stranger.mkdir(parents=True)
     (stranger / "run.log").write_text("someone else's log")
     (stranger / "results.csv").write_text("1,2,3")
     before = _tree(tmp_path)
     line = _refused(capsys, "sweep", sw, "--out", out)
-    assert "method=fedavg" in line and "not created by fedrcl-flwr" in line
+    assert stranger.name in line and "not created by fedrcl-flwr" in line
     assert _tree(tmp_path) == before and not flower
     # a link in place of a run directory is refused as well (its target is elsewhere)
     stranger.rename(tmp_path / "elsewhere")
@@ -292,13 +293,13 @@ def test_a_crafted_checkpoint_in_a_sweep_dir_runs_no_code(tmp_path, capsys, monk
     mark = tmp_path / "pwned"
     monkeypatch.setenv("EVIL_MARK", str(mark))
     sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedprox"]})
-    run = tmp_path / "out" / "method=fedavg"
+    run = plan_sweep(sw, tmp_path / "out")[0][0].out_dir
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text('{"round": 1}\n')
     torch.save({"round": _Evil(), "strategy": {}}, run / "checkpoint.pt")
     rc, out, err = _cli(capsys, "sweep", sw, "--out", tmp_path / "out", "--dry-run")
     assert rc == 0, err
-    assert "method=fedavg  [resume after round 0]" in out
+    assert f"{run.name}  [resume after round 0]" in out
     assert not mark.exists()
 
 
@@ -365,7 +366,7 @@ def test_a_sweep_is_never_run_into_a_held_directory(tmp_path, capsys, flower):
         lock.release()
     # a run directory held by a live run (here: this process) is never launched into,
     # nor removed: the whole sweep is refused up front, naming the holder
-    run = out / "method=fedprox"
+    run = plan_sweep(sw, out)[0][1].out_dir
     run.mkdir()
     write_marker(run, "run")
     (run / "config.yaml").write_text("half-written\n")
@@ -374,7 +375,7 @@ def test_a_sweep_is_never_run_into_a_held_directory(tmp_path, capsys, flower):
     try:
         before = _tree(out)
         line = _refused(capsys, "sweep", sw, "--out", out)
-        assert "method=fedprox" in line and f"PID {os.getpid()}" in line
+        assert run.name in line and f"PID {os.getpid()}" in line
         assert _tree(out) == before and not flower
     finally:
         held.release()
@@ -786,7 +787,7 @@ def test_kill_9_of_a_sweep_takes_its_runs_with_it(tmp_path, capsys):
     proc = subprocess.Popen([sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw),
                              "--out", str(out)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
-    run = out / "sweep"  # nothing varies: the run is named after the sweep (file)
+    run = plan_sweep(sw, out)[0][0].out_dir
     home = None
     try:
         deadline = time.time() + 300

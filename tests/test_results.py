@@ -74,3 +74,48 @@ def test_report_table_and_cli(tmp_path, capsys):
     assert "fedrcl" in capsys.readouterr().out
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "no summary.json" in capsys.readouterr().err
+
+
+def test_progress_shows_the_ema_only_for_runs_that_report_it(tmp_path, capsys,
+                                                             monkeypatch):
+    """Issue #25: EMA 46 % beside acc 79 % on every line suggested a 40-point gap. The
+    EMA (FedRCL's reported accuracy; the authors' code computes none, their paper says
+    "exponential moving average with parameter 0.9") stays in the records; the lines
+    show it only for runs whose report metric it is, explained once before them, and
+    the done line names the reported metric."""
+    import yaml
+
+    from fedrcl_flwr import runner
+    from fedrcl_flwr.results import format_round_line, reported_value, shows_ema
+
+    rec = {"round": 30, "test_accuracy": 0.79, "ema_accuracy": 0.46, "num_clients": 5}
+    assert "ema" not in format_round_line(rec, 30)
+    assert "ema  46.00%" in format_round_line(rec, 30, show_ema=True)
+    assert shows_ema("ema@500") and not shows_ema("final") and not shows_ema("last5")
+    summary = {"final_accuracy": 0.79, "last5": 0.7, "accuracy_at": {"30": 0.46}}
+    assert reported_value(summary, "ema@30") == 0.46
+    assert reported_value(summary, "last5") == 0.7 and reported_value(summary, "best") is None
+
+    monkeypatch.setattr(runner, "run_simulation_via_flower", lambda *a, **k: summary)
+    from conftest import tiny_config
+    from fedrcl_flwr.config import to_dict
+
+    for metric, note, done in [
+            ("ema@30", "'ema' is the reported metric (ema@30): EMA_t = 0.9·EMA_(t-1) + "
+             "0.1·acc_t from EMA_1 = acc_1", "final accuracy 79.00%, ema@30 (reported) "
+             "46.00%"),
+            ("final", None, "final accuracy 79.00% ->")]:
+        data = to_dict(tiny_config(tmp_path / metric))
+        data["evaluation"].update(report_metric=metric, target_rounds=[30])
+        data["federation"]["rounds"] = 30
+        path = tmp_path / f"{metric}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        assert main(["run", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert done in out, out
+        assert sorted(p.name for p in (tmp_path / metric / "run").iterdir()) == [
+            "config.yaml"]  # a completed run leaves no lock file (issue #25)
+        if note:
+            assert note in out and "trails 'acc' by about 10 rounds" in out, out
+        else:
+            assert "'ema'" not in out, out

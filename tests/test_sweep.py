@@ -4,6 +4,7 @@ sweep killed by SIGTERM and rerun: finished runs skipped, the checkpointed run r
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -55,8 +56,8 @@ def test_grid_times_seeds_names_and_overrides(tmp_path):
     assert out == (tmp_path / "out").resolve()
     assert len(runs) == 8
     names = [r.name for r in runs]
-    assert names[0] == "method=fedavg_alpha=0.3_seed=0"
-    assert names[-1] == "method=fedrcl_alpha=1.0_seed=1"
+    assert re.fullmatch(r"fedavg_seed=0_[0-9a-f]{8}", names[0]), names[0]
+    assert re.fullmatch(r"fedrcl_seed=1_[0-9a-f]{8}", names[-1]), names[-1]
     assert len(set(names)) == 8
     r = runs[5]  # fedrcl, alpha 0.3, seed 1
     assert (r.cfg.client.method, r.cfg.partition.alpha, r.cfg.seed) == ("fedrcl", 0.3, 1)
@@ -77,18 +78,22 @@ def test_base_relative_to_cwd_and_variants_with_labels(tmp_path, monkeypatch):
         "seeds": [3], "set": {"federation.rounds": 2}})
     monkeypatch.chdir(tmp_path)
     runs, _ = plan_sweep(sw, tmp_path / "o")
-    assert [r.name for r in runs] == ["fedavg", "fedprox-mu0.01"]  # seed does not vary
+    assert [r.name[:-9] for r in runs] == ["fedavg_seed=3", "fedprox-mu0.01_seed=3"]
+    assert [r.cfg.label for r in runs] == ["fedavg", "fedprox-mu0.01"]  # for report/plot
     assert runs[1].cfg.client.params == {"mu": 0.01} and runs[1].cfg.seed == 3
     assert runs[0].cfg.client.params == {} and runs[0].cfg.federation.rounds == 2
 
 
-def test_variants_without_labels_are_named_by_their_values(tmp_path):
+def test_variants_without_labels_are_named_by_their_method(tmp_path):
     sw = _sweep(tmp_path, variants=[{"client.method": "fedavg"},
                                     {"client.method": "fedprox",
-                                     "client.params": {"mu": 0.01}}])
+                                     "client.params": {"mu": 0.01}},
+                                    {"client.method": "fedprox",
+                                     "client.params": {"mu": 0.1}}])
     runs, _ = plan_sweep(sw, tmp_path / "o")
-    assert [r.name for r in runs] == ["method=fedavg_client.params=none",
-                                      "method=fedprox_client.params=mu-0.01"]
+    assert [r.name[:-9] for r in runs] == ["fedavg_seed=0", "fedprox_seed=0",
+                                           "fedprox_seed=0"]
+    assert len({r.name for r in runs}) == 3 and all(r.cfg.label is None for r in runs)
 
 
 def test_several_bases_are_a_setting_axis(tmp_path):
@@ -97,9 +102,79 @@ def test_several_bases_are_a_setting_axis(tmp_path):
     sw = _write(tmp_path / "s.yaml", {"base": ["a.yaml", "b.yaml"],
                                       "grid": {"client.method": ["fedavg", "fedrcl"]}})
     runs, _ = plan_sweep(sw, tmp_path / "o")
-    assert [r.name for r in runs] == ["a_method=fedavg", "a_method=fedrcl",
-                                      "b_method=fedavg", "b_method=fedrcl"]
+    assert [r.name[:-9] for r in runs] == ["fedavg_seed=0", "fedrcl_seed=0"] * 2
+    assert len({r.name for r in runs}) == 4
     assert runs[2].cfg.partition.scheme == "iid"
+
+
+def test_run_names_are_stable_when_the_sweep_grows(tmp_path):
+    """Issue #25: names came from whatever varied, so adding one setting renamed every
+    run and recomputed the finished ones. A name is the label / method, the seed and a
+    hash of the run's own experiment: adding a setting, a method or a seed keeps them."""
+    from fedrcl_flwr.sweep import experiment_hash
+
+    small = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"]}, seeds=[0])
+    before = {r.name for r in plan_sweep(small, tmp_path / "o")[0]}
+    grown = _write(tmp_path / "grown.yaml", {
+        "base": "base.yaml", "seeds": [0, 1],
+        "grid": {"client.method": ["fedavg", "fedrcl", "fedprox"],
+                 "partition.alpha": [0.5, 0.1]}})  # 0.5 is the base's own value
+    after = {r.name for r in plan_sweep(grown, tmp_path / "o")[0]}
+    assert before <= after and len(after) == 12
+    # what only names, places or resources a run does not change its hash
+    r = plan_sweep(small, tmp_path / "o")[0][0]
+    h = experiment_hash(r.cfg)
+    import dataclasses
+
+    for change in ({"name": "other"}, {"label": "x"}):
+        assert experiment_hash(dataclasses.replace(r.cfg, **change)) == h
+    r.cfg.simulation.init_num_cpus = 1
+    r.cfg.output.dir = "/elsewhere"
+    assert experiment_hash(r.cfg) == h
+    r.cfg.client.lr = 0.01
+    assert experiment_hash(r.cfg) != h
+
+
+def test_a_regrown_sweep_takes_over_runs_named_the_old_way(tmp_path, capsys):
+    """A sweep directory written before stable names (``method=fedavg_seed=0``): a
+    finished run holding a planned experiment is renamed to its planned name, not run
+    again; anything else there is left untouched, with one note; nothing is deleted."""
+    sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"]}, seeds=[0])
+    out = tmp_path / "out"
+    runs, _ = plan_sweep(sw, out)
+    old = out / "method=fedavg_seed=0"
+    old.mkdir(parents=True)
+    from fedrcl_flwr.config import dump_config
+
+    dump_config(runs[0].cfg, old / "config.yaml")
+    (old / "summary.json").write_text('{"final_accuracy": 0.5}')
+    (old / "metrics.jsonl").write_text('{"round": 3, "test_accuracy": 0.5}\n')
+    (out / "_logs").mkdir()
+    (out / "_logs" / "method=fedavg_seed=0.log").write_text("the old log\n")
+    stranger = out / "method=fedavg_seed=7"  # not planned: left alone
+    stranger.mkdir()
+    other = dict(BASE, seed=7)
+    _write(stranger / "config.yaml", other)
+    (stranger / "summary.json").write_text('{"final_accuracy": 0.4}')
+    unfinished = out / "method=fedrcl_seed=0"  # planned, but never got a round: left
+    unfinished.mkdir()
+    dump_config(runs[1].cfg, unfinished / "config.yaml")
+    assert main(["sweep", str(sw), "--out", str(out), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert f"method=fedavg_seed=0: holds run 1 (done), to be renamed {runs[0].name}" in text
+    assert "2 other run directories" in text and old.exists()  # a dry run changes nothing
+    from fedrcl_flwr.sweep import take_over_earlier_runs
+
+    lines = take_over_earlier_runs(runs, out)
+    assert lines[0] == f"method=fedavg_seed=0: holds run 1 (done), renamed {runs[0].name}"
+    assert "left untouched" in lines[1]
+    assert not old.exists() and runs[0].state() == "done"
+    assert (runs[0].out_dir / "metrics.jsonl").read_text().startswith('{"round": 3')
+    assert (out / "_logs" / f"{runs[0].name}.log").read_text() == "the old log\n"
+    assert stranger.exists() and unfinished.exists() and runs[1].state() == "new"
+    from fedrcl_flwr.sweep import check_existing
+
+    check_existing(runs)  # the renamed directory holds the planned experiment
 
 
 @pytest.mark.parametrize("spec,needle", [
@@ -135,13 +210,14 @@ def test_cli_set_applies_to_every_run_but_not_to_varied_keys(tmp_path, capsys):
 def test_dry_run_lists_runs_and_their_state(tmp_path, capsys):
     sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"]}, seeds=[0, 1])
     out = tmp_path / "out"
-    (out / "method=fedavg_seed=1").mkdir(parents=True)
-    (out / "method=fedavg_seed=1" / "summary.json").write_text("{}")
+    runs, _ = plan_sweep(sw, out)
+    (out / runs[1].name).mkdir(parents=True)  # fedavg, seed 1
+    (out / runs[1].name / "summary.json").write_text("{}")
     assert main(["sweep", str(sw), "--out", str(out), "--dry-run"]) == 0
     text = capsys.readouterr().out
     assert text.splitlines()[0].startswith("4 runs")
-    assert "method=fedrcl_seed=0  [new]" in text
-    assert "method=fedavg_seed=1  [done]" in text
+    assert f"{runs[2].name}  [new]" in text and runs[2].name.startswith("fedrcl_seed=0_")
+    assert f"{runs[1].name}  [done]" in text
     assert not (out / "_configs").exists()
 
 
@@ -221,15 +297,15 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
     assert not left, f"runs left processes behind: {left}"
     assert [r.state() for r in runs] == ["done", "resume", "new"], first
     status = json.loads((out / "sweep_status.json").read_text())
-    assert status["b"]["status"] == "interrupted" and "c" not in status, status
+    assert status[b.name]["status"] == "interrupted" and c.name not in status, status
 
     res = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "1 finished already, 2 to run" in res.stdout
-    assert "run 2/3 b: resuming after round" in res.stdout
-    assert "run 3/3 c: started" in res.stdout
+    assert f"run 2/3 {b.name}: resuming after round" in res.stdout
+    assert f"run 3/3 {c.name}: started" in res.stdout
     # one progress line per finished round: run i/N, name, round, accuracy, ETA
-    assert any(line.startswith("run 2/3 b") and "round 3/3" in line and "acc " in line
+    assert any(line.startswith(f"run 2/3 {b.name}") and "round 3/3" in line and "acc " in line
                and "ETA " in line for line in res.stdout.splitlines())
     assert (a.out_dir / "summary.json").stat().st_mtime_ns == mtime  # not run again
     status = json.loads((out / "sweep_status.json").read_text())
@@ -240,7 +316,7 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
     torch.set_num_threads(1)  # as the ClientApp / ServerApp (simulation.num_cpus = 1)
     got = read_metrics(b.out_dir)
     assert [x["round"] for x in got] == [1, 2, 3]  # every round exactly once
-    ref_dir = tmp_path / "ref" / "b"
+    ref_dir = tmp_path / "ref" / b.name
     cfg = load_config(b.out_dir / "config.yaml", [f"output.dir={ref_dir}"])
     run_inprocess(cfg, ref_dir)
     assert _strip(got) == _strip(read_metrics(ref_dir))
@@ -275,6 +351,14 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
     if path.stem == "synthetic_cpu":
         assert len(runs) == 8 and all(r.cfg.dataset.name == "synthetic" for r in runs)
         return
+    if path.stem == "digits_study":  # a study on scikit-learn's digits, no paper table
+        assert len(runs) == 30 and {r.cfg.label for r in runs} == {
+            "fedavg", "fedprox", "fedrcl", "univarfl_proj", "univarfl_noproj"}
+        return
+    if path.stem == "research_features":  # issue 22's features on synthetic data, no paper
+        assert all(r.cfg.dataset.name == "synthetic" for r in runs)
+        assert {r.cfg.output.tracker_group for r in runs} == {"research_features"}
+        return
     assert seeds == {0, 1, 2}
     if path.stem.startswith("fedccl_figure"):
         assert all(r.cfg.reference is None for r in runs)
@@ -294,14 +378,15 @@ def test_resource_errors_stop_the_sweep_up_front(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")
-    sw = _sweep(tmp_path, grid={"simulation.num_gpus": [0.0, 1.0]})
+    sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"]},
+                set={"simulation.num_gpus": 1.0})
     out = tmp_path / "out"
     res = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw),
                           "--out", str(out)], capture_output=True, text=True, timeout=600,
                          cwd=tmp_path)
     assert res.returncode == 2, res.stdout + res.stderr
-    assert "run 'num_gpus=1.0'" in res.stderr and "no CUDA GPU" in res.stderr
-    assert "Traceback" not in res.stderr and not (out / "num_gpus=0.0").exists()
+    assert "run 'fedavg_seed=0_" in res.stderr and "no CUDA GPU" in res.stderr
+    assert "Traceback" not in res.stderr and not out.exists()
 
 
 @pytest.mark.flwr
@@ -319,9 +404,40 @@ def test_failed_runs_are_recorded_and_the_sweep_goes_on(tmp_path):
                          cwd=tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr
     status = json.loads((out / "sweep_status.json").read_text())
+    status = {k.split("_seed=")[0]: v for k, v in status.items()}
     assert sorted(status) == ["broken", "fine"], status
     assert status["broken"]["status"] == "failed" and status["broken"]["exit_code"] == 1
     assert "injected" in status["broken"]["error"], status["broken"]
     assert status["fine"]["status"] == "done"
     assert res.stderr.count("FAILED") == 1 and "Traceback" not in res.stderr
     assert "1/2 runs finished, 1 failed" in res.stdout
+
+
+def test_eta_comes_from_rounds_of_the_runs_in_flight():
+    """Issue #25: 16 runs x 30 rounds, 2 at a time, ~20 s start-up and ~1 s rounds: the
+    old estimate (elapsed / rounds done x rounds left) said 4 h 17 min after the first
+    rounds; from the measured round time and overheads it is the sweep's real length."""
+    from fedrcl_flwr.sweep import SweepEta, _fmt_eta
+
+    timer = SweepEta(jobs=2)
+    assert timer.eta([30, 30], [30] * 14) is None  # nothing measured yet: "?"
+    for _ in range(2):  # each run in flight recorded its first round 21 s after launch
+        timer.observe_startup(21.0)
+        timer.observe_round(3.0, first_of_launch=True)
+    assert timer.eta([29, 29], [30] * 14) is None  # a first round includes Ray's start
+    for _ in range(6):  # later rounds: 1 s each
+        timer.observe_round(1.0)
+    # queued runs: start-up 21 - 1 = 20 s, then 30 rounds
+    left = timer.eta([26, 26], [30] * 14)
+    assert left == pytest.approx((52 + 14 * (20 + 30)) / 2) and _fmt_eta(left) == "6m16s"
+    old = (16 * 30 - 8) * (21 + 3) / 8  # the former formula at the same moment
+    assert old > 3 * left
+    # the tail: one run left in flight, nothing queued -> its own rounds
+    assert timer.eta([10], []) == pytest.approx(10.0)
+    assert timer.eta([], []) == 0.0
+    # once runs have finished, their whole overhead counts: 30 rounds in a 72 s run =
+    # 42 s of overhead, 20 s of start-up and an end of 22 s (results, teardown)
+    timer.observe_finish(72.0, 30)
+    timer.observe_finish(72.0, 30)
+    assert timer.eta([10, 10], [30] * 2) == pytest.approx((2 * (10 + 22) + 2 * (42 + 30)) / 2)
+    assert timer.eta([10], []) == pytest.approx(10 + 22)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -81,7 +82,8 @@ def test_markdown(table_dirs, capsys):
     assert main(["report", str(table_dirs)]) == 0
     text = capsys.readouterr().out
     lines = text.splitlines()
-    assert lines[0] == ("| method | alpha=0.05 | alpha=0.05 paper | alpha=0.05 diff | "
+    assert lines[0] == "**Dirichlet** (final)"  # what every run shares: α varies
+    assert lines[2] == ("| method | alpha=0.05 | alpha=0.05 paper | alpha=0.05 diff | "
                         "alpha=0.3 | alpha=0.3 paper | alpha=0.3 diff |")
     assert "| fedavg | 52.00 ± 2.00 (n=3) | 51.00 | +1.00 | 70.00 (n=1) | 71.50 | -1.50 |" \
         in lines
@@ -178,9 +180,9 @@ def test_rows_of_one_method_with_different_params_and_server_optimizers(tmp_path
     _run(tmp_path, "s", "fedrcl", 0.3, 0, final=0.2, reference=ref, strategy="fedadam")
     groups, _ = build_table([tmp_path])
     rows = {g.row: g for g in groups}
-    assert set(rows) == {"fedprox [mu=0.01]", "fedprox [mu=0.1]", "fedadam+fedrcl"}
-    assert rows["fedprox [mu=0.1]"].paper == pytest.approx(0.4)
-    assert rows["fedprox [mu=0.01]"].paper is None
+    assert set(rows) == {"fedprox (mu=0.01)", "fedprox (mu=0.1)", "fedadam+fedrcl"}
+    assert rows["fedprox (mu=0.1)"].paper == pytest.approx(0.4)
+    assert rows["fedprox (mu=0.01)"].paper is None
     assert rows["fedadam+fedrcl"].paper == pytest.approx(0.3)
 
 
@@ -279,3 +281,168 @@ def test_sweep_dir_with_runs_not_started_yet(table_dirs, capsys):
     assert "| fedavg | 52.00 ± 2.00 (n=3)" in captured.out
     assert "1 run dir(s) without an evaluated round" in captured.err
     assert main(["report", str(table_dirs / "fedavg_a0.3_s1")]) == 2
+
+
+# ------------------------------------------- issue #25: labels, titles, paired comparison
+
+STUDY = {  # label -> (method, client.params, model.params, per-seed final accuracy by alpha)
+    "fedavg": ("fedavg", {}, {}, {0.1: [0.90, 0.92, 0.93], 0.5: [0.95, 0.96, 0.96]}),
+    "fedprox": ("fedprox", {"mu": 0.01}, {}, {0.1: [0.91, 0.92, 0.95], 0.5: [0.95, 0.95, 0.97]}),
+    "univarfl_proj": ("univarfl", {}, {"projector": 256},
+                      {0.1: [0.93, 0.96, 0.96], 0.5: [0.97, 0.97, 0.98]}),
+}
+
+
+def _study_run(root: Path, label, method, params, model_params, alpha, seed, acc,
+               curve=None):
+    d = root / f"{label or method}_{alpha}_{seed}"
+    d.mkdir(parents=True)
+    cfg = {"name": "digits", "label": label, "seed": seed,
+           "dataset": {"name": "npz", "path": "/data/sets/digits.npz"},
+           "partition": {"scheme": "dirichlet", "alpha": alpha, "balanced": True},
+           "model": {"name": "cnn5", "params": model_params},
+           "federation": {"num_clients": 20, "clients_per_round": 5, "rounds": 30},
+           "client": {"method": method, "params": params},
+           "server": {"strategy": "fedavg"}, "output": {"dir": str(d)}}
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (d / "summary.json").write_text(json.dumps({"final_accuracy": acc}))
+    if curve is not None:
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _recs(curve)))
+    return d
+
+
+@pytest.fixture
+def study(tmp_path):
+    out = tmp_path / "study"
+    for label, (method, params, mp, accs) in STUDY.items():
+        for alpha, values in accs.items():
+            for seed, acc in enumerate(values):
+                _study_run(out, label, method, params, mp, alpha, seed, acc)
+    return out
+
+
+def test_rows_are_sweep_labels_and_say_what_differs(study, capsys):
+    """Issue #25: labels were dropped (univarfl_proj showed as univarfl) and columns read
+    `params={}, projector=None`; the title now names the data and the split."""
+    assert main(["report", str(study)]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert lines[0] == "**npz digits.npz, Dirichlet, 20 clients, 5 per round, 30 rounds** " \
+                       "(final)"
+    assert lines[2] == "| method | alpha=0.1 | alpha=0.5 |"
+    assert [ln.split(" | ")[0] for ln in lines[4:7]] == ["| fedavg", "| fedprox",
+                                                         "| univarfl_proj"]
+    assert "rows: fedprox = fedprox (mu=0.01); univarfl_proj = univarfl (projector=256)" \
+        in text
+    assert "params" not in text and "None" not in text
+    # without labels the same runs are named by method and what differs
+    for cfg_file in study.rglob("config.yaml"):
+        cfg = yaml.safe_load(cfg_file.read_text())
+        cfg["label"] = None
+        cfg_file.write_text(yaml.safe_dump(cfg))
+    groups, _ = build_table([study])
+    assert {g.row for g in groups} == {"fedavg", "fedprox (mu=0.01)",
+                                       "univarfl (projector=256)"}
+    assert {g.col for g in groups} == {"alpha=0.1", "alpha=0.5"}
+
+
+def test_report_vs_gives_per_seed_paired_differences_and_a_t_interval(study, capsys):
+    assert main(["report", str(study), "--vs", "fedavg"]) == 0
+    text = capsys.readouterr().out
+    # univarfl_proj at alpha 0.1: diffs +3, +4, +3 points; mean 3.3333, sample std 0.5774;
+    # t(0.975, 2) = 4.302653: half-width 4.302653 * 0.57735 / sqrt(3) = 1.4342
+    row = next(ln for ln in text.splitlines()
+               if ln.startswith("| univarfl_proj | alpha=0.1 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "0: +3.00, 1: +4.00, 2: +3.00"
+    assert cells[3] == "+3.33 ± 0.58"
+    assert cells[4] == "[+1.90, +4.77]"
+    from scipy.stats import ttest_rel  # an independent computation of the same interval
+
+    ci = ttest_rel([93, 96, 96], [90, 92, 93]).confidence_interval(0.95)
+    assert cells[4] == f"[{ci.low:+.2f}, {ci.high:+.2f}]"
+    assert cells[5] == "3"
+    assert cells[6] == "95.00 ± 1.73 vs 91.67 ± 1.53"  # the unpaired means beside
+    assert "Student-t" in text and "same seed" in text
+    assert not any(ln.startswith("| fedavg | alpha") for ln in
+                   text[text.index("Paired with"):].splitlines())  # the reference itself
+    assert main(["report", str(study), "--vs", "fedavg", "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    r = next(r for r in rows if r["method"] == "fedprox" and r["setting"] == "alpha=0.5")
+    assert (r["vs"], r["paired_n"], r["paired_mean"], r["per_seed"]) == \
+        ("fedavg", "3", "+0.00", "0:+0.00;1:-1.00;2:+1.00")
+    assert (r["ci_low"], r["ci_high"]) == ("-2.48", "+2.48")  # 4.302653 * 1 / sqrt(3)
+    assert next(r for r in rows if r["method"] == "fedavg")["paired_n"] == ""
+    assert main(["report", str(study), "--vs", "scaffold"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not a row" in err and "fedprox" in err
+
+
+def test_plot_clips_bands_shares_the_y_range_and_names_the_setting(tmp_path):
+    """Issue #25: bands above 100 %, panels on different scales, FedAvg hidden under
+    FedProx, a title saying "all runs"; and the partition heatmap's client ticks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedrcl_flwr.tables import curves_figure, group_runs
+
+    out = tmp_path / "s"
+    same = [0.5, 0.8, 0.99]  # fedavg and fedprox identical: one would hide the other
+    for alpha, lift in ((0.1, 0.0), (0.5, -0.3)):
+        for seed, jitter in enumerate((0.0, 0.01, -0.01)):
+            for label, method in (("fedavg", "fedavg"), ("fedprox", "fedprox")):
+                _study_run(out, label, method, {}, {}, alpha, seed, 0.9,
+                           curve=[max(a + lift + jitter, 0.0) for a in same])
+            _study_run(out, "wild", "fedrcl", {}, {}, alpha, seed, 0.9,
+                       curve=[0.98 + 0.02 * (seed == 0), 0.99, 1.0 - 0.5 * (seed == 2)])
+    fig = curves_figure(group_runs(load_runs([out])))
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == 2
+    assert axes[0].get_ylim() == axes[1].get_ylim()  # one scale for every panel
+    assert 0.0 <= axes[0].get_ylim()[0] and axes[0].get_ylim()[1] <= 100.0
+    for ax in axes:
+        for band in ax.collections:
+            ys = np.concatenate([p.vertices[:, 1] for p in band.get_paths()])
+            assert ys.min() >= 0.0 and ys.max() <= 100.0
+        looks = {(ln.get_color() if isinstance(ln.get_color(), str) else
+                  tuple(ln.get_color()), ln.get_linestyle(), ln.get_marker())
+                 for ln in ax.get_lines()}
+        assert len(looks) == 3  # three rows, three looks
+        assert ax.get_title() in ("alpha=0.1", "alpha=0.5")
+        assert all(float(t).is_integer() for t in ax.get_xticks())  # rounds
+    title = fig._suptitle.get_text()
+    assert "npz digits.npz" in title and "Dirichlet" in title and "all runs" not in title
+    plt.close(fig)
+
+
+def test_partition_heatmap_has_integer_client_ticks_and_alpha_in_its_title(tmp_path,
+                                                                            monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedrcl_flwr.data import report as data_report
+
+    counts = np.arange(7 * 4).reshape(7, 4)
+    fig = data_report.counts_heatmap_figure(counts, title="x")
+    ax = fig.axes[0]
+    for ticks in (ax.get_yticks(), ax.get_xticks()):
+        shown = [t for t in ticks if -0.5 <= t <= 6.5]
+        assert shown and all(float(t).is_integer() for t in shown), ticks
+    plt.close(fig)
+    titles = []
+    real = data_report.plot_counts_heatmap
+    monkeypatch.setattr(data_report, "plot_counts_heatmap",
+                        lambda counts, path, title="", domains=None: (
+                            titles.append(title), real(counts, path, title, domains)))
+    exp = tmp_path / "exp.yaml"
+    from conftest import tiny_config
+    from fedrcl_flwr.config import to_dict
+
+    exp.write_text(yaml.safe_dump(to_dict(tiny_config(tmp_path, partition={
+        "scheme": "dirichlet", "alpha": 0.1, "balanced": True}))))
+    assert main(["partition", str(exp), "--plot", str(tmp_path / "h.png")]) == 0
+    assert titles and "α=0.1" in titles[0] and "8 clients" in titles[0], titles

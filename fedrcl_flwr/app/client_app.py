@@ -35,7 +35,9 @@ def _device_data(path: str, cfg) -> LocalData:
     name = "npz" if path.endswith(".npz") else "imagefolder"
     d = cfg.dataset
     bundle = load_dataset(name, root=path, path=path, download=False, augment=d.augment,
-                          normalize=d.normalize, image_size=d.image_size, seed=cfg.seed)
+                          normalize=d.normalize, image_size=d.image_size, seed=cfg.seed,
+                          rotation=d.rotation, crop_pad=d.crop_pad, flip=d.flip,
+                          pad_fill=d.pad_fill)
     data = LocalData(bundle.train, np.arange(len(bundle.train_labels)), bundle.train_labels,
                      bundle.num_classes)
     _DEVICE_DATA[path] = data
@@ -92,4 +94,31 @@ def name_errors(message, context, call_next):
         raise RuntimeError(f"{type(exc).__name__}: {one}") from exc
 
 
-app = ClientApp(client_fn=client_fn, mods=[name_errors])
+def privacy_mods(message, context, call_next):
+    """ClientApp mod: the run's ``privacy`` section picks Flower's own mods for this
+    message. ``privacy.dp.mode: client``: ``fixedclipping_mod`` clips the update to the
+    norm the server's ``DifferentialPrivacyClientSideFixedClipping`` sends;
+    ``privacy.secagg``: ``secaggplus_mod`` runs the SecAgg+ stages and masks the (clipped)
+    model, in that order (clipping is the innermost, as Flower requires). Otherwise the
+    message goes straight on."""
+    from functools import partial
+
+    cfg = config_from_run_config(context.run_config)
+    chain = call_next
+    dp = cfg.privacy.dp
+    if dp is not None and dp.mode == "client":
+        from flwr.client.mod import fixedclipping_mod
+
+        chain = partial(_through, fixedclipping_mod, call_next)
+    if cfg.privacy.secagg:
+        from flwr.client.mod import secaggplus_mod
+
+        return secaggplus_mod(message, context, chain)
+    return chain(message, context)
+
+
+def _through(mod, call_next, message, context):
+    return mod(message, context, call_next)
+
+
+app = ClientApp(client_fn=client_fn, mods=[name_errors, privacy_mods])

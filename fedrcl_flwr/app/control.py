@@ -119,3 +119,28 @@ class ControlClient:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._client.close()
+
+
+# ----------------------------------------------------------------------------------------
+# Flower internals used outside the Control API (kept here, with the imports above, so
+# that Flower's non-public API has one door in this project)
+
+
+# the error code of a reply whose ClientApp raised (flwr.common.constant.ErrorCode)
+CLIENT_APP_RAISED_EXCEPTION = 2
+
+
+@contextlib.contextmanager
+def task_identity(run_id: int, node_id: int, task_id: int = 0) -> Iterator[None]:
+    """Flower's identity of the running task (``flwr.supercore.task_identity``), which
+    ``Message(...)`` reads: set by Flower's runtime in a real ServerApp process, set here
+    by the in-process runner (:mod:`fedrcl_flwr.app.inprocess`) while it drives Flower's
+    workflows itself."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    before = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, node_id, task_id
+    try:
+        yield
+    finally:
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = before

@@ -8,14 +8,14 @@ import sys
 import numpy as np
 import torch
 from flwr.common import Context
-from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig, SimpleClientManager
 
 from fedrcl_flwr import runtime
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
 from fedrcl_flwr.checkpoint import load_checkpoint, save_checkpoint
 from fedrcl_flwr.config import ConfigError, dump_config
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
-from fedrcl_flwr.results import CONFIG_FILE, RunRecorder, format_round_line
+from fedrcl_flwr.results import CONFIG_FILE, RunRecorder, format_round_line, shows_ema
 from strategies import strategy_class
 
 
@@ -42,7 +42,7 @@ def make_strategy(cfg, model, bundle, *, round_offset: int = 0, **callbacks):
         eval_every=cfg.federation.eval_every, params=cfg.server.params,
         max_consecutive_failed_rounds=cfg.federation.max_consecutive_failed_rounds,
         round_offset=round_offset, exchange=make_exchange(cfg, bundle.num_classes),
-        **callbacks,
+        privacy=cfg.privacy, **callbacks,
     )
 
 
@@ -110,12 +110,11 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None,
     else:
         recorder.metrics_path.unlink(missing_ok=True)
     dump_config(cfg, out_dir / CONFIG_FILE)
-    tracker = None
-    if cfg.output.tensorboard:  # from the same records as metrics.jsonl
-        from fedrcl_flwr.tracking import TensorBoardTracker
+    from fedrcl_flwr.tracking import open_tracker
 
-        tracker = TensorBoardTracker(out_dir, (out_dir / CONFIG_FILE).read_text(),
-                                     resume_after=done)
+    # output.tracker: TensorBoard / W&B / MLflow, fed from the same records as metrics.jsonl
+    tracker = open_tracker(cfg, out_dir, out_dir / CONFIG_FILE, resume_after=done,
+                           kept_records=recorder.records)
     groups = getattr(bundle, "test_domains", None)
     if groups is not None and len(set(groups.tolist())) < 2:
         groups = None
@@ -151,7 +150,8 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None,
         recorder.append(rec)
         if tracker is not None:
             tracker.log(rec)
-        print(format_round_line(rec, cfg.federation.rounds), flush=True)
+        print(format_round_line(rec, cfg.federation.rounds,
+                                shows_ema(cfg.evaluation.report_metric)), flush=True)
 
     def on_checkpoint(rnd: int, state: dict) -> None:
         """After each round's record: the checkpoint when due, and after the final round
@@ -163,24 +163,28 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None,
                 "round": rnd, "strategy": state, "ema": ema.value,
                 "wall_time_s": recorder.wall_time(),
             })
+            if tracker is not None:
+                tracker.flush(rnd)
         if rnd >= cfg.federation.rounds:
             model_state = None
             if cfg.output.save_model:
                 runtime.set_weights(eval_model, state["weights"])
                 model_state = {k: v.detach().cpu() for k, v in eval_model.state_dict().items()}
-            recorder.finish(model_state)
+            recorder.finish(model_state, before_summary=tracker.finish if tracker else None)
 
     strategy = make_strategy(cfg, model, bundle, evaluate_fn=evaluate_fn, on_record=on_record,
                              on_checkpoint=on_checkpoint, expected_nodes=expected_nodes,
                              round_offset=done, overlap_evaluation=overlap_evaluation)
+    strategy.tracker = tracker  # closed by whoever ends the run early (run_inprocess)
     if ckpt:
         strategy.load_state_dict(ckpt["strategy"])
     if done >= cfg.federation.rounds:
-        recorder.finish(None)
+        recorder.finish(None, before_summary=tracker.finish if tracker else None)
     return strategy, max(cfg.federation.rounds - done, 0)
 
 
-def server_fn(context: Context):
+def server_components(context: Context):
+    """The run's experiment, strategy and Flower server config."""
     quiet()
     cfg = config_from_run_config(context.run_config)
     # the server evaluates round r while round r+1 trains: as many threads as a client
@@ -193,8 +197,59 @@ def server_fn(context: Context):
                                          overlap_evaluation=True)
     print(f"[fedrcl-flwr] {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
           f"{rounds_left} rounds to run, output {out_dir}", file=sys.stderr, flush=True)
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(
-        num_rounds=rounds_left, round_timeout=cfg.federation.round_timeout_s))
+    if strategy.dp is not None:
+        print(f"[fedrcl-flwr] privacy.dp: Flower's {type(strategy.dp.wrapper).__name__}, "
+              f"noise std {strategy.dp.std:g} per entry of the average", file=sys.stderr,
+              flush=True)
+    return cfg, strategy, ServerConfig(num_rounds=rounds_left,
+                                       round_timeout=cfg.federation.round_timeout_s)
 
 
-app = ServerApp(server_fn=server_fn)
+def server_fn(context: Context):
+    _, strategy, config = server_components(context)
+    return ServerAppComponents(strategy=strategy, config=config)
+
+
+class EagerClientManager(SimpleClientManager):
+    """Flower's client manager for the workflow API: its node list is refreshed by a
+    thread every 5 s or on ``all()`` / ``num_available()`` / ``sample()``; ``wait_for``
+    asks first, instead of waiting for the thread."""
+
+    def wait_for(self, num_clients: int, timeout: int = 86400) -> bool:
+        self.num_available()
+        return super().wait_for(num_clients, timeout)
+
+
+def run_secagg(grid, context: Context) -> None:
+    """``privacy.secagg``: Flower's ``DefaultWorkflow`` with ``SecAggPlusWorkflow`` as its
+    fit step, around the same strategy (as a ``LegacyContext``); the clients run
+    ``secaggplus_mod`` (``client_app.privacy_mods``). The strategy receives each reporting
+    client's ``FitRes`` (its metrics in the clear) with the unmasked average as parameters
+    (``strategies/base.py``)."""
+    from flwr.server import LegacyContext
+    from flwr.server.workflow import DefaultWorkflow
+
+    from fedrcl_flwr.app.validate import secagg_max_weight, secagg_workflow
+
+    cfg, strategy, config = server_components(context)
+    fit = secagg_workflow(cfg, max_weight=secagg_max_weight(cfg))
+    print(f"[fedrcl-flwr] privacy.secagg: Flower's SecAggPlusWorkflow (shares "
+          f"{fit.num_shares}, threshold {fit.reconstruction_threshold}, max weight "
+          f"{fit.max_weight:g})", file=sys.stderr, flush=True)
+    DefaultWorkflow(fit_workflow=fit)(grid, LegacyContext(
+        context=context, config=config, strategy=strategy,
+        client_manager=EagerClientManager()))
+
+
+_components_app = ServerApp(server_fn=server_fn)
+app = ServerApp()
+
+
+@app.main()
+def main(grid, context: Context) -> None:
+    """The ServerApp: Flower's legacy server loop on the strategy (``server_fn``), or with
+    ``privacy.secagg`` the SecAgg+ workflow (:func:`run_secagg`)."""
+    if config_from_run_config(context.run_config).privacy.secagg:
+        run_secagg(grid, context)
+    else:
+        _components_app(grid, context)

@@ -54,3 +54,44 @@ def _validate(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"server.signals is set but method '{cfg.client.method}' "
                           "exchanges no signals")
     cls.check_config(cfg, p)
+    from fedrcl_flwr.privacy import check_privacy
+
+    check_privacy(cfg, cls, settings, get_model)
+    if cfg.privacy.secagg:
+        secagg_workflow(cfg)  # Flower's own checks of the SecAgg+ parameters
+
+
+def secagg_max_weight(cfg: ExperimentConfig) -> float:
+    """The largest weight a client gives its upload under SecAgg+: 1 under uniform
+    weighting (every client reports one example, ``clients/base.py``), else
+    ``privacy.secagg_max_weight`` or the largest partition of the configured split."""
+    if cfg.privacy.secagg_max_weight is not None:
+        return float(cfg.privacy.secagg_max_weight)
+    if cfg.server.weighting == "uniform":
+        return 1.0
+    from fedrcl_flwr.runtime import client_partitions
+
+    return float(max(len(p) for p in client_partitions(cfg)))
+
+
+def secagg_workflow(cfg: ExperimentConfig, *, max_weight: float = 1.0):
+    """Flower's ``SecAggPlusWorkflow`` for the ``privacy.secagg_*`` parameters (a
+    ``ConfigError`` for values Flower refuses); the stage time-out is
+    ``federation.round_timeout_s``."""
+    from flwr.server.workflow import SecAggPlusWorkflow
+
+    pr = cfg.privacy
+    n = cfg.federation.sampled_per_round()
+    if pr.secagg_quantization_range * n >= 1 << 32:
+        raise ConfigError(f"'privacy.secagg_quantization_range' ({pr.secagg_quantization_range})"
+                          f" x clients per round ({n}) must stay below 2**32, SecAgg+'s "
+                          "modulus, or the masked sum overflows")
+    try:
+        return SecAggPlusWorkflow(pr.secagg_num_shares, pr.secagg_threshold,
+                                  max_weight=max_weight,
+                                  clipping_range=pr.secagg_clipping_range,
+                                  quantization_range=pr.secagg_quantization_range,
+                                  timeout=cfg.federation.round_timeout_s)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"privacy.secagg_*: Flower's SecAgg+ refuses the parameters "
+                          f"({exc})") from None

@@ -13,10 +13,12 @@ Where: ``dataset.cache_dir``; if null, ``$FEDRCL_FLWR_CACHE_DIR``, else
 
 Key: an entry is named by the SHA-256 of everything that determines the arrays — the
 dataset settings that shape them (name, resolved ``root`` / ``path``, ``image_size``,
-``normalize``, ``val_fraction``, ``domains``, ``test_fraction``, the synthetic generator's
-settings, the seed) plus the size and modification time of every source file read — and
-the cache format. Augmentation (``augment``, ``rotation``, ``crop_pad``) is drawn per batch
-and is not part of it.
+``normalize`` (true, false or the constants themselves: the stored statistics),
+``val_fraction``, ``domains``, ``test_fraction``, the synthetic generator's settings, and
+the seed where it draws something: the synthetic images, the validation hold-out, an image
+folder's test split) plus the size and modification time of every source file read — and
+the cache format. Augmentation (``augment``, ``rotation``, ``crop_pad``, ``flip``,
+``pad_fill``) is drawn per batch and is not part of it.
 
 An entry is a directory ``<key>/`` of ``.npy`` arrays (images already in the
 (N, C, H, W) layout training uses; labels; domain ids) plus ``meta.json`` (shapes, dtypes,
@@ -57,7 +59,9 @@ from typing import Optional
 
 import numpy as np
 
-FORMAT = 2  # 2: every array's SHA-256 in meta.json
+# 2: explicit normalisation constants; CIFAR's classes from batches.meta
+# 3: every array file's SHA-256 in meta.json (checked when the CLI prepares a run)
+FORMAT = 3
 META = "meta.json"
 META_HASH = "meta.sha256"
 ENV_VAR = "FEDRCL_FLWR_CACHE_DIR"
@@ -171,21 +175,45 @@ def _fingerprint(paths: list[Path]) -> list:
     return out
 
 
+def seed_shapes_arrays(d) -> bool:
+    """Whether the experiment's seed changes the arrays: it draws the synthetic images,
+    the ``val_fraction`` hold-out and the test split of an image folder without
+    ``train``/``test`` sub-folders; nothing else (an ``npz`` file, torchvision's files)
+    depends on it, so those share one entry across seeds (issue #25)."""
+    if d.name == "synthetic" or float(d.val_fraction) > 0:
+        return True
+    if d.name == "imagefolder":
+        root = Path(os.path.expanduser(d.root or "."))
+        folders = [root / x for x in d.domains] if d.domains else [root]
+        return not all((f / "train").is_dir() and (f / "test").is_dir() for f in folders)
+    return False
+
+
 def entry_settings(d, seed: int) -> dict:
-    """Everything that determines a dataset's arrays (see the module docstring)."""
+    """Everything that determines a dataset's arrays (see the module docstring): the seed
+    only where it does (:func:`seed_shapes_arrays`)."""
     from dataclasses import asdict
 
     root = str(Path(os.path.expanduser(d.root or ".")).resolve())
     return {
-        "format": FORMAT, "name": d.name, "seed": int(seed),
+        "format": FORMAT, "name": d.name,
+        "seed": int(seed) if seed_shapes_arrays(d) else None,
         "root": None if d.name in ("synthetic", "npz") else root,
         "path": str(Path(os.path.expanduser(d.path)).resolve()) if d.path else None,
-        "image_size": d.image_size, "normalize": bool(d.normalize),
+        "image_size": d.image_size, "normalize": _normalize_key(d.normalize),
         "val_fraction": float(d.val_fraction), "domains": list(d.domains or []),
         "test_fraction": float(d.test_fraction),
         "synthetic": asdict(d.synthetic) if d.name == "synthetic" else None,
         "sources": _fingerprint(_source_files(d)),
     }
+
+
+def _normalize_key(value):
+    """``dataset.normalize`` as it enters the key: true / false, or the constants as
+    floats (so ``1`` and ``1.0`` are one entry)."""
+    if isinstance(value, dict):
+        return {k: [float(v) for v in value[k]] for k in ("mean", "std")}
+    return bool(value)
 
 
 def _key_of(settings: dict) -> str:
@@ -336,7 +364,8 @@ def open_entry(entry: Path, d, *, verify: bool = False):
         verify_arrays(entry, meta)
     arrays = {name: _open_array(entry, name, spec, mmap=name.endswith("_x"))
               for name, spec in meta["arrays"].items()}
-    aug = augment_spec(meta["name"], meta["image_size"], d.augment, d.rotation, d.crop_pad)
+    aug = augment_spec(meta["name"], meta["image_size"], d.augment, d.rotation, d.crop_pad,
+                       d.flip, d.pad_fill)
 
     def wrap(split: str, aug_spec):
         if f"{split}_x" not in arrays:
@@ -418,7 +447,7 @@ def build_entry(root: Path, key: str, d, seed: int, settings: dict):
         normalize=d.normalize, image_size=d.image_size,
         synthetic=_synthetic_dict(d), seed=seed, val_fraction=d.val_fraction,
         domains=d.domains, test_fraction=d.test_fraction, rotation=d.rotation,
-        crop_pad=d.crop_pad, verify_md5=d.verify_md5)
+        crop_pad=d.crop_pad, verify_md5=d.verify_md5, flip=d.flip, pad_fill=d.pad_fill)
     root.mkdir(parents=True, exist_ok=True)
     final = root / key
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))

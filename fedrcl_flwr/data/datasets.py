@@ -3,10 +3,12 @@
 Every source (the embedded synthetic data, torchvision's CIFAR-10/100, MNIST,
 Fashion-MNIST, SVHN, USPS, STL-10, Tiny-ImageNet, image-folder trees such as PACS,
 Office-10, DomainNet and HAM10000, Digit-5, and user ``.npz`` arrays) is read once into
-``uint8`` arrays and wrapped in :class:`ImageArrayDataset`, which normalises with the
-training set's per-channel mean/std and augments on tensors (random crop with padding and
-horizontal flip, per dataset). Clients never copy data: they hold index arrays into the
-one training set of their process.
+``uint8`` arrays and wrapped in :class:`ImageArrayDataset`, which normalises (the
+training set's per-channel mean/std, fixed constants such as the authors', or not at all:
+``dataset.normalize``) and augments whole batches on tensors (random rotation, random
+crop with padding, horizontal flip, per dataset; pixel-exact to torchvision's transforms
+on the PIL image for the same draws: ``fedrcl_flwr/augment.py``). Clients never copy data:
+they hold index arrays into the one training set of their process.
 
 Nothing is downloaded unless ``download=True``; a missing dataset raises
 :class:`DatasetError` saying where it looked and how to get it.
@@ -39,17 +41,33 @@ class DatasetError(ConfigError):
 
 @dataclass(frozen=True)
 class AugmentSpec:
-    """Random rotation by up to ``rotation`` degrees (0 = off; applied first, to the
-    un-normalised [0, 1] image so the corners are black as with torchvision), then random
-    crop with zero padding ``crop_pad`` (0 = off) and horizontal flip."""
+    """The training augmentation, in torchvision's order on the image before
+    ``ToTensor`` / ``Normalize``: random rotation by up to ``rotation`` degrees (0 = off;
+    nearest neighbour, black corners), random crop with padding ``crop_pad`` (0 = off),
+    horizontal flip. ``pad_fill``: ``black`` pads the crop with pixel value 0 before
+    normalisation (torchvision's ``RandomCrop(padding=p)`` on a PIL image); ``mean`` pads
+    the normalised image with 0, i.e. with the normalisation mean colour."""
 
     crop_pad: int = 0
     flip: bool = False
     rotation: float = 0.0
+    pad_fill: str = "mean"
 
     @property
     def active(self) -> bool:
         return self.crop_pad > 0 or self.flip or self.rotation > 0
+
+
+@dataclass
+class AugmentDraws:
+    """The random draws of one training batch (:meth:`ImageArrayDataset.draw_augment`):
+    rotation angles in degrees, crop offsets (row ``top``, column ``left``) and the
+    flip mask; ``None`` where that transform is off."""
+
+    angles: Optional[torch.Tensor] = None
+    top: Optional[torch.Tensor] = None
+    left: Optional[torch.Tensor] = None
+    flip: Optional[torch.Tensor] = None
 
 
 class ImageArrayDataset(Dataset):
@@ -96,39 +114,68 @@ class ImageArrayDataset(Dataset):
         x, y = self.get_batch(np.asarray([int(i)]))
         return x[0], int(y[0])
 
+    def draw_augment(self, b: int, generator: Optional[torch.Generator] = None
+                     ) -> AugmentDraws:
+        """The random draws of a training batch of ``b`` samples, in this order (all from
+        ``generator`` on the host): rotation angles (``torch.rand(b)``), then, with a crop,
+        column and row offsets (``torch.randint(0, 2·pad + 1, (b,))`` each) and flips
+        (``torch.rand(b) < 0.5``), or, without a crop, flips alone."""
+        from fedrcl_flwr.augment import draw_angles, draw_crop_flip
+
+        aug = self.augment
+        draws = AugmentDraws()
+        if aug is None:
+            return draws
+        if aug.rotation > 0:
+            draws.angles = draw_angles(b, aug.rotation, generator)
+        if aug.crop_pad > 0:
+            draws.top, draws.left, draws.flip = draw_crop_flip(b, aug.crop_pad, aug.flip,
+                                                               generator)
+        elif aug.flip:
+            draws.flip = torch.rand(b, generator=generator) < 0.5
+        return draws
+
+    def apply_augment(self, u8: torch.Tensor, draws: AugmentDraws) -> torch.Tensor:
+        """The normalised float32 batch of the ``uint8`` images ``u8`` (B, C, H, W) under
+        ``draws``: as torchvision's ``RandomRotation`` -> ``RandomCrop(padding)`` ->
+        ``RandomHorizontalFlip`` -> ``ToTensor`` -> ``Normalize`` on the PIL images with
+        these angles / offsets / flips (``pad_fill: black``; with ``mean`` the crop pads
+        the normalised image with 0). Rotation, crop and flip only move pixels, so they run
+        on the ``uint8`` values, on ``u8``'s device."""
+        from fedrcl_flwr.augment import crop_flip, rotate
+
+        aug = self.augment
+        if draws.angles is not None:
+            u8 = rotate(u8, draws.angles)
+        if aug is None or draws.top is None:
+            x = self._normalise(u8)
+            if draws.flip is not None:
+                do = to_device(draws.flip, u8.device)
+                x = torch.where(do[:, None, None, None], x.flip(3), x)
+            return x
+        if aug.pad_fill == "black":
+            return self._normalise(crop_flip(u8, draws.top, draws.left, draws.flip,
+                                             aug.crop_pad))
+        return crop_flip(self._normalise(u8), draws.top, draws.left, draws.flip,
+                         aug.crop_pad)
+
     def get_batch(self, idx, generator: Optional[torch.Generator] = None,
                   device: Optional[torch.device] = None):
         """Samples ``idx`` as ``(x, y)`` on ``device`` (default: the CPU).
 
         The ``uint8`` pixels and the labels are gathered on the host (into pinned memory
-        for a CUDA device) and copied without blocking; normalisation and augmentation
-        (rotation, crop, flip) then run there as batched tensor ops. Every random draw
-        comes from ``generator`` on the host, in the same order whatever the device, so
-        on the CPU the batch is exactly what it always was."""
+        for a CUDA device) and copied without blocking; augmentation (rotation, crop,
+        flip: :meth:`draw_augment`, :meth:`apply_augment`) and normalisation then run
+        there as batched tensor ops. Every random draw comes from ``generator`` on the
+        host, in the same order whatever the device."""
         idx_t = torch.as_tensor(np.asarray(idx, dtype=np.int64))
         dev = torch.device("cpu" if device is None else device)
         pin, _ = transfer_plan(dev)
         u8 = to_device(gather_rows(self.images, idx_t, pin), dev)
         y = to_device(gather_rows(self._labels_t, idx_t, pin), dev)
-        if self.augment is not None and self.augment.rotation > 0:
-            from fedrcl_flwr.augment import random_rotation
-
-            mean, std = self._stats(dev)
-            x = random_rotation(u8.float().div_(255.0), self.augment.rotation,
-                                generator=generator)
-            x = (x - mean) / std
-        else:
-            x = self._normalise(u8)
-        if self.augment is not None:
-            from fedrcl_flwr.augment import random_crop_flip
-
-            if self.augment.crop_pad > 0:
-                x = random_crop_flip(x, pad=self.augment.crop_pad, flip=self.augment.flip,
-                                     generator=generator)
-            elif self.augment.flip:
-                do = to_device(torch.rand(x.shape[0], generator=generator) < 0.5, dev)
-                x = torch.where(do[:, None, None, None], x.flip(3), x)
-        return x, y
+        if self.augment is None:
+            return self._normalise(u8), y
+        return self.apply_augment(u8, self.draw_augment(len(idx_t), generator)), y
 
 
 @dataclass
@@ -164,6 +211,9 @@ class RawSplit:
     x: np.ndarray  # uint8 (N, H, W, C)
     y: np.ndarray  # int64 (N,)
     d: Optional[np.ndarray] = None  # int64 domain ids
+    # classes the source's own class list names (CIFAR's batches.meta: torchvision's
+    # ``classes``, the FedRCL authors' K = len(class_to_idx)); None = from the labels
+    classes: Optional[int] = None
 
 
 def _hwc(x, what: str = "images") -> np.ndarray:
@@ -356,11 +406,9 @@ def _torchvision(name: str, root: Path, download: bool,
 
     def make(train: bool):
         split = "train" if train else "test"
-        if name == "cifar10":
-            ds = cls("CIFAR10")(str(root), train=train, download=download)
-            return ds.data, ds.targets
-        if name == "cifar100":
-            ds = cls("CIFAR100")(str(root), train=train, download=download)
+        if name in ("cifar10", "cifar100"):
+            ds = cls(_TV_CLASSES[name])(str(root), train=train, download=download)
+            classes[name] = len(ds.classes)
             return ds.data, ds.targets
         if name == "mnist":
             ds = tvd.MNIST(str(root), train=train, download=download)
@@ -379,12 +427,14 @@ def _torchvision(name: str, root: Path, download: bool,
             return ds.data, ds.labels
         raise DatasetError(f"unknown torchvision dataset {name!r}")
 
+    classes: dict = {}  # CIFAR: the number of classes its batches.meta names
     try:
         out = []
         for train in (True, False):
             x, y = make(train)
             out.append(RawSplit(_hwc(x, f"dataset '{name}'"),
-                                _int_labels(y, f"dataset '{name}' labels")))
+                                _int_labels(y, f"dataset '{name}' labels"),
+                                classes=classes.get(name)))
     except DatasetError:
         raise
     except Exception as exc:  # noqa: BLE001 - every refusal becomes one clear error
@@ -653,29 +703,56 @@ _AUGMENT = {
     "svhn": AugmentSpec(4, False), "mnist": AugmentSpec(0, False),
     "fmnist": AugmentSpec(0, False), "usps": AugmentSpec(0, False),
     "digit5": AugmentSpec(2, False), "synthetic": AugmentSpec(2, True),
+    # your own arrays: nothing is assumed about them (digits, text, medical images, ...:
+    # a horizontal flip is wrong for most that are not natural photographs); opt in with
+    # dataset.crop_pad / dataset.flip / dataset.rotation (issue #25)
+    "npz": AugmentSpec(0, False),
 }
 
 
 def default_augment(name: str, image_size: int) -> AugmentSpec:
     if name in _AUGMENT:
         return _AUGMENT[name]
-    return AugmentSpec(max(1, image_size // 8), True)  # imagefolder, npz
+    return AugmentSpec(max(1, image_size // 8), True)  # imagefolder (natural images)
 
 
 def augment_spec(name: str, image_size: int, augment: bool, rotation: float = 0.0,
-                 crop_pad: Optional[int] = None) -> Optional[AugmentSpec]:
+                 crop_pad: Optional[int] = None, flip: Optional[bool] = None,
+                 pad_fill: str = "mean") -> Optional[AugmentSpec]:
     """The training augmentation of a dataset: its standard crop/flip
-    (:func:`default_augment`) with ``dataset.rotation`` / ``dataset.crop_pad`` applied;
-    ``None`` when ``dataset.augment`` is off. Not part of the prepared arrays (it is
-    drawn per batch), so changing it never rebuilds the dataset cache."""
+    (:func:`default_augment`; none for ``npz``) with ``dataset.rotation`` / ``crop_pad`` /
+    ``flip`` / ``pad_fill`` applied; ``None`` when ``dataset.augment`` is off or nothing is
+    left. Not part of the prepared arrays (it is drawn per batch), so changing it never
+    rebuilds the dataset cache."""
     if not augment:
         return None
-    aug = default_augment(name, image_size)
+    aug = replace(default_augment(name, image_size), pad_fill=str(pad_fill))
     if rotation > 0:
         aug = replace(aug, rotation=float(rotation))
     if crop_pad is not None:
         aug = replace(aug, crop_pad=int(crop_pad))
-    return aug
+    if flip is not None:
+        aug = replace(aug, flip=bool(flip))
+    return aug if aug.active else None
+
+
+def normalisation(normalize, x: np.ndarray, what: str = "dataset"
+                  ) -> tuple[list, list]:
+    """``(mean, std)`` per channel of ``dataset.normalize``: the training images'
+    statistics (``True``), none (``False``: 0 / 1) or the given ``{mean, std}`` constants
+    (checked against the images' channels: a :class:`DatasetError` otherwise)."""
+    channels = int(x.shape[-1])
+    if normalize is True:
+        return _channel_stats(x)
+    if normalize is False or normalize is None:
+        return [0.0] * channels, [1.0] * channels
+    from fedrcl_flwr.config import normalize_constants
+
+    try:
+        mean, std = normalize_constants(normalize, what, channels)
+    except ConfigError as exc:
+        raise DatasetError(str(exc)) from None
+    return mean, std
 
 
 def _channel_stats(x: np.ndarray) -> tuple[list, list]:
@@ -695,10 +772,13 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
                  image_size: Optional[int] = None, synthetic: Optional[dict] = None,
                  seed: int = 0, val_fraction: float = 0.0, domains: Optional[list] = None,
                  test_fraction: float = 0.2, rotation: float = 0.0,
-                 crop_pad: Optional[int] = None, verify_md5: bool = True) -> DataBundle:
-    """Load a dataset into a :class:`DataBundle` (see the module docstring)."""
+                 crop_pad: Optional[int] = None, verify_md5: bool = True,
+                 flip: Optional[bool] = None, pad_fill: str = "mean") -> DataBundle:
+    """Load a dataset into a :class:`DataBundle` (see the module docstring).
+    ``normalize``: ``True`` | ``False`` | ``{"mean": [...], "std": [...]}``."""
     root_p = Path(os.path.expanduser(root or "."))
     dnames: list = []
+    class_list = None  # the number of classes a dataset's own class list names
     if name == "synthetic":
         from fedrcl_flwr.data.synthetic import make_synthetic
 
@@ -714,6 +794,7 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
         dnames = [f"domain{i}" for i in range(nd)] if nd > 1 else []
     elif name in _HOW_TO_GET:
         tr, te = _torchvision(name, root_p, download, verify_md5)
+        class_list = tr.classes
     elif name == "tinyimagenet":
         tr, te = _tinyimagenet(root_p, image_size)
     elif name == "imagefolder":
@@ -746,6 +827,11 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
     num_classes = int(max(tr.y.max(), te.y.max() if len(te.y) else 0)) + 1
     if name == "synthetic":
         num_classes = int((synthetic or {}).get("num_classes", num_classes))
+    if class_list is not None:  # CIFAR: the classes batches.meta names (their K)
+        if num_classes > class_list:
+            raise DatasetError(f"dataset '{name}': label {num_classes - 1} but the class "
+                               f"list names only {class_list} classes")
+        num_classes = class_list
 
     val_split = None
     if val_fraction > 0:  # seeded, stratified hold-out (UniVarFL: 90/10)
@@ -756,10 +842,9 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
             hold[rng.choice(idx, int(round(val_fraction * len(idx))), replace=False)] = True
         val_split = RawSplit(tr.x[hold], tr.y[hold])
         tr = RawSplit(tr.x[~hold], tr.y[~hold], None if tr.d is None else tr.d[~hold])
-    mean, std = _channel_stats(tr.x) if normalize else ([0.0] * tr.x.shape[-1],
-                                                         [1.0] * tr.x.shape[-1])
+    mean, std = normalisation(normalize, tr.x, f"dataset {name!r}")
     size = int(tr.x.shape[1])
-    aug = augment_spec(name, size, augment, rotation, crop_pad)
+    aug = augment_spec(name, size, augment, rotation, crop_pad, flip, pad_fill)
 
     def wrap(split: RawSplit, aug_spec):
         imgs = torch.from_numpy(np.ascontiguousarray(split.x.transpose(0, 3, 1, 2)))

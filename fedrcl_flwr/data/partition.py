@@ -2,33 +2,73 @@
 
 Every scheme returns one ``int64`` index array per client; the arrays are disjoint. They are
 sorted, except for the balanced Dirichlet split (the authors' shuffled order) and ``file``
-(the file's order). Only the labels (domains), ``num_clients``, the scheme's parameters and
-``seed`` (``partition.seed``, default the experiment's ``seed``) decide a split.
+(the file's order). Only the labels (domains), the number of classes, ``num_clients``, the
+scheme's parameters, ``generator`` and ``seed`` (``partition.seed``, default the
+experiment's ``seed``) decide a split: never the images, never the training augmentation.
+
+Generators (``partition.generator``): ``project`` draws from the project's own NumPy
+generator (``numpy.random.default_rng``); ``fedrcl`` runs the FedRCL authors' released
+function (skynbe/FedRCL @ 378beb4 ``datasets/cifar.py``, called by ``utils/data.py:
+get_dataset``; geehokim/FedACG has the same three files) with their random calls, as their
+trainer calls it: on the training set *with its transforms* (see
+:func:`authors_trainer_draws`); ``fedrcl_labels`` runs the same function on bare labels.
+The default (``null``) is ``fedrcl`` for the balanced Dirichlet split (it exists only as
+the authors' algorithm) and ``project`` for the others.
+
 Schemes:
 
-* ``iid`` — a random permutation cut into equal parts (sizes differ by at most one);
-* ``dirichlet`` label skew, ``balanced=True``: the FedRCL authors' algorithm with their
-  random calls (see :func:`dirichlet_balanced`): every client gets exactly
-  ``N // num_clients`` samples, drawn with per-sample weights ``p_i[class]``,
-  ``p_i ~ Dir_K(α)``; the ``N mod num_clients`` left-over samples are not used. With
-  ``seed=0`` and the real CIFAR labels this is the authors' split index for index;
+* ``iid`` — ``project``: a random permutation cut into equal parts (sizes differ by at
+  most one, every sample used). ``fedrcl``: their ``cifar_iid`` (``N // C`` samples per
+  client drawn with ``np.random.choice`` from the samples left, NumPy's global generator
+  seeded with ``seed`` as their ``initalize_random_seed``; the ``N mod C`` left over are not
+  used). Index-identical: with ``seed: 0`` it gives, client for client, the sets of their
+  released ``client_data/{CIFAR10,CIFAR100,TinyImageNet}/balanced/iid_clients100.txt``
+  (checked: 100/100 clients each; only ``N`` enters, not the labels);
+* ``dirichlet`` label skew, ``balanced=True``: the FedRCL authors' algorithm
+  (:func:`dirichlet_balanced`): every client gets exactly ``N // num_clients`` samples,
+  drawn with per-sample weights ``p_i[class]``, ``p_i ~ Dir_K(α)``; the ``N mod
+  num_clients`` left-over samples are not used. Index-identical (``fedrcl``, the default):
+  on the same training set (same sample order and labels, ``K`` = its number of classes)
+  and ``seed`` (their ``temp_seed(0)``: ``seed: 0``) it gives, client for client and in
+  the same order, the index lists their trainer computes with the same torch and NumPy
+  versions (tests/test_authors_split.py checks it against their function run on
+  torchvision's ``CIFAR10`` with their transform chain). Their trainer reads
+  ``client_data/<DATASET>/balanced/dirichlet<α>_clients<C>.txt`` instead when that file
+  exists (100 clients in skynbe/FedRCL, 100 and 500 in geehokim/FedACG): those were drawn
+  with torch 1.11, whose ``multinomial`` a later torch need not repeat; ``scheme: file``
+  reads them as released;
 * ``dirichlet``, ``balanced=False`` (classic, Hsu et al. / Li et al.): each class is split
   over the clients with proportions ``q ~ Dir_C(α)`` (clients already holding ``N/C``
   samples get no more); redrawn until every client has ``min_size`` samples, at most 100
-  times — then a :class:`PartitionError` says to lower ``min_size`` or raise ``α``;
+  times — then a :class:`PartitionError` says to lower ``min_size`` or raise ``α``.
+  ``fedrcl``: their ``cifar_dirichlet_unbalanced`` with its calls (NumPy's global
+  generator seeded with ``seed``; every client's list shuffled after each try);
 * ``shards`` (quantity-based label skew, McMahan et al.): samples sorted by label, cut into
-  ``γ · num_clients`` equal shards, ``γ`` random shards per client;
+  ``γ · num_clients`` equal shards, ``γ`` random shards per client. ``project``: ties in
+  random order, every sample used. ``fedrcl``: their ``cifar_noniid`` (``class_per_client``
+  = γ): NumPy's default ``argsort`` of the labels (not stable: its tie order is NumPy's,
+  and may depend on the NumPy version and the CPU's vector instructions), shards drawn with
+  ``np.random.choice`` from the shards left; ``N`` must be a multiple of ``γ · C`` (their
+  code stops otherwise);
 * ``domain`` — inter-domain heterogeneity (FedCCL, Qiao et al. 2024, Sec. 3.1 / 5.1):
   client *i* owns ``domains_per_client`` domains, round robin (client *i*'s *j*-th domain is
   domain number ``(i * domains_per_client + j) mod D``), so one client per domain is
   ``num_clients = D`` and several clients may share a domain. A *slot* is one
   (client, owned domain) pair; ``m_d`` is the number of slots of domain *d*. See
-  :func:`by_domain` for the two draws (``balanced`` true / false).
-* ``file`` — read from ``path`` (see :func:`load_split_file`): JSON ``{"<client>": [indices]}``
-  as ``fedrcl-flwr partition --save`` writes it, or the FedRCL authors' released text
-  format, a Python dict literal ``{0: [10385, ...], ...}`` (``client_data/<DATASET>/
-  balanced/dirichlet<α>_clients100.txt`` in skynbe/FedRCL), read by a bounded scanner
+  :func:`by_domain` for the two draws (``balanced`` true / false). ``project`` only;
+* ``file`` — read from ``path`` (see :func:`load_split_file`; draws nothing, so
+  ``generator`` is ignored): JSON ``{"<client>": [indices]}``
+  as ``fedrcl-flwr partition --save`` writes it, or the FedRCL / FedACG authors' released
+  text format, a Python dict literal ``{0: [10385, ...], ...}`` or ``{0: {16406, ...}}``
+  (``client_data/<DATASET>/balanced/*.txt`` in skynbe/FedRCL), read by a bounded scanner
   (data only; a client id given twice is an error in both formats).
+
+Not index-identical to any released code: the ``project`` generator; the authors'
+Tiny-ImageNet order (their ``TinyImageNet`` lists ``train/`` with ``os.listdir``, an order
+that depends on the file system, and numbers classes in ``wnids.txt`` order; ours sorts
+both), so the same function gives the same index lists that name other images there.
+FedUV's and FPL's splits (UniVarFL / FedCCL) are not reproduced draw for draw (see the
+experiment files).
 
 Impossible requests fail at once with a :class:`PartitionError` naming the numbers.
 """
@@ -42,6 +82,8 @@ import numpy as np
 import torch
 
 from fedrcl_flwr.config import ConfigError
+
+GENERATORS = ("project", "fedrcl", "fedrcl_labels")
 
 
 class PartitionError(ConfigError):
@@ -60,7 +102,8 @@ def iid(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
 def _global_generators(seed: int):
     """NumPy's legacy global generator and torch's default CPU generator seeded with
     ``seed`` for the block, both restored afterwards (the FedRCL authors' ``temp_seed``,
-    ``datasets/cifar.py``, restores only NumPy's)."""
+    ``datasets/cifar.py``, restores only NumPy's; their ``initalize_random_seed`` seeds
+    both for the whole run)."""
     np_state = np.random.get_state()
     torch_state = torch.random.get_rng_state()
     np.random.seed(int(seed))
@@ -72,18 +115,52 @@ def _global_generators(seed: int):
         torch.random.set_rng_state(torch_state)
 
 
-def dirichlet_balanced(labels: np.ndarray, num_clients: int, alpha: float,
-                       seed: int) -> list[np.ndarray]:
-    """The FedRCL authors' balanced Dirichlet split (``datasets/cifar.py:
-    cifar_dirichlet_balanced`` in skynbe/FedRCL), with the same random calls.
+# The FedRCL authors' training transform chain (skynbe/FedRCL datasets/build.py:
+# get_transform, the same for every non-LEAF dataset): RandomRotation(10),
+# RandomCrop(imsize, padding=4), RandomHorizontalFlip(), ToTensor(), Normalize(...).
+AUTHORS_ROTATION = 10.0
+AUTHORS_CROP_PAD = 4
 
-    With both global generators seeded by ``seed``: for client ``i = 0 .. C-1``,
-    ``p = np.random.dirichlet([α] * K)`` (K = ``max(labels) + 1``); every not yet assigned
-    sample of class k gets the weight ``p_k`` (a float32 tensor, as theirs); the client takes
-    ``N // C`` samples with ``torch.multinomial(weights, N // C, replacement=False)``. Then
-    every client's list is shuffled in turn with ``np.random.shuffle``. A class's chance is
-    thus ∝ ``p_k`` × (its samples left): late clients get what is left and are less skewed
-    than with per-class counts. The lists keep the authors' (shuffled) order.
+
+def authors_trainer_draws(n: int) -> None:
+    """Spend torch's global generator as the FedRCL authors' trainer does before its first
+    ``torch.multinomial``: their ``cifar_dirichlet_balanced`` reads every label as
+    ``dataset[a][1]`` on the training set, which runs the training transforms on sample
+    ``a`` = 0 .. n-1 in turn. Per sample, in the chain's order (torchvision's
+    ``get_params``, unchanged from their torchvision 0.12 to today's):
+    ``RandomRotation(10)`` one ``torch.empty(1).uniform_(-10.0, 10.0)``;
+    ``RandomCrop(imsize, padding=4)`` on an ``imsize`` image (padded to ``imsize + 8``) two
+    ``torch.randint(0, 9, size=(1,))`` (row, then column offset); ``RandomHorizontalFlip()``
+    one ``torch.rand(1)``. ``ToTensor`` / ``Normalize`` draw nothing, nor does decoding the
+    image. Only the draws are made (the same calls, in the same order), not the images."""
+    lo, hi = -float(AUTHORS_ROTATION), float(AUTHORS_ROTATION)
+    span = 2 * AUTHORS_CROP_PAD + 1
+    for _ in range(int(n)):
+        torch.empty(1).uniform_(lo, hi)
+        torch.randint(0, span, size=(1,))
+        torch.randint(0, span, size=(1,))
+        torch.rand(1)
+
+
+def dirichlet_balanced(labels: np.ndarray, num_clients: int, alpha: float,
+                       seed: int, num_classes: Optional[int] = None,
+                       trainer_draws: bool = True) -> list[np.ndarray]:
+    """The FedRCL authors' balanced Dirichlet split (``datasets/cifar.py:
+    cifar_dirichlet_balanced`` in skynbe/FedRCL, also in geehokim/FedACG), with the same
+    random calls.
+
+    With both global generators seeded by ``seed`` (their ``temp_seed(0)``): first, when
+    ``trainer_draws`` (``generator: fedrcl``), the torch draws of their training transforms
+    on every sample (:func:`authors_trainer_draws`; ``fedrcl_labels`` skips them: their
+    function on bare labels). Then for client ``i = 0 .. C-1``:
+    ``p = np.random.dirichlet([α] * K)`` (K = ``num_classes``, their
+    ``len(dataset.class_to_idx)``; default ``max(labels) + 1``); every not yet assigned
+    sample of class k gets the weight ``p_k`` (a float32 tensor, as theirs); the client
+    takes ``N // C`` samples with ``torch.multinomial(weights, N // C,
+    replacement=False)``. Then every client's list is shuffled in turn with
+    ``np.random.shuffle``. A class's chance is thus ∝ ``p_k`` × (its samples left): late
+    clients get what is left and are less skewed than with per-class counts. The lists keep
+    the authors' (shuffled) order.
 
     Difference: where their code stops with an error (fewer not yet assigned samples of
     positive weight than ``N // C``, or a NaN from a Dirichlet draw at tiny α), the not yet
@@ -93,12 +170,17 @@ def dirichlet_balanced(labels: np.ndarray, num_clients: int, alpha: float,
     labels = np.asarray(labels, dtype=np.int64)
     n = len(labels)
     size = n // num_clients
-    k = int(labels.max()) + 1
+    k = int(labels.max()) + 1 if num_classes is None else int(num_classes)
+    if k <= int(labels.max()):
+        raise PartitionError(f"balanced Dirichlet split: label {int(labels.max())} but only "
+                             f"{k} classes")
     lab = torch.from_numpy(labels)
     free = torch.ones(n, dtype=torch.bool)
     tiny = torch.finfo(torch.float32).tiny
     parts: list[list[int]] = []
     with _global_generators(seed):
+        if trainer_draws:
+            authors_trainer_draws(n)
         for _ in range(num_clients):
             p = np.random.dirichlet(np.repeat(alpha, k))
             p = np.where(np.isfinite(p), p, 0.0)
@@ -112,6 +194,96 @@ def dirichlet_balanced(labels: np.ndarray, num_clients: int, alpha: float,
         for part in parts:
             np.random.shuffle(part)
     return [np.asarray(part, dtype=np.int64) for part in parts]
+
+
+@contextmanager
+def _numpy_global(seed: int):
+    """NumPy's legacy global generator seeded with ``seed`` for the block (the authors'
+    ``initalize_random_seed`` seeds it once per run; their trainer draws nothing from it
+    before the split), restored afterwards."""
+    state = np.random.get_state()
+    np.random.seed(int(seed))
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
+
+
+def authors_iid(n: int, num_clients: int, seed: int) -> list[np.ndarray]:
+    """The FedRCL authors' ``cifar_iid``: ``N // C`` samples per client, each client
+    ``np.random.choice(left, N // C, replace=False)`` from the list of samples left, that
+    list rebuilt as ``list(set(left) - chosen)`` (Python's set order, as theirs)."""
+    per = int(n / num_clients)
+    if per < 1:
+        raise PartitionError(f"iid split (fedrcl): {n} samples for {num_clients} clients")
+    left = list(range(n))
+    parts = []
+    with _numpy_global(seed):
+        for _ in range(num_clients):
+            chosen = set(np.random.choice(left, per, replace=False).tolist())
+            parts.append(sorted(chosen))
+            left = list(set(left) - chosen)
+    return [np.asarray(p, dtype=np.int64) for p in parts]
+
+
+def authors_shards(labels: np.ndarray, num_clients: int, per_client: int,
+                   seed: int) -> list[np.ndarray]:
+    """The FedRCL authors' ``cifar_noniid`` (``split.mode: skew``, ``class_per_client`` =
+    ``per_client``): the sample indices ordered by NumPy's default ``argsort`` of the
+    labels, cut into ``per_client * C`` shards of ``N // (per_client * C)``; client by
+    client, ``np.random.choice`` of ``per_client`` shards from the list of shards left
+    (rebuilt as ``list(set(left) - chosen)``), the client's samples taken shard by shard in
+    the chosen set's order."""
+    labels = np.asarray(labels, dtype=np.int64)
+    n = len(labels)
+    total = num_clients * per_client
+    size = int(n / total) if total else 0
+    if size < 1 or size * total != n:
+        raise PartitionError(
+            f"shards (fedrcl): {n} samples do not cut into {num_clients} clients x "
+            f"{per_client} shards of equal size (the authors' cifar_noniid needs N to be a "
+            "multiple of num_clients * shards_per_client); use partition.generator project")
+    by_label = np.arange(n)[labels.argsort()]
+    left = list(range(total))
+    parts = []
+    with _numpy_global(seed):
+        for _ in range(num_clients):
+            chosen = set(np.random.choice(left, per_client, replace=False).tolist())
+            left = list(set(left) - chosen)
+            parts.append(np.concatenate([by_label[s * size:(s + 1) * size] for s in chosen]))
+    return _as_parts(parts)
+
+
+def authors_dirichlet_unbalanced(labels: np.ndarray, num_clients: int, alpha: float,
+                                 min_size: int, seed: int, num_classes: Optional[int] = None,
+                                 max_tries: int = 1000) -> list[np.ndarray]:
+    """The FedRCL authors' ``cifar_dirichlet_unbalanced`` with its calls (NumPy's global
+    generator seeded with ``seed``): per try, class ``k = 0 .. K-1`` in turn: shuffle its
+    samples, ``q = np.random.dirichlet([α] * C)``, zero for clients already holding
+    ``N / C`` samples, renormalised, cut points ``(cumsum(q) * n_k).astype(int)[:-1]``;
+    then every client's list is shuffled; tries repeat while a client holds fewer than
+    ``min_size`` samples (theirs: 10, no limit; here at most ``max_tries``)."""
+    labels = np.asarray(labels, dtype=np.int64)
+    n = len(labels)
+    k = int(labels.max()) + 1 if num_classes is None else int(num_classes)
+    with _numpy_global(seed):
+        for _ in range(max_tries):
+            batch: list[list] = [[] for _ in range(num_clients)]
+            for c in range(k):
+                idx_c = np.flatnonzero(labels == c)
+                np.random.shuffle(idx_c)
+                q = np.random.dirichlet(np.repeat(alpha, num_clients))
+                q = np.array([p * (len(b) < n / num_clients) for p, b in zip(q, batch)])
+                q = q / q.sum()
+                cuts = (np.cumsum(q) * len(idx_c)).astype(int)[:-1]
+                batch = [b + part.tolist() for b, part in zip(batch, np.split(idx_c, cuts))]
+            for b in batch:
+                np.random.shuffle(b)
+            if min(len(b) for b in batch) >= min_size:
+                return _as_parts(batch)
+    raise PartitionError(
+        f"unbalanced Dirichlet split (fedrcl): no draw in {max_tries} tries gave every one "
+        f"of {num_clients} clients >= {min_size} samples (alpha={alpha}, {n} samples)")
 
 
 def dirichlet_unbalanced(labels: np.ndarray, num_clients: int, alpha: float, min_size: int,
@@ -287,7 +459,7 @@ def _no_duplicate_keys(where: str):
 
 def _parse_dict_literal(text: str, where: str):
     """The FedRCL authors' text format ``{0: [10385, ...], 1: [...], ...}`` (a Python
-    dict literal of integer keys and integer lists or tuples), parsed as data by a
+    dict literal of integer keys and integer lists, tuples or sets), parsed as data by a
     bounded scanner — nothing is evaluated, nesting is fixed at two levels, and a key
     given twice is an error. ``None`` when ``text`` is not of that form."""
     import re
@@ -295,7 +467,8 @@ def _parse_dict_literal(text: str, where: str):
     global _LITERAL_ITEM
     if _LITERAL_ITEM is None:
         _LITERAL_ITEM = re.compile(
-            r"\s*(-?\d+)\s*:\s*(?:\[([-\d,\s]*)\]|\(([-\d,\s]*)\))\s*(,|\})")
+            r"\s*(-?\d+)\s*:\s*(?:\[([-\d,\s]*)\]|\(([-\d,\s]*)\)|\{([-\d,\s]*)\})"
+            r"\s*(,|\})")
     body = text.strip()
     if not (body.startswith("{") and body.endswith("}")):
         return None
@@ -308,7 +481,7 @@ def _parse_dict_literal(text: str, where: str):
         if m is None:
             return None
         key = int(m.group(1))
-        items = m.group(2) if m.group(2) is not None else m.group(3)
+        items = next(g for g in m.group(2, 3, 4) if g is not None)
         vals = [t.strip() for t in items.split(",")]
         if vals and vals[-1] == "":
             vals.pop()  # a trailing comma
@@ -317,9 +490,15 @@ def _parse_dict_literal(text: str, where: str):
         if key in out:
             raise PartitionError(f"{where}: client {key} appears twice (a key given twice "
                                  "in one mapping; the first list would be lost)")
-        out[key] = [int(v) for v in vals]
+        ints = [int(v) for v in vals]
+        if m.group(4) is not None:  # a set (the authors' iid files): Python's set order,
+            as_set = set(ints)      # as their trainer and ast.literal_eval build it
+            if len(as_set) != len(ints):
+                raise PartitionError(f"{where}: client {key}: an index is given twice")
+            ints = list(as_set)
+        out[key] = ints
         pos = m.end()
-        if m.group(4) == "}":
+        if m.group(5) == "}":
             return out if pos == end else None
     return None
 
@@ -327,11 +506,12 @@ def _parse_dict_literal(text: str, where: str):
 def load_split_file(path: str, n: int, num_clients: int) -> list[np.ndarray]:
     """Client index lists from a split file, checked: ``num_clients`` clients with ids
     ``0 .. num_clients-1`` (JSON string keys or integer keys), each given once, integer
-    indices in ``[0, n)``, no index given twice. The file must be UTF-8 text of at most
-    ``1 MiB + 32 bytes x n`` (read before parsing). JSON is tried first, then the
-    authors' Python dict literal, read by a bounded scanner (:func:`_parse_dict_literal`:
-    data only, nothing is executed). Any problem is one :class:`PartitionError` naming
-    the file."""
+    indices (a list, or a set as in the authors' iid files, taken in Python's set order as
+    their trainer does) in ``[0, n)``, no index given twice. The file must be UTF-8 text
+    of at most ``1 MiB + 32 bytes x n`` (read before parsing). JSON is tried first, then
+    the authors' Python dict literal, read by a bounded scanner
+    (:func:`_parse_dict_literal`: data only, nothing is executed). Any problem is one
+    :class:`PartitionError` naming the file."""
     import json
     from pathlib import Path
 
@@ -372,6 +552,8 @@ def load_split_file(path: str, n: int, num_clients: int) -> list[np.ndarray]:
             raise PartitionError(f"{where}: client id {str(key)[:40]!r} is not an integer")
         if cid in parts:
             raise PartitionError(f"{where}: client {cid} appears twice")
+        if isinstance(idx, (set, frozenset)):  # the authors' iid files: {0: {16406, ...}}
+            idx = list(idx)
         if not isinstance(idx, (list, tuple)) or not all(
                 isinstance(i, int) and not isinstance(i, bool) for i in idx):
             raise PartitionError(f"{where}: client {cid}: indices must be a list of integers")
@@ -417,14 +599,43 @@ def save_split_file(parts, path) -> None:
     Path(path).expanduser().write_text(json.dumps(data) + "\n")
 
 
+def resolve_generator(scheme: str, balanced: bool, generator: Optional[str]) -> str:
+    """The generator a split uses (``partition.generator``, see the module docstring):
+    ``None`` is ``fedrcl`` for the balanced Dirichlet split and ``project`` otherwise. The
+    balanced Dirichlet split exists only as the authors' algorithm (``fedrcl`` /
+    ``fedrcl_labels``); ``domain`` only as the project's; ``file`` draws nothing and
+    ignores it. Anything else is a :class:`PartitionError` (also raised by the config
+    check, before a run)."""
+    if generator is not None and generator not in GENERATORS:
+        raise PartitionError(f"partition.generator must be one of {', '.join(GENERATORS)} "
+                             f"(or null), got {generator!r}")
+    if scheme == "dirichlet" and balanced:
+        if generator == "project":
+            raise PartitionError("partition.generator project has no balanced Dirichlet "
+                                 "split (it is the FedRCL authors' algorithm): use fedrcl "
+                                 "(their trainer's draws, the default) or fedrcl_labels")
+        return generator or "fedrcl"
+    if scheme == "file":
+        return "project"
+    if scheme == "domain" and generator not in (None, "project"):
+        raise PartitionError(f"partition.generator {generator} has no '{scheme}' split "
+                             "(the authors' code has none): leave it null or project")
+    return generator or "project"
+
+
 def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float = 0.3,
               balanced: bool = True, shards_per_client: int = 2, min_size: int = 10,
               domains: Optional[np.ndarray] = None, domains_per_client: int = 1,
               samples_per_class: Optional[int] = None, seed: int = 0,
-              path: Optional[str] = None) -> list[np.ndarray]:
-    """Index arrays of ``num_clients`` clients (see the module docstring)."""
+              path: Optional[str] = None, generator: Optional[str] = None,
+              num_classes: Optional[int] = None) -> list[np.ndarray]:
+    """Index arrays of ``num_clients`` clients (see the module docstring). ``generator``:
+    ``project`` | ``fedrcl`` | ``fedrcl_labels`` | ``None`` (see :func:`resolve_generator`);
+    ``num_classes``: the dataset's number of classes (the authors' ``K``; default
+    ``max(labels) + 1``)."""
     labels = np.asarray(labels)
     n = len(labels)
+    gen = resolve_generator(scheme, balanced, generator)
     if num_clients < 1:
         raise PartitionError(f"num_clients must be >= 1, got {num_clients}")
     if num_clients > n:
@@ -437,16 +648,24 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float
             raise PartitionError("partition.scheme 'file' needs partition.path")
         return load_split_file(path, n, num_clients)
     rng = np.random.default_rng([int(seed), 271828])
+    authors = gen in ("fedrcl", "fedrcl_labels")
     if scheme == "iid":
-        return iid(n, num_clients, rng)
+        return authors_iid(n, num_clients, seed) if authors else iid(n, num_clients, rng)
     if scheme == "dirichlet":
         if balanced:
-            return dirichlet_balanced(labels, num_clients, alpha, seed)
+            return dirichlet_balanced(labels, num_clients, alpha, seed,
+                                      num_classes=num_classes,
+                                      trainer_draws=gen == "fedrcl")
         if num_clients * min_size > n:
             raise PartitionError(f"{num_clients} clients x min_size {min_size} exceeds the "
                                  f"{n} training samples")
+        if authors:
+            return authors_dirichlet_unbalanced(labels, num_clients, alpha, min_size, seed,
+                                                num_classes=num_classes)
         return dirichlet_unbalanced(labels, num_clients, alpha, min_size, rng)
     if scheme == "shards":
+        if authors:
+            return authors_shards(labels, num_clients, shards_per_client, seed)
         return shards(labels, num_clients, shards_per_client, rng)
     if scheme == "domain":
         if domains is None:

@@ -59,13 +59,24 @@ def format_counts_table(counts: np.ndarray, max_rows: Optional[int] = None,
 
 def plot_counts_heatmap(counts: np.ndarray, path: str | Path, title: str = "",
                         domains: Optional[list] = None) -> None:
-    """Heatmap of samples per client (rows) and class (columns); with ``domains`` (from
-    :func:`client_domains`) rows are labelled ``client: domains`` and a strip on the left
-    colours each row by its domain set."""
+    """Write :func:`counts_heatmap_figure` to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = counts_heatmap_figure(counts, title, domains)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def counts_heatmap_figure(counts: np.ndarray, title: str = "",
+                          domains: Optional[list] = None):
+    """Heatmap of samples per client (rows) and class (columns), ticks on whole client
+    and class numbers; with ``domains`` (from :func:`client_domains`) rows are labelled
+    ``client: domains`` and a strip on the left colours each row by its domain set."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     n_clients, k = counts.shape
     height = min(2 + (0.25 if domains else 0.08) * n_clients, 14)
@@ -84,11 +95,12 @@ def plot_counts_heatmap(counts: np.ndarray, path: str | Path, title: str = "",
         fig, ax = plt.subplots(figsize=(min(2 + 0.4 * k, 14), height))
     im = ax.imshow(counts, aspect="auto", cmap="viridis", interpolation="nearest")
     ax.set_xlabel("class")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if not domains:
         ax.set_ylabel("client")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title or "samples per client and class")
     fig.colorbar(im, ax=ax, label="samples")
     if not domains:
         fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig

@@ -1,0 +1,206 @@
+"""Privacy of the client updates (``privacy`` section): which combinations are sound, and
+the privacy accountant. No Flower here: the mechanisms are Flower's own, composed in
+``strategies/privacy.py`` (central DP: ``DifferentialPrivacyServerSideFixedClipping`` /
+``DifferentialPrivacyClientSideFixedClipping`` + ``fixedclipping_mod``) and
+``fedrcl_flwr/app/`` (SecAgg+: ``secaggplus_mod`` + ``SecAggPlusWorkflow``).
+
+**Central DP** (``privacy.dp: {mode, noise_multiplier σ, clipping_norm C, delta δ}``). Each
+round the kept client updates Δ_i = w_i − w_sent (w_sent: what the clients received, the
+look-ahead model for FedACG) are clipped to norm C (Flower's ``compute_clip_model_update``,
+on the server or, ``mode: client``, by each client's ``fixedclipping_mod``), averaged with
+a *fixed* denominator n = ``federation.clients_per_round`` (DP-FedAvg's fixed-denominator
+estimator, McMahan et al. 2018: ``w_sent + Σ_kept clip(Δ_i) / n``, the plain mean when
+every sampled client reports), and Flower's wrapper adds N(0, (σC/n)²) to every entry.
+The server optimizer (FedAvgM, FedAdam, FedACG) then acts on that noised average: post-
+processing, so the guarantee holds for every strategy that only uses the average.
+
+**Accounting** (``dp_epsilon`` per evaluated round in ``metrics.jsonl``, the final value
+in ``summary.json``, ``report`` beside each cell). Google's ``dp-accounting`` RDP
+accountant (``dp_accounting.rdp.RdpAccountant``), the backend Flower itself builds its
+accountant on (``flwr.serverapp.RdpAccountant``, ``flwr[dp]``), chosen over Opacus'
+accountant because it is the accountant alone (no DP-SGD machinery), covers every
+sampling model (Poisson, without replacement, none) and neighbouring relation, and is
+the one Flower's own DP strategies are checked against. The model, as Flower's accountant
+for fixed clipping: client-level DP under add/remove-one (a client's clipped update
+present or absent: sensitivity C of the sum, σ the noise multiplier), *no amplification
+by subsampling*. Amplification would need the sampled set to be secret; here it is a
+public function of ``seed`` and round (``runtime.sample_partitions``), so a client's data
+enters only the releases of the rounds it is sampled in, and each such release is one
+Gaussian mechanism. ε after round t is therefore that of the composition of k Gaussian
+mechanisms with k = the largest number of released rounds any client was sampled in
+(``dp_max_client_rounds``; = t under full participation) — RDP α·k/(2σ²), converted to
+(ε, δ) by dp-accounting (Canonne, Kamath & Steinke 2020, Prop. 12). σ = 0 gives ε = ∞
+(written ``null``). Not covered (as in Flower): the fit metrics clients report in the
+clear (training losses, ``local_repr_*``), which feed ``metrics.jsonl``.
+
+**SecAgg+** (``privacy.secagg: true``): the server learns only the (weighted) sum of the
+masked, quantised uploads. Methods whose server needs each client's upload are refused
+(see :func:`check_privacy`), and so are combinations Flower's mechanisms cannot make
+correct.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Optional
+
+import numpy as np
+
+
+def check_privacy_section(cfg, source: str) -> None:
+    """The ``privacy`` section on its own (types are checked by the schema): values in
+    range, the required keys of ``privacy.dp``, the accountant installed."""
+    from fedrcl_flwr.config import ConfigError
+
+    dp = cfg.privacy.dp
+    if dp is not None:
+        if dp.mode not in ("server", "client"):
+            raise ConfigError(f"{source}: 'privacy.dp.mode' must be server or client, got "
+                              f"{dp.mode!r}")
+        if dp.noise_multiplier is None or dp.clipping_norm is None:
+            missing = "noise_multiplier" if dp.noise_multiplier is None else "clipping_norm"
+            raise ConfigError(f"{source}: 'privacy.dp.{missing}' is required when privacy.dp "
+                              "is set")
+        if dp.noise_multiplier < 0:
+            raise ConfigError(f"{source}: 'privacy.dp.noise_multiplier' must be >= 0, got "
+                              f"{dp.noise_multiplier!r}")
+        if dp.clipping_norm <= 0:
+            raise ConfigError(f"{source}: 'privacy.dp.clipping_norm' must be > 0, got "
+                              f"{dp.clipping_norm!r}")
+        if not 0 < dp.delta < 1:
+            raise ConfigError(f"{source}: 'privacy.dp.delta' must be in (0, 1), got "
+                              f"{dp.delta!r}")
+        if importlib.util.find_spec("dp_accounting") is None:
+            raise ConfigError(f"{source}: 'privacy.dp' needs the dp-accounting package for "
+                              "its privacy accountant (pip install 'fedrcl-flwr[privacy]')")
+    p = cfg.privacy
+    for key in ("secagg_num_shares", "secagg_threshold"):
+        v = getattr(p, key)
+        if v <= 0:
+            raise ConfigError(f"{source}: 'privacy.{key}' must be > 0 (an int: a count, a "
+                              f"float: a proportion), got {v!r}")
+    if isinstance(p.secagg_threshold, float) and p.secagg_threshold > 1:
+        raise ConfigError(f"{source}: 'privacy.secagg_threshold' as a proportion must be "
+                          f"<= 1, got {p.secagg_threshold!r}")
+    if p.secagg_max_weight is not None and p.secagg_max_weight <= 0:
+        raise ConfigError(f"{source}: 'privacy.secagg_max_weight' must be > 0 (or null), got "
+                          f"{p.secagg_max_weight!r}")
+
+
+def integer_entries(model) -> list[str]:
+    """Names of the model's state entries that are not floating point (BatchNorm's
+    ``num_batches_tracked``)."""
+    import torch
+
+    return [k for k, v in model.state_dict().items() if not torch.is_floating_point(v)]
+
+
+def check_privacy(cfg, method_cls, exchange: Optional[dict], get_model) -> None:
+    """Combinations of ``privacy`` with the method, strategy, model and federation that
+    cannot be made correct (a ``ConfigError`` with the reason, one line). Called by
+    ``fedrcl_flwr.app.validate`` with the method's class and signal-exchange settings."""
+    from fedrcl_flwr.config import ConfigError
+
+    dp, secagg = cfg.privacy.dp, cfg.privacy.secagg
+    if dp is None and not secagg:
+        return
+    what = "privacy.dp" if dp is not None else "privacy.secagg"
+    if exchange is not None:
+        why = ("its clients upload feature signals (prototypes / cluster signals) besides "
+               "the model, which the server needs one by one (FedCCL clusters them with "
+               "FINCH, FedProto/FedProc/FPL/FedPCL build per-class prototypes) and which "
+               "travel in the fit metrics")
+        if dp is not None:
+            raise ConfigError(f"'{what}' cannot protect method '{method_cls.method}': {why}, "
+                              "outside Flower's clipping and noise")
+        raise ConfigError(f"'privacy.secagg' cannot be used with method "
+                          f"'{method_cls.method}': {why}, outside SecAgg+'s masked sum")
+    model = get_model()
+    ints = integer_entries(model) if model is not None else []
+    if ints:
+        raise ConfigError(
+            f"'{what}' needs a model whose state is all floating point; model.name="
+            f"{cfg.model.name} has integer buffers ({ints[0]}, ...: BatchNorm step counters) "
+            "that Flower's clipping cannot scale and SecAgg+ cannot sum; use a "
+            "GroupNorm / norm-free model (cnn5, resnet18_gn, vgg9_gn, ...)")
+    if dp is not None:
+        if cfg.server.strategy == "feddyn" or method_cls.method == "feddyn":
+            raise ConfigError(
+                "'privacy.dp' cannot be combined with FedDyn: FedDyn's server state h must "
+                "track the clients' own correction terms ∇L_k, which each client updates "
+                "from its unclipped, noise-free model (Acar et al. 2021, Alg. 1); clipping "
+                "and noising the uploads breaks that identity")
+        if cfg.server.weighting != "uniform":
+            raise ConfigError(
+                "'privacy.dp' needs server.weighting: uniform: Flower's noise std σ·C/n "
+                "covers an equally weighted average of n clipped updates; a sample-weighted "
+                f"one has a larger sensitivity (got server.weighting={cfg.server.weighting})")
+        if secagg and dp.mode == "server":
+            raise ConfigError(
+                "'privacy.dp.mode' server clips each client's update on the server, which "
+                "SecAgg+ hides (the server sees only the sum); use mode: client (each client "
+                "clips with fixedclipping_mod) with privacy.secagg")
+    if secagg and cfg.federation.sampled_per_round() < 2:
+        raise ConfigError("'privacy.secagg' needs at least 2 clients per round (SecAgg+ "
+                          "masks each upload with its neighbours'; got "
+                          f"{cfg.federation.sampled_per_round()})")
+
+
+def noise_std(noise_multiplier: float, clipping_norm: float, num_sampled: int) -> float:
+    """Flower's ``compute_stdv``: σ·C/n, the std of the noise on each averaged entry."""
+    return float(noise_multiplier * clipping_norm / num_sampled)
+
+
+def gaussian_epsilon(noise_multiplier: float, count: int, delta: float) -> float:
+    """ε at ``delta`` of ``count`` composed Gaussian mechanisms of noise multiplier σ
+    (sensitivity 1, add/remove), from dp-accounting's RDP accountant; 0 for no release,
+    ∞ for σ = 0."""
+    if count <= 0:
+        return 0.0
+    if noise_multiplier <= 0:
+        return float("inf")
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import RdpAccountant
+
+    acc = RdpAccountant()  # add/remove-one, the default orders
+    acc.compose(dp_event.GaussianDpEvent(float(noise_multiplier)), int(count))
+    return float(acc.get_epsilon(float(delta)))
+
+
+class PrivacyAccountant:
+    """Client-level (ε, δ) of a run's releases so far: per partition id, the number of
+    released rounds it was sampled in; ε is that of the largest count (module doc)."""
+
+    def __init__(self, noise_multiplier: float, delta: float, num_clients: int):
+        self.noise_multiplier = float(noise_multiplier)
+        self.delta = float(delta)
+        self.rounds = np.zeros(int(num_clients), dtype=np.int64)
+        self.releases = 0
+
+    def record_release(self, partition_ids) -> None:
+        ids = np.asarray(list(partition_ids), dtype=np.int64)
+        np.add.at(self.rounds, ids, 1)
+        self.releases += 1
+
+    @property
+    def max_client_rounds(self) -> int:
+        return int(self.rounds.max()) if len(self.rounds) else 0
+
+    def epsilon(self) -> float:
+        return gaussian_epsilon(self.noise_multiplier, self.max_client_rounds, self.delta)
+
+    def record(self) -> dict:
+        """What each round's record carries."""
+        return {"dp_epsilon": self.epsilon(), "dp_delta": self.delta,
+                "dp_max_client_rounds": self.max_client_rounds}
+
+    def state_dict(self) -> dict:
+        return {"rounds": self.rounds.copy(), "releases": self.releases}
+
+    def load_state_dict(self, state: dict) -> None:
+        rounds = np.asarray(state["rounds"], dtype=np.int64)
+        if rounds.shape != self.rounds.shape:
+            raise ValueError(f"privacy accountant of {rounds.shape[0]} clients, the run has "
+                             f"{self.rounds.shape[0]}")
+        self.rounds = rounds.copy()
+        self.releases = int(state["releases"])
