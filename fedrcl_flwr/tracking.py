@@ -262,8 +262,15 @@ class TensorBoardBackend(Backend):
     def __init__(self, run_dir: Path, config_yaml: str, resume_after: int):
         from torch.utils.tensorboard import SummaryWriter
 
+        from fedrcl_flwr.results import write_marker
+
         kwargs = {"purge_step": resume_after + 1} if resume_after else {}
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / TB_DIR), **kwargs)
+        tb_dir = Path(run_dir) / TB_DIR
+        created = not tb_dir.exists()
+        self.writer = SummaryWriter(log_dir=str(tb_dir), **kwargs)
+        if created:  # ours: `run --overwrite` may clear it
+            tb_dir.mkdir(parents=True, exist_ok=True)
+            write_marker(tb_dir, TB_DIR)
         if not resume_after:
             self.writer.add_text("config", "```yaml\n" + config_yaml + "```", 0)
         self.writer.flush()
@@ -297,9 +304,13 @@ class WandbBackend(Backend):
     def __init__(self, run_dir: Path, cfg, config: dict, previous: dict):
         import wandb
 
+        from fedrcl_flwr.results import write_marker
+
         self.run_dir = Path(run_dir)
         run_id = previous.get("id") or secrets.token_hex(6)  # W&B: [a-z0-9_-]
-        (self.run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
+        if not (self.run_dir / WANDB_DIR).exists():  # ours: `run --overwrite` may clear it
+            (self.run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
+            write_marker(self.run_dir / WANDB_DIR, WANDB_DIR)
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True,
                                   disable_git=True, save_code=False,
                                   x_save_requirements=False, x_disable_machine_info=True)

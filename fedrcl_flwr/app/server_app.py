@@ -72,6 +72,14 @@ def check_resume(cfg, out_dir) -> None:
         ckpt = load_checkpoint(out_dir)
     except CheckpointError as exc:
         raise ConfigError(f"--resume {out_dir}: {exc}") from None
+    done = ckpt["round"]
+    if not isinstance(done, int) or isinstance(done, bool) or done < 0:
+        raise ConfigError(f"--resume {out_dir}: the checkpoint's round {done!r} is not a "
+                          "round number")
+    if cfg.federation.rounds < done:
+        raise ConfigError(f"--resume {out_dir}: federation.rounds={cfg.federation.rounds} is "
+                          f"fewer than the {done} rounds already done; a resume can only go "
+                          "on (give at least that many)")
     bundle = runtime.load_bundle(cfg)
     model = runtime.initial_model(cfg, bundle)
     want = [tuple(np.shape(w)) for w in runtime.get_weights(model)]
