@@ -302,11 +302,12 @@ def cmd_report(args) -> int:
 
 def cmd_plot(args) -> int:
     """``plot DIR...``: accuracy curves per method (mean +- std over seeds), per setting."""
-    from fedrcl_flwr.tables import plot_files, plot_groups
+    from fedrcl_flwr.tables import client_plot_files, plot_files, plot_groups
 
     if not args.out.strip():
         raise ConfigError("--out must be a file stem, got an empty string")
-    for path in plot_files(Path(args.out)):  # checked before any run is read
+    out = Path(args.out)
+    for path in plot_files(out) + client_plot_files(out):  # checked before any run is read
         check_output_file(path, "--out", create_parent=True)
     for path in plot_groups(args.dirs, Path(args.out)):
         print(f"written {path}")
@@ -435,13 +436,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
     rep.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"])
     rep.add_argument("--metric", default=None,
-                     help="final | best | last5 | ema@ROUND (default: the runs' "
+                     help="final | best | last5 | ema@ROUND | client_mean | client_std | "
+                          "client_worst10 | client_best10 (default: the runs' "
                           "report_metric, else their paper reference's, else final)")
     rep.add_argument("--vs", metavar="ROW",
                      help="also compare every row with ROW (a row name, label or method) "
                           "seed by seed: per-seed differences, mean ± std, 95%% t-interval")
     rep.set_defaults(func=cmd_report)
-    pl = sub.add_parser("plot", help="accuracy curves per method, mean ± std over seeds")
+    pl = sub.add_parser("plot", help="accuracy curves per method, mean ± std over seeds "
+                        "(and the per-client accuracy distribution, when recorded)")
     pl.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
     pl.add_argument("--out", default="accuracy_curves",
                     help="output file stem (FILE.png and FILE.pdf are written)")

@@ -286,6 +286,34 @@ class ModelConfig:
 
 
 @dataclass
+class StragglerConfig:
+    """Stragglers under a simulated clock (``fedrcl_flwr/availability.py``; off while
+    ``speed`` is null). ``speed``: each client's speed factor (1 = nominal): a number
+    (every client), a list (one per client), ``{distribution: lognormal, sigma: S}``
+    (median 1) or ``{distribution: uniform, low: L, high: H}``, drawn once per client
+    from the seed. A client's simulated round time is its workload (its local steps over
+    the mean client's) divided by its speed, times ``exp(jitter * z)`` with z ~ N(0, 1)
+    drawn per (round, client); a client whose time exceeds ``deadline`` (in units of the
+    nominal round time; null = no deadline) is late and dropped from the round."""
+
+    speed: Optional[Union[float, list, dict]] = None
+    deadline: Optional[float] = None
+    jitter: float = 0.0
+
+
+@dataclass
+class AvailabilityConfig:
+    """Unreliable clients (``fedrcl_flwr/availability.py``; off by default). ``dropout``:
+    the probability that a sampled client does not report in a round: a number (every
+    client), a list (one per client), or ``{distribution: uniform, low: L, high: H}`` /
+    ``{distribution: beta, a: A, b: B}`` drawn once per client from the seed.
+    ``stragglers``: see :class:`StragglerConfig`."""
+
+    dropout: Union[float, list, dict] = 0.0
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+
+
+@dataclass
 class FederationConfig:
     """Size of the federation. Give ``participation`` (fraction) or ``clients_per_round``."""
 
@@ -298,6 +326,8 @@ class FederationConfig:
     # a client that has not answered after this many seconds is dropped from the round
     # (counted in ``failures``); null = wait for every client
     round_timeout_s: Optional[float] = None
+    # simulated dropout and stragglers (off by default; see AvailabilityConfig)
+    availability: AvailabilityConfig = field(default_factory=AvailabilityConfig)
 
     def sampled_per_round(self) -> int:
         if self.clients_per_round is not None:
@@ -363,6 +393,25 @@ class ServerConfig:
 
 
 @dataclass
+class PerClientEvalConfig:
+    """Per-client (personalised) evaluation (``fedrcl_flwr/client_eval.py``; off while
+    ``every`` is 0). Every ``every`` rounds (and at the last round) the global model is
+    evaluated on each sampled client's local test data (``clients: all``: every client),
+    after ``finetune_steps`` local cross-entropy steps on the client's training data when
+    > 0. Local test data (``local_test``): ``holdout`` = a ``local_test_fraction`` share of
+    the client's own partition, split once from the partition seed and removed from its
+    training data; ``domain`` = the test samples of the client's own domain(s)
+    (``partition.scheme: domain``; training data unchanged); ``auto`` = domain for
+    ``partition.scheme: domain``, else holdout."""
+
+    every: int = 0
+    local_test_fraction: float = 0.2
+    finetune_steps: int = 0
+    clients: str = "sampled"  # sampled | all
+    local_test: str = "auto"  # auto | holdout | domain
+
+
+@dataclass
 class EvaluationConfig:
     """Centralised evaluation of the global model. EMA_t = ema*EMA_{t-1} + (1-ema)*acc_t."""
 
@@ -387,6 +436,8 @@ class EvaluationConfig:
     robust_step: float = 2 / 255
     robust_steps: int = 20
     robust_samples: int = 1000
+    # per-client (personalised) evaluation, off by default (see PerClientEvalConfig)
+    per_client: PerClientEvalConfig = field(default_factory=PerClientEvalConfig)
 
 
 @dataclass
@@ -754,6 +805,10 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
                               f"domains (synthetic, digit5, imagefolder, npz with d_train), "
                               f"not {ds.name!r}")
     check_reference(cfg.reference, source)
+    from fedrcl_flwr import availability, client_eval
+
+    client_eval.check_config(cfg, source)
+    availability.check_config(cfg, source)
     if cfg.output.tensorboard:
         import importlib.util
 

@@ -173,7 +173,12 @@ def format_round_line(rec: dict, total_rounds: int, show_ema: bool = False) -> s
     if "dp_delta" in rec:  # privacy.dp: the budget spent so far
         eps = rec.get("dp_epsilon")
         parts.append(f"eps {eps:.2f}" if eps is not None else "eps inf")
+    if rec.get("client_acc_mean") is not None:  # per-client evaluation (client_eval.py)
+        parts.append(f"clients' acc {100 * rec['client_acc_mean']:.2f}% (worst 10% "
+                     f"{100 * rec['client_acc_worst10']:.2f}%)")
     parts.append(f"clients {rec.get('num_clients', 0)}")
+    if rec.get("dropped"):  # unreliable clients (availability.py)
+        parts.append(f"dropped {rec['dropped']}")
     if rec.get("failures"):
         parts.append(f"failures {rec['failures']}")
         if not rec.get("num_clients"):
@@ -274,6 +279,7 @@ class RunRecorder:
         per_domain = last_k_per_domain(evaluated, LAST_K)
         if per_domain:
             out["last5_per_domain"] = per_domain
+        out.update(research_summary(self.records))
         return out
 
     def finish(self, model_state: Optional[dict] = None, before_summary=None) -> dict:
@@ -294,6 +300,27 @@ class RunRecorder:
                                            if not p.name.endswith(".tmp.png")))
         atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         return summary
+
+
+def research_summary(records: list[dict]) -> dict:
+    """``summary.json`` entries of per-client evaluation (the ``client_acc_*`` of the last
+    round that has them, and its ``client_acc_round``) and of unreliable clients
+    (``dropped_total`` / ``late_total`` at the last record); nothing when the run has
+    neither."""
+    from fedrcl_flwr.client_eval import STAT_KEYS
+
+    out: dict = {}
+    with_clients = [r for r in records if r.get("client_acc_mean") is not None]
+    if with_clients:
+        last = with_clients[-1]
+        out.update({k: last.get(k) for k in STAT_KEYS})
+        out["client_acc_round"] = last["round"]
+    with_drops = [r for r in records if "dropped_total" in r]
+    if with_drops:
+        out["dropped_total"] = with_drops[-1]["dropped_total"]
+        if "late_total" in with_drops[-1]:
+            out["late_total"] = with_drops[-1]["late_total"]
+    return out
 
 
 def reported_value(summary: dict, metric: str) -> Optional[float]:

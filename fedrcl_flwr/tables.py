@@ -30,8 +30,10 @@ Metrics (``--metric``): ``final`` (test accuracy of the last evaluated round), `
 (highest test accuracy), ``last5`` (mean test accuracy of the last five evaluated rounds;
 FedCCL's "mean of the last five rounds"), ``ema@R`` (the EMA accuracy of the last
 evaluated round <= R, FedRCL's "accuracy at R rounds"; missing for a run that never
-reached round R). Without ``--metric``: the runs' ``summary.json`` ``report_metric``, else
-their reference's metric, else ``final``.
+reached round R). Per-client evaluation (``evaluation.per_client``): ``client_mean``,
+``client_std``, ``client_worst10``, ``client_best10`` (the ``client_acc_*`` of the last
+round that has them). Without ``--metric``: the runs' ``summary.json`` ``report_metric``,
+else their reference's metric, else ``final``.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ import yaml
 from fedrcl_flwr.config import ConfigError, check_reference
 from fedrcl_flwr.results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 
-METRIC_RE = re.compile(r"^(final|best|last5|ema@([1-9][0-9]*))$")
+METRIC_RE = re.compile(r"^(final|best|last5|ema@([1-9][0-9]*)"
+                       r"|client_(mean|std|worst10|best10))$")
 SKIP_DIRS = {"_configs", "_logs", "client_state", "tensorboard", "wandb", "mlruns"}
 # config sections that do not change what a run computes (or that name it)
 NOT_A_SETTING = ("seed", "name", "label", "output", "simulation", "reference")
@@ -334,8 +337,8 @@ def load_runs(dirs: list) -> list[Run]:
 
 def check_metric(metric: str) -> str:
     if not METRIC_RE.match(metric or ""):
-        raise ConfigError(f"--metric must be final, best, last5 or ema@ROUND, got "
-                          f"{metric!r}")
+        raise ConfigError(f"--metric must be final, best, last5, ema@ROUND, client_mean, "
+                          f"client_std, client_worst10 or client_best10, got {metric!r}")
     return metric
 
 
@@ -366,6 +369,12 @@ def metric_value(run: Run, metric: str) -> Optional[float]:
             return float(s["last5"])
         tail = ev[-5:]
         return sum(float(r["test_accuracy"]) for r in tail) / len(tail) if tail else None
+    if metric.startswith("client_"):  # per-client evaluation: its last evaluated round
+        key = "client_acc_" + metric[len("client_"):]
+        if _is_number(s.get(key)):
+            return float(s[key])
+        with_key = [r for r in run.records if _is_number(r.get(key))]
+        return float(with_key[-1][key]) if with_key else None
     target = int(METRIC_RE.match(metric).group(2))
     if _last_round(run) < target:
         return None  # never reached round R
@@ -994,13 +1003,79 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
 
 def plot_groups(dirs: list, out: Path, metric_key: str = "test_accuracy") -> list[Path]:
     """Accuracy per round, one line per row (mean over seeds, ±std band), one panel per
-    setting (:func:`curves_figure`); written as ``out`` with suffix .png and .pdf."""
-    import matplotlib.pyplot as plt
-
-    fig = curves_figure(group_runs(load_runs(dirs)), metric_key)
+    setting (:func:`curves_figure`); written as ``out`` with suffix .png and .pdf. With
+    per-client evaluation also ``out_clients`` (:func:`plot_client_distribution`)."""
+    groups = group_runs(load_runs(dirs))
+    fig = curves_figure(groups, metric_key)
     written = plot_files(out)
     written[0].parent.mkdir(parents=True, exist_ok=True)
-    for p in written:
+    _save_figure(fig, written)
+    return written + plot_client_distribution(groups, client_plot_files(out))
+
+
+def client_plot_files(out: Path) -> list[Path]:
+    """The per-client distribution figure's files ``plot --out OUT`` writes when runs
+    have per-client records: ``OUT_clients.png`` and ``OUT_clients.pdf``."""
+    return [p.with_name(p.stem + "_clients" + p.suffix) for p in plot_files(out)]
+
+
+def _save_figure(fig, paths: list[Path]) -> None:
+    """Write ``fig`` to each of ``paths``, close it."""
+    import matplotlib.pyplot as plt
+
+    for p in paths:
         fig.savefig(p, dpi=120)
     plt.close(fig)
-    return written
+
+
+def last_client_accuracies(run: Run) -> list[float]:
+    """The per-client accuracies (``client_accuracy``) of the run's last round that has
+    them (per-client evaluation), as fractions; empty when it has none."""
+    for r in reversed(run.records):
+        per = r.get("client_accuracy")
+        if isinstance(per, dict) and per:
+            return [float(v) for v in per.values() if _is_number(v)]
+    return []
+
+
+def plot_client_distribution(groups: list[Group], paths: list[Path]) -> list[Path]:
+    """Per-client accuracy distribution (``evaluation.per_client``): one panel per
+    setting, one box per row over the clients of its runs' last per-client evaluation
+    (seeds pooled), each client a dot, the mean a triangle. Written to ``paths`` (returned);
+    nothing (``[]``) when no run has per-client records."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    data = {(g.row, g.col): [100 * a for run in g.runs for a in last_client_accuracies(run)]
+            for g in groups}
+    if not any(data.values()):
+        return []
+    cols = list(dict.fromkeys(g.col for g in groups))
+    rows = list(dict.fromkeys(g.row for g in groups))
+    ncol = min(len(cols), 3)
+    nrow = math.ceil(len(cols) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(max(5, 1.4 * len(rows) + 2) * ncol,
+                                                  3.8 * nrow), squeeze=False)
+    rng = np.random.default_rng(0)  # the dots' horizontal jitter only
+    for ax, c in zip(axes.flat, cols):
+        present = [r for r in rows if data.get((r, c))]
+        values = [data[(r, c)] for r in present]
+        if values:
+            ax.boxplot(values, showfliers=False)
+            for i, v in enumerate(values, 1):
+                ax.scatter(i + rng.uniform(-0.15, 0.15, len(v)), v, s=8, alpha=0.5)
+                ax.scatter([i], [float(np.mean(v))], marker="^", color="black", zorder=3)
+            ax.set_xticks(range(1, len(present) + 1))
+            ax.set_xticklabels([f"{r}\n(n={len(v)})" for r, v in zip(present, values)],
+                               fontsize=8)
+        ax.set_title(c or "all runs", fontsize=10)
+        ax.set_ylabel("per-client accuracy (%)")
+        ax.grid(alpha=0.3, axis="y")
+    for ax in list(axes.flat)[len(cols):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    _save_figure(fig, paths)
+    return list(paths)

@@ -13,7 +13,9 @@ interface, :class:`Backend`, driven by one :class:`RunTracker`:
   - ``representation/<name>``: ``repr_*`` metrics (effective rank, VCI, ...)
   - ``comm/<name>``: ``*_bytes_*`` (model and signal bytes per round)
   - ``robust/<name>``: FGSM / PGD accuracy; ``privacy/<name>``: ``dp_*`` (ε, ...);
-    ``round/<name>``: clients, failures, times;
+    ``client_accuracy/mean|std|worst10|best10|n``: per-client evaluation
+    (``evaluation.per_client``); ``round/<name>``: clients, failures, times (and
+    ``dropped``, ``late``, ``sim_round_time`` of ``federation.availability``);
 
 * at the end, every number of ``summary.json`` as ``summary/<key>`` (nested keys joined
   with ``/``) and the run's plots (``*.png`` of the run directory) as artefacts (W&B: run
@@ -172,6 +174,8 @@ def _tag(key: str) -> str:
         return f"robust/{key}"
     if key.startswith("dp_"):
         return f"privacy/{key}"
+    if key.startswith("client_acc_"):  # per-client evaluation (client_eval.py)
+        return f"client_accuracy/{key[len('client_acc_'):]}"
     return f"round/{key}"
 
 

@@ -358,6 +358,17 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
     if path.stem == "research_features":  # issue 22's features on synthetic data, no paper
         assert all(r.cfg.dataset.name == "synthetic" for r in runs)
         assert {r.cfg.output.tracker_group for r in runs} == {"research_features"}
+        by = {r.cfg.label: r.cfg for r in runs}
+        assert {"per_client", "all_domains", "unreliable", "fedrcl_both"} <= set(by)
+        assert by["per_client"].evaluation.per_client.finetune_steps > 0
+        assert by["all_domains"].evaluation.per_client.clients == "all"
+        assert by["unreliable"].federation.availability.stragglers.deadline is not None
+        return
+    if path.stem == "unreliable_clients":  # the README's dropout study
+        assert len(runs) == 18 and seeds == {0, 1, 2}
+        assert {(r.cfg.client.method, r.cfg.federation.availability.dropout)
+                for r in runs} == {(m, p) for m in ("fedavg", "fedrcl")
+                                   for p in (0.0, 0.2, 0.5)}
         return
     assert seeds == {0, 1, 2}
     if path.stem.startswith("fedccl_figure"):

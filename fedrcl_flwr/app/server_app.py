@@ -31,9 +31,23 @@ def make_exchange(cfg, num_classes: int):
     return SignalExchange({**settings, **cfg.server.signals}, num_classes=num_classes)
 
 
+def make_availability(cfg):
+    """The dropout / straggler simulation (``federation.availability``), or ``None``."""
+    from fedrcl_flwr import availability, client_eval
+
+    if not availability.enabled(cfg):
+        return None
+    sizes = None
+    if cfg.federation.availability.stragglers.speed is not None:  # workloads
+        sizes = [len(client_eval.training_indices(cfg, i, part))
+                 for i, part in enumerate(runtime.client_partitions(cfg))]
+    return availability.Availability.from_config(cfg, sizes)
+
+
 def make_strategy(cfg, model, bundle, *, round_offset: int = 0, **callbacks):
     """The configured strategy around ``model``'s initial weights."""
     cls = strategy_class(cfg.server.strategy)
+    pc = cfg.evaluation.per_client
     return cls(
         initial_weights=runtime.get_weights(model), trainable=runtime.trainable_mask(model),
         num_clients=cfg.federation.num_clients,
@@ -42,6 +56,8 @@ def make_strategy(cfg, model, bundle, *, round_offset: int = 0, **callbacks):
         eval_every=cfg.federation.eval_every, params=cfg.server.params,
         max_consecutive_failed_rounds=cfg.federation.max_consecutive_failed_rounds,
         round_offset=round_offset, exchange=make_exchange(cfg, bundle.num_classes),
+        availability=make_availability(cfg),
+        per_client=(pc.every, pc.clients) if pc.every else None,
         privacy=cfg.privacy, **callbacks,
     )
 
