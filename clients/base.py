@@ -19,6 +19,7 @@ on a real device the node's own data (node-config ``data-path``) is used instead
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -38,7 +39,7 @@ from flwr.common import (
     Status,
 )
 
-from fedrcl_flwr import runtime, timers
+from fedrcl_flwr import client_eval, runtime, timers
 from fedrcl_flwr.accel import use_channels_last
 from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
 from fedrcl_flwr.components import resolve_params
@@ -218,7 +219,8 @@ class FederatedClient(NumPyClient):
         return LossTerm(name, fn, weight)
 
     # --------------------------------------------------------------- plumbing
-    def local_data(self, partition_id: int) -> LocalData:
+    def partition_data(self, partition_id: int) -> LocalData:
+        """The client's whole data: the node's own (real device) or its partition."""
         if self._fixed_data is not None:
             return self._fixed_data
         bundle = runtime.load_bundle(self.cfg)
@@ -228,6 +230,22 @@ class FederatedClient(NumPyClient):
                              f"(num_clients={len(parts)})")
         return LocalData(bundle.train, parts[partition_id], bundle.train_labels,
                          bundle.num_classes)
+
+    def local_data(self, partition_id: int) -> LocalData:
+        """What the client trains on: :meth:`partition_data`, minus the local test share
+        while per-client evaluation holds one out (``fedrcl_flwr/client_eval.py``)."""
+        data = self.partition_data(partition_id)
+        if client_eval.holds_out(self.cfg):
+            data = dataclasses.replace(data, indices=client_eval.training_indices(
+                self.cfg, self._data_id(partition_id), data.indices))
+        return data
+
+    def _data_id(self, partition_id: int) -> int:
+        """The id that seeds the client's hold-out: its partition id (a real device: its
+        node-config ``partition-id``, else 0)."""
+        if self._fixed_data is not None:
+            return self.default_partition_id if self.default_partition_id is not None else 0
+        return int(partition_id)
 
     def _model(self, slot: str = "local") -> torch.nn.Module:
         bundle = runtime.load_bundle(self.cfg) if self._fixed_data is None else None
@@ -326,15 +344,42 @@ class FederatedClient(NumPyClient):
         return {f"local_{k}": v for k, v in rec.items()}
 
     def evaluate(self, parameters, config):
-        """Local evaluation on the client's training data (federated evaluation)."""
+        """Per-client evaluation (``evaluation.per_client``, ``fedrcl_flwr/client_eval.py``):
+        the global model, optionally fine-tuned for ``finetune_steps`` steps on the
+        client's training data, on its local test data. In simulation one message may name
+        several partitions (``partition_ids``); a real device evaluates its own data.
+        Returns the mean loss, the number of test samples and ``client_eval`` (JSON:
+        partition id -> [correct, samples, loss sum])."""
         from fedrcl_flwr.evaluation import evaluate_model
 
-        pid = config.get("partition_id", self.default_partition_id)
-        data = self.local_data(int(pid) if pid is not None else -1)
+        run_round = int(config.get("run_round", 0))
+        if self._fixed_data is not None:
+            pids = [self._data_id(0)]
+        else:
+            pids = client_eval.parse_ids(config.get("partition_ids"))
+            if pids is None:
+                pid = config.get("partition_id", self.default_partition_id)
+                pids = [int(pid) if pid is not None else -1]
+        steps = self.cfg.evaluation.per_client.finetune_steps
+        bundle = runtime.load_bundle(self.cfg) if self._fixed_data is None else None
         model = self._model()
-        runtime.set_weights(model, parameters)
-        res = evaluate_model(model, data.dataset, self.device, indices=data.indices)
-        return res.loss, res.num_samples, {"accuracy": res.accuracy}
+        results = {}
+        for pid in pids:
+            whole = self.partition_data(pid)
+            dataset, test_idx = client_eval.local_test(self.cfg, self._data_id(pid),
+                                                       whole.indices, whole.dataset, bundle)
+            runtime.set_weights(model, parameters)
+            if steps:
+                train = self.local_data(pid)
+                client_eval.finetune(model, train.dataset, train.indices, self.cfg,
+                                     run_round, self._data_id(pid), steps, self.device)
+            res = evaluate_model(model, dataset, self.device, indices=test_idx,
+                                 batch_size=self.cfg.evaluation.batch_size)
+            results[self._data_id(pid)] = (int(round(res.accuracy * res.num_samples)),
+                                           res.num_samples, res.loss * res.num_samples)
+        n = sum(r[1] for r in results.values())
+        loss = sum(r[2] for r in results.values()) / n if n else 0.0
+        return float(loss), int(n), {"client_eval": client_eval.encode(results)}
 
     def frozen_model(self, weights=None, slot: str = "global") -> torch.nn.Module:
         """A second model instance from the process's model pool (one per ``slot``, see

@@ -60,7 +60,9 @@ def from_safe(obj):
 
 def safe_load(path: Path, what: str = "file"):
     """``torch.load(path, weights_only=True)``; any failure is a :class:`CheckpointError`
-    naming the file."""
+    naming the file. The project's one call of ``torch.load``: checkpoints, client state,
+    backbone weights and the sweep's look at a checkpoint all read through it (a test
+    scans the source for any other call and for ``weights_only=False``)."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - truncated, foreign or code-carrying files

@@ -17,9 +17,9 @@ from fedrcl_flwr.config import ConfigError, apply_overrides, config_from_dict, r
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # exit 2 with one line, as argparse does, but no usage spam
-        self.print_usage(sys.stderr)
-        print(f"fedrcl-flwr: error: {message}", file=sys.stderr)
+    def error(self, message):  # exit 2 with one line (argparse would add its usage lines)
+        print(f"fedrcl-flwr: error: {' '.join(str(message).split())} (see {self.prog} "
+              "--help)", file=sys.stderr)
         sys.exit(2)
 
 
@@ -42,43 +42,65 @@ def _load(path: str, sets: list[str], out: str | None):
     return cfg
 
 
-# what a run writes into its output directory (removed by --overwrite)
-RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "model.pt", "accuracy.png",
-             "checkpoint.pt", "run.log", "flower.log", "tracker.json")
-# directories a run writes (trackers' local files; an MLflow store is left alone)
-RUN_DIRS = ("client_state", "tensorboard", "wandb")
-RESULT_FILES = ("metrics.jsonl", "summary.json", "model.pt", "checkpoint.pt")
-
-
-def check_output_dir(out_dir: Path) -> None:
+def check_output_dir(out_dir: Path, what: str = "output directory") -> None:
     """The output directory can be created and written (reads only): it is a directory
     or does not exist yet, no part of its path is a file, and the nearest existing
     ancestor is writable."""
     p = out_dir
-    while not p.exists():
-        if p.is_symlink():
-            raise ConfigError(f"output directory {out_dir}: {p} is a dangling link")
-        p = p.parent
-    if not p.is_dir():
-        what = "is a file" if p == out_dir else f"is under the file {p}"
-        raise ConfigError(f"output directory {out_dir} {what}; choose another --out / "
+    try:
+        while not p.exists():
+            if p.is_symlink():
+                raise ConfigError(f"{what} {out_dir}: {p} is a dangling link")
+            p = p.parent
+        is_dir = p.is_dir()
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise ConfigError(f"{what} {str(out_dir)[:200]}: not a usable path "
+                          f"({exc.strerror or exc})") from None
+    if not is_dir:
+        where = "is a file" if p == out_dir else f"is under the file {p}"
+        raise ConfigError(f"{what} {out_dir} {where}; choose another --out / "
                           "output.dir")
     if not os.access(p, os.W_OK | os.X_OK):
-        raise ConfigError(f"output directory {out_dir}: {p} is not writable")
+        raise ConfigError(f"{what} {out_dir}: {p} is not writable")
+
+
+def check_output_file(path: Path, flag: str, *, create_parent: bool = False) -> None:
+    """An output file can be written (reads only): not a directory or a link to one, not
+    under a file, writable; its directory exists (or, with ``create_parent``, can be
+    created)."""
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    try:
+        if p.is_dir():
+            raise ConfigError(f"{flag} {path}: is a directory")
+        if p.exists() and not os.access(p, os.W_OK):
+            raise ConfigError(f"{flag} {path}: not writable")
+        if not create_parent and not parent.exists():
+            raise ConfigError(f"{flag} {path}: directory {parent} does not exist")
+    except OSError as exc:
+        raise ConfigError(f"{flag} {str(path)[:200]}: not a usable path "
+                          f"({exc.strerror or exc})") from None
+    check_output_dir(parent, f"{flag} {path}: directory")
 
 
 def prepare_data(cfg, source: str) -> Path:
     """Build (or check) the experiment's dataset cache entry (``fedrcl_flwr.data.cache``);
     returns its path. Input problems are one :class:`ConfigError` naming ``source``."""
     from fedrcl_flwr.data import cache
-    from fedrcl_flwr.runtime import prepare_dataset
+    from fedrcl_flwr.runtime import prepare_dataset, use_prepared_dataset
 
     root = cache.cache_dir(cfg.dataset)
     why = cache.check_cache_dir(root)
     if why:
         raise ConfigError(f"{source}: dataset.cache_dir {root}: {why}")
     try:
-        return prepare_dataset(cfg, note=lambda m: print(f"fedrcl-flwr: {m}", flush=True))
+        # the entry's arrays are checked against their content hashes here, once; this
+        # process and every process of the run then only open it
+        entry = prepare_dataset(cfg, note=lambda m: print(f"fedrcl-flwr: {m}", flush=True))
+        use_prepared_dataset(cfg, str(entry))
+        return entry
+    except cache.CacheForeign as exc:
+        raise ConfigError(f"{source}: dataset.cache_dir: {exc}") from None
     except MemoryError:
         raise ConfigError(f"{source}: the dataset does not fit in memory (dataset."
                           f"name={cfg.dataset.name})") from None
@@ -91,6 +113,8 @@ def cmd_cache(args) -> int:
     """``cache ls`` / ``cache clear [KEY_PREFIX...]`` on the dataset cache."""
     from fedrcl_flwr.data import cache
 
+    if args.cache_dir is not None and not args.cache_dir.strip():
+        raise ConfigError("--cache-dir must be a directory path, got an empty string")
     root = Path(args.cache_dir).expanduser().resolve() if args.cache_dir \
         else cache.default_cache_dir().resolve()
     if root.exists() and not root.is_dir():
@@ -99,40 +123,78 @@ def cmd_cache(args) -> int:
         if args.keys:
             raise ConfigError("cache ls takes no keys")
         rows = cache.list_entries(root)
-        print(f"dataset cache {root}: {len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, "
-              f"{sum(r['bytes'] for r in rows) / 2**20:.1f} MiB")
+        ours = [r for r in rows if r["status"] != "foreign"]
+        print(f"dataset cache {root}: {len(ours)} entr{'y' if len(ours) == 1 else 'ies'}, "
+              f"{sum(r['bytes'] for r in ours) / 2**20:.1f} MiB")
         for r in rows:
             st = r["settings"]
             what = ", ".join(f"{k}={st[k]}" for k in ("image_size", "val_fraction", "seed")
                              if st.get(k) not in (None, 0, 0.0))
             created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])) \
                 if r["created"] else "?"
-            print(f"  {r['key'][:12]}  {r['name']:<12} {r['bytes'] / 2**20:9.1f} MiB  "
+            key = r["key"][:12] if r["status"] != "foreign" else r["key"]
+            print(f"  {key}  {r['name']:<12} {r['bytes'] / 2**20:9.1f} MiB  "
                   f"{created}  {r['status']}{'  ' + what if what else ''}")
         return 0
-    removed = cache.clear(root, list(args.keys or []))
+    keys = [k.lower() for k in args.keys or []]
+    for k in keys:
+        if not cache.KEY_PREFIX_RE.fullmatch(k):
+            raise ConfigError(f"cache clear: {k!r} is not a key prefix (1 to "
+                              f"{cache.KEY_LEN} hexadecimal digits, as 'cache ls' shows; "
+                              "no prefix at all clears every entry)")
+    removed, foreign = cache.clear(root, keys)
     print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} from {root}")
+    if foreign:
+        print(f"left {len(foreign)} item(s) that are not dataset cache entries in place: "
+              f"{', '.join(foreign[:10])}{' ...' if len(foreign) > 10 else ''}")
     return 0
+
+
+def _load_resume(args):
+    """``run --resume DIR [EXPERIMENT.yaml] [--set ...]``: the run's experiment as
+    recorded in ``DIR/config.yaml``, with only the changes ``RESUME_MAY_CHANGE`` allows
+    (more rounds, evaluation/output cadence, resources); anything else is refused, naming
+    the keys: the records after the resume must belong to the same experiment."""
+    from fedrcl_flwr.config import RESUME_MAY_CHANGE, resume_refusals
+
+    run_dir = Path(args.resume).expanduser().resolve()
+    cfg_file = run_dir / "config.yaml"
+    if not cfg_file.is_file():
+        raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a run dir)")
+    if not (run_dir / "checkpoint.pt").is_file():
+        raise ConfigError(f"--resume {run_dir}: no checkpoint.pt there (start runs with "
+                          "output.checkpoint_every > 0 to be able to resume them)")
+    recorded = _load(str(cfg_file), [], str(run_dir))
+    if args.experiment:
+        cfg = _load(args.experiment, args.set, str(run_dir))
+        what = f"{args.experiment}{' with --set' if args.set else ''}"
+    else:
+        cfg = _load(str(cfg_file), list(args.set or []), str(run_dir))
+        what = "--set"
+    refused = resume_refusals(recorded, cfg)
+    if refused:
+        shown = ", ".join(refused[:6]) + (f" and {len(refused) - 6} more" if len(refused) > 6
+                                         else "")
+        allowed = ", ".join(RESUME_MAY_CHANGE)
+        raise ConfigError(f"--resume {run_dir}: {what} changes {shown}, which would make it "
+                          f"another experiment than the run it continues; only {allowed} "
+                          "may change on resume (start a new run with another --out "
+                          "instead)")
+    return cfg, run_dir
 
 
 def cmd_run(args) -> int:
     from fedrcl_flwr.config import dump_config
-    from fedrcl_flwr.results import ema_note, reported_value, shows_ema
+    from fedrcl_flwr.results import (RESULT_FILES, RUN_SUBDIRS, clear_run_dir, ema_note,
+                                     has_marker, linked_run_entries, overwrite_problem,
+                                     reported_value, shows_ema, write_marker)
     from fedrcl_flwr.runner import OutputLock, RunFailed, check_resources, \
         run_simulation_via_flower
 
     if args.resume:
         if args.overwrite:
             raise ConfigError("--resume and --overwrite exclude each other")
-        run_dir = Path(args.resume).expanduser().resolve()
-        cfg_file = run_dir / "config.yaml"
-        if not cfg_file.is_file():
-            raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a run dir)")
-        if not (run_dir / "checkpoint.pt").exists():
-            raise ConfigError(f"--resume {run_dir}: no checkpoint.pt there (start runs with "
-                              "output.checkpoint_every > 0 to be able to resume them)")
-        cfg = _load(str(cfg_file), list(args.set or []), str(run_dir))
-        out_dir = run_dir
+        cfg, out_dir = _load_resume(args)
     else:
         if not args.experiment:
             raise ConfigError("give an EXPERIMENT.yaml (or --resume DIR)")
@@ -144,11 +206,22 @@ def cmd_run(args) -> int:
     if holder is not None:
         raise ConfigError(f"output directory {out_dir} is in use by another run (PID "
                           f"{holder}); wait for it to end or choose another --out")
-    old = [f for f in RESULT_FILES if (out_dir / f).exists()]
-    if old and not args.resume and not args.overwrite:
-        raise ConfigError(f"output directory {out_dir} holds an earlier run ({', '.join(old)}):"
-                          f" pass --overwrite to replace it, --resume {out_dir} to continue "
-                          "it, or choose another --out")
+    if not args.resume:
+        old = [f for f in RESULT_FILES + RUN_SUBDIRS
+               if (out_dir / f).exists() or (out_dir / f).is_symlink()]
+        if old and not args.overwrite:
+            raise ConfigError(f"output directory {out_dir} holds an earlier run "
+                              f"({', '.join(old)}): pass --overwrite to replace it, --resume "
+                              f"{out_dir} to continue it, or choose another --out")
+        why = overwrite_problem(out_dir)
+        if why:  # a run writes (and --overwrite clears) only a directory the tool created
+            raise ConfigError(f"output directory {why}" if not args.overwrite
+                              else f"--overwrite: {why}")
+    links = [] if args.overwrite else linked_run_entries(out_dir)
+    if links:  # writing through them would write outside the output directory
+        raise ConfigError(f"output directory {out_dir}: {', '.join(links)} "
+                          f"{'is a link' if len(links) == 1 else 'are links'}; a run writes "
+                          "only inside its directory (remove the link, or --overwrite)")
     try:
         check_resources(cfg)
     except ConfigError as exc:
@@ -159,11 +232,15 @@ def cmd_run(args) -> int:
     source = args.resume or args.experiment
     entry = prepare_data(cfg, source)
     from fedrcl_flwr.data.partition import PartitionError
-    from fedrcl_flwr.runtime import client_partitions
+    from fedrcl_flwr.runtime import check_model, client_partitions, load_bundle
 
     try:
         client_partitions(cfg)
     except PartitionError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    try:  # model.params keys, backbone, weights file: here, not in every Flower process
+        check_model(cfg, load_bundle(cfg))
+    except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     if args.resume:
         from fedrcl_flwr.app.server_app import check_resume
@@ -179,12 +256,12 @@ def cmd_run(args) -> int:
     completed = False
     try:
         if args.overwrite:
-            import shutil
-
-            for f in RUN_FILES:
-                (out_dir / f).unlink(missing_ok=True)
-            for d in RUN_DIRS:
-                shutil.rmtree(out_dir / d, ignore_errors=True)
+            try:
+                clear_run_dir(out_dir)
+            except OSError as exc:
+                raise ConfigError(f"--overwrite: {exc}") from None
+        if not has_marker(out_dir, "run"):
+            write_marker(out_dir, "run")  # the tool's run directory from now on
         dump_config(cfg, out_dir / "config.yaml")
         print(f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
               f"{cfg.federation.num_clients} clients, {cfg.federation.sampled_per_round()} "
@@ -225,8 +302,13 @@ def cmd_report(args) -> int:
 
 def cmd_plot(args) -> int:
     """``plot DIR...``: accuracy curves per method (mean +- std over seeds), per setting."""
-    from fedrcl_flwr.tables import plot_groups
+    from fedrcl_flwr.tables import client_plot_files, plot_files, plot_groups
 
+    if not args.out.strip():
+        raise ConfigError("--out must be a file stem, got an empty string")
+    out = Path(args.out)
+    for path in plot_files(out) + client_plot_files(out):  # checked before any run is read
+        check_output_file(path, "--out", create_parent=True)
     for path in plot_groups(args.dirs, Path(args.out)):
         print(f"written {path}")
     return 0
@@ -234,18 +316,22 @@ def cmd_plot(args) -> int:
 
 def cmd_sweep(args) -> int:
     """``sweep SWEEP.yaml``: plan and validate every run, then run those not finished."""
-    from fedrcl_flwr.sweep import (check_data, check_existing, earlier_runs, format_plan,
+    from fedrcl_flwr.sweep import (check_data, check_sweep_dir, earlier_runs, format_plan,
                                    plan_sweep, run_sweep, take_over_earlier_runs)
 
-    if args.jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+    ncpu = os.cpu_count() or 1
+    if not 1 <= args.jobs <= ncpu:
+        raise ConfigError(f"--jobs must be between 1 and the {ncpu} CPUs of this machine, "
+                          f"got {args.jobs}")
+    if args.out is not None and not args.out.strip():
+        raise ConfigError("--out must be a directory path, got an empty string")
     runs, out_dir = plan_sweep(args.sweep, args.out, args.set)
     if args.dry_run:
         print(format_plan(runs, out_dir))
         for line in take_over_earlier_runs(runs, out_dir, dry_run=True):
             print(f"fedrcl-flwr sweep: {line}")
         return 0
-    check_existing(runs)
+    check_sweep_dir(runs, out_dir)  # includes check_existing
     check_data(runs, frozenset(earlier_runs(runs, out_dir)[0]))
     for line in take_over_earlier_runs(runs, out_dir):
         print(f"fedrcl-flwr sweep: {line}", flush=True)
@@ -258,8 +344,14 @@ def cmd_partition(args) -> int:
                                          plot_counts_heatmap)
     from fedrcl_flwr.runtime import client_partitions, load_bundle
 
+    if args.max_rows is not None and args.max_rows < 0:
+        raise ConfigError(f"--max-rows must be >= 0, got {args.max_rows}")
     if args.plot:
         check_plot_path(args.plot)
+    if args.save is not None:
+        if not args.save.strip():
+            raise ConfigError("--save must be a file path, got an empty string")
+        check_output_file(Path(args.save).expanduser(), "--save")
     cfg = _load(args.experiment, args.set, None)
     bundle = load_bundle(cfg)
     try:
@@ -277,7 +369,11 @@ def cmd_partition(args) -> int:
                               ) from None
         print(f"heatmap written to {args.plot}")
     if args.save:
-        save_split_file(parts, args.save)
+        try:
+            save_split_file(parts, args.save)
+        except OSError as exc:
+            raise ConfigError(f"--save {args.save}: cannot write ({exc.strerror or exc})"
+                              ) from None
         print(f"split written to {args.save} (use it with partition.scheme: file)")
     return 0
 
@@ -307,14 +403,18 @@ def check_plot_path(path: str) -> None:
     if ext not in formats:
         raise ConfigError(f"--plot {path}: unknown image type {p.suffix or '(none)'!r}; use "
                           f"one of {', '.join('.' + f for f in sorted(formats))}")
-    if p.is_dir():
-        raise ConfigError(f"--plot {path}: is a directory")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise ConfigError(f"--plot {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and
-                                                     not os.access(p, os.W_OK)):
-        raise ConfigError(f"--plot {path}: not writable")
+    try:
+        if p.is_dir():
+            raise ConfigError(f"--plot {path}: is a directory")
+        parent = p.parent if str(p.parent) else Path(".")
+        if not parent.is_dir():
+            raise ConfigError(f"--plot {path}: directory {parent} does not exist")
+        if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and
+                                                         not os.access(p, os.W_OK)):
+            raise ConfigError(f"--plot {path}: not writable")
+    except OSError as exc:
+        raise ConfigError(f"--plot {str(path)[:200]}: not a usable path "
+                          f"({exc.strerror or exc})") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -336,13 +436,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
     rep.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"])
     rep.add_argument("--metric", default=None,
-                     help="final | best | last5 | ema@ROUND (default: the runs' "
+                     help="final | best | last5 | ema@ROUND | client_mean | client_std | "
+                          "client_worst10 | client_best10 (default: the runs' "
                           "report_metric, else their paper reference's, else final)")
     rep.add_argument("--vs", metavar="ROW",
                      help="also compare every row with ROW (a row name, label or method) "
                           "seed by seed: per-seed differences, mean ± std, 95%% t-interval")
     rep.set_defaults(func=cmd_report)
-    pl = sub.add_parser("plot", help="accuracy curves per method, mean ± std over seeds")
+    pl = sub.add_parser("plot", help="accuracy curves per method, mean ± std over seeds "
+                        "(and the per-client accuracy distribution, when recorded)")
     pl.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
     pl.add_argument("--out", default="accuracy_curves",
                     help="output file stem (FILE.png and FILE.pdf are written)")

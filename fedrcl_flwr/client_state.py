@@ -27,7 +27,11 @@ class ClientStateStore:
         return self.root / f"{name}_{int(partition_id)}.pt"
 
     def save(self, partition_id: int, name: str, state: dict, *, compact: bool = False) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.root.is_dir():
+            from fedrcl_flwr.results import write_marker
+
+            self.root.mkdir(parents=True, exist_ok=True)
+            write_marker(self.root, self.root.name)  # ours: `run --overwrite` may clear it
         if compact:
             state = {k: (v.half() if torch.is_tensor(v) and v.is_floating_point() else v)
                      for k, v in state.items()}
@@ -42,7 +46,9 @@ class ClientStateStore:
         path = self._path(partition_id, name)
         if not path.exists():
             return None
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        from fedrcl_flwr.checkpoint import safe_load
+
+        state = safe_load(path, "client state file")
         if dtype is not None:
             state = {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
                      for k, v in state.items()}

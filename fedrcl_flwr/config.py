@@ -43,6 +43,35 @@ MAX_YAML_BYTES = 1 << 20  # an experiment file is a few KB; refuse anything over
 MAX_SUPERNODES = 10_000  # SuperNodes one simulation may start (each is registered in the DB)
 MAX_YAML_NODES = 100_000  # nodes after alias expansion (a config has a few hundred)
 
+MAX_NAME_BYTES = 128  # a name the tool turns into a directory (experiment, sweep, label)
+
+
+def name_problem(text: Any, max_bytes: int = MAX_NAME_BYTES) -> Optional[str]:
+    """Why ``text`` cannot be one directory name the tool creates, or ``None``: it must
+    be a non-empty string, one path component (no ``/`` or ``\\``, not ``.`` or ``..``),
+    without control characters, at most ``max_bytes`` bytes in UTF-8."""
+    if not isinstance(text, str) or not text.strip():
+        return "must be a non-empty name"
+    if any(c in text for c in "/\\"):
+        return "must be one path component (no '/' or '\\')"
+    if text.strip() in (".", ".."):
+        return "may not be '.' or '..'"
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        return "may not contain control characters"
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "must be valid Unicode text"
+    if size > max_bytes:
+        return f"is {size} bytes long (at most {max_bytes})"
+    return None
+
+
+def _shorten(text: Any, limit: int = 60) -> str:
+    r = repr(text)
+    return r if len(r) <= limit else r[:limit] + "...'"
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader + duplicate-key errors + YAML 1.2 floats + a bound on alias expansion."""
 
@@ -82,13 +111,23 @@ _Loader.yaml_implicit_resolvers = {k: list(v) for k, v in
 _resolve_float(_Loader)
 
 
+class _RecursiveAlias(Exception):
+    def __init__(self, node):
+        self.node = node
+
+
 def _expanded_size(node, memo: dict) -> int:
     """Nodes in the tree ``node`` stands for once aliases are expanded (memoised, so an
-    alias bomb is measured without being expanded)."""
+    alias bomb is measured without being expanded). A node that contains itself (a
+    recursive alias, ``&a {x: *a}``) raises :class:`_RecursiveAlias`: no configuration
+    is an infinite tree, and every later step (copying, hashing, printing) would recurse
+    forever on one."""
     key = id(node)
     if key in memo:
+        if memo[key] is None:  # still being measured: the node contains itself
+            raise _RecursiveAlias(node)
         return memo[key]
-    memo[key] = 1  # cycles (recursive aliases) count once
+    memo[key] = None
     size = 1
     if isinstance(node, yaml.SequenceNode):
         size += sum(_expanded_size(n, memo) for n in node.value)
@@ -106,7 +145,12 @@ def parse_yaml(text: str, source: str) -> Any:
             node = loader.get_single_node()
             if node is None:
                 return None
-            size = _expanded_size(node, {})
+            try:
+                size = _expanded_size(node, {})
+            except _RecursiveAlias as rec:
+                raise ConfigError(f"{source}: line {rec.node.start_mark.line + 1}: a "
+                                  "recursive alias (an anchor used inside itself) is not "
+                                  "allowed") from None
             if size > MAX_YAML_NODES:
                 raise ConfigError(f"{source}: YAML expands to {size} nodes through anchors/"
                                   f"aliases (at most {MAX_YAML_NODES} allowed)")
@@ -242,6 +286,34 @@ class ModelConfig:
 
 
 @dataclass
+class StragglerConfig:
+    """Stragglers under a simulated clock (``fedrcl_flwr/availability.py``; off while
+    ``speed`` is null). ``speed``: each client's speed factor (1 = nominal): a number
+    (every client), a list (one per client), ``{distribution: lognormal, sigma: S}``
+    (median 1) or ``{distribution: uniform, low: L, high: H}``, drawn once per client
+    from the seed. A client's simulated round time is its workload (its local steps over
+    the mean client's) divided by its speed, times ``exp(jitter * z)`` with z ~ N(0, 1)
+    drawn per (round, client); a client whose time exceeds ``deadline`` (in units of the
+    nominal round time; null = no deadline) is late and dropped from the round."""
+
+    speed: Optional[Union[float, list, dict]] = None
+    deadline: Optional[float] = None
+    jitter: float = 0.0
+
+
+@dataclass
+class AvailabilityConfig:
+    """Unreliable clients (``fedrcl_flwr/availability.py``; off by default). ``dropout``:
+    the probability that a sampled client does not report in a round: a number (every
+    client), a list (one per client), or ``{distribution: uniform, low: L, high: H}`` /
+    ``{distribution: beta, a: A, b: B}`` drawn once per client from the seed.
+    ``stragglers``: see :class:`StragglerConfig`."""
+
+    dropout: Union[float, list, dict] = 0.0
+    stragglers: StragglerConfig = field(default_factory=StragglerConfig)
+
+
+@dataclass
 class FederationConfig:
     """Size of the federation. Give ``participation`` (fraction) or ``clients_per_round``."""
 
@@ -254,6 +326,8 @@ class FederationConfig:
     # a client that has not answered after this many seconds is dropped from the round
     # (counted in ``failures``); null = wait for every client
     round_timeout_s: Optional[float] = None
+    # simulated dropout and stragglers (off by default; see AvailabilityConfig)
+    availability: AvailabilityConfig = field(default_factory=AvailabilityConfig)
 
     def sampled_per_round(self) -> int:
         if self.clients_per_round is not None:
@@ -319,6 +393,25 @@ class ServerConfig:
 
 
 @dataclass
+class PerClientEvalConfig:
+    """Per-client (personalised) evaluation (``fedrcl_flwr/client_eval.py``; off while
+    ``every`` is 0). Every ``every`` rounds (and at the last round) the global model is
+    evaluated on each sampled client's local test data (``clients: all``: every client),
+    after ``finetune_steps`` local cross-entropy steps on the client's training data when
+    > 0. Local test data (``local_test``): ``holdout`` = a ``local_test_fraction`` share of
+    the client's own partition, split once from the partition seed and removed from its
+    training data; ``domain`` = the test samples of the client's own domain(s)
+    (``partition.scheme: domain``; training data unchanged); ``auto`` = domain for
+    ``partition.scheme: domain``, else holdout."""
+
+    every: int = 0
+    local_test_fraction: float = 0.2
+    finetune_steps: int = 0
+    clients: str = "sampled"  # sampled | all
+    local_test: str = "auto"  # auto | holdout | domain
+
+
+@dataclass
 class EvaluationConfig:
     """Centralised evaluation of the global model. EMA_t = ema*EMA_{t-1} + (1-ema)*acc_t."""
 
@@ -343,6 +436,8 @@ class EvaluationConfig:
     robust_step: float = 2 / 255
     robust_steps: int = 20
     robust_samples: int = 1000
+    # per-client (personalised) evaluation, off by default (see PerClientEvalConfig)
+    per_client: PerClientEvalConfig = field(default_factory=PerClientEvalConfig)
 
 
 @dataclass
@@ -478,7 +573,7 @@ _DATASETS = (
 )
 
 _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
-    "seed": (lambda v: v >= 0, "must be >= 0"),
+    "seed": (lambda v: 0 <= v < 2**32, "must be in [0, 2**32)"),
     "label": (lambda v: v is None or (bool(v.strip()) and v.isprintable() and len(v) <= 80),
               "must be one line of printable text, at most 80 characters (or null)"),
     "dataset.name": (lambda v: v in _DATASETS, f"must be one of {', '.join(_DATASETS)}"),
@@ -504,7 +599,8 @@ _CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
         lambda v: v in ("iid", "dirichlet", "shards", "domain", "file"),
         "must be one of iid, dirichlet, shards, domain, file",
     ),
-    "partition.seed": (lambda v: v is None or v >= 0, "must be >= 0 (or null)"),
+    "partition.seed": (lambda v: v is None or 0 <= v < 2**32,
+                       "must be in [0, 2**32) (or null)"),
     "partition.generator": (lambda v: v is None or v in ("project", "fedrcl", "fedrcl_labels"),
                             "must be project, fedrcl or fedrcl_labels (or null)"),
     "partition.alpha": (lambda v: v > 0, "must be > 0"),
@@ -718,6 +814,10 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
                               f"domains (synthetic, digit5, imagefolder, npz with d_train), "
                               f"not {ds.name!r}")
     check_reference(cfg.reference, source)
+    from fedrcl_flwr import availability, client_eval
+
+    client_eval.check_config(cfg, source)
+    availability.check_config(cfg, source)
     if cfg.output.tensorboard:
         import importlib.util
 
@@ -730,9 +830,10 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
 
     check_trackers(cfg, source)
     check_privacy_section(cfg, source)
-    if not cfg.name or any(c in cfg.name for c in "/\\\0") or cfg.name.strip() in (".", ".."):
-        raise ConfigError(f"{source}: 'name' must be a non-empty name without slashes that "
-                          f"is not '.' or '..' (it names the run's directory), got {cfg.name!r}")
+    why = name_problem(cfg.name)
+    if why:
+        raise ConfigError(f"{source}: 'name' {why} (it names the run's directory), got "
+                          f"{_shorten(cfg.name)}")
     if not cfg.output.dir.strip() or "\0" in cfg.output.dir:
         raise ConfigError(f"{source}: 'output.dir' must be a directory path, got "
                           f"{cfg.output.dir!r}")
@@ -933,24 +1034,39 @@ def config_from_dict(data: dict, source: str = "<config>") -> ExperimentConfig:
     return cfg
 
 
+def read_text_file(path: Path, limit: int, what: str, *, label: Optional[str] = None,
+                   error: type = ConfigError) -> str:
+    """The project's one reader of text files it is given (experiments, sweeps, run
+    files, split files): a regular file (not a directory, device or FIFO) of at most
+    ``limit`` bytes — checked before reading — decoded as UTF-8. Any problem is one
+    ``error`` (a :class:`ConfigError`) starting with ``label`` (default: the path);
+    ``what`` names the kind of file in the size message."""
+    path = Path(path)
+    label = str(path) if label is None else label
+    try:
+        if not path.is_file():
+            raise error(f"{label}: not a regular file" if path.exists()
+                        else f"{label}: no such file")
+        size = path.stat().st_size
+        if size > limit:
+            raise error(f"{label}: {size} bytes is too large for {what} (at most {limit} "
+                        "bytes)")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise error(f"{label}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise error(f"{label}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at line "
+                    f"{line}); save the file as UTF-8") from None
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"experiment file not found: {path}")
-    try:
-        size = path.stat().st_size
-        if size > MAX_YAML_BYTES:
-            raise ConfigError(f"{path}: {size} bytes is too large for an experiment file "
-                              f"(at most {MAX_YAML_BYTES} bytes)")
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at line "
-                          f"{line}); save the file as UTF-8") from None
+    text = read_text_file(path, MAX_YAML_BYTES, "an experiment file")
     data = parse_yaml(text, str(path))
     if data is None:
         data = {}
@@ -972,6 +1088,47 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
 
 def to_dict(cfg: ExperimentConfig) -> dict:
     return dataclasses.asdict(cfg)
+
+
+# What ``run --resume`` may change (dotted keys; a section name covers its keys): how
+# long the run goes on, how often it evaluates, checkpoints and reports, and where and
+# with what resources it runs. Anything else — method and its params, strategy, data,
+# partition, model, seed, local optimisation, EMA, attack settings, name — would make the
+# records after the resume those of another experiment, so it is refused.
+RESUME_MAY_CHANGE = (
+    "federation.rounds",                    # not below the rounds already done
+    "federation.eval_every",
+    "federation.round_timeout_s",
+    "federation.max_consecutive_failed_rounds",
+    "evaluation.batch_size",
+    "evaluation.representation_every",
+    "evaluation.local_representation_every",
+    "evaluation.robust_every",
+    "evaluation.target_rounds",
+    "evaluation.report_metric",
+    "output",                               # dir (always the run's), checkpoints, model, TB
+    "simulation",                           # resources: CPUs, GPUs, SuperNodes, Ray
+    "client.device",
+    "dataset.cache_dir",
+    "dataset.download",
+    "reference",                            # the paper's numbers (reporting only)
+    "label",                                # the report's row name (reporting only)
+)
+
+
+def changed_keys(old: ExperimentConfig, new: ExperimentConfig) -> list[str]:
+    """Dotted keys whose resolved value differs between two configurations."""
+    from fedrcl_flwr.tables import flatten_keys
+
+    a, b = flatten_keys(to_dict(old)), flatten_keys(to_dict(new))
+    missing = object()
+    return sorted(k for k in set(a) | set(b) if a.get(k, missing) != b.get(k, missing))
+
+
+def resume_refusals(old: ExperimentConfig, new: ExperimentConfig) -> list[str]:
+    """The changed keys that ``run --resume`` refuses (not in :data:`RESUME_MAY_CHANGE`)."""
+    return [k for k in changed_keys(old, new)
+            if not any(k == p or k.startswith(p + ".") for p in RESUME_MAY_CHANGE)]
 
 
 def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:

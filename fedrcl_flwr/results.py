@@ -25,6 +25,102 @@ SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.yaml"
 MODEL_FILE = "model.pt"
 PLOT_FILE = "accuracy.png"
+# what a run writes into its output directory (``run --overwrite`` removes exactly these,
+# their temporary siblings and RUN_SUBDIRS, in a directory carrying the run marker)
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, MODEL_FILE, PLOT_FILE,
+             "checkpoint.pt", "run.log", "flower.log", "tracker.json")
+RESULT_FILES = (METRICS_FILE, SUMMARY_FILE, MODEL_FILE, "checkpoint.pt")
+# directories a run writes (trackers' local files; an MLflow store is left alone)
+RUN_SUBDIRS = ("client_state", "tensorboard", "wandb")
+_TMP_SUFFIXES = (".tmp",)
+
+# Every directory the tool creates and may later delete or clear carries this file,
+# holding ``fedrcl-flwr <kind>``: a run directory (``run``), a sweep's --out (``sweep``),
+# a run's ``client_state`` / ``tensorboard``. Nothing without it is ever removed.
+MARKER_FILE = ".fedrcl-flwr-dir"
+
+
+def write_marker(directory: Path, kind: str) -> None:
+    """Mark ``directory`` (which exists) as created by the tool for ``kind``; a no-op when
+    it is marked already."""
+    path = Path(directory) / MARKER_FILE
+    if has_marker(directory, kind):
+        return
+    tmp = path.with_name(f"{MARKER_FILE}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    tmp.write_text(f"fedrcl-flwr {kind}\n")  # unique name: concurrent writers both succeed
+    os.replace(tmp, path)
+
+
+def has_marker(directory: Path, kind: str) -> bool:
+    """``directory`` is a real directory (not a link) holding the tool's marker of
+    ``kind`` as a regular file (reads at most a few bytes)."""
+    d = Path(directory)
+    path = d / MARKER_FILE
+    try:
+        if d.is_symlink() or not d.is_dir() or path.is_symlink() or not path.is_file():
+            return False
+        with open(path, "rb") as fh:
+            return fh.read(64) == f"fedrcl-flwr {kind}\n".encode()
+    except OSError:
+        return False
+
+
+def _entries_of_run(out_dir: Path) -> tuple[list[Path], list[Path]]:
+    files = [out_dir / f for f in RUN_FILES]
+    files += [out_dir / (f + sfx) for f in RUN_FILES for sfx in _TMP_SUFFIXES]
+    files.append(out_dir / (Path(PLOT_FILE).stem + ".tmp.png"))
+    return files, [out_dir / d for d in RUN_SUBDIRS]
+
+
+def overwrite_problem(out_dir: Path) -> Optional[str]:
+    """Why ``run --overwrite`` may not clear ``out_dir`` (``None`` when it may; reads
+    only): the directory must carry the run marker (the tool created it), each run file
+    present must be a regular file or a link (a link is removed, never its target) and
+    each run sub-directory present a real directory carrying its own marker."""
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        return None
+    files, dirs = _entries_of_run(out_dir)
+    present = [p for p in files + dirs if p.exists() or p.is_symlink()]
+    if not present:
+        return None
+    if not has_marker(out_dir, "run"):
+        return (f"{out_dir} holds {', '.join(p.name for p in present[:4])} but was not "
+                f"created by fedrcl-flwr (no {MARKER_FILE} marker); nothing there is "
+                "removed: move those files away yourself or choose another --out")
+    for p in files:
+        if p.exists() and not p.is_symlink() and not p.is_file():
+            return f"{p} is not a regular file; remove it yourself or choose another --out"
+    for d in dirs:
+        if (d.exists() or d.is_symlink()) and not has_marker(d, d.name):
+            return (f"{d} was not created by fedrcl-flwr (a link, a file, or no "
+                    f"{MARKER_FILE} marker); remove it yourself or choose another --out")
+    return None
+
+
+def linked_run_entries(out_dir: Path) -> list[str]:
+    """The run's files and sub-directories in ``out_dir`` that are symbolic links: a run
+    writing through one would write outside its directory (``--overwrite`` removes the
+    links themselves; without it such a directory is refused)."""
+    files, dirs = _entries_of_run(Path(out_dir))
+    return [p.name for p in files + dirs if p.is_symlink()]
+
+
+def clear_run_dir(out_dir: Path) -> None:
+    """Remove a previous run's files and sub-directories from ``out_dir`` (after
+    :func:`overwrite_problem` said it may; anything else in the directory stays)."""
+    import shutil
+
+    problem = overwrite_problem(out_dir)
+    if problem:  # checked by the caller before; the directory changed meanwhile
+        raise OSError(problem)
+    files, dirs = _entries_of_run(Path(out_dir))
+    for p in files:
+        if p.is_symlink() or p.is_file():
+            p.unlink(missing_ok=True)
+    for d in dirs:
+        if has_marker(d, d.name):
+            shutil.rmtree(d)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -77,7 +173,12 @@ def format_round_line(rec: dict, total_rounds: int, show_ema: bool = False) -> s
     if "dp_delta" in rec:  # privacy.dp: the budget spent so far
         eps = rec.get("dp_epsilon")
         parts.append(f"eps {eps:.2f}" if eps is not None else "eps inf")
+    if rec.get("client_acc_mean") is not None:  # per-client evaluation (client_eval.py)
+        parts.append(f"clients' acc {100 * rec['client_acc_mean']:.2f}% (worst 10% "
+                     f"{100 * rec['client_acc_worst10']:.2f}%)")
     parts.append(f"clients {rec.get('num_clients', 0)}")
+    if rec.get("dropped"):  # unreliable clients (availability.py)
+        parts.append(f"dropped {rec['dropped']}")
     if rec.get("failures"):
         parts.append(f"failures {rec['failures']}")
         if not rec.get("num_clients"):
@@ -178,6 +279,7 @@ class RunRecorder:
         per_domain = last_k_per_domain(evaluated, LAST_K)
         if per_domain:
             out["last5_per_domain"] = per_domain
+        out.update(research_summary(self.records))
         return out
 
     def finish(self, model_state: Optional[dict] = None, before_summary=None) -> dict:
@@ -200,6 +302,27 @@ class RunRecorder:
         return summary
 
 
+def research_summary(records: list[dict]) -> dict:
+    """``summary.json`` entries of per-client evaluation (the ``client_acc_*`` of the last
+    round that has them, and its ``client_acc_round``) and of unreliable clients
+    (``dropped_total`` / ``late_total`` at the last record); nothing when the run has
+    neither."""
+    from fedrcl_flwr.client_eval import STAT_KEYS
+
+    out: dict = {}
+    with_clients = [r for r in records if r.get("client_acc_mean") is not None]
+    if with_clients:
+        last = with_clients[-1]
+        out.update({k: last.get(k) for k in STAT_KEYS})
+        out["client_acc_round"] = last["round"]
+    with_drops = [r for r in records if "dropped_total" in r]
+    if with_drops:
+        out["dropped_total"] = with_drops[-1]["dropped_total"]
+        if "late_total" in with_drops[-1]:
+            out["late_total"] = with_drops[-1]["late_total"]
+    return out
+
+
 def reported_value(summary: dict, metric: str) -> Optional[float]:
     """``summary.json``'s value of a report metric: final | best | last5 | ema@ROUND."""
     metric = str(metric or "final")
@@ -210,17 +333,28 @@ def reported_value(summary: dict, metric: str) -> Optional[float]:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The run's round records as far as they are well-formed (progress display and
+    resume bookkeeping; ``fedrcl_flwr.tables.read_records`` is the strict reader): stops
+    at a torn last line from a killed run, or at anything that is not a round record."""
     path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
+    try:
+        if not path.is_file() or path.stat().st_size > (512 << 20):  # not a run's
+            return []
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
         return []
     out = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         line = line.strip()
         if line:
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
+                rec = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
                 break  # a torn last line from a killed run
+            rnd = rec.get("round") if isinstance(rec, dict) else None
+            if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+                break
+            out.append(rec)
     return out
 
 

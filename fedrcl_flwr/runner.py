@@ -91,18 +91,53 @@ def federation_config(cfg: ExperimentConfig) -> str:
 
 
 def check_ray_address(address: str, timeout: float = 3.0) -> None:
-    """A ``simulation.ray_address`` ``HOST:PORT`` that accepts no connection is a
-    :class:`ConfigError` (before any Flower process starts). ``auto`` is left to Ray."""
+    """A ``simulation.ray_address`` ``HOST:PORT`` where no Ray head node answers is a
+    :class:`ConfigError` (before any Flower process starts): first a TCP connection,
+    then Ray's own handshake — the head's GCS must answer ``GetClusterId`` (gRPC,
+    ``timeout`` seconds), so an open port of something else (a web server, a database, a
+    process that accepts and says nothing) is refused at once instead of stalling the run
+    until ``simulation.startup_timeout_s``. ``auto`` is left to Ray."""
     if address == "auto":
         return
     host, _, port = address.rpartition(":")
+    hint = ("start the cluster first (ray start --head) or leave the key null for a private "
+            "local Ray")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
             pass
     except OSError as exc:
         raise ConfigError(f"simulation.ray_address={address}: no Ray head node answers there "
-                          f"({exc.strerror or exc}); start the cluster first (ray start "
-                          "--head) or leave the key null for a private local Ray") from None
+                          f"({exc.strerror or exc}); {hint}") from None
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return  # a TLS cluster: the handshake would need its certificates (Ray's job)
+    why = _ray_gcs_problem(address, timeout)
+    if why:
+        raise ConfigError(f"simulation.ray_address={address}: something listens there but "
+                          f"it is not a Ray head node (the Ray handshake failed: {why}); "
+                          f"give the head's GCS address (HOST:6379 by default); {hint}")
+
+
+def _ray_gcs_problem(address: str, timeout: float) -> Optional[str]:
+    """Why ``address`` is not a Ray head's GCS (``None`` when it answered Ray's
+    ``NodeInfoGcsService.GetClusterId`` with a cluster id)."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    channel = grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)])
+    try:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        reply = stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout)
+    except grpc.RpcError as exc:
+        code = exc.code() if hasattr(exc, "code") else None
+        name = getattr(code, "name", "error")
+        return "no answer in time" if name == "DEADLINE_EXCEEDED" else name
+    except Exception as exc:  # noqa: BLE001 - a garbled answer is "not Ray" too
+        return type(exc).__name__
+    finally:
+        channel.close()
+    if not reply.cluster_id:
+        return "no cluster id in the answer"
+    return None
 
 
 def check_resources(cfg: ExperimentConfig) -> None:
@@ -145,7 +180,60 @@ def check_resources(cfg: ExperimentConfig) -> None:
 
 
 RUN_VAR = "FEDRCL_FLWR_RUN"  # set to the run's private home on every process of the run
-LOCK_FILE = ".fedrcl-flwr.lock"
+SWEEP_VAR = "FEDRCL_FLWR_SWEEP"  # set to the sweep's private home on every run it starts
+MARKER_VARS = (RUN_VAR, SWEEP_VAR)
+HOME_PREFIX = "fedrcl-flwr-home-"  # private homes (tempfile.mkdtemp): the watchdog deletes
+LOCK_FILE = ".fedrcl-flwr.lock"    # only a directory named so
+
+
+class Watchdog:
+    """The one teardown mechanism (module docstring): a ``python -m fedrcl_flwr.runner
+    watch HOME`` process in its own session with a pipe from this process on its stdin.
+    When the pipe closes — :meth:`stop`, or this process dying in any way, ``kill -9``
+    included — it SIGKILLs the process groups it was told of (:meth:`watch_group`), then
+    every process whose environment, command line or working directory names ``HOME``,
+    deletes ``HOME`` and exits; ``lock`` (an :class:`OutputLock` it inherits) is released
+    only then. Used by each run (``HOME`` = the run's private Flower home) and by a sweep
+    (``HOME`` = the sweep's private home, set as ``FEDRCL_FLWR_SWEEP`` on every run it
+    starts, each of which has its own watchdog for its Flower processes)."""
+
+    def __init__(self, home: Path, lock: Optional["OutputLock"] = None):
+        self.home = Path(home)
+        # the watchdog carries none of the markers, so no other watchdog stops it
+        wenv = {k: v for k, v in os.environ.items() if k not in MARKER_VARS}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fedrcl_flwr.runner", "watch", str(self.home)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, env=wenv, cwd="/",
+            pass_fds=(lock.fd,) if lock is not None and lock.fd is not None else ())
+
+    def _tell(self, line: str) -> None:
+        try:
+            self.proc.stdin.write((line + "\n").encode())
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
+
+    def watch_group(self, pgid: int) -> None:
+        """Kill process group ``pgid`` at teardown."""
+        self._tell(f"pgid {int(pgid)}")
+
+    def forget_group(self, pgid: int) -> None:
+        """Process group ``pgid`` has ended: do not signal it (its id may be reused)."""
+        self._tell(f"forget {int(pgid)}")
+
+    def stop(self, timeout: float = 90.0) -> bool:
+        """Close the pipe and wait while the watchdog tears down; ``True`` when it ended
+        cleanly (exit 0, ``HOME`` gone)."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:  # should not happen
+            return False
+        return self.proc.returncode == 0 and not self.home.exists()
 
 
 class OutputLock:
@@ -161,9 +249,10 @@ class OutputLock:
     the file it locked, retrying otherwise, so a holder that unlinks the file while a
     newcomer opens it cannot let two runs in."""
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: Path, what: str = "run"):
         self.path = Path(out_dir) / LOCK_FILE
         self.fd: Optional[int] = None
+        self.what = what
 
     @staticmethod
     def holder(out_dir: Path) -> Optional[str]:
@@ -192,8 +281,8 @@ class OutputLock:
                 os.close(fd)
                 pid = self.holder(self.path.parent) or "?"
                 raise ConfigError(f"output directory {self.path.parent} is in use by "
-                                  f"another run (PID {pid}); wait for it to end or choose "
-                                  "another --out") from None
+                                  f"another {self.what} (PID {pid}); wait for it to end or "
+                                  "choose another --out") from None
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -227,7 +316,7 @@ class LocalSuperLink:
 
     def __init__(self, log_path: Path, verbose: bool = False, lock: Optional[OutputLock] = None,
                  ray_address: Optional[str] = None):
-        self.home = Path(tempfile.mkdtemp(prefix="fedrcl-flwr-home-"))
+        self.home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
         self.port = free_port()
         self.log_path = log_path
         self.verbose = verbose
@@ -257,12 +346,7 @@ class LocalSuperLink:
         if lock is not None:
             lock.note(str(self.home))
         # the watchdog first: from here on, nothing of the run can outlive this process
-        wenv = {k: v for k, v in os.environ.items() if k != RUN_VAR}
-        self.watchdog = subprocess.Popen(
-            [sys.executable, "-m", "fedrcl_flwr.runner", "watch", str(self.home)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, env=wenv, cwd="/",
-            pass_fds=(lock.fd,) if lock is not None and lock.fd is not None else ())
+        self.watchdog = Watchdog(self.home, lock)
 
     def start(self, timeout: float = 60.0) -> None:
         self._log = open(self.log_path, "ab")
@@ -271,7 +355,7 @@ class LocalSuperLink:
              "--port", str(self.port), "--disable-runtime-dependency-installation"],
             stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
             start_new_session=True, cwd=str(self.home))
-        self._tell(f"pgid {self.proc.pid}")
+        self.watchdog.watch_group(self.proc.pid)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -288,30 +372,16 @@ class LocalSuperLink:
         raise RunFailed(f"flower-superlink did not become healthy in {timeout:.0f}s; "
                         f"see {self.log_path}")
 
-    def _tell(self, line: str) -> None:
-        try:
-            self.watchdog.stdin.write((line + "\n").encode())
-            self.watchdog.stdin.flush()
-        except (OSError, ValueError):
-            pass
-
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
         """Close the watchdog's pipe and wait while it tears the run down."""
-        try:
-            self.watchdog.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.watchdog.wait(timeout=90)
-        except subprocess.TimeoutExpired:  # should not happen: do it here instead
-            teardown(self.home, [self.proc.pid] if self.proc is not None else [])
+        clean = self.watchdog.stop()
         if getattr(self, "_log", None):
             self._log.close()
-        if self.watchdog.returncode != 0 or self.home.exists():
+        if not clean:  # should not happen: do it here instead
             teardown(self.home, [self.proc.pid] if self.proc is not None else [])
 
 
@@ -329,18 +399,23 @@ def teardown(home: Path, pgids: list[int]) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     _kill_run(home)
-    shutil.rmtree(home, ignore_errors=True)
+    if Path(home).name.startswith(HOME_PREFIX):  # only a private home the tool created
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def watch(home: str) -> None:
-    """The watchdog's main: read ``pgid N`` lines until stdin closes, then tear down."""
+    """The watchdog's main: read ``pgid N`` / ``forget N`` lines until stdin closes, then
+    tear down (:class:`Watchdog`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the teardown first
     pgids: list[int] = []
     for line in sys.stdin.buffer:
         parts = line.decode(errors="replace").split()
-        if len(parts) == 2 and parts[0] == "pgid" and parts[1].isdigit():
-            pgids.append(int(parts[1]))
+        if len(parts) == 2 and parts[1].isdigit():
+            if parts[0] == "pgid":
+                pgids.append(int(parts[1]))
+            elif parts[0] == "forget" and int(parts[1]) in pgids:
+                pgids.remove(int(parts[1]))
     teardown(Path(home), pgids)
 
 

@@ -205,30 +205,56 @@ def new_model(cfg: ExperimentConfig, bundle) -> nn.Module:
     return model
 
 
+def check_model(cfg: ExperimentConfig, bundle=None) -> None:
+    """The configured model can be built: ``model.params`` keys the model takes, a known
+    backbone, a readable backbone weights file that fits. A
+    :class:`~fedrcl_flwr.config.ConfigError` otherwise — found by the CLI before any
+    Flower process starts rather than by every ServerApp/ClientApp. ``bundle`` gives the
+    dataset's real shapes (the ``run`` command); without it the nominal shapes of
+    :func:`probe_model` are used (the sweep's up-front check, cached per model)."""
+    from fedrcl_flwr.config import ConfigError
+
+    if bundle is not None:
+        try:
+            with torch.random.fork_rng(devices=[]):
+                new_model(cfg, bundle)
+            return
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"model {cfg.model.name!r}: {exc}") from None
+    exc = _probe(cfg)[1]
+    if isinstance(exc, (ValueError, TypeError)):  # what new_model raises for bad input
+        raise ConfigError(f"model {cfg.model.name!r}: {exc}")
+
+
 def probe_model(cfg: ExperimentConfig) -> Optional[nn.Module]:
     """The configured model at nominal input shapes, built without loading data, for
     checks before a run (its feature taps, its blocks); ``None`` when it cannot be built
     (a missing weights file, ...: reported where the model is really built). Its
     ``probe_input_shape`` is the (C, H, W) of one input it accepts. Cached per process:
     treat it as read-only."""
+    return _probe(cfg)[0]
+
+
+def _probe(cfg: ExperimentConfig):
     d = cfg.dataset
     synth = d.name == "synthetic"
     channels = d.synthetic.channels if synth else 3
     size = d.image_size or (d.synthetic.image_size if synth else 32)
     classes = cfg.model.num_classes or (d.synthetic.num_classes if synth else 10)
     key = (cfg.model.name, _key(cfg.model.params), classes, channels, size)
-    return WORKER.get("probes", key, lambda: _probe(*key))
+    return WORKER.get("probes", key, lambda: _build_probe(*key))
 
 
-def _probe(name: str, params_key: str, classes: int, channels: int, size: int):
+def _build_probe(name: str, params_key: str, classes: int, channels: int, size: int):
+    """``(model, None)``, or ``(None, the exception that stopped it)``."""
     try:
         with torch.random.fork_rng(devices=[]):
             model = build_model(name, num_classes=classes, in_channels=channels,
                                 image_size=size, params=json.loads(params_key))
-    except Exception:  # noqa: BLE001 - see probe_model
-        return None
+    except Exception as exc:  # noqa: BLE001 - see probe_model
+        return None, exc
     model.probe_input_shape = (channels, size, size)
-    return model.eval()
+    return model.eval(), None
 
 
 def initial_model(cfg: ExperimentConfig, bundle) -> nn.Module:

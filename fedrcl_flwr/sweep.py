@@ -31,9 +31,16 @@ with a note. Runs go through the
 port and teardown), ``jobs`` of them at once; ``OUT/_configs/<name>.yaml`` holds each
 planned configuration and ``OUT/_logs/<name>.log`` each run's output. A rerun skips runs
 with a ``summary.json``, resumes runs with a ``checkpoint.pt`` (``--resume``), and starts
-the others afresh; sweeps force ``output.checkpoint_every >= 1`` so that any run killed
-after its first round continues from a checkpoint. ``OUT/sweep_status.json`` records each
-run's outcome.
+the others afresh (``run --overwrite``, which clears only a run directory the tool
+created); sweeps force ``output.checkpoint_every >= 1`` so that any run killed after its
+first round continues from a checkpoint. ``OUT/sweep_status.json`` records each run's
+outcome.
+
+Safety (issue 21): the sweep's ``name``, every ``label`` and every run directory name are
+single safe path components (:func:`run_name_problem`); at most :data:`MAX_SWEEP_RUNS`
+runs; a key set in two places (``set``/grid/variant/``seeds``) is refused; every path the
+sweep will write or remove is checked before anything is (:func:`check_sweep_dir`); the
+sweep holds ``OUT``'s lock and its runs die with it, however it dies (:func:`run_sweep`).
 """
 
 from __future__ import annotations
@@ -57,18 +64,23 @@ import yaml
 from fedrcl_flwr.config import (
     ConfigError,
     ExperimentConfig,
+    _shorten,
     apply_overrides,
     config_from_dict,
     dump_config,
+    MAX_NAME_BYTES,
+    name_problem,
     parse_override,
     read_yaml,
     to_dict,
 )
 from fedrcl_flwr.results import (
     CONFIG_FILE,
+    RESULT_FILES,
     SUMMARY_FILE,
     atomic_write_text,
     ema_note,
+    overwrite_problem,
     read_metrics,
     shows_ema,
 )
@@ -78,6 +90,13 @@ STATUS_FILE = "sweep_status.json"
 CONFIGS_DIR = "_configs"
 LOGS_DIR = "_logs"
 CHECKPOINT_FILE = "checkpoint.pt"
+# a sweep file may plan at most this many runs (a typo in a grid is refused at once
+# instead of planning for hours); FedRCL Table 1, the largest paper table, is 450 runs
+MAX_SWEEP_RUNS = 10_000
+# a run directory's name: at most this many bytes (the file system allows 255, and the
+# sweep adds ``.yaml`` / ``.log`` / ``.tmp`` to it)
+MAX_RUN_NAME_BYTES = 200
+RESERVED_NAMES = (CONFIGS_DIR, LOGS_DIR, STATUS_FILE)
 
 
 @dataclass
@@ -91,9 +110,9 @@ class PlannedRun:
 
     def state(self) -> str:
         """``done``, ``resume`` (checkpoint present) or ``new``."""
-        if (self.out_dir / SUMMARY_FILE).exists():
+        if (self.out_dir / SUMMARY_FILE).is_file():
             return "done"
-        if (self.out_dir / CHECKPOINT_FILE).exists():
+        if (self.out_dir / CHECKPOINT_FILE).is_file():
             return "resume"
         return "new"
 
@@ -157,6 +176,26 @@ def _mapping(value: Any, key: str, source: str) -> dict:
     return value
 
 
+def run_name_problem(name: Any, max_bytes: int = MAX_RUN_NAME_BYTES) -> Optional[str]:
+    """Why ``name`` cannot name a run directory of a sweep (``None`` when it can): one
+    safe path component (:func:`fedrcl_flwr.config.name_problem`), not hidden (no leading
+    ``.``) and not one of the sweep's own names (``_configs``, ``_logs``,
+    ``sweep_status.json``)."""
+    why = name_problem(name, max_bytes)
+    if why:
+        return why
+    if name.startswith("."):
+        return "may not start with '.'"
+    if name in RESERVED_NAMES:
+        return f"is a name the sweep uses for its own files ({', '.join(RESERVED_NAMES)})"
+    return None
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """Dotted keys ``a`` and ``b`` set the same value (equal, or one inside the other)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
 def _resolve_base(text: Any, sweep_path: Path) -> Path:
     if not isinstance(text, str) or not text:
         raise ConfigError(f"{sweep_path}: 'base' must be a YAML path or a list of them")
@@ -198,22 +237,74 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
         raise ConfigError(f"{src}: give every variant a 'label', or none")
     for i, v in enumerate(variants):
         _mapping(v, f"variants[{i}]", src)
+        if "label" in v:
+            label = v["label"]
+            why = "must be a string" if not isinstance(label, (str, int)) or isinstance(
+                label, bool) else run_name_problem(str(label), MAX_NAME_BYTES)
+            if why:
+                raise ConfigError(f"{src}: variants[{i}].label {why} (it names run "
+                                  f"directories), got {_shorten(label)}")
     seeds = spec.get("seeds")
     if seeds is not None:
         seeds = _as_list(seeds, "seeds", src)
-        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
-            raise ConfigError(f"{src}: 'seeds' must be a list of integers >= 0")
+        if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32
+                   for s in seeds):
+            raise ConfigError(f"{src}: 'seeds' must be a list of integers in [0, 2**32)")
         if len(set(seeds)) != len(seeds):
             raise ConfigError(f"{src}: 'seeds' lists a seed twice")
+    # one place per key: a key set twice would be decided by the order of application
+    # (set < variant < grid < seeds), silently; refuse it instead
+    for i, v in enumerate(variants):
+        for vk in v:
+            if vk == "label":
+                continue
+            for gk in grid:
+                if _overlaps(vk, gk):
+                    raise ConfigError(f"{src}: 'grid.{gk}' and variants[{i}] '{vk}' set the "
+                                      "same key (the grid would silently win); vary it in "
+                                      "one place only")
+    for fk in fixed:
+        for where, keys in [("grid", list(grid))] + [
+                (f"variants[{i}]", [k for k in v if k != "label"])
+                for i, v in enumerate(variants)]:
+            hit = next((k for k in keys if _overlaps(fk, k)), None)
+            if hit is not None:
+                raise ConfigError(f"{src}: 'set.{fk}' and {where} '{hit}' set the same key "
+                                  f"('set' is for what every run shares; the {where.split('[')[0]}"
+                                  " would silently win); keep it in one place")
+    if seeds is not None:
+        for where, keys in [("grid", list(grid)), ("set", list(fixed))] + [
+                (f"variants[{i}]", [k for k in v if k != "label"])
+                for i, v in enumerate(variants)]:
+            if any(_overlaps(k, "seed") for k in keys):
+                raise ConfigError(f"{src}: {where} sets 'seed' and 'seeds' is given (seeds "
+                                  "would silently win); use one of them")
+    n_planned = len(bases) * len(variants) * (len(seeds) if seeds is not None else 1)
+    for vs in grid.values():
+        n_planned *= len(vs)
+    if n_planned > MAX_SWEEP_RUNS:
+        raise ConfigError(f"{src}: plans {n_planned} runs (bases x variants x grid x seeds),"
+                          f" more than {MAX_SWEEP_RUNS}; split it into several sweeps")
     cli_sets = [parse_override(s) for s in (sets or [])]
     varying_keys = set(grid) | {k for v in variants for k in v if k != "label"}
     if seeds is not None:
         varying_keys.add("seed")
     for k, _ in cli_sets:
-        if k in varying_keys:
+        if any(_overlaps(k, vk) for vk in varying_keys):
             raise ConfigError(f"--set {k}: the sweep {src} varies this key (grid/variants/"
                               "seeds); edit the sweep file instead")
-    sweep_name = spec.get("name") or sweep_path.stem
+    if "name" in spec:
+        sweep_name = spec["name"]
+        why = run_name_problem(sweep_name, MAX_NAME_BYTES)
+        if why:
+            raise ConfigError(f"{src}: 'name' {why} (it names the sweep's directory and "
+                              f"runs), got {_shorten(sweep_name)}")
+    else:
+        sweep_name = sweep_path.stem
+        why = run_name_problem(sweep_name, MAX_NAME_BYTES)
+        if why:
+            raise ConfigError(f"{src}: the file's name {why}, got {_shorten(sweep_name)}; "
+                              "set 'name' in the sweep file")
     out_dir = Path(out) if out else Path("runs") / "sweeps" / str(sweep_name)
     out_dir = out_dir.expanduser().resolve()
 
@@ -247,6 +338,10 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
                     runs.append(PlannedRun(len(runs), run_name(cfg), base, ov, cfg))
     seen: dict[str, int] = {}
     for run in runs:
+        why = run_name_problem(run.name)
+        if why:
+            raise ConfigError(f"{src}: run {run.index + 1}'s directory name {why}, got "
+                              f"{_shorten(run.name)}; give the variants short labels")
         same = experiment_hash(run.cfg)
         if same in seen:
             raise ConfigError(f"{src}: runs {seen[same] + 1} and {run.index + 1} are the "
@@ -266,10 +361,17 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
 
 def check_existing(runs: list[PlannedRun]) -> None:
     """A run directory that holds a different experiment (:func:`experiment_hash`; e.g.
-    edited by hand) stops the sweep: nothing is overwritten silently."""
+    edited by hand), or results without the configuration that produced them, stops the
+    sweep: nothing is overwritten or counted silently."""
     for run in runs:
         cfg_file = run.out_dir / CONFIG_FILE
         if not cfg_file.exists():
+            held = [f for f in RESULT_FILES if (run.out_dir / f).exists()]
+            if held:
+                raise ConfigError(f"{run.out_dir} holds {', '.join(held)} but no "
+                                  f"{CONFIG_FILE}: it cannot be shown to be run "
+                                  f"'{run.name}' of this sweep; move it away or use "
+                                  "another --out")
             continue
         try:
             there = config_from_dict(read_yaml(cfg_file), str(cfg_file))
@@ -281,10 +383,62 @@ def check_existing(runs: list[PlannedRun]) -> None:
                               f"plans for run '{run.name}'; remove it or use another --out")
 
 
+def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
+    """What the sweep will write and remove, checked before anything is (reads only):
+    ``--out`` is (or can be) a writable directory that no other sweep or run holds, and
+    no run directory is in use by a live run; every existing run directory holds this
+    sweep's experiment (:func:`check_existing`); the sweep's own files there are what
+    they should be (no links, no directory where a file goes); every run directory is a
+    real directory or absent, and — for a run that will start afresh over an earlier
+    attempt — one ``run --overwrite`` may clear (it carries the tool's marker; see
+    :func:`fedrcl_flwr.results.overwrite_problem`)."""
+    from fedrcl_flwr.cli import check_output_dir
+    from fedrcl_flwr.runner import LOCK_FILE, OutputLock
+
+    check_output_dir(out_dir)
+    holder = OutputLock.holder(out_dir)
+    if holder is not None:
+        raise ConfigError(f"sweep directory {out_dir} is in use by another sweep or run (PID "
+                          f"{holder}); wait for it to end or choose another --out")
+    for run in runs:
+        d = run.out_dir
+        holder = OutputLock.holder(d) if d.is_dir() and not d.is_symlink() else None
+        if holder is not None:
+            raise ConfigError(f"run '{run.name}': {d} is in use by another run (PID "
+                              f"{holder}); wait for it to end or choose another --out")
+    check_existing(runs)
+    for sub in (CONFIGS_DIR, LOGS_DIR):
+        p = out_dir / sub
+        if p.is_symlink() or (p.exists() and not p.is_dir()):
+            raise ConfigError(f"{p} must be the sweep's own directory (it is a link or a "
+                              "file); move it away or choose another --out")
+    for name in (STATUS_FILE, LOCK_FILE):
+        p = out_dir / name
+        if p.is_symlink() or (p.exists() and not p.is_file()):
+            raise ConfigError(f"{p} must be a regular file (it is a link or a directory); "
+                              "move it away or choose another --out")
+    for run in runs:
+        for p in (out_dir / CONFIGS_DIR / f"{run.name}.yaml",
+                  out_dir / LOGS_DIR / f"{run.name}.log"):
+            if p.is_symlink() or (p.exists() and not p.is_file()):
+                raise ConfigError(f"{p} must be a regular file written by the sweep (it is "
+                                  "a link or a directory); move it away")
+        d = run.out_dir
+        if d.is_symlink() or (d.exists() and not d.is_dir()):
+            raise ConfigError(f"run '{run.name}': {d} is a link or a file, not a run "
+                              "directory; move it away or choose another --out")
+        if not d.exists():
+            continue
+        if run.state() == "new":
+            why = overwrite_problem(d)
+            if why:
+                raise ConfigError(f"run '{run.name}' would start afresh, but {why}")
+
+
 def _dir_state(d: Path) -> str:
-    if (d / SUMMARY_FILE).exists():
+    if (d / SUMMARY_FILE).is_file():
         return "done"
-    return "resume" if (d / CHECKPOINT_FILE).exists() else "new"
+    return "resume" if (d / CHECKPOINT_FILE).is_file() else "new"
 
 
 def earlier_runs(runs: list[PlannedRun], out_dir: Path) -> tuple[dict, list]:
@@ -303,9 +457,9 @@ def earlier_runs(runs: list[PlannedRun], out_dir: Path) -> tuple[dict, list]:
     if not out_dir.is_dir():
         return found, others
     for d in sorted(out_dir.iterdir()):
-        if not d.is_dir() or d.name in planned or d.name in (CONFIGS_DIR, LOGS_DIR) \
-                or not (d / CONFIG_FILE).is_file():
-            continue
+        if d.is_symlink() or not d.is_dir() or d.name in planned \
+                or d.name in (CONFIGS_DIR, LOGS_DIR) or not (d / CONFIG_FILE).is_file():
+            continue  # (a link is never taken over: writing into it would leave --out)
         try:
             run = by_hash.get(experiment_hash(config_from_dict(read_yaml(d / CONFIG_FILE),
                                                                str(d / CONFIG_FILE))))
@@ -371,6 +525,7 @@ def check_data(runs: list[PlannedRun], finished: frozenset = frozenset()) -> Non
             continue
         try:
             check_resources(cfg)
+            runtime.check_model(cfg)
         except ConfigError as exc:
             raise ConfigError(f"run '{run.name}': {exc}") from None
         if cfg.dataset.name == "synthetic" or cfg.dataset.download:
@@ -492,16 +647,50 @@ class _Job:
 
 def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
               verbose: bool = False, poll_s: float = 1.0) -> int:
-    """Run every planned run not finished yet; returns 0, or 1 if any failed."""
+    """Run every planned run not finished yet; returns 0, or 1 if any failed.
+
+    The sweep holds ``out_dir``'s lock (:class:`fedrcl_flwr.runner.OutputLock`: a second
+    sweep there is one error naming this one's PID) and a watchdog
+    (:class:`fedrcl_flwr.runner.Watchdog`, the run command's teardown): every run is
+    started with the sweep's private home in ``FEDRCL_FLWR_SWEEP`` and in a process group
+    the watchdog knows, so when the sweep ends in any way — ``kill -9`` included — its
+    runs are killed, and each run's own watchdog then stops that run's Flower and Ray
+    processes. The lock is released after that teardown."""
+    import tempfile
+
+    from fedrcl_flwr.runner import HOME_PREFIX, SWEEP_VAR, OutputLock, Watchdog
+
     out_dir.mkdir(parents=True, exist_ok=True)
+    lock = OutputLock(out_dir, "sweep")
+    lock.acquire()  # ConfigError (exit 2) naming the other sweep's PID
+    home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX + "sweep-"))
+    try:
+        watchdog = Watchdog(home, lock)
+    except BaseException:
+        shutil.rmtree(home, ignore_errors=True)
+        lock.release()
+        raise
+    returned = False
+    try:
+        rc = _run_sweep(runs, out_dir, jobs=jobs, verbose=verbose, poll_s=poll_s,
+                        watchdog=watchdog, env_mark={SWEEP_VAR: str(home)})
+        returned = True
+        return rc
+    finally:
+        watchdog.stop()
+        lock.release(remove=returned)  # as a completed run does; an interrupted one keeps it
+
+
+def _run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: bool,
+               poll_s: float, watchdog, env_mark: dict) -> int:
     (out_dir / CONFIGS_DIR).mkdir(exist_ok=True)
     (out_dir / LOGS_DIR).mkdir(exist_ok=True)
     status_path = out_dir / STATUS_FILE
     try:
-        status = json.loads(status_path.read_text()) if status_path.exists() else {}
+        status = json.loads(status_path.read_text()) if status_path.is_file() else {}
         if not isinstance(status, dict):
             status = {}
-    except (json.JSONDecodeError, OSError):
+    except (ValueError, OSError, RecursionError):  # unreadable: rebuilt from the runs
         status = {}
 
     def save_status():
@@ -539,14 +728,25 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
         return timer.eta([max(rounds_left[j.run.name], 0) for j in running],
                          [max(rounds_left[r.name], 0) for r in queue])
 
-    def launch(run: PlannedRun) -> _Job:
+    def launch(run: PlannedRun) -> Optional[_Job]:
+        from fedrcl_flwr.runner import OutputLock
+
+        holder = OutputLock.holder(run.out_dir)
+        if holder is not None:  # never launched into a directory a live run holds
+            msg = f"{run.out_dir} is in use by another run (PID {holder})"
+            status[run.name] = {"status": "failed", "dir": str(run.out_dir), "error": msg}
+            failed.append(run.name)
+            rounds_left[run.name] = 0
+            print(f"run {run.index + 1}/{n} {run.name}: NOT STARTED: {msg}",
+                  file=sys.stderr, flush=True)
+            save_status()
+            return None
         slot = free_slots.pop(0)
         env = dict(os.environ)
         env.update(group_env)
         env.update(share_resources(run.cfg, jobs, slot))
+        env.update(env_mark)
         resume = run.state() == "resume"
-        if not resume and run.out_dir.exists():
-            shutil.rmtree(run.out_dir)  # started but never checkpointed: nothing to keep
         cfg_path = out_dir / CONFIGS_DIR / f"{run.name}.yaml"
         dump_config(run.cfg, cfg_path)
         cmd = [sys.executable, "-m", "fedrcl_flwr.cli", "run"]
@@ -558,13 +758,19 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
                     if run.cfg.simulation.init_num_cpus else "simulation.init_num_cpus=null"]
         else:
             cmd += [str(cfg_path), "--out", str(run.out_dir)]
+            if run.out_dir.exists():
+                # started but never checkpointed: the run command clears that attempt's
+                # files (only in a run directory it created; checked up front)
+                cmd.append("--overwrite")
         log = open(out_dir / LOGS_DIR / f"{run.name}.log", "a")
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         log.flush()
         # own session: a terminal's Ctrl-C reaches the sweep only, which then stops each
-        # run once with SIGTERM (the run command's clean teardown)
+        # run once with SIGTERM (the run command's clean teardown); the watchdog kills the
+        # session's group should the sweep die
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
+        watchdog.watch_group(proc.pid)
         kept = _rounds_done(run) if resume else 0
         what = f"resuming after round {kept}" if resume else "started"
         print(f"run {run.index + 1}/{n} {run.name}: {what}", flush=True)
@@ -590,9 +796,9 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
             rounds_left[job.run.name] -= step
             parts = [f"run {job.run.index + 1}/{n} {job.run.name}",
                      f"round {rec.get('round')}/{total}"]
-            if rec.get("test_accuracy") is not None:
+            if _is_number(rec.get("test_accuracy")):
                 parts.append(f"acc {100 * rec['test_accuracy']:.2f}%")
-            if show_ema and rec.get("ema_accuracy") is not None:
+            if show_ema and _is_number(rec.get("ema_accuracy")):
                 parts.append(f"ema {100 * rec['ema_accuracy']:.2f}%")
             parts.append(f"ETA {_fmt_eta(eta())}")
             print(" | ".join(parts), flush=True)
@@ -626,7 +832,9 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
     try:
         while queue or running:
             while queue and free_slots:
-                running.append(launch(queue.pop(0)))
+                job = launch(queue.pop(0))
+                if job is not None:
+                    running.append(job)
             time.sleep(poll_s)
             for job in list(running):
                 progress(job)
@@ -634,15 +842,15 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
                 if rc is None:
                     continue
                 running.remove(job)
+                watchdog.forget_group(job.proc.pid)
                 free_slots.append(job.slot)
                 free_slots.sort()
                 job.log.close()
                 took = time.time() - job.t0
                 run = job.run
-                if rc == 0 and (run.out_dir / SUMMARY_FILE).exists():
+                if rc == 0 and (run.out_dir / SUMMARY_FILE).is_file():
                     timer.observe_finish(took, job.rounds_run)
-                    s = json.loads((run.out_dir / SUMMARY_FILE).read_text())
-                    acc = s.get("final_accuracy")
+                    acc = _summary_value(run.out_dir, "final_accuracy")
                     status[run.name] = {"status": "done", "dir": str(run.out_dir),
                                         "seconds": round(took, 1)}
                     accs = f"final acc {100 * acc:.2f}%" if acc is not None else "no accuracy"
@@ -671,18 +879,34 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
     return 1 if failed else 0
 
 
-def _rounds_done(run: PlannedRun) -> int:
-    recs = read_metrics(run.out_dir)
-    if not recs or not (run.out_dir / CHECKPOINT_FILE).exists():
-        return 0
-    try:  # what a resume keeps: the rounds up to the checkpoint
-        import torch
+def _is_number(v: Any) -> bool:
+    import math
 
-        ck = torch.load(run.out_dir / CHECKPOINT_FILE, map_location="cpu",
-                        weights_only=False)
-        return int(ck["round"])
-    except Exception:  # noqa: BLE001 - unreadable checkpoint: the run starts over
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _summary_value(run_dir: Path, key: str) -> Optional[float]:
+    """A number from a finished run's ``summary.json`` (``None`` if absent or unreadable:
+    only shown on the progress line)."""
+    try:
+        value = json.loads((run_dir / SUMMARY_FILE).read_bytes()[:1 << 20]).get(key)
+    except (ValueError, OSError, AttributeError, RecursionError):
+        return None
+    return float(value) if _is_number(value) else None
+
+
+def _rounds_done(run: PlannedRun) -> int:
+    """What a resume keeps: the rounds up to the checkpoint (read through the one safe
+    loader, :func:`fedrcl_flwr.checkpoint.load_checkpoint`: data only, never code)."""
+    from fedrcl_flwr.checkpoint import CheckpointError, load_checkpoint
+
+    if not read_metrics(run.out_dir) or not (run.out_dir / CHECKPOINT_FILE).is_file():
         return 0
+    try:
+        done = load_checkpoint(run.out_dir)["round"]
+    except CheckpointError:  # unreadable checkpoint: `run --resume` will say why
+        return 0
+    return done if isinstance(done, int) and not isinstance(done, bool) and done >= 0 else 0
 
 
 def _log_tail(path: Path) -> str:

@@ -30,8 +30,10 @@ Metrics (``--metric``): ``final`` (test accuracy of the last evaluated round), `
 (highest test accuracy), ``last5`` (mean test accuracy of the last five evaluated rounds;
 FedCCL's "mean of the last five rounds"), ``ema@R`` (the EMA accuracy of the last
 evaluated round <= R, FedRCL's "accuracy at R rounds"; missing for a run that never
-reached round R). Without ``--metric``: the runs' ``summary.json`` ``report_metric``, else
-their reference's metric, else ``final``.
+reached round R). Per-client evaluation (``evaluation.per_client``): ``client_mean``,
+``client_std``, ``client_worst10``, ``client_best10`` (the ``client_acc_*`` of the last
+round that has them). Without ``--metric``: the runs' ``summary.json`` ``report_metric``,
+else their reference's metric, else ``final``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import csv
 import io
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +53,8 @@ import yaml
 from fedrcl_flwr.config import ConfigError, check_reference
 from fedrcl_flwr.results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 
-METRIC_RE = re.compile(r"^(final|best|last5|ema@([1-9][0-9]*))$")
+METRIC_RE = re.compile(r"^(final|best|last5|ema@([1-9][0-9]*)"
+                       r"|client_(mean|std|worst10|best10))$")
 SKIP_DIRS = {"_configs", "_logs", "client_state", "tensorboard", "wandb", "mlruns"}
 # config sections that do not change what a run computes (or that name it)
 NOT_A_SETTING = ("seed", "name", "label", "output", "simulation", "reference")
@@ -144,25 +148,61 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+MAX_SUMMARY_BYTES = 16 << 20   # a run's summary.json is a few KB
+MAX_METRICS_BYTES = 512 << 20  # metrics.jsonl: ~1-10 KB per round
+
+
+def _read_text(path: Path, limit: int) -> str:
+    from fedrcl_flwr.config import read_text_file
+
+    return read_text_file(path, limit, "a run file")
+
+
+def _accuracy_problem(v: Any) -> Optional[str]:
+    """Why ``v`` is not an accuracy (a finite fraction in [0, 1], or null)."""
+    if v is None:
+        return None
+    if not _is_number(v):
+        return "must be a number or null"
+    if not math.isfinite(v) or not 0.0 <= v <= 1.0:
+        return "must be a fraction in [0, 1] (or null)"
+    return None
+
+
+def _round_problem(v: Any) -> Optional[str]:
+    if not _is_number(v) or not math.isfinite(v) or v < 0 or v != int(v):
+        return "must be a whole number >= 0"
+    return None
+
+
+def _json(text: str, path: Path, where: str = ""):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: {where}not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: {where}nested too deeply") from None
+
+
 def read_summary(run_dir: Path) -> dict:
     path = run_dir / SUMMARY_FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    data = _json(_read_text(path, MAX_SUMMARY_BYTES), path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a JSON object, got {type(data).__name__}")
     for k in ("final_accuracy", "best_accuracy", "ema_accuracy", "last5"):
-        if data.get(k) is not None and not _is_number(data[k]):
-            raise ConfigError(f"{path}: '{k}' must be a number or null, got {data[k]!r}")
+        why = _accuracy_problem(data.get(k))
+        if why:
+            raise ConfigError(f"{path}: '{k}' {why}, got {data[k]!r}")
     at = data.get("accuracy_at")
     if at is not None and (not isinstance(at, dict) or not all(
-            v is None or _is_number(v) for v in at.values())):
-        raise ConfigError(f"{path}: 'accuracy_at' must map rounds to numbers, got {at!r}")
-    if data.get("rounds") is not None and not _is_number(data["rounds"]):
-        raise ConfigError(f"{path}: 'rounds' must be a number, got {data['rounds']!r}")
+            _accuracy_problem(v) is None for v in at.values())):
+        raise ConfigError(f"{path}: 'accuracy_at' must map rounds to accuracies in [0, 1], "
+                          f"got {str(at)[:200]}")
+    if data.get("rounds") is not None and _round_problem(data["rounds"]):
+        raise ConfigError(f"{path}: 'rounds' {_round_problem(data['rounds'])}, got "
+                          f"{data['rounds']!r}")
     return data
 
 
@@ -170,9 +210,9 @@ def read_records(run_dir: Path) -> list:
     """``metrics.jsonl``, checked line by line; a torn last line (a run killed while
     writing it: no final newline) is dropped, anything else malformed is an error."""
     path = run_dir / METRICS_FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return []
-    text = path.read_text()
+    text = _read_text(path, MAX_METRICS_BYTES)
     lines = text.split("\n")
     out = []
     for i, line in enumerate(lines, 1):
@@ -180,39 +220,72 @@ def read_records(run_dir: Path) -> list:
             continue
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             if i == len(lines) and not text.endswith("\n"):
                 break  # torn last line
             raise ConfigError(f"{path}: line {i} is not valid JSON ({exc})") from None
-        if not isinstance(rec, dict) or not _is_number(rec.get("round")):
-            raise ConfigError(f"{path}: line {i} must be a JSON object with a numeric "
-                              "'round'")
+        if not isinstance(rec, dict) or _round_problem(rec.get("round")):
+            raise ConfigError(f"{path}: line {i} must be a JSON object with 'round' a whole "
+                              "number >= 0")
         for k in ("test_accuracy", "ema_accuracy"):
-            if rec.get(k) is not None and not _is_number(rec[k]):
-                raise ConfigError(f"{path}: line {i}: '{k}' must be a number or null, got "
-                                  f"{rec[k]!r}")
+            why = _accuracy_problem(rec.get(k))
+            if why:
+                raise ConfigError(f"{path}: line {i}: '{k}' {why}, got {rec[k]!r}")
         out.append(rec)
     return out
 
 
 def read_config(run_dir: Path) -> dict:
+    """The run's ``config.yaml`` through the project's one hardened YAML reader
+    (:func:`fedrcl_flwr.config.read_yaml`: size bound, UTF-8, no duplicate keys, alias
+    expansion bounded, no recursive aliases)."""
+    from fedrcl_flwr.config import read_yaml
+
     path = run_dir / CONFIG_FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return {}
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a regular file")
+    data = read_yaml(path)
+    for section, value in data.items():  # what grouping and labelling read
+        if section in _SECTIONS and value is not None and not isinstance(value, dict):
+            raise ConfigError(f"{path}: '{section}' must be a mapping, got "
+                              f"{type(value).__name__}")
+    for section, key in (("client", "method"), ("server", "strategy")):
+        v = (data.get(section) or {}).get(key)
+        if v is not None and not isinstance(v, str):
+            raise ConfigError(f"{path}: '{section}.{key}' must be a string, got {v!r}")
     check_reference(data.get("reference"), str(path))
     return data
 
 
+_SECTIONS = ("dataset", "partition", "model", "federation", "client", "server",
+             "evaluation", "simulation", "output")
+MAX_SCAN_DEPTH = 4          # a sweep's runs are OUT/<run>; room for nesting sweeps
+MAX_SCAN_ENTRIES = 200_000  # directory entries looked at below one DIR
+
+
 def _is_run(d: Path) -> bool:
     return any((d / f).is_file() for f in (SUMMARY_FILE, METRICS_FILE, CONFIG_FILE))
+
+
+def _dirs_below(d: Path) -> list[Path]:
+    """Directories below ``d`` (links not followed), at most :data:`MAX_SCAN_DEPTH`
+    levels deep, skipping the sweep's and runs' own sub-directories; a tree with more
+    than :data:`MAX_SCAN_ENTRIES` entries is an error (``report /`` would scan a disk)."""
+    out, seen = [], 0
+    for root, dirnames, filenames in os.walk(d, followlinks=False):
+        depth = len(Path(root).relative_to(d).parts)
+        seen += len(dirnames) + len(filenames)
+        if seen > MAX_SCAN_ENTRIES:
+            raise ConfigError(f"{d}: more than {MAX_SCAN_ENTRIES} files and directories "
+                              "below it; name a run directory or a sweep's --out")
+        dirnames[:] = sorted(n for n in dirnames if n not in SKIP_DIRS
+                             and not os.path.islink(os.path.join(root, n)))
+        if depth >= MAX_SCAN_DEPTH:
+            dirnames[:] = []
+        out.extend(Path(root) / n for n in dirnames)
+    return sorted(out)
 
 
 def find_runs(dirs: list) -> list[tuple[Path, bool]]:
@@ -223,12 +296,7 @@ def find_runs(dirs: list) -> list[tuple[Path, bool]]:
         if _is_run(d):
             found.append((d, True))
             continue
-        below = []
-        if d.is_dir():
-            for sub in sorted(d.rglob("*")):
-                if sub.is_dir() and not set(sub.relative_to(d).parts) & SKIP_DIRS \
-                        and _is_run(sub):
-                    below.append(sub)
+        below = [sub for sub in _dirs_below(d) if _is_run(sub)] if d.is_dir() else []
         if not below:
             raise ConfigError(f"{d}: no {SUMMARY_FILE} (is this a finished run dir, or a "
                               "sweep's --out?)")
@@ -269,8 +337,8 @@ def load_runs(dirs: list) -> list[Run]:
 
 def check_metric(metric: str) -> str:
     if not METRIC_RE.match(metric or ""):
-        raise ConfigError(f"--metric must be final, best, last5 or ema@ROUND, got "
-                          f"{metric!r}")
+        raise ConfigError(f"--metric must be final, best, last5, ema@ROUND, client_mean, "
+                          f"client_std, client_worst10 or client_best10, got {metric!r}")
     return metric
 
 
@@ -301,6 +369,12 @@ def metric_value(run: Run, metric: str) -> Optional[float]:
             return float(s["last5"])
         tail = ev[-5:]
         return sum(float(r["test_accuracy"]) for r in tail) / len(tail) if tail else None
+    if metric.startswith("client_"):  # per-client evaluation: its last evaluated round
+        key = "client_acc_" + metric[len("client_"):]
+        if _is_number(s.get(key)):
+            return float(s[key])
+        with_key = [r for r in run.records if _is_number(r.get(key))]
+        return float(with_key[-1][key]) if with_key else None
     target = int(METRIC_RE.match(metric).group(2))
     if _last_round(run) < target:
         return None  # never reached round R
@@ -842,6 +916,14 @@ def report(dirs: list, fmt: str = "markdown", metric: Optional[str] = None,
 # ----------------------------------------------------------------------------- plots
 
 
+def plot_files(out: Path) -> list[Path]:
+    """The files ``plot --out OUT`` writes: ``OUT.png`` and ``OUT.pdf`` (a ``.png`` /
+    ``.pdf`` suffix of ``OUT`` is dropped first)."""
+    out = Path(out).expanduser()
+    stem = out.with_suffix("") if out.suffix.lower() in (".png", ".pdf") else out
+    return [stem.with_name(stem.name + ext) for ext in (".png", ".pdf")]
+
+
 LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
@@ -921,17 +1003,79 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
 
 def plot_groups(dirs: list, out: Path, metric_key: str = "test_accuracy") -> list[Path]:
     """Accuracy per round, one line per row (mean over seeds, ±std band), one panel per
-    setting (:func:`curves_figure`); written as ``out`` with suffix .png and .pdf."""
+    setting (:func:`curves_figure`); written as ``out`` with suffix .png and .pdf. With
+    per-client evaluation also ``out_clients`` (:func:`plot_client_distribution`)."""
+    groups = group_runs(load_runs(dirs))
+    fig = curves_figure(groups, metric_key)
+    written = plot_files(out)
+    written[0].parent.mkdir(parents=True, exist_ok=True)
+    _save_figure(fig, written)
+    return written + plot_client_distribution(groups, client_plot_files(out))
+
+
+def client_plot_files(out: Path) -> list[Path]:
+    """The per-client distribution figure's files ``plot --out OUT`` writes when runs
+    have per-client records: ``OUT_clients.png`` and ``OUT_clients.pdf``."""
+    return [p.with_name(p.stem + "_clients" + p.suffix) for p in plot_files(out)]
+
+
+def _save_figure(fig, paths: list[Path]) -> None:
+    """Write ``fig`` to each of ``paths``, close it."""
     import matplotlib.pyplot as plt
 
-    fig = curves_figure(group_runs(load_runs(dirs)), metric_key)
-    out = Path(out)
-    stem = out.with_suffix("") if out.suffix.lower() in (".png", ".pdf") else out
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    written = []
-    for ext in (".png", ".pdf"):
-        p = stem.with_name(stem.name + ext)
+    for p in paths:
         fig.savefig(p, dpi=120)
-        written.append(p)
     plt.close(fig)
-    return written
+
+
+def last_client_accuracies(run: Run) -> list[float]:
+    """The per-client accuracies (``client_accuracy``) of the run's last round that has
+    them (per-client evaluation), as fractions; empty when it has none."""
+    for r in reversed(run.records):
+        per = r.get("client_accuracy")
+        if isinstance(per, dict) and per:
+            return [float(v) for v in per.values() if _is_number(v)]
+    return []
+
+
+def plot_client_distribution(groups: list[Group], paths: list[Path]) -> list[Path]:
+    """Per-client accuracy distribution (``evaluation.per_client``): one panel per
+    setting, one box per row over the clients of its runs' last per-client evaluation
+    (seeds pooled), each client a dot, the mean a triangle. Written to ``paths`` (returned);
+    nothing (``[]``) when no run has per-client records."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    data = {(g.row, g.col): [100 * a for run in g.runs for a in last_client_accuracies(run)]
+            for g in groups}
+    if not any(data.values()):
+        return []
+    cols = list(dict.fromkeys(g.col for g in groups))
+    rows = list(dict.fromkeys(g.row for g in groups))
+    ncol = min(len(cols), 3)
+    nrow = math.ceil(len(cols) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(max(5, 1.4 * len(rows) + 2) * ncol,
+                                                  3.8 * nrow), squeeze=False)
+    rng = np.random.default_rng(0)  # the dots' horizontal jitter only
+    for ax, c in zip(axes.flat, cols):
+        present = [r for r in rows if data.get((r, c))]
+        values = [data[(r, c)] for r in present]
+        if values:
+            ax.boxplot(values, showfliers=False)
+            for i, v in enumerate(values, 1):
+                ax.scatter(i + rng.uniform(-0.15, 0.15, len(v)), v, s=8, alpha=0.5)
+                ax.scatter([i], [float(np.mean(v))], marker="^", color="black", zorder=3)
+            ax.set_xticks(range(1, len(present) + 1))
+            ax.set_xticklabels([f"{r}\n(n={len(v)})" for r, v in zip(present, values)],
+                               fontsize=8)
+        ax.set_title(c or "all runs", fontsize=10)
+        ax.set_ylabel("per-client accuracy (%)")
+        ax.grid(alpha=0.3, axis="y")
+    for ax in list(axes.flat)[len(cols):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    _save_figure(fig, paths)
+    return list(paths)

@@ -13,7 +13,9 @@ interface, :class:`Backend`, driven by one :class:`RunTracker`:
   - ``representation/<name>``: ``repr_*`` metrics (effective rank, VCI, ...)
   - ``comm/<name>``: ``*_bytes_*`` (model and signal bytes per round)
   - ``robust/<name>``: FGSM / PGD accuracy; ``privacy/<name>``: ``dp_*`` (ε, ...);
-    ``round/<name>``: clients, failures, times;
+    ``client_accuracy/mean|std|worst10|best10|n``: per-client evaluation
+    (``evaluation.per_client``); ``round/<name>``: clients, failures, times (and
+    ``dropped``, ``late``, ``sim_round_time`` of ``federation.availability``);
 
 * at the end, every number of ``summary.json`` as ``summary/<key>`` (nested keys joined
   with ``/``) and the run's plots (``*.png`` of the run directory) as artefacts (W&B: run
@@ -172,6 +174,8 @@ def _tag(key: str) -> str:
         return f"robust/{key}"
     if key.startswith("dp_"):
         return f"privacy/{key}"
+    if key.startswith("client_acc_"):  # per-client evaluation (client_eval.py)
+        return f"client_accuracy/{key[len('client_acc_'):]}"
     return f"round/{key}"
 
 
@@ -258,8 +262,15 @@ class TensorBoardBackend(Backend):
     def __init__(self, run_dir: Path, config_yaml: str, resume_after: int):
         from torch.utils.tensorboard import SummaryWriter
 
+        from fedrcl_flwr.results import write_marker
+
         kwargs = {"purge_step": resume_after + 1} if resume_after else {}
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / TB_DIR), **kwargs)
+        tb_dir = Path(run_dir) / TB_DIR
+        created = not tb_dir.exists()
+        self.writer = SummaryWriter(log_dir=str(tb_dir), **kwargs)
+        if created:  # ours: `run --overwrite` may clear it
+            tb_dir.mkdir(parents=True, exist_ok=True)
+            write_marker(tb_dir, TB_DIR)
         if not resume_after:
             self.writer.add_text("config", "```yaml\n" + config_yaml + "```", 0)
         self.writer.flush()
@@ -293,9 +304,13 @@ class WandbBackend(Backend):
     def __init__(self, run_dir: Path, cfg, config: dict, previous: dict):
         import wandb
 
+        from fedrcl_flwr.results import write_marker
+
         self.run_dir = Path(run_dir)
         run_id = previous.get("id") or secrets.token_hex(6)  # W&B: [a-z0-9_-]
-        (self.run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
+        if not (self.run_dir / WANDB_DIR).exists():  # ours: `run --overwrite` may clear it
+            (self.run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
+            write_marker(self.run_dir / WANDB_DIR, WANDB_DIR)
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True,
                                   disable_git=True, save_code=False,
                                   x_save_requirements=False, x_disable_machine_info=True)

@@ -20,6 +20,18 @@ It owns the global model (NumPy arrays) and, per round:
    of the sequential order. The final round's is done before ``evaluate`` returns; an
    error in the thread is raised by the next ``evaluate`` (or :meth:`drain`).
 
+Unreliable clients (``availability``, :mod:`fedrcl_flwr.availability`): after sampling,
+``configure_fit`` sends nothing to the sampled clients that drop out or would miss the
+round's deadline; the round's record counts them (``dropped`` ...), and the privacy
+accountant counts only the clients that were sent the model. A round in which no sampled
+client reports leaves the global model unchanged (Flower then skips ``aggregate_fit``, as
+SecAgg+ does below 2 reporting clients; it is not a failure). Per-client evaluation (``per_client``,
+:mod:`fedrcl_flwr.client_eval`): in a round where it is due, ``configure_evaluate`` asks the
+round's sampled clients (or all) to evaluate the global model on their local test data and
+the round's record waits for ``aggregate_evaluate`` (Flower calls it right after
+``evaluate``), which adds the ``client_acc_*`` statistics and then hands the record on
+as above.
+
 Hooks for subclasses: :meth:`weights_to_send`, :meth:`fit_extras`, :meth:`server_update`,
 :meth:`after_aggregate`. Parameters: ``defaults`` with their allowed values in ``rules``
 (:mod:`fedrcl_flwr.components`, checked before the run). Server-optimizer state is
@@ -47,7 +59,7 @@ import time
 from typing import Callable, Optional
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Parameters
+from flwr.common import EvaluateIns, FitIns, FitRes, Parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
@@ -131,9 +143,15 @@ class FederatedStrategy(Strategy):
         round_offset: int = 0,
         exchange=None,
         overlap_evaluation: bool = False,
+        availability=None,
+        per_client: Optional[tuple[int, str]] = None,
         privacy=None,
     ):
         super().__init__()
+        self.availability = availability  # fedrcl_flwr.availability.Availability or None
+        self.per_client = per_client  # (every, "sampled" | "all") or None (off)
+        self._avail_info: dict = {}
+        self._deferred = None  # a round end waiting for the per-client evaluation
         self.overlap_evaluation = overlap_evaluation
         self._round_end_executor = None  # one worker thread, created on first use
         self._round_end_pending = None
@@ -159,7 +177,8 @@ class FederatedStrategy(Strategy):
         self.rounds_trained = 0  # rounds in which at least one client result was kept
         self.first_client_error: Optional[str] = None
         self._fit_info: dict = {}
-        self._sampled: list[int] = []
+        self._sampled: list[int] = []  # the round's sampled partitions (all, with availability)
+        self._sent: list[int] = []  # those sent the model to train
         self._round_start = time.time()
         for b in self.buffers:
             fill = self.buffer_fill(b)
@@ -260,20 +279,37 @@ class FederatedStrategy(Strategy):
         config."""
         rnd = self.run_round(server_round)
         pids = sample_partitions(self.seed, rnd, self.num_clients, self.clients_per_round)
-        slots = self._slots(client_manager, len(pids))
-        if len(slots) < len(pids):
-            log.warning("round %d: only %d client nodes for %d sampled partitions; "
-                        "training the first %d", rnd, len(slots), len(pids), len(slots))
-            pids = pids[: len(slots)]
+        sampled = pids
+        if self.availability is not None:  # who drops out or would be late: sent nothing
+            outcome = self.availability.round(rnd, pids)
+            self._avail_info = self.availability.record(rnd, outcome)
+            pids = outcome.reporting
+            if not pids:
+                log.warning("round %d: every sampled client dropped out or was late; "
+                            "global model unchanged", rnd)
         out = []
-        for slot, pid in zip(slots, pids):
-            config = {"run_round": rnd, "partition_id": pid}
-            config.update(self.fit_extras(rnd, pid))
-            if self.exchange is not None:
-                config.update(self.exchange.fit_extras(rnd, pid))
-            out.append((slot, FitIns(send, config)))
-        self._sampled = pids
+        if pids:
+            slots = self._slots(client_manager, len(pids))
+            if len(slots) < len(pids):
+                log.warning("round %d: only %d client nodes for %d sampled partitions; "
+                            "training the first %d", rnd, len(slots), len(pids), len(slots))
+                pids = pids[: len(slots)]
+            for slot, pid in zip(slots, pids):
+                config = {"run_round": rnd, "partition_id": pid}
+                config.update(self.fit_extras(rnd, pid))
+                if self.exchange is not None:
+                    config.update(self.exchange.fit_extras(rnd, pid))
+                out.append((slot, FitIns(send, config)))
+        self._sent = pids  # the clients whose data may enter this round's release
+        self._sampled = pids if self.availability is None else sampled
         timers.server_event("sent", round=rnd, clients=len(out))
+        # the round's record when aggregate_fit is not called (Flower skips it when there
+        # are no instructions; SecAgg+ halts below 2 reporting clients): nothing trained
+        self._fit_info = {"num_clients": 0, "failures": 0,
+                          "model_bytes_down": self.model_bytes * len(self._sampled),
+                          "model_bytes_up": 0, **self._avail_info}
+        if self.dp is not None:
+            self._fit_info.update(self.dp.accountant.record())
         return out
 
     def aggregate_fit(self, server_round: int, results, failures):
@@ -317,7 +353,7 @@ class FederatedStrategy(Strategy):
 
         info = {"num_clients": len(kept), "failures": len(reasons),
                 "model_bytes_down": self.model_bytes * len(self._sampled),
-                "model_bytes_up": self.model_bytes * len(kept)}
+                "model_bytes_up": self.model_bytes * len(kept), **self._avail_info}
         if self.dp is not None:  # ε so far (updated below when this round releases)
             info.update(self.dp.accountant.record())
         if self.exchange is not None:
@@ -348,7 +384,7 @@ class FederatedStrategy(Strategy):
         if self.dp is not None:  # Flower's wrapper: clip (server mode), average, noise
             average = self.dp.aggregate(server_round, [(None, r) for _, r, _ in kept],
                                         secagg_active=len(kept) if self.secagg else 0)
-            self.dp.accountant.record_release(self._sampled)
+            self.dp.accountant.record_release(self._sent)
             info.update(self.dp.accountant.record())
         elif self.secagg:  # every result holds the same unmasked SecAgg+ average
             average = [np.asarray(a).astype(np.asarray(w).dtype)
@@ -384,11 +420,53 @@ class FederatedStrategy(Strategy):
         self._fit_info = info
         return to_parameters(self.weights), {}
 
+    def _client_eval_due(self, rnd: int) -> bool:
+        from fedrcl_flwr.client_eval import due
+
+        return self.per_client is not None and self.evaluate_fn is not None and \
+            due(self.per_client[0], rnd, self.rounds)
+
     def configure_evaluate(self, server_round, parameters, client_manager):
-        return []  # centralised evaluation only
+        """Per-client evaluation when due (``fedrcl_flwr/client_eval.py``): the round's
+        global model to the round's sampled partitions (or all), spread over the nodes;
+        otherwise nothing (centralised evaluation only)."""
+        from fedrcl_flwr.client_eval import assign
+
+        rnd = self.run_round(server_round)
+        if self._deferred is None or not self._client_eval_due(rnd):
+            return []
+        pids = list(range(self.num_clients)) if self.per_client[1] == "all" \
+            else list(self._sampled)
+        slots = self._slots(client_manager, len(pids))
+        send = to_parameters(self._deferred[2]["weights"])
+        return [(slot, EvaluateIns(send, {"run_round": rnd,
+                                          "partition_ids": ",".join(map(str, group))}))
+                for slot, group in zip(slots, assign(pids, len(slots)))]
 
     def aggregate_evaluate(self, server_round, results, failures):
-        return None, {}
+        """Adds the per-client statistics to the round's record, then ends the round."""
+        from fedrcl_flwr.client_eval import decode, summarize
+
+        if self._deferred is None:
+            return None, {}
+        per: dict = {}
+        bad = len(failures)
+        for _, res in results:
+            got = decode(res.metrics.get("client_eval"))
+            if not got and res.num_examples:
+                bad += 1
+            per.update(got)
+        if failures:
+            log.warning("round %d: %d per-client evaluation(s) failed (%s)",
+                        self.run_round(server_round), len(failures),
+                        client_error_line(failures[0]))
+        stats = summarize(per, bad)
+        rnd, due, state, info, start = self._deferred
+        self._deferred = None
+        self._end_round((rnd, due, state, {**info, **stats}, start))
+        n = sum(c[1] for c in per.values())
+        loss = sum(c[2] for c in per.values()) / n if n else None
+        return loss, {k: v for k, v in stats.items() if isinstance(v, (int, float))}
 
     def evaluate(self, server_round: int, parameters: Parameters):
         rnd = self.run_round(server_round)
@@ -398,6 +476,17 @@ class FederatedStrategy(Strategy):
         due = self.evaluate_fn is not None and (rnd % self.eval_every == 0 or rnd == self.rounds)
         state = self.state_dict()  # copies: the next round may change the live arrays
         job = (rnd, due, state, dict(self._fit_info), self._round_start)
+        if self._client_eval_due(rnd):  # the record waits for aggregate_evaluate
+            self._deferred = job
+            return None
+        record = self._end_round(job)
+        if record is None:
+            return None
+        return record["test_loss"], {"accuracy": float(record.get("test_accuracy", 0.0))}
+
+    def _end_round(self, job) -> Optional[dict]:
+        """Run the round end ``job`` now, or in the background thread (overlap)."""
+        rnd = job[0]
         if self.overlap_evaluation and rnd < self.rounds:
             from concurrent.futures import ThreadPoolExecutor
 
@@ -406,10 +495,7 @@ class FederatedStrategy(Strategy):
                     1, thread_name_prefix="fedrcl-round-end")
             self._round_end_pending = self._round_end_executor.submit(self._round_end, *job)
             return None  # Flower's own history only; the run's record comes from the thread
-        record = self._round_end(*job)
-        if record is None:
-            return None
-        return record["test_loss"], {"accuracy": float(record.get("test_accuracy", 0.0))}
+        return self._round_end(*job)
 
     def _round_end(self, rnd: int, due: bool, state: dict, fit_info: dict,
                    round_start: float) -> Optional[dict]:
@@ -429,7 +515,11 @@ class FederatedStrategy(Strategy):
         return record
 
     def drain(self) -> None:
-        """Wait for the overlapped round end, if any (re-raising its error)."""
+        """Wait for the overlapped round end, if any (re-raising its error); a round end
+        still waiting for a per-client evaluation that never came is done without it."""
         pending, self._round_end_pending = self._round_end_pending, None
         if pending is not None:
             pending.result()
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._round_end(*deferred)

@@ -57,6 +57,21 @@ def tiny_config(tmp_path=None, **sections):
     return config_from_dict(data, "tiny")
 
 
+def assert_run_refused(tmp_path, capsys, experiment: dict, override: str, message: str):
+    """``fedrcl-flwr run`` of ``experiment`` with ``--set override`` exits 2 with one
+    line holding ``message`` and the file's path, before writing anything."""
+    import yaml
+
+    from fedrcl_flwr.cli import main
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump(experiment))
+    assert main(["run", str(exp), "--set", override, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and str(exp) in err and "\n" not in err, err
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.fixture
 def no_network(monkeypatch):
     """Any attempt to open a connection fails the test."""

@@ -168,7 +168,7 @@ def test_cache_ls_and_clear(cfg, tmp_path, capsys):
     _, entry = cache.load(cfg.dataset, cfg.seed)
     other = dataclasses.replace(cfg.dataset, image_size=8)
     _, entry2 = cache.load(other, cfg.seed)
-    (entry.parent / ".tmp-stale-1").mkdir()
+    (entry.parent / f".tmp-{entry.name}-stale_1").mkdir()  # a build that was killed
     (entry2 / "meta.sha256").write_text("0\n")
     root = str(entry.parent)
     assert main(["cache", "ls", "--cache-dir", root]) == 0

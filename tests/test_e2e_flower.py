@@ -47,7 +47,10 @@ _s.make_synthetic = _refuse
 def test_cli_runs_fedavg_end_to_end(tmp_path):
     """Also: no process of the run generates the dataset. It is prepared in the dataset
     cache beforehand; with the generator removed from every process the run still works
-    (the CLI checks the entry, the ServerApp and Ray workers memory-map it)."""
+    (the CLI checks the entry, the ServerApp and Ray workers memory-map it). And the
+    wiring of issue 22's research features through Flower's runtime: per-client
+    evaluation of every client (Flower's federated evaluation, records completed after
+    ``aggregate_evaluate``) and the availability records (stragglers, none late)."""
     import os
 
     from fedrcl_flwr.cli import _load
@@ -61,7 +64,9 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     (hook / "sitecustomize.py").write_text(NO_GENERATOR)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(hook), str(ROOT), env.get("PYTHONPATH", "")])
-    res = _run(tmp_path, env=env)
+    research = ["evaluation.per_client={every: 2, clients: all}",
+                "federation.availability.stragglers={speed: 1.0, deadline: 2.0}"]
+    res = _run(tmp_path, *research, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     # the hook was active: a dataset not prepared yet fails in the CLI, before Flower
     (tmp_path / "b").mkdir()
@@ -86,7 +91,13 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
                   "wall_time_s"]:
             assert k in r, k
         assert r["num_clients"] == 3
+        assert r["dropped"] == r["late"] == 0 and r["sim_round_time"] == 1.0
+    client = [r for r in recs if "client_acc_mean" in r]
+    assert [r["round"] for r in client] == [2, 4]
+    assert all(r["client_acc_n"] == 10 and sorted(r["client_accuracy"], key=int) ==
+               [str(i) for i in range(10)] for r in client)
     s = json.loads((run / "summary.json").read_text())
+    assert s["client_acc_worst10"] == client[-1]["client_acc_worst10"]
     assert s["method"] == "fedavg" and s["strategy"] == "fedavg" and s["rounds"] == 4
     assert 0.0 <= s["final_accuracy"] <= 1.0
     assert s["best_accuracy"] > 0.15, s  # chance is 0.1; learning speed is asserted in-process

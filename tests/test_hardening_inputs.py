@@ -323,7 +323,15 @@ def test_finished_dir_is_not_overwritten_silently(tmp_path, capsys, left):
     line = _one_line_exit2(*_cli(capsys, "run", _yaml(tmp_path), "--out", str(out))[::2])
     assert left in line and "--overwrite" in line and "--resume" in line
     assert (out / left).read_text() == "old"
-    # --overwrite is accepted past that check (stopped here by a later input check)
+    # --overwrite clears only a run directory the tool created (issue 21): refused here
+    line = _one_line_exit2(*_cli(capsys, "run", _yaml(tmp_path), "--out", str(out),
+                                 "--overwrite")[::2])
+    assert "not created by fedrcl-flwr" in line and (out / left).read_text() == "old"
+    # in one it created, --overwrite is accepted past that check (stopped here by a later
+    # input check)
+    from fedrcl_flwr.results import write_marker
+
+    write_marker(out, "run")
     rc, _, err = _cli(capsys, "run", _yaml(tmp_path), "--out", str(out), "--overwrite",
                       "--set", "simulation.num_cpus=4096")
     assert rc == 2 and "num_cpus" in err and (out / left).read_text() == "old"
@@ -493,10 +501,10 @@ def resumable(tmp_path):
 
 
 @pytest.mark.parametrize("change,word", [
-    (["model.name=cnn4"], "model"),
-    (["dataset.synthetic.num_classes=3"], "model"),
-    (["dataset.synthetic.image_size=24"], "model"),
-    (["server.strategy=fedavgm"], "strategy"),
+    (["model.name=cnn4"], "model.name"),
+    (["dataset.synthetic.num_classes=3"], "dataset.synthetic.num_classes"),
+    (["dataset.synthetic.image_size=24"], "dataset.synthetic.image_size"),
+    (["server.strategy=fedavgm"], "server.strategy"),
     ("truncate", "not a readable checkpoint"),
     ("garbage", "not a readable checkpoint"),
     ("pickle", "not a readable checkpoint"),

@@ -96,8 +96,8 @@ def test_partitions_are_stored_beside_the_dataset_and_read_back(tiny, tmp_path,
     try:
         first = runtime.client_partitions(cfg)
         entry = runtime._dataset(cfg)[1]
-        stored = sorted((entry / cache.PARTITIONS).glob("*.npz"))
-        assert calls and stored
+        stored = sorted(entry.glob("split-*.npz"))
+        assert calls and stored and cache.is_own_entry(entry)  # cleared with the entry
         runtime.WORKER.clear()
         calls.clear()
         again = runtime.client_partitions(cfg)  # a new process: read, not drawn

@@ -1,21 +1,23 @@
 """Sweep files: expansion, naming, up-front validation, dry run; and (marked ``flwr``) a
-2 x 2 x 2 sweep with --jobs 2 killed by SIGTERM, rerun, ending identical to an
-uninterrupted sweep."""
+sweep killed by SIGTERM and rerun: finished runs skipped, the checkpointed run resumed
+(ending identical to an uninterrupted run), a stale attempt restarted."""
 
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import leftover_procs
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.runner import LOCK_FILE, procs_with
 from fedrcl_flwr.sweep import plan_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,75 +239,89 @@ def _strip(recs):
 
 @pytest.mark.flwr
 def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
-    """2 methods x 2 settings x 2 seeds, --jobs 2, 3 rounds each: SIGTERM once a run is
-    finished and another is part-way; the rerun skips the finished runs, resumes the
-    checkpointed ones and ends with every run's metrics equal to an uninterrupted run of
-    the same configuration (in-process, which is the same computation as Flower's: the
-    clients and the strategy are the same objects, driven round by round)."""
+    """Three runs, one at a time: ``a`` finished already (its directory made by hand, as a
+    finished run leaves it), ``c`` started once but never checkpointed (a stale attempt),
+    ``b`` really run and stopped by SIGTERM once round 1 is checkpointed. The rerun skips
+    ``a``, resumes ``b`` and starts ``c`` afresh (clearing its stale files); ``b`` ends with
+    the metrics of an uninterrupted run of the same configuration (in-process, the same
+    computation as Flower's: the clients and the strategy are the same objects, driven
+    round by round), ``c`` with exactly its own rounds. (Two real runs and a resume, not
+    the eight of a paper-table grid: the suite's time budget.)"""
     import torch
 
     from fedrcl_flwr.app.inprocess import run_inprocess
-    from fedrcl_flwr.config import load_config
+    from fedrcl_flwr.config import dump_config, load_config
+    from fedrcl_flwr.results import write_marker
 
-    # rounds of ~1.5 s on an idle CPU: the kill lands while a run is part-way
-    sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"],
-                                "partition.alpha": [0.3, 1.0]}, seeds=[0, 1],
+    # rounds of ~1.5 s on an idle CPU: the kill lands while b is part-way
+    sw = _sweep(tmp_path, variants=[{"label": "a", "client.method": "fedavg"},
+                                    {"label": "b", "client.method": "fedrcl"},
+                                    {"label": "c", "client.method": "fedavg",
+                                     "client.lr": 0.02, "federation.rounds": 1}],
                 set={"dataset.synthetic.num_train": 1200, "dataset.synthetic.image_size": 32,
                      "client.local_epochs": 3})
     out = tmp_path / "out"
-    args = [sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw), "--jobs", "2",
-            "--out", str(out)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=tmp_path)
     runs, _ = plan_sweep(sw, out)
-
-    def states():
-        return [r.state() for r in runs]
-
-    def just_checkpointed(r):  # round 1 of 3 done and checkpointed: two rounds of margin
-        return r.state() == "resume" and len(read_metrics(r.out_dir)) == 1
-
+    a, b, c = runs
+    for r, files in ((a, {"summary.json": '{"final_accuracy": 0.25}',
+                          "metrics.jsonl": '{"round": 3, "test_accuracy": 0.25}\n'}),
+                     (c, {"metrics.jsonl": '{"round": 1, "test_accuracy": 0.99}\n',
+                          "flower.log": "stale"})):
+        r.out_dir.mkdir(parents=True)
+        write_marker(r.out_dir, "run")  # as `run` marks the directories it creates
+        dump_config(r.cfg, r.out_dir / "config.yaml")
+        for name, text in files.items():
+            (r.out_dir / name).write_text(text)
+    assert [r.state() for r in runs] == ["done", "new", "new"]
+    mtime = (a.out_dir / "summary.json").stat().st_mtime_ns
+    args = [sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw), "--out", str(out)]
+    tag = uuid.uuid4().hex  # every process of this sweep inherits it (other sessions' don't)
+    env = {**os.environ, "FEDRCL_TEST_TAG": tag}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=tmp_path, env=env)
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
-        if "done" in states() and any(just_checkpointed(r) for r in runs):
+        if b.state() == "resume":  # round 1 (of 3) checkpointed: two rounds of margin
             break
         time.sleep(0.1)
     assert proc.poll() is None, "sweep ended before it could be killed:\n" + proc.stdout.read()
+    homes = [ln for ln in (b.out_dir / LOCK_FILE).read_text().splitlines()[1:] if ln]
     proc.send_signal(signal.SIGTERM)
     first, _ = proc.communicate(timeout=300)
     assert proc.returncode != 0, first
     # a Ray agent of a run stopped during its start-up can take over 10 s to exit
-    assert not leftover_procs(grace=30), "runs left processes behind"
-    before = states()
-    done_before = [r for r, s in zip(runs, before) if s == "done"]
-    assert done_before and len(done_before) < 8, before
-    assert "resume" in before, before
-    mtimes = {r.name: (r.out_dir / "summary.json").stat().st_mtime for r in done_before}
+    deadline = time.time() + 30
+    while (left := procs_with(f"FEDRCL_TEST_TAG={tag}") + [
+            p for h in homes for p in procs_with(h)]) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not left, f"runs left processes behind: {left}"
+    assert [r.state() for r in runs] == ["done", "resume", "new"], first
     status = json.loads((out / "sweep_status.json").read_text())
-    assert any(v["status"] == "interrupted" for v in status.values()), status
+    assert status[b.name]["status"] == "interrupted" and c.name not in status, status
 
     res = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert f"{len(done_before)} finished already" in res.stdout
-    assert "resuming after round" in res.stdout
+    assert "1 finished already, 2 to run" in res.stdout
+    assert f"run 2/3 {b.name}: resuming after round" in res.stdout
+    assert f"run 3/3 {c.name}: started" in res.stdout
     # one progress line per finished round: run i/N, name, round, accuracy, ETA
-    assert any(line.startswith("run ") and "round 3/3" in line and "acc " in line
+    assert any(line.startswith(f"run 2/3 {b.name}") and "round 3/3" in line and "acc " in line
                and "ETA " in line for line in res.stdout.splitlines())
-    for r in done_before:  # finished runs were not run again
-        assert (r.out_dir / "summary.json").stat().st_mtime == mtimes[r.name]
+    assert (a.out_dir / "summary.json").stat().st_mtime_ns == mtime  # not run again
     status = json.loads((out / "sweep_status.json").read_text())
-    assert {v["status"] for v in status.values()} == {"done"} and len(status) == 8
+    assert {v["status"] for v in status.values()} == {"done"} and len(status) == 3
+    assert not (c.out_dir / "flower.log").read_text().startswith("stale")
+    assert [x["round"] for x in read_metrics(c.out_dir)] == [1]  # its own round only
 
     torch.set_num_threads(1)  # as the ClientApp / ServerApp (simulation.num_cpus = 1)
-    for r in runs:
-        got = read_metrics(r.out_dir)
-        assert [x["round"] for x in got] == [1, 2, 3], r.name  # every round exactly once
-        ref_dir = tmp_path / "ref" / r.name
-        cfg = load_config(r.out_dir / "config.yaml", [f"output.dir={ref_dir}"])
-        run_inprocess(cfg, ref_dir)
-        assert _strip(got) == _strip(read_metrics(ref_dir)), r.name
-        assert json.loads((r.out_dir / "summary.json").read_text())["final_accuracy"] == \
-            json.loads((ref_dir / "summary.json").read_text())["final_accuracy"]
+    got = read_metrics(b.out_dir)
+    assert [x["round"] for x in got] == [1, 2, 3]  # every round exactly once
+    ref_dir = tmp_path / "ref" / b.name
+    cfg = load_config(b.out_dir / "config.yaml", [f"output.dir={ref_dir}"])
+    run_inprocess(cfg, ref_dir)
+    assert _strip(got) == _strip(read_metrics(ref_dir))
+    assert json.loads((b.out_dir / "summary.json").read_text())["final_accuracy"] == \
+        json.loads((ref_dir / "summary.json").read_text())["final_accuracy"]
 
 
 # ------------------------------------------------------------- the paper tables' sweeps
@@ -342,6 +358,17 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
     if path.stem == "research_features":  # issue 22's features on synthetic data, no paper
         assert all(r.cfg.dataset.name == "synthetic" for r in runs)
         assert {r.cfg.output.tracker_group for r in runs} == {"research_features"}
+        by = {r.cfg.label: r.cfg for r in runs}
+        assert {"per_client", "all_domains", "unreliable", "fedrcl_both"} <= set(by)
+        assert by["per_client"].evaluation.per_client.finetune_steps > 0
+        assert by["all_domains"].evaluation.per_client.clients == "all"
+        assert by["unreliable"].federation.availability.stragglers.deadline is not None
+        return
+    if path.stem == "unreliable_clients":  # the README's dropout study
+        assert len(runs) == 18 and seeds == {0, 1, 2}
+        assert {(r.cfg.client.method, r.cfg.federation.availability.dropout)
+                for r in runs} == {(m, p) for m in ("fedavg", "fedrcl")
+                                   for p in (0.0, 0.2, 0.5)}
         return
     assert seeds == {0, 1, 2}
     if path.stem.startswith("fedccl_figure"):

@@ -1,6 +1,7 @@
 """Drive the real strategy and clients round by round in one process, without Flower's
-runtime: the same ``configure_fit`` -> ``fit`` -> ``aggregate_fit`` -> ``evaluate`` calls
-Flower's server loop makes. For tests, debugging and the simulation-overhead benchmark.
+runtime: the same ``configure_fit`` -> ``fit`` -> ``aggregate_fit`` -> ``evaluate`` ->
+``configure_evaluate`` -> ``evaluate`` (clients) -> ``aggregate_evaluate`` calls Flower's
+server loop makes. For tests, debugging and the simulation-overhead benchmark.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import copy
 from pathlib import Path
 
 from flwr.app import Context
-from flwr.common import FitIns
+from flwr.common import EvaluateIns, FitIns
 from flwr.server import Grid
 
 from clients import client_class
@@ -31,6 +32,23 @@ class _Manager:
 
     def all(self):
         return self._all
+
+
+def evaluate_clients(strategy, server_round: int, manager, make) -> None:
+    """Flower's federated evaluation after the centralised one: ``configure_evaluate``
+    -> each client's ``evaluate`` -> ``aggregate_evaluate`` (skipped, as by Flower,
+    when there are no instructions)."""
+    ins = strategy.configure_evaluate(server_round, None, manager)
+    if not ins:
+        return
+    results, failures = [], []
+    for slot, eval_ins in ins:
+        try:  # the client's own Flower Client, as the ClientApp hands it the message
+            results.append((slot, make().to_client().evaluate(
+                EvaluateIns(eval_ins.parameters, dict(eval_ins.config)))))
+        except Exception as exc:  # noqa: BLE001 - mirrors Flower: failure, not crash
+            failures.append(exc)
+    strategy.aggregate_evaluate(server_round, results, failures)
 
 
 def run_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
@@ -61,8 +79,10 @@ def run_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
                 results.append((slot, res))
             except Exception as exc:  # noqa: BLE001 - mirrors Flower: failure, not crash
                 failures.append(exc)
-        strategy.aggregate_fit(server_round, results, failures)
+        if ins:  # as Flower: no instructions (every client dropped out), no aggregate_fit
+            strategy.aggregate_fit(server_round, results, failures)
         strategy.evaluate(server_round, None)
+        evaluate_clients(strategy, server_round, manager, make)
         if stop_after is not None and server_round >= stop_after:
             break
     strategy.drain()

@@ -38,9 +38,23 @@ def make_exchange(cfg, num_classes: int):
     return SignalExchange({**settings, **cfg.server.signals}, num_classes=num_classes)
 
 
+def make_availability(cfg):
+    """The dropout / straggler simulation (``federation.availability``), or ``None``."""
+    from fedrcl_flwr import availability, client_eval
+
+    if not availability.enabled(cfg):
+        return None
+    sizes = None
+    if cfg.federation.availability.stragglers.speed is not None:  # workloads
+        sizes = [len(client_eval.training_indices(cfg, i, part))
+                 for i, part in enumerate(runtime.client_partitions(cfg))]
+    return availability.Availability.from_config(cfg, sizes)
+
+
 def make_strategy(cfg, model, bundle, *, round_offset: int = 0, **callbacks):
     """The configured strategy around ``model``'s initial weights."""
     cls = strategy_class(cfg.server.strategy)
+    pc = cfg.evaluation.per_client
     return cls(
         initial_weights=runtime.get_weights(model), trainable=runtime.trainable_mask(model),
         num_clients=cfg.federation.num_clients,
@@ -49,6 +63,8 @@ def make_strategy(cfg, model, bundle, *, round_offset: int = 0, **callbacks):
         eval_every=cfg.federation.eval_every, params=cfg.server.params,
         max_consecutive_failed_rounds=cfg.federation.max_consecutive_failed_rounds,
         round_offset=round_offset, exchange=make_exchange(cfg, bundle.num_classes),
+        availability=make_availability(cfg),
+        per_client=(pc.every, pc.clients) if pc.every else None,
         privacy=cfg.privacy, **callbacks,
     )
 
@@ -63,6 +79,14 @@ def check_resume(cfg, out_dir) -> None:
         ckpt = load_checkpoint(out_dir)
     except CheckpointError as exc:
         raise ConfigError(f"--resume {out_dir}: {exc}") from None
+    done = ckpt["round"]
+    if not isinstance(done, int) or isinstance(done, bool) or done < 0:
+        raise ConfigError(f"--resume {out_dir}: the checkpoint's round {done!r} is not a "
+                          "round number")
+    if cfg.federation.rounds < done:
+        raise ConfigError(f"--resume {out_dir}: federation.rounds={cfg.federation.rounds} is "
+                          f"fewer than the {done} rounds already done; a resume can only go "
+                          "on (give at least that many)")
     bundle = runtime.load_bundle(cfg)
     model = runtime.initial_model(cfg, bundle)
     want = [tuple(np.shape(w)) for w in runtime.get_weights(model)]

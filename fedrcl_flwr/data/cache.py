@@ -21,13 +21,20 @@ the cache format. Augmentation (``augment``, ``rotation``, ``crop_pad``, ``flip`
 ``pad_fill``) is drawn per batch and is not part of it.
 
 An entry is a directory ``<key>/`` of ``.npy`` arrays (images already in the
-(N, C, H, W) layout training uses; labels; domain ids) plus ``meta.json`` (shapes, dtypes and
-byte sizes of every array; normalisation statistics; number of classes; domain names) and
-``meta.sha256`` (the hash of ``meta.json``). Written atomically: built in a temporary
-directory beside it, flushed to disk, then renamed into place; when two processes race,
-the first rename wins and the other uses the winner's entry. Opening checks the metadata's
-hash, every array's size and header: a corrupt or stale entry is rebuilt (or, in a
-process that may only open entries, reported), never used.
+(N, C, H, W) layout training uses; labels; domain ids) plus ``meta.json`` (shapes, dtypes,
+byte sizes and SHA-256 of every array file; normalisation statistics; number of classes;
+domain names) and ``meta.sha256`` (the hash of ``meta.json``). Written atomically: built in
+a temporary directory beside it, flushed to disk, then renamed into place; when two
+processes race, the first rename wins and the other uses the winner's entry. Opening
+checks the metadata's hash and fields, every array's size and header; :func:`load` (what
+the CLI runs once before a run starts) also checks every array file's content hash, so an
+entry edited in place (same sizes) is rebuilt with a note, never used; the processes of
+the run trust that check and only open the entry (:func:`open_prepared`).
+
+Only what is provably the cache's own is ever removed (:func:`is_own_entry`): a directory
+named by a key (32 hex digits) or a temporary ``.tmp-<key>-*`` / ``.discard-<key>-*``
+directory, holding only the cache's file names. Anything else in the cache directory is
+listed as ``foreign`` by ``cache ls`` and left alone by ``cache clear``.
 
 Simulations run by ``fedrcl-flwr run`` prepare the entry in the CLI before any Flower
 process exists and hand its path to the ServerApp and the ClientApps
@@ -41,6 +48,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -52,15 +60,60 @@ from typing import Optional
 
 import numpy as np
 
-FORMAT = 2  # 2: explicit normalisation constants; CIFAR's classes from batches.meta
+# 2: explicit normalisation constants; CIFAR's classes from batches.meta
+# 3: every array file's SHA-256 in meta.json (checked when the CLI prepares a run)
+FORMAT = 3
 META = "meta.json"
 META_HASH = "meta.sha256"
 ENV_VAR = "FEDRCL_FLWR_CACHE_DIR"
 _SPLITS = ("train", "test", "val")
+KEY_LEN = 32
+KEY_RE = re.compile(r"[0-9a-f]{%d}" % KEY_LEN)
+KEY_PREFIX_RE = re.compile(r"[0-9a-f]{1,%d}" % KEY_LEN)
+_ARRAY_RE = re.compile(r"(train|test|val)_(x|y|d)")
+_TEMP_RE = re.compile(r"\.(tmp|discard)-([0-9a-f]{%d})-[A-Za-z0-9_.-]+" % KEY_LEN)
+_MAX_META_BYTES = 1 << 20
 
 
 class CacheMiss(Exception):
     """An entry that is absent or unusable (the message says which and why)."""
+
+
+class CacheForeign(Exception):
+    """The path of an entry holds something the cache did not write (left alone)."""
+
+
+# a client split stored beside an entry's arrays (load_partition), and one being written
+_SPLIT_RE = re.compile(r"split-[0-9a-f]{%d}\.npz|\.split-[0-9a-f]{%d}-\d+\.tmp"
+                       % (KEY_LEN, KEY_LEN))
+
+
+def _own_file(name: str) -> bool:
+    return name in (META, META_HASH) or bool(_SPLIT_RE.fullmatch(name)) or (
+        name.endswith(".npy") and bool(_ARRAY_RE.fullmatch(name[:-4])))
+
+
+def is_own_entry(path: Path) -> bool:
+    """``path`` is provably the cache's own: a real directory (not a link) named by a key
+    (or a temporary / discarded entry's name) that holds only the cache's files (regular
+    files named ``meta.json``, ``meta.sha256``, ``<split>_<x|y|d>.npy``, and the client
+    splits of :func:`load_partition`, ``split-<key>.npz``) and at least one of them. Reads
+    the directory listing only."""
+    p = Path(path)
+    if not (KEY_RE.fullmatch(p.name) or _TEMP_RE.fullmatch(p.name)):
+        return False
+    try:
+        if p.is_symlink() or not p.is_dir():
+            return False
+        found = False
+        with os.scandir(p) as it:
+            for e in it:
+                if not _own_file(e.name) or not e.is_file(follow_symlinks=False):
+                    return False
+                found = True
+        return found or bool(_TEMP_RE.fullmatch(p.name))
+    except OSError:
+        return False
 
 
 def default_cache_dir() -> Path:
@@ -184,20 +237,100 @@ def entry_key(d, seed: int) -> str:
 
 def _read_meta(entry: Path) -> dict:
     try:
+        if (entry / META).stat().st_size > _MAX_META_BYTES:
+            raise CacheMiss(f"{entry}: {META} is too large (corrupt)")
         raw = (entry / META).read_bytes()
-        want = (entry / META_HASH).read_text().strip()
+        want = (entry / META_HASH).read_bytes()[:200].decode("ascii", "replace").strip()
     except OSError as exc:
         raise CacheMiss(f"{entry}: incomplete ({exc.strerror or exc})") from None
     if hashlib.sha256(raw).hexdigest() != want:
         raise CacheMiss(f"{entry}: {META} does not match its hash (corrupt)")
     try:
         meta = json.loads(raw)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         raise CacheMiss(f"{entry}: {META} is not JSON (corrupt)") from None
+    if not isinstance(meta, dict):
+        raise CacheMiss(f"{entry}: {META} is not a JSON object (corrupt)")
     if meta.get("format") != FORMAT:
-        raise CacheMiss(f"{entry}: cache format {meta.get('format')} (this version "
+        raise CacheMiss(f"{entry}: cache format {meta.get('format')!r} (this version "
                         f"reads {FORMAT})")
+    why = _meta_problem(meta)
+    if why:
+        raise CacheMiss(f"{entry}: {META} {why} (corrupt)")
     return meta
+
+
+def _is_int(v, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _is_num(v) -> bool:
+    import math
+
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _meta_problem(meta: dict) -> Optional[str]:
+    """What is missing or mistyped in a ``meta.json`` whose hash matched (an entry of
+    another version, or written by hand), or ``None``."""
+    checks = {
+        "name": lambda v: isinstance(v, str),
+        "created": _is_num,
+        "settings": lambda v: isinstance(v, dict),
+        "mean": lambda v: isinstance(v, list) and v and all(_is_num(x) for x in v),
+        "std": lambda v: isinstance(v, list) and v and all(_is_num(x) for x in v),
+        "num_classes": lambda v: _is_int(v, 1),
+        "in_channels": lambda v: _is_int(v, 1),
+        "image_size": lambda v: _is_int(v, 1),
+        "domain_names": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+        "arrays": lambda v: isinstance(v, dict),
+    }
+    for key, ok in checks.items():
+        if key not in meta:
+            return f"lacks '{key}'"
+        if not ok(meta[key]):
+            return f"has a malformed '{key}'"
+    arrays = meta["arrays"]
+    for need in ("train_x", "train_y", "test_x", "test_y"):
+        if need not in arrays:
+            return f"lists no array '{need}'"
+    for name, spec in arrays.items():
+        if not isinstance(name, str) or not _ARRAY_RE.fullmatch(name):
+            return f"lists an unknown array {str(name)[:40]!r}"
+        if not isinstance(spec, dict) or not (
+                isinstance(spec.get("shape"), list) and all(_is_int(x) for x in spec["shape"])
+                and isinstance(spec.get("dtype"), str) and _is_int(spec.get("bytes"))
+                and isinstance(spec.get("sha256"), str)
+                and re.fullmatch(r"[0-9a-f]{64}", spec["sha256"])):
+            return f"has a malformed spec for array '{name}'"
+    return None
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            chunk = fh.read(1 << 22)
+            if not chunk:
+                break
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_arrays(entry: Path, meta: dict) -> None:
+    """Every array file's content matches the SHA-256 in ``meta.json`` (catches an edit
+    that kept the file's size, which the size and header checks cannot); else
+    :class:`CacheMiss`."""
+    for name, spec in meta["arrays"].items():
+        f = Path(entry) / f"{name}.npy"
+        try:
+            got = _file_sha256(f)
+        except OSError as exc:
+            raise CacheMiss(f"{entry}: {f.name} cannot be read ({exc.strerror or exc})"
+                            ) from None
+        if got != spec["sha256"]:
+            raise CacheMiss(f"{entry}: {f.name} does not match its content hash (edited or "
+                            "corrupt)")
 
 
 def _open_array(entry: Path, name: str, spec: dict, mmap: bool) -> np.ndarray:
@@ -219,9 +352,10 @@ def _open_array(entry: Path, name: str, spec: dict, mmap: bool) -> np.ndarray:
     return arr
 
 
-def open_entry(entry: Path, d):
+def open_entry(entry: Path, d, *, verify: bool = False):
     """The :class:`~fedrcl_flwr.data.datasets.DataBundle` of a cache entry, images
     memory-mapped read-only; ``d`` (the dataset config) gives the augmentation.
+    ``verify``: also check every array file's content hash (:func:`verify_arrays`).
     Raises :class:`CacheMiss` for an absent, incomplete or corrupt entry."""
     import torch
 
@@ -230,7 +364,11 @@ def open_entry(entry: Path, d):
     entry = Path(entry)
     if not entry.is_dir():
         raise CacheMiss(f"{entry}: no such entry")
+    if not is_own_entry(entry):  # links, FIFOs, other files: never opened
+        raise CacheMiss(f"{entry}: holds files the cache does not write")
     meta = _read_meta(entry)
+    if verify:
+        verify_arrays(entry, meta)
     arrays = {name: _open_array(entry, name, spec, mmap=name.endswith("_x"))
               for name, spec in meta["arrays"].items()}
     aug = augment_spec(meta["name"], meta["image_size"], d.augment, d.rotation, d.crop_pad,
@@ -277,7 +415,7 @@ def _write_entry(tmp: Path, bundle, settings: dict) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         specs[name] = {"shape": list(arr.shape), "dtype": str(arr.dtype),
-                       "bytes": f.stat().st_size}
+                       "bytes": f.stat().st_size, "sha256": _file_sha256(f)}
     meta = {"format": FORMAT, "name": bundle.name, "created": time.time(),
             "settings": {k: v for k, v in settings.items() if k != "sources"},
             "num_sources": len(settings["sources"]),
@@ -326,8 +464,11 @@ def build_entry(root: Path, key: str, d, seed: int, settings: dict):
             os.rename(tmp, final)
         except OSError:  # a non-empty entry exists: someone else won, or it is corrupt
             try:
-                return open_entry(final, d)
+                return open_entry(final, d, verify=True)
             except CacheMiss:
+                if not is_own_entry(final):
+                    raise CacheForeign(f"{final} is not a dataset cache entry (it holds "
+                                       "other files); move it away") from None
                 _discard(final)
                 os.rename(tmp, final)
     finally:
@@ -343,16 +484,23 @@ def _synthetic_dict(d) -> Optional[dict]:
 
 
 def load(d, seed: int, *, note=None):
-    """Open the dataset's entry, building it first when absent or unusable. ``note``
-    (a callable) hears why an existing entry was rebuilt. Returns ``(bundle, entry)``."""
+    """Open the dataset's entry — its array files checked against their content hashes
+    — building it first when absent or unusable. ``note`` (a callable) hears why an
+    existing entry was rebuilt. Returns ``(bundle, entry)``. :class:`CacheForeign` when
+    the entry's path holds something the cache did not write (never removed)."""
     root = cache_dir(d)
     settings = entry_settings(d, seed)
     key = _key_of(settings)
     entry = root / key
-    if entry.exists():
+    if entry.exists() or entry.is_symlink():
         try:
-            return open_entry(entry, d), entry
+            if entry.is_symlink():
+                raise CacheMiss(f"{entry}: a link, not an entry")
+            return open_entry(entry, d, verify=True), entry
         except CacheMiss as exc:
+            if not is_own_entry(entry):
+                raise CacheForeign(f"{entry} is not a dataset cache entry ({exc}); it was "
+                                   "left in place: move it away") from None
             if note is not None:
                 note(f"dataset cache: rebuilding an unusable entry: {exc}")
             _discard(entry)
@@ -377,7 +525,6 @@ def open_prepared(entry: Path, d):
 
 # ------------------------------------------------------------------------- partitions
 
-PARTITIONS = "partitions"  # <entry>/partitions/<key>.npz: client splits of the entry
 
 
 def _partition_code() -> list:
@@ -412,14 +559,15 @@ def _read_partition(path: Path, num_clients: int) -> Optional[list]:
 
 def load_partition(entry: Path, settings: list, num_clients: int, compute) -> list:
     """The client index arrays of a split of the dataset in ``entry``: read from
-    ``entry/partitions/<key>.npz`` when stored, else ``compute()`` and stored there for
-    the next process (written atomically; an unwritable entry only costs the computation).
+    ``entry/split-<key>.npz`` when stored, else ``compute()`` and stored there for the
+    next process (written to ``.split-<key>-<pid>.tmp``, then renamed: a file of the
+    entry's own at every moment; an unwritable entry only costs the computation).
     ``key`` is the SHA-256 of ``settings`` (the dataset and partition sections, the number
     of clients, the seed) and of :func:`_partition_code`. A split is a pure function of
     those (``fedrcl_flwr.data.partition``), so the CLI's check before a run computes it
     once and every process of the run reads the same arrays."""
     key = _key_of({"split": settings, "code": _partition_code()})
-    path = Path(entry) / PARTITIONS / f"{key}.npz"
+    path = Path(entry) / f"split-{key}.npz"
     parts = _read_partition(path, num_clients)
     if parts is not None:
         return parts
@@ -430,9 +578,9 @@ def load_partition(entry: Path, settings: list, num_clients: int, compute) -> li
     offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
     h = hashlib.sha256(indices.tobytes())
     h.update(offsets.tobytes())
+    tmp = path.with_name(f".split-{key}-{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             with os.fdopen(fd, "wb") as fh:
                 np.savez(fh, indices=indices, offsets=offsets, sha256=np.str_(h.hexdigest()))
@@ -460,40 +608,58 @@ def _dir_bytes(path: Path) -> int:
 
 
 def list_entries(root: Path) -> list[dict]:
-    """One dict per entry (``key``, ``name``, ``settings``, ``bytes``, ``created``,
-    ``status`` ok / corrupt: reason)."""
+    """One dict per item of the cache directory (``key``, ``name``, ``settings``,
+    ``bytes``, ``created``, ``status``: ``ok``, ``corrupt: reason`` — the metadata, sizes
+    and content hashes are checked — or ``foreign`` for anything the cache did not
+    write, which is never removed). Temporary directories are not listed."""
     out = []
     if not Path(root).is_dir():
         return out
     for entry in sorted(Path(root).iterdir()):
-        if not entry.is_dir() or entry.name.startswith("."):
+        if entry.name.startswith("."):
+            if not is_own_entry(entry):
+                out.append({"key": entry.name, "bytes": 0, "name": "-", "settings": {},
+                            "created": None, "status": "foreign"})
+            continue
+        if not is_own_entry(entry):
+            out.append({"key": entry.name, "bytes": 0, "name": "-", "settings": {},
+                        "created": None, "status": "foreign"})
             continue
         row = {"key": entry.name, "bytes": _dir_bytes(entry), "name": "?", "settings": {},
                "created": None}
-        try:
+        try:  # is_own_entry held: regular files only (no link, no FIFO to block on)
             meta = _read_meta(entry)
             for name, spec in meta["arrays"].items():
                 f = entry / f"{name}.npy"
-                if not f.exists() or f.stat().st_size != spec["bytes"]:
+                if not f.is_file() or f.stat().st_size != spec["bytes"]:
                     raise CacheMiss(f"{f.name} missing or of the wrong size")
-            row.update(name=meta["name"], settings=meta.get("settings", {}),
-                       created=meta.get("created"), status="ok")
+            verify_arrays(entry, meta)
+            row.update(name=meta["name"], settings=meta["settings"],
+                       created=meta["created"], status="ok")
         except CacheMiss as exc:
             row["status"] = f"corrupt: {str(exc).split(': ', 1)[-1]}"
         out.append(row)
     return out
 
 
-def clear(root: Path, prefixes: Optional[list] = None) -> list[str]:
-    """Delete the entries whose key starts with one of ``prefixes`` (all when empty) and
-    any leftover temporary directories; returns the deleted keys."""
-    removed = []
+def clear(root: Path, prefixes: Optional[list] = None) -> tuple[list[str], list[str]]:
+    """Delete the entries whose key starts with one of ``prefixes`` (every entry when
+    there are none) and, with no prefixes, leftover temporary directories — only what
+    :func:`is_own_entry` proves the cache's own. Returns ``(deleted keys, foreign
+    items left in place)``. A prefix must be hex digits (:data:`KEY_PREFIX_RE`): the
+    empty string is not "all"."""
+    prefixes = list(prefixes or [])
+    for p in prefixes:
+        if not isinstance(p, str) or not KEY_PREFIX_RE.fullmatch(p):
+            raise ValueError(f"not a cache key prefix: {p!r}")
+    removed, foreign = [], []
     if not Path(root).is_dir():
-        return removed
+        return removed, foreign
     for entry in sorted(Path(root).iterdir()):
-        if not entry.is_dir():
+        if not is_own_entry(entry):
+            foreign.append(entry.name)
             continue
-        if entry.name.startswith("."):
+        if entry.name.startswith("."):  # a temporary or discarded entry
             if not prefixes:
                 shutil.rmtree(entry, ignore_errors=True)
             continue
@@ -501,4 +667,4 @@ def clear(root: Path, prefixes: Optional[list] = None) -> list[str]:
             continue
         _discard(entry)
         removed.append(entry.name)
-    return removed
+    return removed, foreign

@@ -188,9 +188,11 @@ def load_backbone_weights(backbone: nn.Module, weights: str, name: str = "") -> 
                     "that file")
         raise ValueError(f"model.params.weights: file not found: {path}{hint} (or "
                          "weights: null for a random initialisation)")
+    from fedrcl_flwr.checkpoint import CheckpointError, safe_load
+
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is one clear error
+        obj = safe_load(path, "state_dict")
+    except CheckpointError as exc:  # any unreadable file is one clear error
         raise ValueError(f"model.params.weights: cannot read {path} ({exc})") from None
     state = _resample_vit_pos_embed(_unwrap_state_dict(obj, path), backbone)
     own = backbone.state_dict()
