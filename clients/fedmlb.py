@@ -99,7 +99,7 @@ class FedMLBClient(FederatedClient):
                 f"(model.block_forward / model.forward_from); model '{cfg.model.name}' "
                 f"has none (cnn4, cnn5, resnet18_gn and the Table C backbones do)")
 
-    def on_round_start(self, config):
+    def on_round_start(self, ins):
         self.global_net = self.frozen_model()
 
     def forward(self):
