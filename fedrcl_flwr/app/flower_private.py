@@ -141,6 +141,19 @@ def _all(*checks: Callable[[Any], Optional[str]]) -> Callable[[Any], Optional[st
     return check
 
 
+def _settable_class_properties(*names: str) -> Callable[[Any], Optional[str]]:
+    """Class-level properties with setters (defined on the metaclass), each backed by a
+    ``_name`` class attribute."""
+
+    def check(obj: Any) -> Optional[str]:
+        bad = [n for n in names if not (
+            isinstance(getattr(type(obj), n, None), property)
+            and getattr(type(obj), n).fset is not None and f"_{n}" in vars(obj))]
+        return f"no settable class propert(ies) {bad} backed by _<name>" if bad else None
+
+    return check
+
+
 def _int_attribute(name: str) -> Callable[[Any], Optional[str]]:
     def check(obj: Any) -> Optional[str]:
         value = getattr(obj, name, None)
@@ -166,8 +179,8 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
     PrivateSymbol("flwr.proto.control_pb2:StreamLogsRequest",
                   _proto_fields("run_id", "after_timestamp")),
     PrivateSymbol("flwr.proto.control_pb2:StreamLogsResponse", _proto_fields("log_output")),
-    PrivateSymbol("flwr.supercore.task_identity:TaskIdentity", _attributes(
-        "_run_id", "_node_id", "_task_id", "run_id", "node_id", "task_id")),
+    PrivateSymbol("flwr.supercore.task_identity:TaskIdentity",
+                  _settable_class_properties("run_id", "node_id", "task_id")),
     PrivateSymbol("flwr.common.constant:ErrorCode",
                   _int_attribute("CLIENT_APP_RAISED_EXCEPTION")),
     PrivateSymbol("flwr.server.client_proxy:ClientProxy",
