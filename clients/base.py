@@ -13,8 +13,12 @@ parameters (:meth:`trainable_parameters`) and report or upload after training
 shared by all methods.
 
 Which data a client trains on: in simulation the server assigns a partition id per
-round (``partition_id`` in the fit config; sampling depends only on the seed and round);
-on a real device the node's own data (node-config ``data-path``) is used instead.
+round (``partition_id`` in the fit instructions, ``fedrcl_flwr/protocol.py``; sampling
+depends only on the seed and round); on a real device the node's own data (node-config
+``data-path``) is used instead. What the server sends and the client reports are the
+protocol's ``FitInstructions`` / ``FitReport`` (and ``EvaluateInstructions`` /
+``EvaluateReport`` for per-client evaluation); a server strategy adds its own loss terms
+through its ``client_loss_terms`` hook (:meth:`FederatedClient.strategy_terms`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ the owning :class:`~strategies.base.FederatedStrategy`. Per round:
 1. ``configure_fit`` goes through the wrapper with the weights the clients are sent
    (``weights_to_send``: FedACG's look-ahead model), so Flower's server-side clipping
    takes updates relative to what each client started from; the client-side wrapper adds
-   the clipping norm to every fit config;
+   the clipping norm to every fit config (Flower's own entry, next to the
+   ``FitInstructions`` of :mod:`fedrcl_flwr.protocol`, which pass it through untouched);
 2. the owning strategy drops unusable results first (exceptions, NaN/Inf, wrong shapes,
    and in client mode an update longer than the clipping norm: a client whose ClientApp
    did not clip), then hands the kept ones to the wrapper's ``aggregate_fit``, which clips
