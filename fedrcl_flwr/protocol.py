@@ -86,24 +86,17 @@ class ProtocolError(ValueError):
     """A message that does not follow the protocol (the entry is named)."""
 
 
-def _as_int(entries: Mapping[str, Any], key: str, default: Optional[int]) -> Optional[int]:
+def _as_number(entries: Mapping[str, Any], key: str, kind: type,
+               default: Optional[Any] = None) -> Any:
+    """``entries[key]`` as ``kind`` (``int`` or ``float``); ``default`` when absent."""
     value = entries.get(key, default)
     if value is None:
         return None
     try:
-        return int(value)
+        return kind(value)
     except (TypeError, ValueError):
-        raise ProtocolError(f"'{key}' must be a whole number, got {value!r}") from None
-
-
-def _as_float(entries: Mapping[str, Any], key: str) -> Optional[float]:
-    value = entries.get(key)
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ProtocolError(f"'{key}' must be a number, got {value!r}") from None
+        what = "a whole number" if kind is int else "a number"
+        raise ProtocolError(f"'{key}' must be {what}, got {value!r}") from None
 
 
 def _as_bytes(entries: Mapping[str, Any], key: str) -> Optional[bytes]:
@@ -193,9 +186,9 @@ class FitInstructions:
     def from_config(cls, config: Mapping[str, Any]) -> "FitInstructions":
         """The instructions in a fit config; every entry that is not a protocol name is
         kept in ``strategy_entries`` (the strategy's fields, Flower's own entries)."""
-        return cls(run_round=_as_int(config, RUN_ROUND, 1),
-                   partition_id=_as_int(config, PARTITION_ID, None),
-                   lr=_as_float(config, LR),
+        return cls(run_round=_as_number(config, RUN_ROUND, int, 1),
+                   partition_id=_as_number(config, PARTITION_ID, int, None),
+                   lr=_as_number(config, LR, float),
                    signals_local=_as_bytes(config, SIGNALS_LOCAL),
                    signals_global=_as_bytes(config, SIGNALS_GLOBAL),
                    strategy_entries={k: v for k, v in config.items()
@@ -247,20 +240,20 @@ class FitReport:
         """The report in a client's fit metrics (a :class:`ProtocolError` naming a
         malformed entry). Term losses keep numbers only; a ``node`` that is not text is
         unknown."""
-        report = cls(partition_id=_as_int(metrics, PARTITION_ID, -1),
-                     train_loss=_as_float(metrics, TRAIN_LOSS),
-                     steps=_as_int(metrics, STEPS, None),
-                     fit_time_s=_as_float(metrics, FIT_TIME),
+        report = cls(partition_id=_as_number(metrics, PARTITION_ID, int, -1),
+                     train_loss=_as_number(metrics, TRAIN_LOSS, float),
+                     steps=_as_number(metrics, STEPS, int, None),
+                     fit_time_s=_as_number(metrics, FIT_TIME, float),
                      node=metrics[NODE] if isinstance(metrics.get(NODE), str) else None,
                      signals=metrics.get(SIGNALS),
-                     num_signals=_as_int(metrics, NUM_SIGNALS, None))
+                     num_signals=_as_number(metrics, NUM_SIGNALS, int, None))
         for key, value in metrics.items():
             if key.startswith(TERM_LOSS_PREFIX):
                 if isinstance(value, (int, float)):
                     report.term_losses[key[len(TERM_LOSS_PREFIX):]] = value
             elif key.startswith(LOCAL_REPR_PREFIX):
                 report.local_repr[key[len(LOCAL_REPR_PREFIX):]] = \
-                    _as_float(metrics, key)  # type: ignore[assignment]
+                    _as_number(metrics, key, float)
             elif key not in FIT_REPORT_KEYS:
                 report.method_metrics[key] = value
         return report
@@ -302,8 +295,8 @@ class EvaluateInstructions:
         except ValueError:
             raise ProtocolError(f"'{PARTITION_IDS}' must be comma-separated whole "
                                 f"numbers, got {text!r}") from None
-        return cls(run_round=_as_int(config, RUN_ROUND, 0), partition_ids=ids,
-                   partition_id=_as_int(config, PARTITION_ID, None))
+        return cls(run_round=_as_number(config, RUN_ROUND, int, 0), partition_ids=ids,
+                   partition_id=_as_number(config, PARTITION_ID, int, None))
 
 
 # ------------------------------------------------------------------- evaluate report
