@@ -513,7 +513,7 @@ class FederatedStrategy(Strategy):
         release is accounted in ``info``), SecAgg+'s unmasked average, or the uniform /
         sample-weighted average (``server.weighting``)."""
         if self.dp is not None:  # Flower's wrapper: clip (server mode), average, noise
-            average = self.dp.aggregate(server_round, [(None, r.fit_res) for r in kept],
+            average = self.dp.aggregate(server_round, kept,
                                         secagg_active=len(kept) if self.secagg else 0)
             self.dp.accountant.record_release(self._sent)
             info.update(self.dp.accountant.record())

@@ -122,10 +122,12 @@ class CentralDP:
                     f"{self.clipping_norm:g}: the client did not clip (no fixedclipping_mod)")
         return None
 
-    def aggregate(self, server_round: int, results: list, secagg_active: int = 0) -> list:
-        """The noised average of the kept ``(proxy, FitRes)`` results (Flower's wrapper:
-        clipping in server mode, then :class:`AveragingStep`, then noise)."""
+    def aggregate(self, server_round: int, kept: list, secagg_active: int = 0) -> list:
+        """The noised average of the round's kept results (``strategies.base.ClientResult``;
+        Flower's wrapper gets their ``FitRes``: clipping in server mode, then
+        :class:`AveragingStep`, then noise)."""
         self.step.secagg_active = int(secagg_active)
         np.random.seed()  # Flower's noise: from the OS, not from anything configured
-        params, _ = self.wrapper.aggregate_fit(server_round, results, [])
+        params, _ = self.wrapper.aggregate_fit(server_round,
+                                               [(None, r.fit_res) for r in kept], [])
         return parameters_to_ndarrays(params)
