@@ -39,8 +39,9 @@ Hooks for subclasses: :meth:`weights_to_send` (what clients start from),
 :meth:`client_params` (the strategy's values sent to every client),
 :meth:`client_loss_terms` (runs on the client: loss terms the strategy adds to every
 method's objective, FedACG) and :meth:`server_update` (the new global model from the
-average and the round's kept results; returns metrics for the record). Parameters: ``defaults`` with their allowed values in ``rules``
-(:mod:`fedrcl_flwr.components`, checked before the run). Server-optimizer state is
+average and the round's kept results; returns metrics for the record). Parameters:
+``defaults`` with their allowed values in ``rules`` (:mod:`fedrcl_flwr.components`,
+checked before the run). Server-optimizer state is
 *declared* in ``buffers``: the base creates each buffer (one float64 array per trainable
 parameter, ``None`` for BatchNorm buffers / counters, filled with :meth:`buffer_fill`) and
 saves / restores it in :meth:`state_dict` / :meth:`load_state_dict`, so a new optimizer
@@ -63,7 +64,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 from flwr.common import (
@@ -96,6 +97,10 @@ from strategies.aggregation import (
     entry_kinds,
     weighted_average,
 )
+
+if TYPE_CHECKING:  # the client-side hook's types (torch; no import cycle at run time)
+    from clients.base import FederatedClient
+    from fedrcl_flwr.training import LossTerm
 
 log = logging.getLogger("fedrcl_flwr")
 
@@ -288,7 +293,8 @@ class FederatedStrategy(Strategy):
         return None
 
     @classmethod
-    def client_loss_terms(cls, client, ins: FitInstructions) -> list:
+    def client_loss_terms(cls, client: FederatedClient,
+                          ins: FitInstructions) -> list[LossTerm]:
         """Runs on the client: the ``LossTerm``s this strategy adds to every method's
         objective, built from the client (``clients/base.py``: ``received_trainable``,
         ``distance_to_received_term``) and its fit instructions (FedACG's
