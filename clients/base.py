@@ -241,6 +241,7 @@ class FederatedClient(NumPyClient):
         """The round's partition, data, RNG seeds and model (loaded with ``parameters``),
         then :meth:`on_round_start`; returns the client's seed for the round."""
         self.run_round = ins.run_round
+        pid: Optional[int]
         if self._fixed_data is not None:  # a real device: its own data, its own id
             pid = self.default_partition_id if self.default_partition_id is not None else 0
         else:  # simulation: the partition the server assigned this round

@@ -99,6 +99,8 @@ from strategies.aggregation import (
 )
 
 if TYPE_CHECKING:  # the client-side hook's types (torch; no import cycle at run time)
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from clients.base import FederatedClient
     from fedrcl_flwr.training import LossTerm
 
@@ -248,9 +250,9 @@ class FederatedStrategy(Strategy):
         self._sampled: list[int] = []  # the round's sampled partitions (all, with availability)
         self._sent: list[int] = []  # those sent the model to train
         self._round_start = time.time()
-        self._deferred = None  # a round end waiting for the per-client evaluation
-        self._round_end_executor = None  # one worker thread, created on first use
-        self._round_end_pending = None
+        self._deferred: Optional[tuple] = None  # a round end awaiting per-client evaluation
+        self._round_end_executor: Optional[ThreadPoolExecutor] = None  # created on first use
+        self._round_end_pending: Optional[Future] = None
 
     def _init_buffers(self) -> None:
         """Create each declared buffer (module doc): float64 per trainable parameter."""

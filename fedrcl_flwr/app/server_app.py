@@ -4,6 +4,7 @@ run's recorder (metrics.jsonl, summary.json, model, plot, checkpoints)."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 import torch
@@ -173,7 +174,8 @@ def central_evaluation(cfg, bundle, eval_model, device, ema: EMATracker):
         runtime.set_weights(eval_model, weights)
         res = evaluate_model(eval_model, bundle.test, device, batch_size=ev.batch_size,
                              groups=groups, group_names=getattr(bundle, "domain_names", None))
-        metrics = {"test_accuracy": res.accuracy, "ema_accuracy": ema.update(res.accuracy)}
+        metrics: dict[str, Any] = {"test_accuracy": res.accuracy,
+                                   "ema_accuracy": ema.update(res.accuracy)}
         if res.per_group:
             metrics["domain_accuracy"] = res.per_group
         if getattr(bundle, "val", None) is not None:  # dataset.val_fraction hold-out
