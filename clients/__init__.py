@@ -1,4 +1,8 @@
-"""Flower client per local objective; YAML's ``client.method`` selects one here."""
+"""Flower client per local objective; YAML's ``client.method`` selects one here.
+
+The test double ``faulty`` (``clients/faulty.py``) is not registered here: the test suite
+registers it (``tests/conftest.py``, through ``fedrcl_flwr.components.EXTRA_COMPONENTS_ENV``
+so that the processes of a run a test starts know it too)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,6 @@ CLIENTS = Registry("client.method", {
     "fedrcl": "clients.fedrcl:FedRCLClient",
     "fedscl": "clients.fedscl:FedSCLClient",
     "fedcl": "clients.fedcl:FedCLClient",
-    "faulty": "clients.faulty:FaultyClient",
     "univarfl": "clients.univarfl:UniVarFLClient",
     "freeze": "clients.freeze:FreezeClient",
     "fedccl": "clients.fedccl:FedCCLClient",

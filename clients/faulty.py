@@ -1,5 +1,8 @@
 """Fault injection for robustness tests: a FedAvg client that misbehaves on purpose.
 
+A test double, not a method: it is not in ``clients.CLIENTS``; the test suite registers
+it as ``client.method: faulty`` (``tests/conftest.py``).
+
 ``client.params``: ``mode`` — ``raise`` (exception), ``nan`` (NaN weights), ``inf``,
 ``shape`` (wrongly shaped arrays), ``missing`` (too few arrays), ``sleep`` (hangs for
 ``sleep_s`` seconds, to exercise round timeouts); ``partitions`` — the partition ids that

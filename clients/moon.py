@@ -47,7 +47,7 @@ class MOONClient(FederatedClient):
     defaults = {"mu": 1.0, "tau": 0.5, "feature": "penultimate"}
     rules = {"mu": non_negative(), "tau": positive(), "feature": feature_tap()}
 
-    def on_round_start(self, config):
+    def on_round_start(self, ins):
         self.global_net = self.prev_net = None
         if float(self.p["mu"]) == 0.0:
             return
@@ -77,8 +77,8 @@ class MOONClient(FederatedClient):
                               needs_features=True))
         return terms
 
-    def on_round_end(self, metrics):
-        metrics["moon_prev"] = int(self.prev_net is not None)
+    def on_round_end(self, report):
+        report.method_metrics["moon_prev"] = int(self.prev_net is not None)
         if float(self.p["mu"]) == 0.0:
             return
         self.persistent_state_store().save(self.partition_id, STATE_NAME,

@@ -173,13 +173,54 @@ def type_violations(default: Any) -> list:
     return []
 
 
+EXTRA_COMPONENTS_ENV = "FEDRCL_FLWR_EXTRA_COMPONENTS"
+
+
+def extra_components(key: str) -> dict[str, str]:
+    """Components registered from outside the package for the registry selected by
+    ``key``: the environment variable :data:`EXTRA_COMPONENTS_ENV` holds JSON
+    ``{"client.method": {"name": "module:Class"}, ...}``. It reaches every process a run
+    starts (the CLI, the SuperLink, the ServerApp, the ClientApps, Ray's workers), which
+    is how the test suite registers its test doubles (``tests/conftest.py``: the
+    ``faulty`` client method) without them in the production registries."""
+    import json
+    import os
+
+    text = os.environ.get(EXTRA_COMPONENTS_ENV, "").strip()
+    if not text:
+        return {}
+    try:
+        entries = json.loads(text).get(key, {})
+        ok = isinstance(entries, dict) and all(
+            isinstance(k, str) and isinstance(v, str) and v.count(":") == 1
+            for k, v in entries.items())
+    except (ValueError, AttributeError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"{EXTRA_COMPONENTS_ENV}: must be JSON {{\"{key}\": {{\"name\": "
+                          f"\"module:Class\"}}}}, got {text[:200]!r}")
+    return dict(entries)
+
+
 class Registry(dict):
     """Name -> ``"module:Class"`` of one kind of component, imported lazily (one broken
-    component cannot break the others); ``key`` is the config key that selects one."""
+    component cannot break the others); ``key`` is the config key that selects one.
+    ``builtin`` are the package's own entries; others come from :meth:`register` (this
+    process) or :func:`extra_components` (the environment: every process of a run)."""
 
     def __init__(self, key: str, entries: dict[str, str]):
         super().__init__(entries)
         self.key = key
+        self.builtin = frozenset(entries)
+        self.update(extra_components(key))
+
+    def register(self, name: str, target: str) -> None:
+        """Add component ``name`` = ``"module:Class"`` in this process (a process a run
+        starts needs :data:`EXTRA_COMPONENTS_ENV` too)."""
+        if target.count(":") != 1:
+            raise ValueError(f"{self.key} '{name}': target must be 'module:Class', got "
+                             f"{target!r}")
+        self[name] = target
 
     def load(self, name: str):
         if name not in self:
@@ -191,8 +232,9 @@ class Registry(dict):
 
 # ----------------------------------------------------------- rules about the model's taps
 def model_taps(model) -> tuple:
-    """Names ``model(x, return_features=True)`` returns: its ``levels`` + ``penultimate``."""
-    levels = tuple(getattr(model, "levels", ()))
+    """Names ``model(x, return_features=True)`` returns: its ``levels`` + ``penultimate``
+    (``model`` follows ``fedrcl_flwr.models.interface.FeatureModel``)."""
+    levels = tuple(model.levels)
     return levels + (() if "penultimate" in levels else ("penultimate",))
 
 

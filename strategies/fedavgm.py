@@ -22,7 +22,7 @@ class FedAvgM(FederatedStrategy):
     rules = {"momentum": between(0, 1, hi_open=True), "server_lr": positive()}
     buffers = ("m_buf",)
 
-    def server_update(self, run_round, average):
+    def server_update(self, run_round, average, results):
         m, lr = float(self.p["momentum"]), float(self.p["server_lr"])
         new = []
         for j, (w, a, kind) in enumerate(zip(self.weights, average, self.kinds)):
