@@ -156,13 +156,14 @@ def _load_resume(args):
     (more rounds, evaluation/output cadence, resources); anything else is refused, naming
     the keys: the records after the resume must belong to the same experiment."""
     from fedrcl_flwr.config import RESUME_MAY_CHANGE, resume_refusals
+    from fedrcl_flwr.run_files import CHECKPOINT_FILE, CONFIG_FILE
 
     run_dir = Path(args.resume).expanduser().resolve()
-    cfg_file = run_dir / "config.yaml"
+    cfg_file = run_dir / CONFIG_FILE
     if not cfg_file.is_file():
-        raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a run dir)")
-    if not (run_dir / "checkpoint.pt").is_file():
-        raise ConfigError(f"--resume {run_dir}: no checkpoint.pt there (start runs with "
+        raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there (not a run dir)")
+    if not (run_dir / CHECKPOINT_FILE).is_file():
+        raise ConfigError(f"--resume {run_dir}: no {CHECKPOINT_FILE} there (start runs with "
                           "output.checkpoint_every > 0 to be able to resume them)")
     recorded = _load(str(cfg_file), [], str(run_dir))
     if args.experiment:
@@ -188,6 +189,7 @@ def cmd_run(args) -> int:
     from fedrcl_flwr.results import (RESULT_FILES, RUN_SUBDIRS, clear_run_dir, ema_note,
                                      has_marker, linked_run_entries, overwrite_problem,
                                      reported_value, shows_ema, write_marker)
+    from fedrcl_flwr.run_files import CONFIG_FILE
     from fedrcl_flwr.runner import OutputLock, RunFailed, check_resources, \
         run_simulation_via_flower
 
@@ -262,7 +264,7 @@ def cmd_run(args) -> int:
                 raise ConfigError(f"--overwrite: {exc}") from None
         if not has_marker(out_dir, "run"):
             write_marker(out_dir, "run")  # the tool's run directory from now on
-        dump_config(cfg, out_dir / "config.yaml")
+        dump_config(cfg, out_dir / CONFIG_FILE)
         print(f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
               f"{cfg.federation.num_clients} clients, {cfg.federation.sampled_per_round()} "
               f"per round, {cfg.federation.rounds} rounds -> {out_dir}", flush=True)
@@ -380,12 +382,14 @@ def cmd_partition(args) -> int:
 
 def partition_title(cfg) -> str:
     """``name: N clients, <scheme and its parameter>`` for the partition heatmap."""
+    from fedrcl_flwr.catalog import PARTITION_SCHEMES
+
     p = cfg.partition
-    what = {"dirichlet": f"Dirichlet α={p.alpha:g}" + ("" if p.balanced else ", unbalanced"),
-            "shards": f"shards γ={p.shards_per_client}",
-            "domain": "by domain" + ("" if p.balanced else f", imbalanced α={p.alpha:g}"),
-            "iid": "IID", "file": f"split file {Path(str(p.path)).name}"}.get(p.scheme,
-                                                                                p.scheme)
+    what = PARTITION_SCHEMES.get(p.scheme, p.scheme)
+    what += {"dirichlet": f" α={p.alpha:g}" + ("" if p.balanced else ", unbalanced"),
+             "shards": f" γ={p.shards_per_client}",
+             "domain": "" if p.balanced else f", imbalanced α={p.alpha:g}",
+             "file": f" {Path(str(p.path)).name}"}.get(p.scheme, "")
     return f"{cfg.name}: {cfg.federation.num_clients} clients, {what}"
 
 
@@ -418,6 +422,8 @@ def check_plot_path(path: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fedrcl_flwr.catalog import METRIC_NAMES
+
     p = _Parser(prog="fedrcl-flwr", description=__doc__.splitlines()[0])
     p.add_argument("--verbose", action="store_true", help="show Flower/Ray logs")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -436,8 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
     rep.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"])
     rep.add_argument("--metric", default=None,
-                     help="final | best | last5 | ema@ROUND | client_mean | client_std | "
-                          "client_worst10 | client_best10 (default: the runs' "
+                     help=" | ".join(METRIC_NAMES) + " (default: the runs' "
                           "report_metric, else their paper reference's, else final)")
     rep.add_argument("--vs", metavar="ROW",
                      help="also compare every row with ROW (a row name, label or method) "

@@ -19,12 +19,13 @@ the key and the file.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,18 @@ def at_least(lo: int) -> Rule:
 def one_of(*choices: str) -> Rule:
     return Rule(lambda v: v in choices, f"must be one of {', '.join(choices)}",
                 ("no-such-choice",))
+
+
+def with_text(rule: Rule, text: str) -> Rule:
+    """``rule`` saying what is allowed in other words (e.g. with the unit: ``must be in
+    [0, 180] degrees``)."""
+    return dataclasses.replace(rule, text=text)
+
+
+def or_null(rule: Rule) -> Rule:
+    """``rule`` whose text says that null is allowed too (for a key whose annotation is
+    ``Optional``: null never reaches a rule)."""
+    return with_text(rule, rule.text + " (or null)")
 
 
 def _finite(v: Any) -> bool:

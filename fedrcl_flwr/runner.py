@@ -45,6 +45,7 @@ from typing import Optional
 
 from fedrcl_flwr.config import ConfigError, ExperimentConfig
 from fedrcl_flwr.results import format_round_line, read_metrics, shows_ema
+from fedrcl_flwr.run_files import CONFIG_FILE, FLOWER_LOG, LOCK_FILE, RUN_LOG, SUMMARY_FILE
 
 
 class RunFailed(RuntimeError):
@@ -184,7 +185,7 @@ RUN_VAR = "FEDRCL_FLWR_RUN"  # set to the run's private home on every process of
 SWEEP_VAR = "FEDRCL_FLWR_SWEEP"  # set to the sweep's private home on every run it starts
 MARKER_VARS = (RUN_VAR, SWEEP_VAR)
 HOME_PREFIX = "fedrcl-flwr-home-"  # private homes (tempfile.mkdtemp): the watchdog deletes
-LOCK_FILE = ".fedrcl-flwr.lock"    # only a directory named so
+#                                    only a directory named so
 
 
 class Watchdog:
@@ -507,8 +508,8 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
     check_resources(cfg)
     app = find_app_dir()
     out_dir = out_dir.resolve()
-    config_path = out_dir / "config.yaml"
-    link = LocalSuperLink(out_dir / "flower.log", verbose=verbose, lock=lock,
+    config_path = out_dir / CONFIG_FILE
+    link = LocalSuperLink(out_dir / FLOWER_LOG, verbose=verbose, lock=lock,
                           ray_address=cfg.simulation.ray_address)
     printed = 0
     if resume:
@@ -534,7 +535,7 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
         timing.append(("run submitted", submitted - t0))
         started = False
         status, last_check = "", 0.0
-        summary_path = out_dir / "summary.json"
+        summary_path = out_dir / SUMMARY_FILE
         summary_before = _mtime(summary_path)
         while True:
             recs = read_metrics(out_dir)
@@ -572,17 +573,17 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
             time.sleep(poll_s)
         timing.append(("run finished", time.time() - t0))
         logs = control.logs(run_id)
-        (out_dir / "run.log").write_text(logs)
+        (out_dir / RUN_LOG).write_text(logs)
         if status != "finished:completed":
             raise RunFailed(f"{_one_line_error(logs)} (status "
-                            f"'{status}'; details in {out_dir / 'run.log'})")
+                            f"'{status}'; details in {out_dir / RUN_LOG})")
     finally:
         if control is not None:
             control.close()
         link.stop()
         timing.append(("torn down", time.time() - t0))
         _log_timing(link.log_path, timing)
-    summary_path = out_dir / "summary.json"
+    summary_path = out_dir / SUMMARY_FILE
     if not summary_path.exists():
         raise RunFailed(f"run completed but wrote no {summary_path}")
     return json.loads(summary_path.read_text())

@@ -75,9 +75,6 @@ from fedrcl_flwr.config import (
     to_dict,
 )
 from fedrcl_flwr.results import (
-    CONFIG_FILE,
-    RESULT_FILES,
-    SUMMARY_FILE,
     atomic_write_text,
     ema_note,
     overwrite_problem,
@@ -85,18 +82,27 @@ from fedrcl_flwr.results import (
     shows_ema,
 )
 
+from fedrcl_flwr.run_files import (
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    LOCK_FILE,
+    RESULT_FILES,
+    SUMMARY_FILE,
+    SWEEP_CONFIGS_DIR as CONFIGS_DIR,
+    SWEEP_ENTRIES as RESERVED_NAMES,
+    SWEEP_LOGS_DIR as LOGS_DIR,
+    SWEEP_STATUS_FILE as STATUS_FILE,
+    sweep_config_path,
+    sweep_log_path,
+)
+
 SWEEP_KEYS = ("base", "grid", "seeds", "variants", "set", "name")
-STATUS_FILE = "sweep_status.json"
-CONFIGS_DIR = "_configs"
-LOGS_DIR = "_logs"
-CHECKPOINT_FILE = "checkpoint.pt"
 # a sweep file may plan at most this many runs (a typo in a grid is refused at once
 # instead of planning for hours); FedRCL Table 1, the largest paper table, is 450 runs
 MAX_SWEEP_RUNS = 10_000
 # a run directory's name: at most this many bytes (the file system allows 255, and the
 # sweep adds ``.yaml`` / ``.log`` / ``.tmp`` to it)
 MAX_RUN_NAME_BYTES = 200
-RESERVED_NAMES = (CONFIGS_DIR, LOGS_DIR, STATUS_FILE)
 
 
 @dataclass
@@ -393,7 +399,7 @@ def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
     attempt — one ``run --overwrite`` may clear (it carries the tool's marker; see
     :func:`fedrcl_flwr.results.overwrite_problem`)."""
     from fedrcl_flwr.cli import check_output_dir
-    from fedrcl_flwr.runner import LOCK_FILE, OutputLock
+    from fedrcl_flwr.runner import OutputLock
 
     check_output_dir(out_dir)
     holder = OutputLock.holder(out_dir)
@@ -418,8 +424,7 @@ def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
             raise ConfigError(f"{p} must be a regular file (it is a link or a directory); "
                               "move it away or choose another --out")
     for run in runs:
-        for p in (out_dir / CONFIGS_DIR / f"{run.name}.yaml",
-                  out_dir / LOGS_DIR / f"{run.name}.log"):
+        for p in (sweep_config_path(out_dir, run.name), sweep_log_path(out_dir, run.name)):
             if p.is_symlink() or (p.exists() and not p.is_file()):
                 raise ConfigError(f"{p} must be a regular file written by the sweep (it is "
                                   "a link or a directory); move it away")
@@ -489,8 +494,7 @@ def take_over_earlier_runs(runs: list[PlannedRun], out_dir: Path, *,
             continue
         os.rename(d, run.out_dir)
         dump_config(run.cfg, run.out_dir / CONFIG_FILE)
-        old_log, new_log = out_dir / LOGS_DIR / f"{d.name}.log", \
-            out_dir / LOGS_DIR / f"{run.name}.log"
+        old_log, new_log = sweep_log_path(out_dir, d.name), sweep_log_path(out_dir, run.name)
         if old_log.exists() and not new_log.exists():
             os.rename(old_log, new_log)
         status_path = out_dir / STATUS_FILE
@@ -749,7 +753,7 @@ def _run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: boo
         env.update(share_resources(run.cfg, jobs, slot))
         env.update(env_mark)
         resume = run.state() == "resume"
-        cfg_path = out_dir / CONFIGS_DIR / f"{run.name}.yaml"
+        cfg_path = sweep_config_path(out_dir, run.name)
         dump_config(run.cfg, cfg_path)
         cmd = [sys.executable, "-m", "fedrcl_flwr.cli", "run"]
         if verbose:
@@ -764,7 +768,7 @@ def _run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: boo
                 # started but never checkpointed: the run command clears that attempt's
                 # files (only in a run directory it created; checked up front)
                 cmd.append("--overwrite")
-        log = open(out_dir / LOGS_DIR / f"{run.name}.log", "a")
+        log = open(sweep_log_path(out_dir, run.name), "a")
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         log.flush()
         # own session: a terminal's Ctrl-C reaches the sweep only, which then stops each
@@ -860,13 +864,13 @@ def _run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: boo
                     print(f"run {run.index + 1}/{n} {run.name}: done in {took:.0f}s, {accs} "
                           f"| ETA {_fmt_eta(eta())}", flush=True)
                 else:
-                    tail = _log_tail(out_dir / LOGS_DIR / f"{run.name}.log")
+                    tail = _log_tail(sweep_log_path(out_dir, run.name))
                     status[run.name] = {"status": "failed", "exit_code": rc,
                                         "dir": str(run.out_dir), "error": tail}
                     failed.append(run.name)
                     rounds_left[run.name] = 0
                     print(f"run {run.index + 1}/{n} {run.name}: FAILED (exit {rc}): {tail} "
-                          f"(log: {out_dir / LOGS_DIR / (run.name + '.log')})",
+                          f"(log: {sweep_log_path(out_dir, run.name)})",
                           file=sys.stderr, flush=True)
                 save_status()
     except KeyboardInterrupt:

@@ -43,19 +43,23 @@ import io
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import yaml
 
+from fedrcl_flwr.catalog import (
+    PARTITION_SCHEMES,
+    ema_round,
+    is_report_metric,
+    metric_choices,
+)
 from fedrcl_flwr.config import ConfigError, check_reference
-from fedrcl_flwr.results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from fedrcl_flwr.results import LAST_K
+from fedrcl_flwr.run_files import CONFIG_FILE, METRICS_FILE, NOT_RUN_DIRS, SUMMARY_FILE
 
-METRIC_RE = re.compile(r"^(final|best|last5|ema@([1-9][0-9]*)"
-                       r"|client_(mean|std|worst10|best10))$")
-SKIP_DIRS = {"_configs", "_logs", "client_state", "tensorboard", "wandb", "mlruns"}
+SKIP_DIRS = NOT_RUN_DIRS
 # config sections that do not change what a run computes (or that name it)
 NOT_A_SETTING = ("seed", "name", "label", "output", "simulation", "reference")
 CONFIDENCE = 0.95  # of the paired t-interval
@@ -336,9 +340,9 @@ def load_runs(dirs: list) -> list[Run]:
 
 
 def check_metric(metric: str) -> str:
-    if not METRIC_RE.match(metric or ""):
-        raise ConfigError(f"--metric must be final, best, last5, ema@ROUND, client_mean, "
-                          f"client_std, client_worst10 or client_best10, got {metric!r}")
+    if not is_report_metric(metric, per_client=True):
+        raise ConfigError(f"--metric must be {metric_choices(per_client=True)}, got "
+                          f"{metric!r}")
     return metric
 
 
@@ -367,7 +371,7 @@ def metric_value(run: Run, metric: str) -> Optional[float]:
     if metric == "last5":
         if s.get("last5") is not None:
             return float(s["last5"])
-        tail = ev[-5:]
+        tail = ev[-LAST_K:]
         return sum(float(r["test_accuracy"]) for r in tail) / len(tail) if tail else None
     if metric.startswith("client_"):  # per-client evaluation: its last evaluated round
         key = "client_acc_" + metric[len("client_"):]
@@ -375,7 +379,7 @@ def metric_value(run: Run, metric: str) -> Optional[float]:
             return float(s[key])
         with_key = [r for r in run.records if _is_number(r.get(key))]
         return float(with_key[-1][key]) if with_key else None
-    target = int(METRIC_RE.match(metric).group(2))
+    target = ema_round(metric)
     if _last_round(run) < target:
         return None  # never reached round R
     at = s.get("accuracy_at") or {}
@@ -389,7 +393,7 @@ def default_metric(runs: list[Run]) -> str:
     """The runs' ``report_metric`` (summary.json), else their reference's, else final."""
     for run in runs:
         m = run.summary.get("report_metric")
-        if isinstance(m, str) and METRIC_RE.match(m):
+        if is_report_metric(m, per_client=True):
             return m
     for run in runs:
         blocks = check_reference(run.config.get("reference"), str(run.path / CONFIG_FILE))
@@ -534,8 +538,7 @@ def setting_title(groups: list[Group]) -> str:
             parts.append(name)
     scheme = common("partition.scheme")
     if isinstance(scheme, str):
-        text = {"dirichlet": "Dirichlet", "iid": "IID", "shards": "shards",
-                "domain": "by domain", "file": "split file"}.get(scheme, scheme)
+        text = PARTITION_SCHEMES.get(scheme, scheme)
         alpha, gamma = common("partition.alpha"), common("partition.shards_per_client")
         balanced = common("partition.balanced")
         if scheme == "dirichlet" and _is_number(alpha):

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from fedrcl_flwr.accel import gather_rows, to_device, transfer_plan
+from fedrcl_flwr.catalog import DATASET_NAMES, TORCHVISION_CLASSES
 from fedrcl_flwr.config import ConfigError
 
 
@@ -305,27 +306,12 @@ def check_fits_memory(nbytes: int, what: str, why: str) -> None:
                            f"more than the {avail / 2**30:.1f} GiB available")
 
 
-_HOW_TO_GET = {
-    "cifar10": "torchvision.datasets.CIFAR10",
-    "cifar100": "torchvision.datasets.CIFAR100",
-    "mnist": "torchvision.datasets.MNIST",
-    "fmnist": "torchvision.datasets.FashionMNIST",
-    "svhn": "torchvision.datasets.SVHN",
-    "usps": "torchvision.datasets.USPS",
-    "stl10": "torchvision.datasets.STL10",
-}
-
-
 def _missing(name: str, root: Path, extra: str = "") -> DatasetError:
     how = (f"set dataset.download: true on a machine with a network (uses "
-           f"{_HOW_TO_GET[name]}), or copy the files there") if name in _HOW_TO_GET else \
-        "put the data there"
+           f"torchvision.datasets.{TORCHVISION_CLASSES[name]}), or copy the files there") \
+        if name in TORCHVISION_CLASSES else "put the data there"
     return DatasetError(f"dataset '{name}' not found under {root}{extra}: {how}, or point "
                         f"dataset.root at the directory that holds it")
-
-
-_TV_CLASSES = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST",
-               "fmnist": "FashionMNIST", "svhn": "SVHN", "usps": "USPS", "stl10": "STL10"}
 
 
 def _torchvision_files(name: str, root: Path) -> tuple[Path, list[tuple[str, Optional[str]]]]:
@@ -334,7 +320,7 @@ def _torchvision_files(name: str, root: Path) -> tuple[Path, list[tuple[str, Opt
     ``None``: torchvision does not check that file's checksum when loading."""
     import torchvision.datasets as tvd
 
-    cls = getattr(tvd, _TV_CLASSES[name])
+    cls = getattr(tvd, TORCHVISION_CLASSES[name])
     if name in ("cifar10", "cifar100"):
         files = [(f, m) for f, m in cls.train_list + cls.test_list]
         return root / cls.base_folder, files + [(cls.meta["filename"], cls.meta["md5"])]
@@ -407,7 +393,7 @@ def _torchvision(name: str, root: Path, download: bool,
     def make(train: bool):
         split = "train" if train else "test"
         if name in ("cifar10", "cifar100"):
-            ds = cls(_TV_CLASSES[name])(str(root), train=train, download=download)
+            ds = cls(TORCHVISION_CLASSES[name])(str(root), train=train, download=download)
             classes[name] = len(ds.classes)
             return ds.data, ds.targets
         if name == "mnist":
@@ -455,7 +441,7 @@ def _torchvision(name: str, root: Path, download: bool,
                 "files there, use dataset.download: true, or set dataset.verify_md5: false "
                 "to load files of your own in this layout") from None
         detail = " ".join(str(exc).split())
-        raise DatasetError(f"dataset '{name}': torchvision.datasets.{_TV_CLASSES[name]} "
+        raise DatasetError(f"dataset '{name}': torchvision.datasets.{TORCHVISION_CLASSES[name]} "
                            f"cannot read the files in {folder} ({type(exc).__name__}: "
                            f"{detail})") from None
     return out[0], out[1]
@@ -763,10 +749,6 @@ def _channel_stats(x: np.ndarray) -> tuple[list, list]:
     return mean.tolist(), std.tolist()
 
 
-DATASET_NAMES = ("synthetic", "cifar10", "cifar100", "mnist", "fmnist", "svhn", "usps",
-                 "stl10", "tinyimagenet", "imagefolder", "digit5", "npz")
-
-
 def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
                  download: bool = False, augment: bool = True, normalize: bool = True,
                  image_size: Optional[int] = None, synthetic: Optional[dict] = None,
@@ -792,7 +774,7 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
         tr, te = RawSplit(xtr, ytr, dtr), RawSplit(xte, yte, dte)
         nd = int((synthetic or {}).get("num_domains", 1))
         dnames = [f"domain{i}" for i in range(nd)] if nd > 1 else []
-    elif name in _HOW_TO_GET:
+    elif name in TORCHVISION_CLASSES:
         tr, te = _torchvision(name, root_p, download, verify_md5)
         class_list = tr.classes
     elif name == "tinyimagenet":

@@ -81,9 +81,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from fedrcl_flwr.catalog import GENERATORS, SCHEME_NAMES
 from fedrcl_flwr.config import ConfigError
-
-GENERATORS = ("project", "fedrcl", "fedrcl_labels")
 
 
 class PartitionError(ConfigError):
@@ -678,4 +677,4 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float
         return by_domain(labels, domains, num_clients, domains_per_client, balanced, alpha,
                          rng, samples_per_class=samples_per_class)
     raise PartitionError(f"unknown partition scheme {scheme!r} "
-                         "(iid | dirichlet | shards | domain | file)")
+                         f"({' | '.join(SCHEME_NAMES)})")
