@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Optional
 
 from fedrcl_flwr.config import ConfigError, ExperimentConfig
+from fedrcl_flwr.preflight import check_ray_address, check_resources  # noqa: F401 - re-exported
 from fedrcl_flwr.results import format_round_line, read_metrics, shows_ema
 from fedrcl_flwr.run_files import CONFIG_FILE, FLOWER_LOG, LOCK_FILE, RUN_LOG, SUMMARY_FILE
 
@@ -90,95 +91,6 @@ def federation_config(cfg: ExperimentConfig) -> str:
     if s.init_num_gpus is not None:
         items.append(f"init-args-num-gpus={float(s.init_num_gpus)}")
     return " ".join(items)
-
-
-def check_ray_address(address: str, timeout: float = 3.0) -> None:
-    """A ``simulation.ray_address`` ``HOST:PORT`` where no Ray head node answers is a
-    :class:`ConfigError` (before any Flower process starts): first a TCP connection,
-    then Ray's own handshake — the head's GCS must answer ``GetClusterId`` (gRPC,
-    ``timeout`` seconds), so an open port of something else (a web server, a database, a
-    process that accepts and says nothing) is refused at once instead of stalling the run
-    until ``simulation.startup_timeout_s``. ``auto`` is left to Ray."""
-    if address == "auto":
-        return
-    host, _, port = address.rpartition(":")
-    hint = ("start the cluster first (ray start --head) or leave the key null for a private "
-            "local Ray")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"simulation.ray_address={address}: no Ray head node answers there "
-                          f"({exc.strerror or exc}); {hint}") from None
-    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
-        return  # a TLS cluster: the handshake would need its certificates (Ray's job)
-    why = _ray_gcs_problem(address, timeout)
-    if why:
-        raise ConfigError(f"simulation.ray_address={address}: something listens there but "
-                          f"it is not a Ray head node (the Ray handshake failed: {why}); "
-                          f"give the head's GCS address (HOST:6379 by default); {hint}")
-
-
-def _ray_gcs_problem(address: str, timeout: float) -> Optional[str]:
-    """Why ``address`` is not a Ray head's GCS (``None`` when it answered Ray's
-    ``NodeInfoGcsService.GetClusterId`` with a cluster id)."""
-    import grpc
-    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
-
-    channel = grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)])
-    try:
-        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
-        reply = stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout)
-    except grpc.RpcError as exc:
-        code = exc.code() if hasattr(exc, "code") else None
-        name = getattr(code, "name", "error")
-        return "no answer in time" if name == "DEADLINE_EXCEEDED" else name
-    except Exception as exc:  # noqa: BLE001 - a garbled answer is "not Ray" too
-        return type(exc).__name__
-    finally:
-        channel.close()
-    if not reply.cluster_id:
-        return "no cluster id in the answer"
-    return None
-
-
-def check_resources(cfg: ExperimentConfig) -> None:
-    """Input checks on resources (a :class:`ConfigError`, exit 2, before anything is
-    written): GPUs requested but absent, ``client.device: cuda`` without CUDA, a client
-    wanting more CPUs than Ray gets (instead of Ray's 'ActorPool is empty')."""
-    import torch
-
-    cuda = torch.cuda.is_available()
-    if cfg.simulation.num_gpus > 0 and not cuda:
-        raise ConfigError(
-            f"simulation.num_gpus={cfg.simulation.num_gpus} but no CUDA GPU is visible "
-            "on this machine; set simulation.num_gpus=0 (and client.device=cpu)")
-    if cfg.simulation.init_num_gpus and not cuda:
-        raise ConfigError(
-            f"simulation.init_num_gpus={cfg.simulation.init_num_gpus} but no CUDA GPU is "
-            "visible on this machine; leave it null")
-    if cfg.client.device == "cuda" and not cuda:
-        raise ConfigError("client.device is 'cuda' but no CUDA device is visible on this "
-                          "machine; use client.device=auto or cpu")
-    if cfg.client.amp == "fp16" and not cuda:
-        raise ConfigError("client.amp is fp16 but no CUDA device is visible on this "
-                          "machine (fp16 training needs CUDA); use client.amp=bf16 or off")
-    from fedrcl_flwr.tracking import check_tracker_environment
-
-    check_tracker_environment(cfg)  # W&B's API key, the MLflow server answering
-    if cfg.simulation.ray_address:  # the cluster's resources count, not this machine's
-        if cfg.simulation.init_num_cpus or cfg.simulation.init_num_gpus is not None:
-            raise ConfigError("simulation.init_num_cpus / init_num_gpus size a private local "
-                              "Ray; with simulation.ray_address the cluster is already sized"
-                              " (leave them null)")
-        check_ray_address(cfg.simulation.ray_address)
-        return
-    ncpu = os.cpu_count() or 1
-    cap = cfg.simulation.init_num_cpus or ncpu
-    if cfg.simulation.num_cpus > cap:
-        raise ConfigError(
-            f"simulation.num_cpus={cfg.simulation.num_cpus} per client exceeds the "
-            f"{cap} CPUs available to Ray; no client could ever be scheduled")
 
 
 RUN_VAR = "FEDRCL_FLWR_RUN"  # set to the run's private home on every process of the run
@@ -505,7 +417,6 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
     from fedrcl_flwr.app.control import ControlClient, submit
 
     t0 = time.time()
-    check_resources(cfg)
     app = find_app_dir()
     out_dir = out_dir.resolve()
     config_path = out_dir / CONFIG_FILE

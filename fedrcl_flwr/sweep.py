@@ -74,19 +74,21 @@ from fedrcl_flwr.config import (
     read_yaml,
     to_dict,
 )
+# the sweep's checks before it writes anything live with every other pre-run check
+from fedrcl_flwr.preflight import (  # noqa: F401 - re-exported (the sweep's API)
+    check_existing,
+    check_pending_runs as check_data,
+    check_sweep_dir,
+)
 from fedrcl_flwr.results import (
     atomic_write_text,
     ema_note,
-    overwrite_problem,
     read_metrics,
     shows_ema,
 )
-
 from fedrcl_flwr.run_files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
-    LOCK_FILE,
-    RESULT_FILES,
     SUMMARY_FILE,
     SWEEP_CONFIGS_DIR as CONFIGS_DIR,
     SWEEP_ENTRIES as RESERVED_NAMES,
@@ -335,12 +337,9 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
                     where = f"{src}: run {len(runs) + 1} ({what}; base {base.name})"
                     cfg = config_from_dict(data, where)
                     if check_components:
-                        from fedrcl_flwr.app.validate import validate_components
+                        from fedrcl_flwr.preflight import check_components as validate
 
-                        try:
-                            validate_components(cfg)
-                        except ConfigError as exc:
-                            raise ConfigError(f"{where}: {exc}") from None
+                        validate(cfg, where)
                     runs.append(PlannedRun(len(runs), run_name(cfg), base, ov, cfg))
     seen: dict[str, int] = {}
     for run in runs:
@@ -363,81 +362,6 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
         if run.cfg.output.checkpoint_every < 1:
             run.cfg.output.checkpoint_every = 1  # resumable from round 1 on
     return runs, out_dir
-
-
-def check_existing(runs: list[PlannedRun]) -> None:
-    """A run directory that holds a different experiment (:func:`experiment_hash`; e.g.
-    edited by hand), or results without the configuration that produced them, stops the
-    sweep: nothing is overwritten or counted silently."""
-    for run in runs:
-        cfg_file = run.out_dir / CONFIG_FILE
-        if not cfg_file.exists():
-            held = [f for f in RESULT_FILES if (run.out_dir / f).exists()]
-            if held:
-                raise ConfigError(f"{run.out_dir} holds {', '.join(held)} but no "
-                                  f"{CONFIG_FILE}: it cannot be shown to be run "
-                                  f"'{run.name}' of this sweep; move it away or use "
-                                  "another --out")
-            continue
-        try:
-            there = config_from_dict(read_yaml(cfg_file), str(cfg_file))
-        except ConfigError as exc:
-            raise ConfigError(f"{cfg_file}: unreadable run config ({exc}); remove the "
-                              "directory to rerun it") from None
-        if experiment_hash(there) != experiment_hash(run.cfg):
-            raise ConfigError(f"{run.out_dir} holds a different experiment than the sweep "
-                              f"plans for run '{run.name}'; remove it or use another --out")
-
-
-def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
-    """What the sweep will write and remove, checked before anything is (reads only):
-    ``--out`` is (or can be) a writable directory that no other sweep or run holds, and
-    no run directory is in use by a live run; every existing run directory holds this
-    sweep's experiment (:func:`check_existing`); the sweep's own files there are what
-    they should be (no links, no directory where a file goes); every run directory is a
-    real directory or absent, and — for a run that will start afresh over an earlier
-    attempt — one ``run --overwrite`` may clear (it carries the tool's marker; see
-    :func:`fedrcl_flwr.results.overwrite_problem`)."""
-    from fedrcl_flwr.cli import check_output_dir
-    from fedrcl_flwr.runner import OutputLock
-
-    check_output_dir(out_dir)
-    holder = OutputLock.holder(out_dir)
-    if holder is not None:
-        raise ConfigError(f"sweep directory {out_dir} is in use by another sweep or run (PID "
-                          f"{holder}); wait for it to end or choose another --out")
-    for run in runs:
-        d = run.out_dir
-        holder = OutputLock.holder(d) if d.is_dir() and not d.is_symlink() else None
-        if holder is not None:
-            raise ConfigError(f"run '{run.name}': {d} is in use by another run (PID "
-                              f"{holder}); wait for it to end or choose another --out")
-    check_existing(runs)
-    for sub in (CONFIGS_DIR, LOGS_DIR):
-        p = out_dir / sub
-        if p.is_symlink() or (p.exists() and not p.is_dir()):
-            raise ConfigError(f"{p} must be the sweep's own directory (it is a link or a "
-                              "file); move it away or choose another --out")
-    for name in (STATUS_FILE, LOCK_FILE):
-        p = out_dir / name
-        if p.is_symlink() or (p.exists() and not p.is_file()):
-            raise ConfigError(f"{p} must be a regular file (it is a link or a directory); "
-                              "move it away or choose another --out")
-    for run in runs:
-        for p in (sweep_config_path(out_dir, run.name), sweep_log_path(out_dir, run.name)):
-            if p.is_symlink() or (p.exists() and not p.is_file()):
-                raise ConfigError(f"{p} must be a regular file written by the sweep (it is "
-                                  "a link or a directory); move it away")
-        d = run.out_dir
-        if d.is_symlink() or (d.exists() and not d.is_dir()):
-            raise ConfigError(f"run '{run.name}': {d} is a link or a file, not a run "
-                              "directory; move it away or choose another --out")
-        if not d.exists():
-            continue
-        if run.state() == "new":
-            why = overwrite_problem(d)
-            if why:
-                raise ConfigError(f"run '{run.name}' would start afresh, but {why}")
 
 
 def _dir_state(d: Path) -> str:
@@ -511,40 +435,6 @@ def take_over_earlier_runs(runs: list[PlannedRun], out_dir: Path, *,
                      f"{others[0].name}); `fedrcl-flwr report {out_dir}` reads them too: "
                      "move them elsewhere if they are not part of this study")
     return lines
-
-
-def check_data(runs: list[PlannedRun], finished: frozenset = frozenset()) -> None:
-    """What ``run`` checks before Flower starts (resources present, datasets present,
-    split possible), for every run still to do (not done, and not among the run indices
-    ``finished`` elsewhere, :func:`earlier_runs`), so that such an input error stops the
-    sweep up front (exit 2) instead of failing its runs one by one."""
-    from fedrcl_flwr import runtime
-    from fedrcl_flwr.data.partition import PartitionError
-    from fedrcl_flwr.runner import check_resources
-
-    last = None
-    for run in runs:
-        cfg = run.cfg
-        if run.state() == "done" or run.index in finished:
-            continue
-        try:
-            check_resources(cfg)
-            runtime.check_model(cfg)
-        except ConfigError as exc:
-            raise ConfigError(f"run '{run.name}': {exc}") from None
-        if cfg.dataset.name == "synthetic" or cfg.dataset.download:
-            continue
-        key = runtime._key(cfg.dataset)
-        if key != last:  # one dataset in memory at a time
-            runtime._partition_cached.cache_clear()
-            runtime._bundle_cached.cache_clear()
-            last = key
-        try:
-            runtime.client_partitions(cfg)
-        except PartitionError as exc:
-            raise ConfigError(f"run '{run.name}': {exc}") from None
-    runtime._partition_cached.cache_clear()
-    runtime._bundle_cached.cache_clear()
 
 
 def share_resources(cfg: ExperimentConfig, jobs: int, slot: int) -> dict:
