@@ -757,73 +757,25 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
                  crop_pad: Optional[int] = None, verify_md5: bool = True,
                  flip: Optional[bool] = None, pad_fill: str = "mean") -> DataBundle:
     """Load a dataset into a :class:`DataBundle` (see the module docstring).
-    ``normalize``: ``True`` | ``False`` | ``{"mean": [...], "std": [...]}``."""
-    root_p = Path(os.path.expanduser(root or "."))
-    dnames: list = []
-    class_list = None  # the number of classes a dataset's own class list names
-    if name == "synthetic":
-        from fedrcl_flwr.data.synthetic import make_synthetic
+    ``normalize``: ``True`` | ``False`` | ``{"mean": [...], "std": [...]}``.
 
-        sy = synthetic or {}
-        hw = int(sy.get("image_size", 32)) ** 2 * int(sy.get("channels", 3))
-        n_all = int(sy.get("num_train", 20000)) + int(sy.get("num_test", 4000))
-        bank = (int(sy.get("num_classes", 10)) * int(sy.get("subclusters", 3)) + 6) * 25 * hw
-        check_fits_memory(n_all * hw + 12 * bank + 16 * 4096 * hw, "dataset.synthetic",
-                          f"{n_all} images of {hw} uint8 values, plus float pattern banks")
-        xtr, ytr, dtr, xte, yte, dte = make_synthetic(**sy, seed=seed)
-        tr, te = RawSplit(xtr, ytr, dtr), RawSplit(xte, yte, dte)
-        nd = int((synthetic or {}).get("num_domains", 1))
-        dnames = [f"domain{i}" for i in range(nd)] if nd > 1 else []
-    elif name in TORCHVISION_CLASSES:
-        tr, te = _torchvision(name, root_p, download, verify_md5)
-        class_list = tr.classes
-    elif name == "tinyimagenet":
-        tr, te = _tinyimagenet(root_p, image_size)
-    elif name == "imagefolder":
-        tr, te, dnames = _imagefolder(root_p, list(domains or []), image_size, test_fraction,
-                                      seed)
-    elif name == "digit5":
-        tr, te, dnames = _digit5(root_p, download, list(domains or []), verify_md5)
-    elif name == "npz":
-        if not path:
-            raise DatasetError("dataset.path is required when dataset.name is npz")
-        tr, te = _npz(Path(os.path.expanduser(path)))
-    else:
-        raise DatasetError(f"unknown dataset {name!r} (known: {', '.join(DATASET_NAMES)})")
-
-    if len(tr.y) == 0:
-        raise DatasetError(f"dataset '{name}' has no training images")
-    if len(te.y) == 0:
-        raise DatasetError(f"dataset '{name}' has no test images (every experiment is "
-                           "evaluated on a test set)")
-    unseen = sorted(set(np.unique(te.y).tolist()) - set(np.unique(tr.y).tolist()))
-    if unseen:
-        raise DatasetError(f"dataset '{name}': test classes {unseen[:10]} never occur in the "
-                           "training set (no client could learn them)")
+    Steps: read the source's ``uint8`` images (:func:`_read_source`), check the two
+    splits (:func:`_check_splits`), resize (``image_size``), count the classes
+    (:func:`_num_classes`), hold out a validation share (:func:`_hold_out_validation`),
+    then wrap train / test / validation with the normalisation and augmentation."""
+    tr, te, dnames, class_list = _read_source(
+        name, root, path=path, download=download, image_size=image_size,
+        synthetic=synthetic, seed=seed, domains=domains, test_fraction=test_fraction,
+        verify_md5=verify_md5)
+    _check_splits(name, tr, te)
     if image_size is not None:
         tr = RawSplit(_resize_u8(tr.x, image_size), tr.y, tr.d)
         te = RawSplit(_resize_u8(te.x, image_size), te.y, te.d)
     if tr.x.shape[1:] != te.x.shape[1:] and len(te.y):
         raise DatasetError(f"dataset '{name}': train images {tr.x.shape[1:]} and test images "
                            f"{te.x.shape[1:]} differ; set dataset.image_size")
-    num_classes = int(max(tr.y.max(), te.y.max() if len(te.y) else 0)) + 1
-    if name == "synthetic":
-        num_classes = int((synthetic or {}).get("num_classes", num_classes))
-    if class_list is not None:  # CIFAR: the classes batches.meta names (their K)
-        if num_classes > class_list:
-            raise DatasetError(f"dataset '{name}': label {num_classes - 1} but the class "
-                               f"list names only {class_list} classes")
-        num_classes = class_list
-
-    val_split = None
-    if val_fraction > 0:  # seeded, stratified hold-out (UniVarFL: 90/10)
-        rng = np.random.default_rng([seed, 1234])
-        hold = np.zeros(len(tr.y), bool)
-        for c in np.unique(tr.y):
-            idx = np.flatnonzero(tr.y == c)
-            hold[rng.choice(idx, int(round(val_fraction * len(idx))), replace=False)] = True
-        val_split = RawSplit(tr.x[hold], tr.y[hold])
-        tr = RawSplit(tr.x[~hold], tr.y[~hold], None if tr.d is None else tr.d[~hold])
+    num_classes = _num_classes(name, tr, te, synthetic, class_list)
+    tr, val_split = _hold_out_validation(tr, val_fraction, seed)
     mean, std = normalisation(normalize, tr.x, f"dataset {name!r}")
     size = int(tr.x.shape[1])
     aug = augment_spec(name, size, augment, rotation, crop_pad, flip, pad_fill)
@@ -842,6 +794,92 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
         domain_names=dnames if has_domains else [],
         val=wrap(val_split, None) if val_split is not None else None,
     )
+
+
+def _read_source(name: str, root: str, *, path: Optional[str], download: bool,
+                 image_size: Optional[int], synthetic: Optional[dict], seed: int,
+                 domains: Optional[list], test_fraction: float, verify_md5: bool
+                 ) -> tuple[RawSplit, RawSplit, list, Optional[int]]:
+    """The train and test images of source ``name`` (:data:`~fedrcl_flwr.catalog.
+    DATASETS`), its domain names, and the number of classes its own class list names
+    (CIFAR's ``batches.meta``; ``None`` for the others)."""
+    root_p = Path(os.path.expanduser(root or "."))
+    if name == "synthetic":
+        tr, te, dnames = _synthetic(synthetic or {}, seed)
+        return tr, te, dnames, None
+    if name in TORCHVISION_CLASSES:
+        tr, te = _torchvision(name, root_p, download, verify_md5)
+        return tr, te, [], tr.classes
+    if name == "tinyimagenet":
+        return (*_tinyimagenet(root_p, image_size), [], None)
+    if name == "imagefolder":
+        return (*_imagefolder(root_p, list(domains or []), image_size, test_fraction, seed),
+                None)
+    if name == "digit5":
+        return (*_digit5(root_p, download, list(domains or []), verify_md5), None)
+    if name == "npz":
+        if not path:
+            raise DatasetError("dataset.path is required when dataset.name is npz")
+        return (*_npz(Path(os.path.expanduser(path))), [], None)
+    raise DatasetError(f"unknown dataset {name!r} (known: {', '.join(DATASET_NAMES)})")
+
+
+def _synthetic(sy: dict, seed: int) -> tuple[RawSplit, RawSplit, list]:
+    """The embedded synthetic images (:func:`fedrcl_flwr.data.synthetic.make_synthetic`),
+    after checking that they fit in memory."""
+    from fedrcl_flwr.data.synthetic import make_synthetic
+
+    hw = int(sy.get("image_size", 32)) ** 2 * int(sy.get("channels", 3))
+    n_all = int(sy.get("num_train", 20000)) + int(sy.get("num_test", 4000))
+    bank = (int(sy.get("num_classes", 10)) * int(sy.get("subclusters", 3)) + 6) * 25 * hw
+    check_fits_memory(n_all * hw + 12 * bank + 16 * 4096 * hw, "dataset.synthetic",
+                      f"{n_all} images of {hw} uint8 values, plus float pattern banks")
+    xtr, ytr, dtr, xte, yte, dte = make_synthetic(**sy, seed=seed)
+    nd = int(sy.get("num_domains", 1))
+    return RawSplit(xtr, ytr, dtr), RawSplit(xte, yte, dte), \
+        [f"domain{i}" for i in range(nd)] if nd > 1 else []
+
+
+def _check_splits(name: str, tr: RawSplit, te: RawSplit) -> None:
+    if len(tr.y) == 0:
+        raise DatasetError(f"dataset '{name}' has no training images")
+    if len(te.y) == 0:
+        raise DatasetError(f"dataset '{name}' has no test images (every experiment is "
+                           "evaluated on a test set)")
+    unseen = sorted(set(np.unique(te.y).tolist()) - set(np.unique(tr.y).tolist()))
+    if unseen:
+        raise DatasetError(f"dataset '{name}': test classes {unseen[:10]} never occur in the "
+                           "training set (no client could learn them)")
+
+
+def _num_classes(name: str, tr: RawSplit, te: RawSplit, synthetic: Optional[dict],
+                 class_list: Optional[int]) -> int:
+    """The largest label + 1; synthetic: its ``num_classes``; CIFAR: the classes its
+    ``batches.meta`` names (the authors' ``K``)."""
+    num_classes = int(max(tr.y.max(), te.y.max() if len(te.y) else 0)) + 1
+    if name == "synthetic":
+        num_classes = int((synthetic or {}).get("num_classes", num_classes))
+    if class_list is not None:  # CIFAR: the classes batches.meta names (their K)
+        if num_classes > class_list:
+            raise DatasetError(f"dataset '{name}': label {num_classes - 1} but the class "
+                               f"list names only {class_list} classes")
+        num_classes = class_list
+    return num_classes
+
+
+def _hold_out_validation(tr: RawSplit, val_fraction: float, seed: int
+                         ) -> tuple[RawSplit, Optional[RawSplit]]:
+    """A seeded, stratified validation share of the training set (UniVarFL: 90/10):
+    ``(training set without it, validation set)``; none when ``val_fraction`` is 0."""
+    if val_fraction <= 0:
+        return tr, None
+    rng = np.random.default_rng([seed, 1234])
+    hold = np.zeros(len(tr.y), bool)
+    for c in np.unique(tr.y):
+        idx = np.flatnonzero(tr.y == c)
+        hold[rng.choice(idx, int(round(val_fraction * len(idx))), replace=False)] = True
+    return (RawSplit(tr.x[~hold], tr.y[~hold], None if tr.d is None else tr.d[~hold]),
+            RawSplit(tr.x[hold], tr.y[hold]))
 
 
 def _takes_device(get_batch) -> bool:

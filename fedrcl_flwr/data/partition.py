@@ -378,8 +378,20 @@ def by_domain(labels: np.ndarray, domains: np.ndarray, num_clients: int, per_cli
     labels = np.asarray(labels)
     dom_ids = np.unique(domains)
     owners = _domain_owners(dom_ids, num_clients, per_client)
-    classes = np.unique(labels)
-    k = len(classes)
+    pools = _domain_class_pools(labels, domains, dom_ids, owners, rng)
+    if balanced:
+        parts = _balanced_domain_draw(pools, dom_ids, np.unique(labels), owners,
+                                      num_clients, samples_per_class)
+    else:
+        parts = _imbalanced_domain_draw(pools, dom_ids, np.unique(labels), owners,
+                                        num_clients, alpha, rng)
+    return _as_parts(parts)
+
+
+def _domain_class_pools(labels: np.ndarray, domains: np.ndarray, dom_ids: np.ndarray,
+                        owners: dict, rng: np.random.Generator) -> dict:
+    """``(domain, class) ->`` its training indices in a seeded random order (every draw of
+    :func:`by_domain` takes from the front of these, so clients are disjoint)."""
     pools = {}
     for d in dom_ids:
         in_d = domains == d
@@ -387,40 +399,54 @@ def by_domain(labels: np.ndarray, domains: np.ndarray, num_clients: int, per_cli
         if n_d < len(owners[int(d)]):
             raise PartitionError(f"domain {int(d)} has {n_d} samples for "
                                  f"{len(owners[int(d)])} clients")
-        for c in classes:
+        for c in np.unique(labels):
             pools[int(d), int(c)] = rng.permutation(np.flatnonzero(in_d & (labels == c)))
-    parts: list[list] = [[] for _ in range(num_clients)]
-    if balanced:
-        used = [int(c) for c in classes
-                if all(len(pools[int(d), int(c)]) >= len(owners[int(d)]) for d in dom_ids)]
-        dropped = sorted(set(int(c) for c in classes) - set(used))
-        if not used:
-            raise PartitionError("balanced domain split: no class has at least one sample "
-                                 "per client in every domain")
-        if dropped:
-            import warnings
+    return pools
 
-            warnings.warn(f"balanced domain split: class(es) {dropped} are missing from (or "
-                          "too rare in) some domain and are left out for every client so "
-                          "that all clients keep the same label distribution", stacklevel=3)
-        limit, where = min((len(pools[int(d), c]) // len(owners[int(d)]), (int(d), c))
-                           for d in dom_ids for c in used)
-        per_class = limit if samples_per_class is None else int(samples_per_class)
-        if per_class > limit:
-            d, c = where
-            raise PartitionError(
-                f"balanced domain split: partition.samples_per_class={per_class} but domain "
-                f"{d} has only {len(pools[d, c])} samples of class {c} for "
-                f"{len(owners[d])} client(s) (at most {limit} per client)")
-        for d in dom_ids:
-            own = owners[int(d)]
-            for c in used:
-                pool = pools[int(d), c]
-                for j, i in enumerate(own):
-                    parts[i].extend(pool[j * per_class:(j + 1) * per_class].tolist())
-        return _as_parts(parts)
-    props = rng.dirichlet(np.full(k, alpha), size=num_clients)  # (clients, K)
+
+def _balanced_domain_draw(pools: dict, dom_ids: np.ndarray, classes: np.ndarray,
+                          owners: dict, num_clients: int,
+                          samples_per_class: Optional[int]) -> list[list]:
+    """:func:`by_domain`, ``balanced``: ``c`` samples of every used class per slot."""
+    used = [int(c) for c in classes
+            if all(len(pools[int(d), int(c)]) >= len(owners[int(d)]) for d in dom_ids)]
+    dropped = sorted(set(int(c) for c in classes) - set(used))
+    if not used:
+        raise PartitionError("balanced domain split: no class has at least one sample "
+                             "per client in every domain")
+    if dropped:
+        import warnings
+
+        warnings.warn(f"balanced domain split: class(es) {dropped} are missing from (or "
+                      "too rare in) some domain and are left out for every client so "
+                      "that all clients keep the same label distribution", stacklevel=4)
+    limit, where = min((len(pools[int(d), c]) // len(owners[int(d)]), (int(d), c))
+                       for d in dom_ids for c in used)
+    per_class = limit if samples_per_class is None else int(samples_per_class)
+    if per_class > limit:
+        d, c = where
+        raise PartitionError(
+            f"balanced domain split: partition.samples_per_class={per_class} but domain "
+            f"{d} has only {len(pools[d, c])} samples of class {c} for "
+            f"{len(owners[d])} client(s) (at most {limit} per client)")
+    parts: list[list] = [[] for _ in range(num_clients)]
+    for d in dom_ids:
+        own = owners[int(d)]
+        for c in used:
+            pool = pools[int(d), c]
+            for j, i in enumerate(own):
+                parts[i].extend(pool[j * per_class:(j + 1) * per_class].tolist())
+    return parts
+
+
+def _imbalanced_domain_draw(pools: dict, dom_ids: np.ndarray, classes: np.ndarray,
+                            owners: dict, num_clients: int, alpha: float,
+                            rng: np.random.Generator) -> list[list]:
+    """:func:`by_domain`, not ``balanced``: per client ``p_i ~ Dir_K(alpha)``, a share of
+    each (domain, class) pool kept in proportion to ``p_ik / max_k p_ik``."""
+    props = rng.dirichlet(np.full(len(classes), alpha), size=num_clients)  # (clients, K)
     w = props / props.max(axis=1, keepdims=True)
+    parts: list[list] = [[] for _ in range(num_clients)]
     for d in dom_ids:
         own = owners[int(d)]
         for ci, c in enumerate(classes):
@@ -433,7 +459,7 @@ def by_domain(labels: np.ndarray, domains: np.ndarray, num_clients: int, per_cli
         raise PartitionError(f"imbalanced domain split: client(s) {empty[:5]} got no sample "
                              f"(alpha={alpha}); use fewer clients per domain or a larger "
                              "partition.alpha")
-    return _as_parts(parts)
+    return parts
 
 
 # A split file lists every training index at most once: a few bytes per index. Bound
