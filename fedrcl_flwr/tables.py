@@ -957,20 +957,9 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     lows, highs = [], []
     for ax, c in zip(axes.flat, cols):
         for g in (g for g in groups if g.col == c):
-            curves = []
-            for run in g.runs:
-                recs = [r for r in run.records if r.get(metric_key) is not None]
-                curves.append({int(r["round"]): float(r[metric_key]) for r in recs})
-            rounds = sorted(set().union(*curves)) if curves else []
+            rounds, mean, std = _mean_curve(g, metric_key, 100.0 if percent else 1.0)
             if not rounds:
                 continue
-            scale = 100.0 if percent else 1.0
-            mean, std = [], []
-            for rd in rounds:
-                vs = [cv[rd] for cv in curves if rd in cv]
-                mean.append(scale * float(np.mean(vs)))
-                std.append(scale * float(np.std(vs, ddof=1)) if len(vs) > 1 else 0.0)
-            mean, std = np.array(mean), np.array(std)
             lo, hi = mean - std, mean + std
             if percent:
                 lo, hi = np.clip(lo, 0.0, 100.0), np.clip(hi, 0.0, 100.0)
@@ -1002,6 +991,24 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     fig.suptitle((title + ": " if title else "") + "mean ± std over seeds", fontsize=11)
     fig.tight_layout()
     return fig
+
+
+def _mean_curve(g: Group, metric_key: str, scale: float) -> tuple[list, Any, Any]:
+    """Rounds, mean and sample std (``ddof = 1``; 0 for one run) over the group's runs of
+    ``metric_key`` per round, times ``scale``."""
+    import numpy as np
+
+    curves = []
+    for run in g.runs:
+        recs = [r for r in run.records if r.get(metric_key) is not None]
+        curves.append({int(r["round"]): float(r[metric_key]) for r in recs})
+    rounds = sorted(set().union(*curves)) if curves else []
+    mean, std = [], []
+    for rd in rounds:
+        vs = [cv[rd] for cv in curves if rd in cv]
+        mean.append(scale * float(np.mean(vs)))
+        std.append(scale * float(np.std(vs, ddof=1)) if len(vs) > 1 else 0.0)
+    return rounds, np.array(mean), np.array(std)
 
 
 def plot_groups(dirs: list, out: Path, metric_key: str = "test_accuracy") -> list[Path]:

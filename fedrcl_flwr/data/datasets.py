@@ -380,71 +380,82 @@ def _torchvision(name: str, root: Path, download: bool,
     files of the tests) with the same class, which then checks only that the files exist
     (:func:`_existence_checked`); MNIST, Fashion-MNIST and USPS are never MD5-checked by
     torchvision when loading."""
-    import torchvision.datasets as tvd
-
     folder, files = _torchvision_files(name, root)
     if name in ("mnist", "fmnist"):
         _unpack_idx_gz(folder, files)
-
-    def cls(attr: str):
-        c = getattr(tvd, attr)
-        return c if verify_md5 else _existence_checked(c)
-
-    def make(train: bool):
-        split = "train" if train else "test"
-        if name in ("cifar10", "cifar100"):
-            ds = cls(TORCHVISION_CLASSES[name])(str(root), train=train, download=download)
-            classes[name] = len(ds.classes)
-            return ds.data, ds.targets
-        if name == "mnist":
-            ds = tvd.MNIST(str(root), train=train, download=download)
-            return ds.data.numpy(), ds.targets.numpy()
-        if name == "fmnist":
-            ds = tvd.FashionMNIST(str(root), train=train, download=download)
-            return ds.data.numpy(), ds.targets.numpy()
-        if name == "svhn":
-            ds = cls("SVHN")(str(root / "svhn"), split=split, download=download)
-            return ds.data, ds.labels
-        if name == "usps":
-            ds = tvd.USPS(str(root / "usps"), train=train, download=download)
-            return ds.data, ds.targets
-        if name == "stl10":
-            ds = cls("STL10")(str(root), split=split, download=download)
-            return ds.data, ds.labels
-        raise DatasetError(f"unknown torchvision dataset {name!r}")
-
     classes: dict = {}  # CIFAR: the number of classes its batches.meta names
     try:
         out = []
         for train in (True, False):
-            x, y = make(train)
+            x, y = _torchvision_split(name, root, train, download, verify_md5, classes)
             out.append(RawSplit(_hwc(x, f"dataset '{name}'"),
                                 _int_labels(y, f"dataset '{name}' labels"),
                                 classes=classes.get(name)))
     except DatasetError:
         raise
     except Exception as exc:  # noqa: BLE001 - every refusal becomes one clear error
-        if download and isinstance(exc, (RuntimeError, OSError)):
-            raise DatasetError(f"dataset '{name}': download into {root} failed ({exc})") \
-                from None
-        missing = [f for f, _ in files if not (folder / f).is_file()]
-        if missing:
-            raise _missing(name, root, f" (no {folder / missing[0]})") from None
-        from torchvision.datasets.utils import check_integrity
-
-        bad = [f for f, md5 in files if verify_md5 and md5 is not None
-               and not check_integrity(str(folder / f), md5)]
-        if bad:
-            raise DatasetError(
-                f"dataset '{name}': {folder / bad[0]} fails torchvision's MD5 check (it is "
-                "corrupted, truncated or not the official release): copy the official "
-                "files there, use dataset.download: true, or set dataset.verify_md5: false "
-                "to load files of your own in this layout") from None
-        detail = " ".join(str(exc).split())
-        raise DatasetError(f"dataset '{name}': torchvision.datasets.{TORCHVISION_CLASSES[name]} "
-                           f"cannot read the files in {folder} ({type(exc).__name__}: "
-                           f"{detail})") from None
+        raise _torchvision_refusal(exc, name, root, download, verify_md5, folder,
+                                   files) from None
     return out[0], out[1]
+
+
+def _torchvision_split(name: str, root: Path, train: bool, download: bool,
+                       verify_md5: bool, classes: dict) -> tuple:
+    """The images and labels of one split as torchvision's class for ``name`` decodes
+    them (CIFAR: ``classes[name]`` = the number of classes its meta file names)."""
+    import torchvision.datasets as tvd
+
+    def cls(attr: str):
+        c = getattr(tvd, attr)
+        return c if verify_md5 else _existence_checked(c)
+
+    split = "train" if train else "test"
+    if name in ("cifar10", "cifar100"):
+        ds = cls(TORCHVISION_CLASSES[name])(str(root), train=train, download=download)
+        classes[name] = len(ds.classes)
+        return ds.data, ds.targets
+    if name == "mnist":
+        ds = tvd.MNIST(str(root), train=train, download=download)
+        return ds.data.numpy(), ds.targets.numpy()
+    if name == "fmnist":
+        ds = tvd.FashionMNIST(str(root), train=train, download=download)
+        return ds.data.numpy(), ds.targets.numpy()
+    if name == "svhn":
+        ds = cls("SVHN")(str(root / "svhn"), split=split, download=download)
+        return ds.data, ds.labels
+    if name == "usps":
+        ds = tvd.USPS(str(root / "usps"), train=train, download=download)
+        return ds.data, ds.targets
+    if name == "stl10":
+        ds = cls("STL10")(str(root), split=split, download=download)
+        return ds.data, ds.labels
+    raise DatasetError(f"unknown torchvision dataset {name!r}")
+
+
+def _torchvision_refusal(exc: Exception, name: str, root: Path, download: bool,
+                         verify_md5: bool, folder: Path, files: list) -> DatasetError:
+    """What a torchvision class's refusal means, in one line: a failed download, files
+    missing (where and how to get them), a file failing the MD5 check, or files it
+    cannot decode."""
+    if download and isinstance(exc, (RuntimeError, OSError)):
+        return DatasetError(f"dataset '{name}': download into {root} failed ({exc})")
+    missing = [f for f, _ in files if not (folder / f).is_file()]
+    if missing:
+        return _missing(name, root, f" (no {folder / missing[0]})")
+    from torchvision.datasets.utils import check_integrity
+
+    bad = [f for f, md5 in files if verify_md5 and md5 is not None
+           and not check_integrity(str(folder / f), md5)]
+    if bad:
+        return DatasetError(
+            f"dataset '{name}': {folder / bad[0]} fails torchvision's MD5 check (it is "
+            "corrupted, truncated or not the official release): copy the official "
+            "files there, use dataset.download: true, or set dataset.verify_md5: false "
+            "to load files of your own in this layout")
+    detail = " ".join(str(exc).split())
+    return DatasetError(f"dataset '{name}': torchvision.datasets.{TORCHVISION_CLASSES[name]} "
+                        f"cannot read the files in {folder} ({type(exc).__name__}: "
+                        f"{detail})")
 
 
 _IMG_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")

@@ -537,13 +537,29 @@ def load_split_file(path: str, n: int, num_clients: int) -> list[np.ndarray]:
     the authors' Python dict literal, read by a bounded scanner
     (:func:`_parse_dict_literal`: data only, nothing is executed). Any problem is one
     :class:`PartitionError` naming the file."""
-    import json
     from pathlib import Path
-
-    from fedrcl_flwr.config import read_text_file
 
     p = Path(path).expanduser()
     where = f"partition.path {str(p)!r}"
+    data = _read_split_mapping(p, where, n)
+    out = _client_index_lists(data, where, n, num_clients)
+    allidx = np.concatenate(out)
+    uniq, counts = np.unique(allidx, return_counts=True)
+    if len(uniq) != len(allidx):
+        dup = int(uniq[counts > 1][0])
+        owners = [c for c, a in enumerate(out) if dup in a]
+        raise PartitionError(f"{where}: index {dup} is given more than once "
+                             f"(clients {owners}); client splits must be disjoint")
+    return out
+
+
+def _read_split_mapping(p, where: str, n: int) -> dict:
+    """The split file's mapping (JSON, else the authors' dict literal), read within its
+    size bound (:func:`load_split_file`)."""
+    import json
+
+    from fedrcl_flwr.config import read_text_file
+
     limit = SPLIT_BYTES_BASE + SPLIT_BYTES_PER_INDEX * int(n)
     if not p.exists():
         raise PartitionError(f"{where}: cannot read the split file (no such file)")
@@ -567,6 +583,13 @@ def load_split_file(path: str, n: int, num_clients: int) -> list[np.ndarray]:
     if not isinstance(data, dict):
         raise PartitionError(f"{where}: must map client ids to index lists, got "
                              f"{type(data).__name__}")
+    return data
+
+
+def _client_index_lists(data: dict, where: str, n: int, num_clients: int
+                        ) -> list[np.ndarray]:
+    """One ``int64`` index array per client ``0 .. num_clients-1`` from the file's mapping,
+    each id given once, each list non-empty, every index in ``[0, n)``."""
     parts: dict[int, list] = {}
     for key, idx in data.items():
         try:
@@ -600,13 +623,6 @@ def load_split_file(path: str, n: int, num_clients: int) -> list[np.ndarray]:
             bad = int(a[(a < 0) | (a >= n)][0])
             raise PartitionError(f"{where}: client {c}: index {bad} out of range for "
                                  f"{n} training samples")
-    allidx = np.concatenate(out)
-    uniq, counts = np.unique(allidx, return_counts=True)
-    if len(uniq) != len(allidx):
-        dup = int(uniq[counts > 1][0])
-        owners = [c for c, a in enumerate(out) if dup in a]
-        raise PartitionError(f"{where}: index {dup} is given more than once "
-                             f"(clients {owners}); client splits must be disjoint")
     return out
 
 
