@@ -12,19 +12,13 @@ import time
 
 import numpy as np
 
+from clients import CLIENTS
 from clients.base import FederatedClient
-from fedrcl_flwr.components import Rule, non_negative, one_of
 
 
 class FaultyClient(FederatedClient):
     method = "faulty"
-    defaults = {"mode": "raise", "partitions": [-1], "sleep_s": 30.0}
-    rules = {"mode": one_of("raise", "nan", "inf", "shape", "missing", "sleep"),
-             "partitions": Rule(lambda v: all(isinstance(k, int) and not isinstance(k, bool)
-                                              and k >= -1 for k in v),
-                                "must be a list of partition ids (or [-1] = all)",
-                                ([-2], ["a"])),
-             "sleep_s": non_negative()}
+    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
 
     def fit(self, parameters, config):
         weights, n, metrics = super().fit(parameters, config)

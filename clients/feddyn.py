@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from clients import CLIENTS
 from clients.base import FederatedClient
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
@@ -35,7 +36,7 @@ STATE_NAME = "feddyn_grad"
 
 class FedDynClient(FederatedClient):
     method = "feddyn"
-    defaults: dict = {}  # α is server.params.alpha, sent in the fit config
+    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
     strategies = ("feddyn",)
 
     def _named_trainable(self):

@@ -564,13 +564,16 @@ def setting_title(groups: list[Group]) -> str:
 
 
 def _resolved_params(method: str, params: Any) -> Any:
+    """``client.params`` merged over the method's declared defaults (the registry's
+    declarations, ``clients/__init__.py``: no Flower client is imported); as written for
+    an unknown method or invalid parameters."""
     try:
-        from clients import client_class
+        from clients import CLIENTS
         from fedrcl_flwr.components import resolve_params
 
-        cls = client_class(method)
-        return resolve_params("client.params", f"method '{cls.method}'", cls.defaults,
-                              cls.rules, dict(params or {}))
+        defaults, rules = CLIENTS.params(method)
+        return resolve_params("client.params", f"method '{method}'", defaults, rules,
+                              dict(params or {}))
     except Exception:  # noqa: BLE001 - unknown method / params: compare as written
         return params or {}
 

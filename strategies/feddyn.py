@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedrcl_flwr.components import positive
+from strategies import STRATEGIES
 from strategies.base import FederatedStrategy
 
 
 class FedDyn(FederatedStrategy):
     name = "feddyn"
-    defaults = {"alpha": 0.1}
-    rules = {"alpha": positive()}
+    defaults, rules = STRATEGIES.params(name)  # declared in strategies/__init__.py
     buffers = ("h",)
 
     def __init__(self, **kw):
