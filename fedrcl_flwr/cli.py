@@ -298,6 +298,7 @@ def partition_title(cfg) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from fedrcl_flwr.catalog import METRIC_NAMES
+    from fedrcl_flwr.tables import FORMATS
 
     p = _Parser(prog="fedrcl-flwr", description=__doc__.splitlines()[0])
     p.add_argument("--verbose", action="store_true", help="show Flower/Ray logs")
@@ -315,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     rep = sub.add_parser("report", help="table (mean ± std over seeds) from run or sweep dirs")
     rep.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
-    rep.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"])
+    rep.add_argument("--format", default="markdown", choices=list(FORMATS))
     rep.add_argument("--metric", default=None,
                      help=" | ".join(METRIC_NAMES) + " (default: the runs' "
                           "report_metric, else their paper reference's, else final)")

@@ -1,8 +1,11 @@
 """Experiment configuration: a typed schema with defaults, YAML loading, dotted overrides.
 
 An experiment is one YAML file whose top-level sections map onto the dataclasses below.
-Every key is checked on load: unknown keys, wrong types and out-of-range values raise a
-single :class:`ConfigError` that names the offending key and the file it came from.
+Every key is checked on load: unknown keys, wrong types (from the annotations),
+out-of-range values (each key's declared :class:`~fedrcl_flwr.components.Rule` in
+:data:`CONFIG_RULES`) and inconsistent combinations (the named checks of
+:data:`CROSS_CHECKS`, in order) raise a single :class:`ConfigError` that names the
+offending key and the file it came from.
 
 Overrides use dotted keys, e.g. ``client.lr=0.05`` or ``partition.alpha=0.1``; values are
 parsed as YAML scalars (``true``, ``0.3``, ``[0, 1]``, ``null``) and then validated like

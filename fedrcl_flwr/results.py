@@ -145,7 +145,9 @@ def shows_ema(report_metric: str) -> bool:
     round's accuracy by about 1 / (1 - evaluation.ema) rounds (10 for 0.9), so beside it
     on a line of a run that reports something else it only suggested a gap (issue #25);
     it is in ``metrics.jsonl`` and ``summary.json`` either way."""
-    return str(report_metric or "").startswith("ema@")
+    from fedrcl_flwr.catalog import ema_round
+
+    return ema_round(str(report_metric or "")) is not None
 
 
 def ema_note(factor: float, report_metric: str) -> str:
@@ -323,11 +325,12 @@ def research_summary(records: list[dict]) -> dict:
 
 def reported_value(summary: dict, metric: str) -> Optional[float]:
     """``summary.json``'s value of a report metric: final | best | last5 | ema@ROUND."""
-    from fedrcl_flwr.catalog import SUMMARY_METRICS
+    from fedrcl_flwr.catalog import SUMMARY_METRICS, ema_round
 
     metric = str(metric or "final")
-    if metric.startswith("ema@"):
-        return (summary.get("accuracy_at") or {}).get(metric[4:])
+    target = ema_round(metric)
+    if target is not None:
+        return (summary.get("accuracy_at") or {}).get(str(target))
     key = SUMMARY_METRICS.get(metric)
     return summary.get(key) if key else None
 
