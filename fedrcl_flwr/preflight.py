@@ -488,8 +488,6 @@ def check_pending_runs(runs: list[PlannedRun], finished: frozenset = frozenset()
     (exit 2) instead of failing its runs one by one. Datasets that are generated
     (synthetic) or downloaded are left to each run; one dataset is held in memory at a
     time."""
-    from fedrcl_flwr import runtime
-
     last = None
     for run in runs:
         cfg = run.cfg
@@ -503,12 +501,19 @@ def check_pending_runs(runs: list[PlannedRun], finished: frozenset = frozenset()
         check_model(cfg, label)
         if cfg.dataset.name == "synthetic" or cfg.dataset.download:
             continue
-        key = runtime._key(cfg.dataset)
+        key = _dataset_key(cfg)
         if key != last:  # one dataset in memory at a time
             _forget_datasets()
             last = key
         check_split(cfg, label)
     _forget_datasets()
+
+
+def _dataset_key(cfg: ExperimentConfig) -> Any:
+    """What decides the dataset a run loads (runs with equal keys share it)."""
+    from fedrcl_flwr import runtime
+
+    return runtime._key(cfg.dataset)
 
 
 def _forget_datasets() -> None:
