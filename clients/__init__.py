@@ -7,14 +7,17 @@ method can't break others) and declares the method's hyper-parameters (``client.
 reads a method's defaults here (a paper reference's ``when: {client.params: ...}``), and
 each client class takes its ``defaults`` / ``rules`` from its entry
 (``defaults, rules = CLIENTS.params(method)``).
-"""
+
+The test double ``faulty`` (``clients/faulty.py``) is not registered here: the test suite
+registers it (``tests/conftest.py``, through ``fedrcl_flwr.components.EXTRA_COMPONENTS_ENV``
+so that the processes of a run a test starts know it too); registered so from outside, it
+declares its parameters on its class."""
 
 from __future__ import annotations
 
 from fedrcl_flwr.components import (
     Declared,
     Registry,
-    Rule,
     at_least,
     between,
     block_indices,
@@ -50,15 +53,6 @@ CLIENTS = Registry("client.method", {
         defaults={"tau": 0.5, "cl_weight": 1.0, "levels": ["all"], "pad": 4},
         rules={"tau": positive(), "cl_weight": non_negative(), "levels": tap_levels(),
                "pad": non_negative()}),
-    "faulty": Declared(  # a test double (failures on purpose)
-        "clients.faulty:FaultyClient",
-        defaults={"mode": "raise", "partitions": [-1], "sleep_s": 30.0},
-        rules={"mode": one_of("raise", "nan", "inf", "shape", "missing", "sleep"),
-               "partitions": Rule(lambda v: all(isinstance(k, int) and not isinstance(k, bool)
-                                                and k >= -1 for k in v),
-                                  "must be a list of partition ids (or [-1] = all)",
-                                  ([-2], ["a"])),
-               "sleep_s": non_negative()}),
     "univarfl": Declared(
         "clients.univarfl:UniVarFLClient",
         defaults={"mu": 0.5, "lam": -1.0, "variant": "univarfl", "feature": "penultimate",

@@ -13,8 +13,12 @@ parameters (:meth:`trainable_parameters`) and report or upload after training
 shared by all methods.
 
 Which data a client trains on: in simulation the server assigns a partition id per
-round (``partition_id`` in the fit config; sampling depends only on the seed and round);
-on a real device the node's own data (node-config ``data-path``) is used instead.
+round (``partition_id`` in the fit instructions, ``fedrcl_flwr/protocol.py``; sampling
+depends only on the seed and round); on a real device the node's own data (node-config
+``data-path``) is used instead. What the server sends and the client reports are the
+protocol's ``FitInstructions`` / ``FitReport`` (and ``EvaluateInstructions`` /
+``EvaluateReport`` for per-client evaluation); a server strategy adds its own loss terms
+through its ``client_loss_terms`` hook (:meth:`FederatedClient.strategy_terms`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,13 @@ from fedrcl_flwr.accel import use_channels_last
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.config import ExperimentConfig
 from fedrcl_flwr.run_files import CLIENT_STATE_DIR
+from fedrcl_flwr.protocol import (
+    EvaluateInstructions,
+    EvaluateReport,
+    FitInstructions,
+    FitReport,
+    upload_weight,
+)
 from fedrcl_flwr.signals import SignalSet, decode_signals, encode_signals
 from fedrcl_flwr.training import (
     LocalTrainSettings,
@@ -42,6 +53,7 @@ from fedrcl_flwr.training import (
     round_lr,
     train_local,
 )
+from strategies import strategy_class
 
 
 @dataclass
@@ -108,8 +120,9 @@ class FederatedClient(NumPyClient):
         """Named, weighted loss terms of this method (default: cross-entropy)."""
         return [cross_entropy_term()]
 
-    def on_round_start(self, config: dict) -> None:
-        """Read extras the server sent (after the global weights are loaded)."""
+    def on_round_start(self, ins: FitInstructions) -> None:
+        """Read what the server sent besides the weights (signals, the strategy's
+        :class:`~fedrcl_flwr.protocol.StrategyParams`), after the weights are loaded."""
 
     def batch_transform(self):
         """Optional ``f(x, y, model) -> (x, y, extra)`` applied before each forward."""
@@ -124,8 +137,9 @@ class FederatedClient(NumPyClient):
         """Parameters to optimise (default: all that require grad)."""
         return None
 
-    def on_round_end(self, metrics: dict) -> None:
-        """Add method metrics / uploads (``bytes`` values allowed) after training."""
+    def on_round_end(self, report: FitReport) -> None:
+        """After training: add the method's metrics (``report.method_metrics``, ``bytes``
+        values allowed) or uploads (:meth:`SignalClient.upload_signals`)."""
 
     # -------------------------------------------------------------- helpers
     @property
@@ -206,24 +220,48 @@ class FederatedClient(NumPyClient):
         return runtime.get_weights(self._model())
 
     def fit(self, parameters, config):
+        """One round of local training: read the :class:`FitInstructions`, train from the
+        received weights with the method's loss terms (plus the server strategy's own,
+        :meth:`strategy_terms`) and return the weights with a :class:`FitReport`."""
         t0 = time.time()
-        c = self.cfg.client
-        self.run_round = int(config.get("run_round", 1))
+        ins = FitInstructions.from_config(config)
+        seed = self._start_round(ins, parameters)
+        stats = self._train(ins, seed)
+        report = FitReport(partition_id=self.partition_id, train_loss=stats.loss,
+                           steps=stats.steps, fit_time_s=time.time() - t0,
+                           node=runtime.node_name(), term_losses=dict(stats.terms))
+        every = self.cfg.evaluation.local_representation_every
+        if every and self.run_round % every == 0:
+            report.local_repr = self.local_representation()
+        self.on_round_end(report)
+        weight = upload_weight(self.data.size, secagg=self.cfg.privacy.secagg,
+                               weighting=self.cfg.server.weighting)
+        return runtime.get_weights(self.model), weight, report.to_metrics()
+
+    def _start_round(self, ins: FitInstructions, parameters: list) -> int:
+        """The round's partition, data, RNG seeds and model (loaded with ``parameters``),
+        then :meth:`on_round_start`; returns the client's seed for the round."""
+        self.run_round = ins.run_round
+        pid: Optional[int]
         if self._fixed_data is not None:  # a real device: its own data, its own id
             pid = self.default_partition_id if self.default_partition_id is not None else 0
         else:  # simulation: the partition the server assigned this round
-            pid = config.get("partition_id", self.default_partition_id)
+            pid = ins.partition_id if ins.partition_id is not None \
+                else self.default_partition_id
         self.partition_id = int(pid) if pid is not None else -1
         self.data = self.local_data(self.partition_id)
         seed = runtime.client_seed(self.cfg.seed, self.run_round, self.partition_id)
         torch.manual_seed(seed)
         np.random.seed(seed % (2**32))
-
         self.model = self._model()
         runtime.set_weights(self.model, parameters)
         self.global_weights = parameters
-        self.on_round_start(config)
+        self.on_round_start(ins)
+        return seed
 
+    def _train(self, ins: FitInstructions, seed: int):
+        """The shared training loop on the round's batches (``fedrcl_flwr.training``)."""
+        c = self.cfg.client
         bs = batch_size_for(self.data.size, c.batch_size, c.iterations_per_epoch)
         batches = runtime.make_batches(self.data.dataset, self.data.indices, bs, seed,
                                        device=self.device)
@@ -231,41 +269,28 @@ class FederatedClient(NumPyClient):
         if channels_last:  # the pooled model keeps it; set_weights preserves the layout
             self.model.to(memory_format=torch.channels_last)
         settings = LocalTrainSettings(
-            lr=float(config.get("lr", round_lr(c.lr, c.lr_decay, self.run_round))),
+            lr=ins.lr if ins.lr is not None else round_lr(c.lr, c.lr_decay, self.run_round),
             epochs=c.local_epochs, momentum=c.momentum, weight_decay=c.weight_decay,
             grad_clip=c.grad_clip, iterations_per_epoch=c.iterations_per_epoch,
             optimizer=c.optimizer, nesterov=c.nesterov, betas=tuple(c.betas), eps=c.eps,
             epoch_lr_decay=c.epoch_lr_decay, amp=c.amp, channels_last=channels_last,
         )
-        terms = self.loss_terms()
-        if "acg_beta" in config:  # FedACG's client regulariser, for any method
-            terms.append(self.distance_to_received_term("acg", float(config["acg_beta"])))
-        stats = train_local(self.model, batches, terms, settings, self.device,
-                            transform=self.batch_transform(), forward=self.forward(),
-                            params=self.trainable_parameters())
-        metrics: dict = {
-            "partition_id": self.partition_id,
-            "train_loss": stats.loss,
-            "steps": stats.steps,
-            "fit_time_s": time.time() - t0,
-            "node": runtime.node_name(),
-        }
-        for name, value in stats.terms.items():
-            metrics[f"loss_{name}"] = value
-        every = self.cfg.evaluation.local_representation_every
-        if every and self.run_round % every == 0:
-            metrics.update(self.local_representation())
-        self.on_round_end(metrics)
-        weight = self.data.size
-        if self.cfg.privacy.secagg and self.cfg.server.weighting == "uniform":
-            weight = 1  # SecAgg+ weights each masked upload by it: equal weights
-        return runtime.get_weights(self.model), weight, metrics
+        terms = self.loss_terms() + self.strategy_terms(ins)
+        return train_local(self.model, batches, terms, settings, self.device,
+                           transform=self.batch_transform(), forward=self.forward(),
+                           params=self.trainable_parameters())
+
+    def strategy_terms(self, ins: FitInstructions) -> list[LossTerm]:
+        """Loss terms the configured server strategy adds to every method's objective,
+        through its declared hook ``client_loss_terms`` (FedACG: β·Σ‖w − w̃‖²,
+        ``strategies/fedacg.py``); none for most strategies."""
+        return strategy_class(self.cfg.server.strategy).client_loss_terms(self, ins)
 
     def local_representation(self) -> dict:
         """Representation metrics of the local model after local training (FedRCL
-        Figs. 2-3 measure local models), as ``local_repr_*`` fit metrics: on the test set
-        in simulation, on the client's own (un-augmented) data for a client with fixed
-        local data."""
+        Figs. 2-3 measure local models), the report's ``local_repr`` (``local_repr_*``
+        fit metrics): on the test set in simulation, on the client's own (un-augmented)
+        data for a client with fixed local data."""
         from torch.utils.data import Subset
 
         from fedrcl_flwr.representation import representation_record
@@ -277,7 +302,7 @@ class FederatedClient(NumPyClient):
                 else self.data.dataset
             data = Subset(plain, self.data.indices.tolist())
         rec = representation_record(self.model, data, self.device)
-        return {f"local_{k}": v for k, v in rec.items()}
+        return {k[len("repr_"):]: v for k, v in rec.items()}
 
     def evaluate(self, parameters, config):
         """Per-client evaluation (``evaluation.per_client``, ``fedrcl_flwr/client_eval.py``):
@@ -286,36 +311,42 @@ class FederatedClient(NumPyClient):
         several partitions (``partition_ids``); a real device evaluates its own data.
         Returns the mean loss, the number of test samples and ``client_eval`` (JSON:
         partition id -> [correct, samples, loss sum])."""
-        from fedrcl_flwr.evaluation import evaluate_model
-
-        run_round = int(config.get("run_round", 0))
-        if self._fixed_data is not None:
-            pids = [self._data_id(0)]
-        else:
-            pids = client_eval.parse_ids(config.get("partition_ids"))
-            if pids is None:
-                pid = config.get("partition_id", self.default_partition_id)
-                pids = [int(pid) if pid is not None else -1]
-        steps = self.cfg.evaluation.per_client.finetune_steps
+        ins = EvaluateInstructions.from_config(config)
         bundle = runtime.load_bundle(self.cfg) if self._fixed_data is None else None
         model = self._model()
-        results = {}
-        for pid in pids:
-            whole = self.partition_data(pid)
-            dataset, test_idx = client_eval.local_test(self.cfg, self._data_id(pid),
-                                                       whole.indices, whole.dataset, bundle)
-            runtime.set_weights(model, parameters)
-            if steps:
-                train = self.local_data(pid)
-                client_eval.finetune(model, train.dataset, train.indices, self.cfg,
-                                     run_round, self._data_id(pid), steps, self.device)
-            res = evaluate_model(model, dataset, self.device, indices=test_idx,
-                                 batch_size=self.cfg.evaluation.batch_size)
-            results[self._data_id(pid)] = (int(round(res.accuracy * res.num_samples)),
-                                           res.num_samples, res.loss * res.num_samples)
-        n = sum(r[1] for r in results.values())
-        loss = sum(r[2] for r in results.values()) / n if n else 0.0
-        return float(loss), int(n), {"client_eval": client_eval.encode(results)}
+        report = EvaluateReport({self._data_id(pid): self._evaluate_partition(
+            model, bundle, parameters, pid, ins.run_round)
+            for pid in self._evaluated_partitions(ins)})
+        return float(report.mean_loss), int(report.num_samples), report.to_metrics()
+
+    def _evaluated_partitions(self, ins: EvaluateInstructions) -> list[int]:
+        """A real device: its own data; simulation: the partitions the server named."""
+        if self._fixed_data is not None:
+            return [self._data_id(0)]
+        if ins.partition_ids is not None:
+            return list(ins.partition_ids)
+        pid = ins.partition_id if ins.partition_id is not None else self.default_partition_id
+        return [int(pid) if pid is not None else -1]
+
+    def _evaluate_partition(self, model: torch.nn.Module, bundle, parameters, pid: int,
+                            run_round: int) -> tuple[int, int, float]:
+        """``(correct, samples, loss sum)`` of the global model ``parameters`` (fine-tuned
+        first when ``finetune_steps``) on partition ``pid``'s local test data."""
+        from fedrcl_flwr.evaluation import evaluate_model
+
+        steps = self.cfg.evaluation.per_client.finetune_steps
+        whole = self.partition_data(pid)
+        dataset, test_idx = client_eval.local_test(self.cfg, self._data_id(pid),
+                                                   whole.indices, whole.dataset, bundle)
+        runtime.set_weights(model, parameters)
+        if steps:
+            train = self.local_data(pid)
+            client_eval.finetune(model, train.dataset, train.indices, self.cfg,
+                                 run_round, self._data_id(pid), steps, self.device)
+        res = evaluate_model(model, dataset, self.device, indices=test_idx,
+                             batch_size=self.cfg.evaluation.batch_size)
+        return (int(round(res.accuracy * res.num_samples)), res.num_samples,
+                res.loss * res.num_samples)
 
     def frozen_model(self, weights=None, slot: str = "global") -> torch.nn.Module:
         """A second model instance from the process's model pool (one per ``slot``, see
@@ -352,13 +383,13 @@ class SignalClient(FederatedClient):
     (:meth:`embed_local_data`) and uploads signals built from it (:meth:`upload_signals`).
     Its ``client.params`` include ``feature`` (the tap) and ``embed_batch``."""
 
-    def load_signals(self, config: dict, key: str) -> Optional[tuple]:
-        """``(vectors, labels)`` tensors on the device of the signals under ``key`` in the
-        fit config (``signals_local`` / ``signals_global``), or ``None`` when absent or
+    def load_signals(self, encoded: Optional[bytes]) -> Optional[tuple]:
+        """``(vectors, labels)`` tensors on the device of signals the server sent
+        (``ins.signals_local`` / ``ins.signals_global``), or ``None`` when absent or
         empty (round one)."""
-        if key not in config:
+        if encoded is None:
             return None
-        s = decode_signals(config[key])
+        s = decode_signals(encoded)
         if not len(s):
             return None
         return (torch.as_tensor(s.vectors, device=self.device),
@@ -375,6 +406,7 @@ class SignalClient(FederatedClient):
         return feats.numpy(), labels.numpy()
 
     @staticmethod
-    def upload_signals(metrics: dict, signals: SignalSet) -> None:
-        metrics["signals"] = encode_signals(signals)
-        metrics["num_signals"] = len(signals)
+    def upload_signals(report: FitReport, signals: SignalSet) -> None:
+        """Send ``signals`` to the server's SignalExchange with the fit report."""
+        report.signals = encode_signals(signals)
+        report.num_signals = len(signals)

@@ -1,5 +1,8 @@
 """Fault injection for robustness tests: a FedAvg client that misbehaves on purpose.
 
+A test double, not a method: it is not in ``clients.CLIENTS``; the test suite registers
+it as ``client.method: faulty`` (``tests/conftest.py``).
+
 ``client.params``: ``mode`` — ``raise`` (exception), ``nan`` (NaN weights), ``inf``,
 ``shape`` (wrongly shaped arrays), ``missing`` (too few arrays), ``sleep`` (hangs for
 ``sleep_s`` seconds, to exercise round timeouts); ``partitions`` — the partition ids that
@@ -12,13 +15,19 @@ import time
 
 import numpy as np
 
-from clients import CLIENTS
 from clients.base import FederatedClient
+from fedrcl_flwr.components import Rule, non_negative, one_of
 
 
 class FaultyClient(FederatedClient):
     method = "faulty"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {"mode": "raise", "partitions": [-1], "sleep_s": 30.0}
+    rules = {"mode": one_of("raise", "nan", "inf", "shape", "missing", "sleep"),
+             "partitions": Rule(lambda v: all(isinstance(k, int) and not isinstance(k, bool)
+                                              and k >= -1 for k in v),
+                                "must be a list of partition ids (or [-1] = all)",
+                                ([-2], ["a"])),
+             "sleep_s": non_negative()}
 
     def fit(self, parameters, config):
         weights, n, metrics = super().fit(parameters, config)

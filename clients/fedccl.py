@@ -51,10 +51,10 @@ class FedCCLClient(SignalClient):
             out["mean_weighting"] = "uniform"
         return out
 
-    def on_round_start(self, config):
-        self.local_signals = (self.load_signals(config, "signals_local")
+    def on_round_start(self, ins):
+        self.local_signals = (self.load_signals(ins.signals_local)
                               if self.p["use_local"] else None)
-        self.global_signals = (self.load_signals(config, "signals_global")
+        self.global_signals = (self.load_signals(ins.signals_global)
                                if self.p["use_global"] else None)
 
     def loss_terms(self):
@@ -92,13 +92,14 @@ class FedCCLClient(SignalClient):
 
         return adversarial
 
-    def on_round_end(self, metrics):
+    def on_round_end(self, report):
         feats, labels = self.embed_local_data()
         level = self.p["signal_level"]
         s = class_cluster_signals(feats, labels, mode=self.p["local_signal"],
                                   level=int(level) if level.isdigit() else level)
-        self.upload_signals(metrics, s)
-        metrics["used_local_signals"] = 0 if self.local_signals is None else int(
+        self.upload_signals(report, s)
+        used = report.method_metrics
+        used["used_local_signals"] = 0 if self.local_signals is None else int(
             self.local_signals[0].shape[0])
-        metrics["used_global_signals"] = 0 if self.global_signals is None else int(
+        used["used_global_signals"] = 0 if self.global_signals is None else int(
             self.global_signals[0].shape[0])

@@ -19,8 +19,9 @@ linear term is skipped.
 Server side: ``server.strategy: feddyn`` (``strategies/feddyn.py``), required (checked
 before the run: this client with another server rule would not be FedDyn), keeps h and
 sends θ^t = mean(θ_k^t) − h^t/α. α is one key, ``server.params.alpha`` (0.1, FedDyn's
-CIFAR setting; not listed in FedRCL Sec. E), sent to the clients in the fit config
-(``feddyn_alpha``) as FedACG sends its β; this client has no parameters of its own.
+CIFAR setting; not listed in FedRCL Sec. E), sent to the clients in the fit instructions
+as the strategy's :class:`strategies.feddyn.FedDynParams` (``feddyn_alpha``), as FedACG
+sends its β; this client has no parameters of its own.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 from clients import CLIENTS
 from clients.base import FederatedClient
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
+from strategies.feddyn import FedDynParams
 
 STATE_NAME = "feddyn_grad"
 
@@ -42,8 +44,8 @@ class FedDynClient(FederatedClient):
     def _named_trainable(self):
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
 
-    def on_round_start(self, config):
-        self.alpha = float(config["feddyn_alpha"])
+    def on_round_start(self, ins):
+        self.alpha = ins.strategy_params(FedDynParams).feddyn_alpha
         state = self.persistent_state_store().load(self.partition_id, STATE_NAME)
         self.dyn_grads = None
         if state is not None:
@@ -62,7 +64,7 @@ class FedDynClient(FederatedClient):
         return [cross_entropy_term(), LossTerm("dyn", dyn)]
 
     @torch.no_grad()
-    def on_round_end(self, metrics):
+    def on_round_end(self, report):
         alpha = self.alpha
         named = self._named_trainable()
         anchors = self.received_trainable()
@@ -70,4 +72,4 @@ class FedDynClient(FederatedClient):
         new = {n: (g - alpha * (p.detach() - a)).float().cpu()
                for (n, p), a, g in zip(named, anchors, grads)}
         self.persistent_state_store().save(self.partition_id, STATE_NAME, new)
-        metrics["feddyn_state"] = int(self.dyn_grads is not None)
+        report.method_metrics["feddyn_state"] = int(self.dyn_grads is not None)

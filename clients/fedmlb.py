@@ -11,10 +11,11 @@ global* blocks i+1..M; the local objective is
 loss terms ``ce``, ``mlb_ce`` and ``mlb_kl``. Gradients reach the local blocks through the
 hybrid branches (the global parameters are frozen, not the activations).
 
-Model interface: ``model.block_forward(x)`` → the list of block outputs up to the
-penultimate feature, and ``model.forward_from(k, h)`` → logits from block k's output
-(CNN4, CNN5, ResNet18GN and the Table C backbones of ``models/staged.py``
-implement them); other models are rejected before the run. The
+Model interface (``BlockModel``, ``fedrcl_flwr/models/interface.py``):
+``model.block_forward(x)`` → the list of block outputs up to the penultimate feature, and
+``model.forward_from(k, h)`` → logits from block k's output (CNN4, CNN5, ResNet18GN and the
+Table C backbones of ``models/staged.py`` implement them); other models are rejected
+before the run. The
 client's :meth:`forward` hook makes the training loop compute the main pathway through
 ``block_forward`` (same function, same outputs), so its intermediate maps come from the
 one forward the loop already does; the shared model itself is not touched.
@@ -31,8 +32,9 @@ from __future__ import annotations
 
 from clients import CLIENTS
 from clients.base import FederatedClient
-from fedrcl_flwr.components import has_blocks, resolve_branches  # noqa: F401 - re-exported
+from fedrcl_flwr.components import resolve_branches
 from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.models.interface import has_blocks
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 MAPS_KEY = "mlb_maps"
@@ -62,7 +64,7 @@ class FedMLBClient(FederatedClient):
                 f"(model.block_forward / model.forward_from); model '{cfg.model.name}' "
                 f"has none (cnn4, cnn5, resnet18_gn and the Table C backbones do)")
 
-    def on_round_start(self, config):
+    def on_round_start(self, ins):
         self.global_net = self.frozen_model()
 
     def forward(self):

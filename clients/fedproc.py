@@ -58,6 +58,6 @@ class FedProcClient(PrototypeClient):
                 LossTerm("proc", lambda b: fedproc_loss(b.feats[feat], b.y, pv, pl, tau),
                          weight=alpha, needs_features=True)]
 
-    def on_round_end(self, metrics):
-        metrics["fedproc_alpha"] = self.alpha()
-        super().on_round_end(metrics)
+    def on_round_end(self, report):
+        report.method_metrics["fedproc_alpha"] = self.alpha()
+        super().on_round_end(report)

@@ -12,7 +12,7 @@ prototype add zero; round one (no prototypes yet) is plain CE.
 Prototypes travel through the signal exchange (``strategies/signal_exchange.py``,
 ``global_mode: mean``, ``send_local: false``): after training the client embeds its data
 with the updated model (eval mode, no augmentation) and uploads one class-mean prototype
-per class it holds (``metrics["signals"]``); the server's global prototype of a class is
+per class it holds (the fit report's ``signals``); the server's global prototype of a class is
 the sample-count-weighted mean of the uploads (the exchange's ``mean`` mode; FedProto's
 released code averages the clients' prototypes uniformly). ``max_age: 1``: only
 the previous round's uploads count, as in the original (override with
@@ -47,18 +47,18 @@ class PrototypeClient(SignalClient):
     def exchange_settings(cls, p: dict) -> dict:
         return {"global_mode": cls.global_mode, "send_local": cls.send_local, "max_age": 1}
 
-    def on_round_start(self, config):
-        self.global_protos = self.load_signals(config, "signals_global")
-        self.local_protos = (self.load_signals(config, "signals_local") if self.send_local
+    def on_round_start(self, ins):
+        self.global_protos = self.load_signals(ins.signals_global)
+        self.local_protos = (self.load_signals(ins.signals_local) if self.send_local
                              else None)
 
-    def on_round_end(self, metrics):
+    def on_round_end(self, report):
         feats, labels = self.embed_local_data()
         if self.normalize_protos:
             feats = feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
-        self.upload_signals(metrics, class_cluster_signals(feats, labels, mode="mean"))
-        metrics["used_global_signals"] = 0 if self.global_protos is None else int(
-            self.global_protos[0].shape[0])
+        self.upload_signals(report, class_cluster_signals(feats, labels, mode="mean"))
+        report.method_metrics["used_global_signals"] = 0 if self.global_protos is None \
+            else int(self.global_protos[0].shape[0])
 
 
 class FedProtoClient(PrototypeClient):

@@ -46,7 +46,7 @@ class MOONClient(FederatedClient):
     method = "moon"
     defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
 
-    def on_round_start(self, config):
+    def on_round_start(self, ins):
         self.global_net = self.prev_net = None
         if float(self.p["mu"]) == 0.0:
             return
@@ -76,8 +76,8 @@ class MOONClient(FederatedClient):
                               needs_features=True))
         return terms
 
-    def on_round_end(self, metrics):
-        metrics["moon_prev"] = int(self.prev_net is not None)
+    def on_round_end(self, report):
+        report.method_metrics["moon_prev"] = int(self.prev_net is not None)
         if float(self.p["mu"]) == 0.0:
             return
         self.persistent_state_store().save(self.partition_id, STATE_NAME,

@@ -1,4 +1,7 @@
 """Per-client (personalised) evaluation (``evaluation.per_client``; off by default).
+The messages (which partitions a node evaluates, its ``(correct, samples, loss sum)``
+per partition) are ``EvaluateInstructions`` / ``EvaluateReport`` of
+:mod:`fedrcl_flwr.protocol`.
 
 Every ``every`` rounds (and at the last round) the server asks clients, through Flower's
 federated evaluation (``Strategy.configure_evaluate`` -> ``NumPyClient.evaluate`` ->
@@ -39,13 +42,12 @@ accuracy}, for the distribution figure of ``fedrcl-flwr plot``).
 
 from __future__ import annotations
 
-import json
 import math
-from typing import Optional
 
 import numpy as np
 
 from fedrcl_flwr.catalog import CLIENT_STAT_KEYS as STAT_KEYS
+from fedrcl_flwr.protocol import decode_client_eval, encode_client_eval
 
 HOLDOUT_SALT = 0x7E57
 FINETUNE_SALT = 0xF1E7
@@ -177,31 +179,9 @@ def finetune(model, dataset, indices: np.ndarray, cfg, run_round: int, client: i
         train_local(model, batches, [cross_entropy_term()], settings, device)
 
 
-def encode(results: dict) -> str:
-    """``{partition id: (correct, samples, loss sum)}`` as the JSON string a client
-    returns in its evaluate metrics (``client_eval``)."""
-    return json.dumps({str(int(k)): [int(c), int(n), float(s)]
-                       for k, (c, n, s) in sorted(results.items())})
-
-
-def decode(text) -> dict:
-    """Inverse of :func:`encode`; malformed entries are left out."""
-    try:
-        data = json.loads(text)
-    except (TypeError, ValueError):
-        return {}
-    out = {}
-    if not isinstance(data, dict):
-        return out
-    for k, v in data.items():
-        try:
-            c, n, s = v
-            pid, c, n, s = int(k), int(c), int(n), float(s)
-        except (TypeError, ValueError):
-            continue
-        if 0 <= c <= n:
-            out[pid] = (c, n, s)
-    return out
+# the ``client_eval`` report of a client's evaluate metrics (fedrcl_flwr/protocol.py)
+encode = encode_client_eval
+decode = decode_client_eval
 
 
 def summarize(results: dict, failures: int = 0) -> dict:
@@ -242,9 +222,3 @@ def assign(pids: list, slots: int) -> list[list]:
         out.append(pids[start:end])
         start = end
     return out
-
-
-def parse_ids(text) -> Optional[list]:
-    if text is None:
-        return None
-    return [int(t) for t in str(text).split(",") if t.strip()]

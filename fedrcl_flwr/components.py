@@ -190,6 +190,35 @@ def type_violations(default: Any) -> list:
     return []
 
 
+EXTRA_COMPONENTS_ENV = "FEDRCL_FLWR_EXTRA_COMPONENTS"
+
+
+def extra_components(key: str) -> dict[str, str]:
+    """Components registered from outside the package for the registry selected by
+    ``key``: the environment variable :data:`EXTRA_COMPONENTS_ENV` holds JSON
+    ``{"client.method": {"name": "module:Class"}, ...}``. It reaches every process a run
+    starts (the CLI, the SuperLink, the ServerApp, the ClientApps, Ray's workers), which
+    is how the test suite registers its test doubles (``tests/conftest.py``: the
+    ``faulty`` client method) without them in the production registries."""
+    import json
+    import os
+
+    text = os.environ.get(EXTRA_COMPONENTS_ENV, "").strip()
+    if not text:
+        return {}
+    try:
+        entries = json.loads(text).get(key, {})
+        ok = isinstance(entries, dict) and all(
+            isinstance(k, str) and isinstance(v, str) and v.count(":") == 1
+            for k, v in entries.items())
+    except (ValueError, AttributeError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"{EXTRA_COMPONENTS_ENV}: must be JSON {{\"{key}\": {{\"name\": "
+                          f"\"module:Class\"}}}}, got {text[:200]!r}")
+    return dict(entries)
+
+
 @dataclass(frozen=True)
 class Declared:
     """A registered component as its registry declares it, without importing it: the
@@ -197,7 +226,9 @@ class Declared:
     default value, whose type is the parameter's) with their allowed values in ``rules``
     (name -> :class:`Rule`). Plain data (no Flower): ``report`` reads a method's defaults
     from here, and the class takes its ``defaults`` / ``rules`` from here
-    (:meth:`Registry.params`)."""
+    (:meth:`Registry.params`). A component registered from outside the package
+    (:meth:`Registry.register`, :func:`extra_components`: a ``"module:Class"`` only)
+    declares its parameters on its class instead (``clients/faulty.py``)."""
 
     target: str
     defaults: dict = field(default_factory=dict)
@@ -207,12 +238,24 @@ class Declared:
 class Registry(dict):
     """Name -> :class:`Declared` of one kind of component, the class imported lazily (one
     broken component cannot break the others); ``key`` is the config key that selects
-    one. An entry given as a ``"module:Class"`` string declares no parameters."""
+    one. An entry given as a ``"module:Class"`` string declares no parameters.
+    ``builtin`` are the package's own entries; others come from :meth:`register` (this
+    process) or :func:`extra_components` (the environment: every process of a run)."""
 
     def __init__(self, key: str, entries: dict[str, Any]):
-        super().__init__({name: e if isinstance(e, Declared) else Declared(e)
-                          for name, e in entries.items()})
+        super().__init__({name: _declared(e) for name, e in entries.items()})
         self.key = key
+        self.builtin = frozenset(entries)
+        for name, target in extra_components(key).items():
+            self[name] = _declared(target)
+
+    def register(self, name: str, target: str) -> None:
+        """Add component ``name`` = ``"module:Class"`` in this process (a process a run
+        starts needs :data:`EXTRA_COMPONENTS_ENV` too)."""
+        if target.count(":") != 1:
+            raise ValueError(f"{self.key} '{name}': target must be 'module:Class', got "
+                             f"{target!r}")
+        self[name] = _declared(target)
 
     def declared(self, name: str) -> Declared:
         if name not in self:
@@ -221,8 +264,8 @@ class Registry(dict):
         return self[name]
 
     def params(self, name: str) -> tuple[dict, dict]:
-        """``(defaults, rules)`` of component ``name`` (its class's ``defaults`` and
-        ``rules``)."""
+        """``(defaults, rules)`` of component ``name`` as registered (its class's
+        ``defaults`` and ``rules`` for the package's own components)."""
         entry = self.declared(name)
         return entry.defaults, entry.rules
 
@@ -231,10 +274,15 @@ class Registry(dict):
         return getattr(importlib.import_module(module), cls)
 
 
+def _declared(entry: Any) -> Declared:
+    return entry if isinstance(entry, Declared) else Declared(entry)
+
+
 # ----------------------------------------------------------- rules about the model's taps
 def model_taps(model) -> tuple:
-    """Names ``model(x, return_features=True)`` returns: its ``levels`` + ``penultimate``."""
-    levels = tuple(getattr(model, "levels", ()))
+    """Names ``model(x, return_features=True)`` returns: its ``levels`` + ``penultimate``
+    (``model`` follows ``fedrcl_flwr.models.interface.FeatureModel``)."""
+    levels = tuple(model.levels)
     return levels + (() if "penultimate" in levels else ("penultimate",))
 
 
@@ -285,12 +333,6 @@ def tap_levels() -> Rule:
 
 
 # ------------------------------------------------------- rules about the model's blocks
-def has_blocks(model) -> bool:
-    """The model can be run block by block (``block_forward`` / ``forward_from``: FedMLB)."""
-    return callable(getattr(model, "block_forward", None)) and callable(
-        getattr(model, "forward_from", None))
-
-
 def resolve_branches(req: list, n_blocks: int) -> list[int]:
     """Block indices that get a hybrid branch: ``[all]`` (or ``[]``) = every block."""
     if req in (["all"], []):
@@ -307,6 +349,8 @@ def block_indices() -> Rule:
 
     def check(req, get_model):
         import torch
+
+        from fedrcl_flwr.models.interface import has_blocks
 
         model = None if req in (["all"], []) else get_model()
         if model is None or not has_blocks(model):

@@ -5,11 +5,14 @@ It owns the global model (NumPy arrays) and, per round:
 1. ``configure_fit`` samples *partition ids* with
    :func:`fedrcl_flwr.runtime.sample_partitions` (seed and round only — the same for every
    method and strategy; Flower node ids are random and are used only as execution slots)
-   and sends each sampled client :meth:`weights_to_send` plus its fit config and
-   :meth:`fit_extras`;
-2. ``aggregate_fit`` drops unusable results (exceptions, NaN/Inf, wrong shapes), averages
-   the rest (uniform or sample-weighted) and hands the average to :meth:`server_update`,
-   the hook where server optimizers (FedAvgM, FedAdam, FedACG) differ;
+   and sends each sampled client :meth:`weights_to_send` with its
+   :class:`~fedrcl_flwr.protocol.FitInstructions` (:meth:`fit_instructions`: round,
+   partition, the signal exchange's signals, the strategy's :meth:`client_params`);
+2. ``aggregate_fit`` reads each client's :class:`~fedrcl_flwr.protocol.FitReport`, drops
+   unusable results (exceptions, malformed reports, NaN/Inf, wrong shapes), averages the
+   rest (uniform or sample-weighted) and hands the average with the kept
+   :class:`ClientResult` s to :meth:`server_update`, the hook where server optimizers
+   (FedAvgM, FedAdam, FedACG, FedDyn) differ;
 3. ``evaluate`` runs the centralised evaluation every ``eval_every`` rounds and passes one
    record per evaluated round to ``on_record`` (the run's recorder), then
    ``on_checkpoint(run_round, state)`` with the strategy's state as it was at the end of
@@ -32,9 +35,13 @@ the round's record waits for ``aggregate_evaluate`` (Flower calls it right after
 ``evaluate``), which adds the ``client_acc_*`` statistics and then hands the record on
 as above.
 
-Hooks for subclasses: :meth:`weights_to_send`, :meth:`fit_extras`, :meth:`server_update`,
-:meth:`after_aggregate`. Parameters: ``defaults`` with their allowed values in ``rules``
-(:mod:`fedrcl_flwr.components`, checked before the run). Server-optimizer state is
+Hooks for subclasses: :meth:`weights_to_send` (what clients start from),
+:meth:`client_params` (the strategy's values sent to every client),
+:meth:`client_loss_terms` (runs on the client: loss terms the strategy adds to every
+method's objective, FedACG) and :meth:`server_update` (the new global model from the
+average and the round's kept results; returns metrics for the record). Parameters:
+``defaults`` with their allowed values in ``rules`` (:mod:`fedrcl_flwr.components`,
+checked before the run). Server-optimizer state is
 *declared* in ``buffers``: the base creates each buffer (one float64 array per trainable
 parameter, ``None`` for BatchNorm buffers / counters, filled with :meth:`buffer_fill`) and
 saves / restores it in :meth:`state_dict` / :meth:`load_state_dict`, so a new optimizer
@@ -56,7 +63,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 from flwr.common import (
@@ -67,11 +75,21 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
+from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
+from fedrcl_flwr.app.flower_private import ClientProxy
 from fedrcl_flwr.components import resolve_params
+from fedrcl_flwr.protocol import (
+    LOCAL_REPR_PREFIX,
+    TERM_LOSS_PREFIX,
+    EvaluateInstructions,
+    EvaluateReport,
+    FitInstructions,
+    FitReport,
+    ProtocolError,
+    StrategyParams,
+)
 from fedrcl_flwr.runtime import sample_partitions
 from strategies.aggregation import (
     check_update,
@@ -79,6 +97,12 @@ from strategies.aggregation import (
     entry_kinds,
     weighted_average,
 )
+
+if TYPE_CHECKING:  # the client-side hook's types (torch; no import cycle at run time)
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from clients.base import FederatedClient
+    from fedrcl_flwr.training import LossTerm
 
 log = logging.getLogger("fedrcl_flwr")
 
@@ -112,6 +136,49 @@ def client_error_line(failure) -> str:
 def copy_arrays(arrays):
     """Independent copies of a list of arrays (``None`` entries kept)."""
     return [None if a is None else np.array(a, copy=True) for a in arrays]
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """One kept client result of a round, what :meth:`FederatedStrategy.server_update`
+    receives (sorted by partition id)."""
+
+    partition_id: int
+    weights: list  # the client's model, NumPy arrays in the model's state order
+    report: FitReport  # what it reported (fedrcl_flwr/protocol.py)
+    fit_res: FitRes  # Flower's result (Flower's DP wrapper reads it)
+
+    @property
+    def num_examples(self) -> int:
+        """The weight it gave its upload (``fedrcl_flwr.protocol.upload_weight``)."""
+        return int(self.fit_res.num_examples)
+
+
+def client_statistics(kept: list[ClientResult]) -> dict:
+    """The round's record entries from the kept clients' reports: the mean training loss,
+    where the clients ran (``client_nodes``), the mean of each local-model representation
+    metric (``local_repr_*``, NaN-aware) and of each loss term (``train_loss_<term>``),
+    and the local effective rank per client."""
+    info: dict = {"train_loss": float(np.mean([
+        r.report.train_loss if r.report.train_loss is not None else np.nan for r in kept]))}
+    nodes: dict = {}
+    for r in kept:
+        if r.report.node is not None:
+            nodes[r.report.node] = nodes.get(r.report.node, 0) + 1
+    if nodes:
+        info["client_nodes"] = dict(sorted(nodes.items()))
+    for name in sorted({k for r in kept for k in r.report.local_repr}):
+        vals = [float(r.report.local_repr[name]) for r in kept if name in r.report.local_repr]
+        info[LOCAL_REPR_PREFIX + name] = float(np.nanmean(vals)) \
+            if np.isfinite(vals).any() else float("nan")
+    for name in sorted({k for r in kept for k in r.report.term_losses}):
+        vals = [r.report.term_losses[name] for r in kept if name in r.report.term_losses]
+        info[f"train_{TERM_LOSS_PREFIX}{name}"] = float(np.mean(vals))
+    if "effective_rank" in {k for r in kept for k in r.report.local_repr}:
+        info[f"{LOCAL_REPR_PREFIX}effective_rank_per_client"] = {
+            str(r.partition_id): float(r.report.local_repr["effective_rank"])
+            for r in kept if "effective_rank" in r.report.local_repr}
+    return info
 
 
 class FederatedStrategy(Strategy):
@@ -150,11 +217,7 @@ class FederatedStrategy(Strategy):
         super().__init__()
         self.availability = availability  # fedrcl_flwr.availability.Availability or None
         self.per_client = per_client  # (every, "sampled" | "all") or None (off)
-        self._avail_info: dict = {}
-        self._deferred = None  # a round end waiting for the per-client evaluation
         self.overlap_evaluation = overlap_evaluation
-        self._round_end_executor = None  # one worker thread, created on first use
-        self._round_end_pending = None
         self.p = self.resolve(params)
         self.weights = [np.asarray(w).copy() for w in initial_weights]
         self.kinds = entry_kinds(self.weights, trainable)
@@ -173,26 +236,42 @@ class FederatedStrategy(Strategy):
         self.round_offset = round_offset
         self.exchange = exchange  # optional SignalExchange (FedCCL, FedProto, FPL)
         self.model_bytes = int(sum(np.asarray(w).nbytes for w in self.weights))
+        self._init_round_state()
+        self._init_buffers()
+        self._init_privacy(privacy)
+
+    def _init_round_state(self) -> None:
+        """What the server keeps between and within rounds (besides the model)."""
         self.consecutive_empty = 0
         self.rounds_trained = 0  # rounds in which at least one client result was kept
         self.first_client_error: Optional[str] = None
         self._fit_info: dict = {}
+        self._avail_info: dict = {}
         self._sampled: list[int] = []  # the round's sampled partitions (all, with availability)
         self._sent: list[int] = []  # those sent the model to train
         self._round_start = time.time()
+        self._deferred: Optional[tuple] = None  # a round end awaiting per-client evaluation
+        self._round_end_executor: Optional[ThreadPoolExecutor] = None  # created on first use
+        self._round_end_pending: Optional[Future] = None
+
+    def _init_buffers(self) -> None:
+        """Create each declared buffer (module doc): float64 per trainable parameter."""
         for b in self.buffers:
             fill = self.buffer_fill(b)
             setattr(self, b, [np.full(w.shape, fill, np.float64) if k == "param" else None
                               for w, k in zip(self.weights, self.kinds)])
-        # privacy (a fedrcl_flwr.config.PrivacyConfig; off by default): central DP through
-        # Flower's wrappers (strategies/privacy.py), SecAgg+ results (fedrcl_flwr/app)
+
+    def _init_privacy(self, privacy) -> None:
+        """``privacy`` (a ``fedrcl_flwr.config.PrivacyConfig``; off by default): central
+        DP through Flower's wrappers (``strategies/privacy.py``), SecAgg+ results
+        (``fedrcl_flwr/app``)."""
         self.secagg = bool(privacy is not None and privacy.secagg)
         self.dp = None
         if privacy is not None and privacy.dp is not None:
             from strategies.privacy import CentralDP
 
-            self.dp = CentralDP(self, privacy.dp, num_sampled=clients_per_round,
-                                num_clients=num_clients)
+            self.dp = CentralDP(self, privacy.dp, num_sampled=self.clients_per_round,
+                                num_clients=self.num_clients)
 
     @classmethod
     def resolve(cls, params: Optional[dict]) -> dict:
@@ -209,17 +288,28 @@ class FederatedStrategy(Strategy):
         """What clients start from (FedACG overrides: the look-ahead model)."""
         return self.weights
 
-    def fit_extras(self, run_round: int, partition_id: int) -> dict:
-        """Extra per-client fit config entries (scalars or bytes)."""
-        return {}
+    def client_params(self, run_round: int) -> Optional[StrategyParams]:
+        """The strategy's values every client receives in its fit instructions (a
+        :class:`~fedrcl_flwr.protocol.StrategyParams` dataclass: FedACG's β, FedDyn's α);
+        ``None``: nothing."""
+        return None
 
-    def server_update(self, run_round: int, average: list[np.ndarray]) -> None:
-        """Turn the clients' average into the new global model (FedAvg: take it)."""
+    @classmethod
+    def client_loss_terms(cls, client: FederatedClient,
+                          ins: FitInstructions) -> list[LossTerm]:
+        """Runs on the client: the ``LossTerm``s this strategy adds to every method's
+        objective, built from the client (``clients/base.py``: ``received_trainable``,
+        ``distance_to_received_term``) and its fit instructions (FedACG's
+        β·Σ‖w − w̃‖²); default none."""
+        return []
+
+    def server_update(self, run_round: int, average: list[np.ndarray],
+                      results: list[ClientResult]) -> Optional[dict]:
+        """Turn the clients' ``average`` into the new global model ``self.weights``
+        (FedAvg: take it). ``results`` are the round's kept client results (sorted by
+        partition id); return metrics for the round's record (or ``None``)."""
         self.weights = average
-
-    def after_aggregate(self, run_round: int, results: list[tuple[int, FitRes]]) -> dict:
-        """Called with ``(partition_id, FitRes)`` of the kept results; returns metrics."""
-        return {}
+        return None
 
     def state_dict(self) -> dict:
         state = {"weights": copy_arrays(self.weights),
@@ -293,12 +383,8 @@ class FederatedStrategy(Strategy):
                 log.warning("round %d: only %d client nodes for %d sampled partitions; "
                             "training the first %d", rnd, len(slots), len(pids), len(slots))
                 pids = pids[: len(slots)]
-            for slot, pid in zip(slots, pids):
-                config = {"run_round": rnd, "partition_id": pid}
-                config.update(self.fit_extras(rnd, pid))
-                if self.exchange is not None:
-                    config.update(self.exchange.fit_extras(rnd, pid))
-                out.append((slot, FitIns(send, config)))
+            out = [(slot, FitIns(send, self.fit_instructions(rnd, pid).to_config()))
+                   for slot, pid in zip(slots, pids)]
         self._sent = pids  # the clients whose data may enter this round's release
         self._sampled = pids if self.availability is None else sampled
         # the round's record when aggregate_fit is not called (Flower skips it when there
@@ -310,111 +396,141 @@ class FederatedStrategy(Strategy):
             self._fit_info.update(self.dp.accountant.record())
         return out
 
+    def fit_instructions(self, run_round: int, partition_id: int) -> FitInstructions:
+        """What one sampled client is told besides the weights: the round, its
+        partition, the signal exchange's signals and :meth:`client_params`."""
+        signals = self.exchange.signals_for_round(run_round) if self.exchange is not None \
+            else (None, None)
+        return FitInstructions.build(run_round, partition_id, signals=signals,
+                                     strategy=self.client_params(run_round))
+
     def aggregate_fit(self, server_round: int, results, failures):
+        """The round's new global model from the clients' results, in named steps: screen
+        the results (:meth:`_screen`), end a round without usable results
+        (:meth:`_empty_round`), average the kept ones (:meth:`_average`), hand the average
+        and the kept results to :meth:`server_update`, and record the round's client
+        statistics (:func:`client_statistics`)."""
         rnd = self.run_round(server_round)
-        kept: list[tuple[int, FitRes, list]] = []
-        reasons: list[str] = []
-        for f in failures:
-            line = client_error_line(f)
-            if self.first_client_error is None:
-                self.first_client_error = line
-            reasons.append(f"client error: {line}")
-        for proxy, res in results:
-            pid = int(res.metrics.get("partition_id", -1))
+        reasons = [f"client error: {self._note_error(client_error_line(f))}"
+                   for f in failures]
+        kept = self._screen(results, reasons)
+        if self.secagg and len(kept) < len(results):
+            kept = self._discard_secagg_sum(rnd, kept, len(results), reasons)
+        for r in reasons:
+            log.warning("round %d: dropped a client result (%s)", rnd, r)
+        if reasons:
+            self._note_error(reasons[0])
+        info = self._round_info(rnd, kept, len(reasons))
+        if not kept:
+            return self._empty_round(rnd, info)
+        self.consecutive_empty = 0
+        self.rounds_trained += 1
+        kept.sort(key=lambda r: r.partition_id)  # order-independent arithmetic
+        average = self._average(server_round, kept, info)
+        extra = self.server_update(rnd, average, kept) or {}
+        info.update(client_statistics(kept))
+        info.update(extra)
+        self._fit_info = info
+        return ndarrays_to_parameters(self.weights), {}
+
+    def _note_error(self, line: str) -> str:
+        """Keep the run's first client error (the message of an aborted run)."""
+        if self.first_client_error is None:
+            self.first_client_error = line
+        return line
+
+    def _screen(self, results, reasons: list[str]) -> list[ClientResult]:
+        """The usable results as :class:`ClientResult`; why each other one is unusable
+        goes to ``reasons``: a malformed report, undecodable parameters, wrong shapes,
+        NaN/Inf, a non-finite training loss, or (client-side DP) an unclipped update."""
+        kept: list[ClientResult] = []
+        for _, res in results:
+            try:
+                report = FitReport.from_metrics(res.metrics)
+            except ProtocolError as exc:
+                reasons.append(f"malformed fit report ({exc})")
+                continue
+            pid = report.partition_id
             try:
                 arrays = parameters_to_ndarrays(res.parameters)
             except Exception as exc:  # noqa: BLE001 - any undecodable upload is dropped
                 reasons.append(f"partition {pid}: undecodable parameters ({exc})")
                 continue
             why = check_update(arrays, self.weights)
-            if why is None and not np.isfinite(float(res.metrics.get("train_loss", 0.0))):
+            loss = report.train_loss if report.train_loss is not None else 0.0
+            if why is None and not np.isfinite(loss):
                 why = "non-finite training loss"
             if why is None and self.dp is not None and not self.secagg:
                 why = self.dp.unclipped(arrays)
             if why is not None:
                 reasons.append(f"partition {pid}: {why}")
                 continue
-            kept.append((pid, res, arrays))
-        if self.secagg and len(kept) < len(results):
-            # SecAgg+: an unusable result is inside the masked sum every result holds
-            log.warning("round %d: SecAgg+: %d result(s) unusable, and a result cannot be "
-                        "taken out of the masked sum: the round's aggregate is discarded",
-                        rnd, len(results) - len(kept))
-            reasons += [f"partition {pid}: in a discarded SecAgg+ sum" for pid, _, _ in kept]
-            kept = []
-        for r in reasons:
-            log.warning("round %d: dropped a client result (%s)", rnd, r)
-        if reasons and self.first_client_error is None:
-            self.first_client_error = reasons[0]
+            kept.append(ClientResult(pid, arrays, report, res))
+        return kept
 
-        info = {"num_clients": len(kept), "failures": len(reasons),
+    def _discard_secagg_sum(self, rnd: int, kept: list[ClientResult], received: int,
+                            reasons: list[str]) -> list[ClientResult]:
+        """SecAgg+: an unusable result is inside the masked sum every result holds, so a
+        round with one is discarded whole."""
+        log.warning("round %d: SecAgg+: %d result(s) unusable, and a result cannot be "
+                    "taken out of the masked sum: the round's aggregate is discarded",
+                    rnd, received - len(kept))
+        reasons += [f"partition {r.partition_id}: in a discarded SecAgg+ sum" for r in kept]
+        return []
+
+    def _round_info(self, rnd: int, kept: list[ClientResult], failures: int) -> dict:
+        """The round's record so far: clients kept and failed, bytes moved, ε, and the
+        signal exchange's ingest of the kept uploads."""
+        info = {"num_clients": len(kept), "failures": failures,
                 "model_bytes_down": self.model_bytes * len(self._sampled),
                 "model_bytes_up": self.model_bytes * len(kept), **self._avail_info}
-        if self.dp is not None:  # ε so far (updated below when this round releases)
+        if self.dp is not None:  # ε so far (updated in _average when this round releases)
             info.update(self.dp.accountant.record())
         if self.exchange is not None:
             info["signal_bytes_down"] = (self.exchange.bytes_down_per_client(rnd)
                                          * len(self._sampled))
-            info.update(self.exchange.ingest(rnd, [(pid, r.metrics) for pid, r, _ in kept]))
-        if not kept:
-            self.consecutive_empty += 1
-            log.warning("round %d: every client failed; global model unchanged "
-                        "(%d consecutive empty rounds)", rnd, self.consecutive_empty)
-            self._fit_info = info
-            first = f"; first client error: {self.first_client_error}" \
-                if self.first_client_error else ""
-            if self.consecutive_empty >= self.max_failed or (rnd >= self.rounds
-                                                             and self.rounds_trained == 0):
-                self.drain()  # the previous round's record and checkpoint first
-            if self.consecutive_empty >= self.max_failed:
-                raise AllClientsFailed(
-                    f"aborting: {self.consecutive_empty} consecutive rounds in which every "
-                    f"client failed (federation.max_consecutive_failed_rounds="
-                    f"{self.max_failed}){first}")
-            if rnd >= self.rounds and self.rounds_trained == 0:
-                raise AllClientsFailed(f"no client trained in any of the {rnd} rounds{first}")
-            return ndarrays_to_parameters(self.weights), {}
-        self.consecutive_empty = 0
-        self.rounds_trained += 1
-        kept.sort(key=lambda t: t[0])  # order-independent arithmetic
+            info.update(self.exchange.ingest(rnd, [(r.partition_id, r.report)
+                                                   for r in kept]))
+        return info
+
+    def _empty_round(self, rnd: int, info: dict):
+        """No usable result: the global model stays; abort after
+        ``max_consecutive_failed_rounds`` such rounds, or at the last round when no
+        client ever trained."""
+        self.consecutive_empty += 1
+        log.warning("round %d: every client failed; global model unchanged "
+                    "(%d consecutive empty rounds)", rnd, self.consecutive_empty)
+        self._fit_info = info
+        first = f"; first client error: {self.first_client_error}" \
+            if self.first_client_error else ""
+        too_many = self.consecutive_empty >= self.max_failed
+        never = rnd >= self.rounds and self.rounds_trained == 0
+        if too_many or never:
+            self.drain()  # the previous round's record and checkpoint first
+        if too_many:
+            raise AllClientsFailed(
+                f"aborting: {self.consecutive_empty} consecutive rounds in which every "
+                f"client failed (federation.max_consecutive_failed_rounds="
+                f"{self.max_failed}){first}")
+        if never:
+            raise AllClientsFailed(f"no client trained in any of the {rnd} rounds{first}")
+        return ndarrays_to_parameters(self.weights), {}
+
+    def _average(self, server_round: int, kept: list[ClientResult], info: dict) -> list:
+        """The clients' average: through Flower's DP wrapper (clip, average, noise; the
+        release is accounted in ``info``), SecAgg+'s unmasked average, or the uniform /
+        sample-weighted average (``server.weighting``)."""
         if self.dp is not None:  # Flower's wrapper: clip (server mode), average, noise
-            average = self.dp.aggregate(server_round, [(None, r) for _, r, _ in kept],
+            average = self.dp.aggregate(server_round, kept,
                                         secagg_active=len(kept) if self.secagg else 0)
             self.dp.accountant.record_release(self._sent)
             info.update(self.dp.accountant.record())
-        elif self.secagg:  # every result holds the same unmasked SecAgg+ average
-            average = [np.asarray(a).astype(np.asarray(w).dtype)
-                       for a, w in zip(kept[0][2], self.weights)]
-        else:
-            coefs = client_coefficients([r.num_examples for _, r, _ in kept],
-                                        self.weighting)
-            average = weighted_average([a for _, _, a in kept], coefs, self.kinds)
-        self.server_update(rnd, average)
-        info["train_loss"] = float(np.mean([float(r.metrics.get("train_loss", np.nan))
-                                            for _, r, _ in kept]))
-        nodes: dict = {}  # where the kept clients ran (clients report runtime.node_name())
-        for _, r, _ in kept:
-            if isinstance(r.metrics.get("node"), str):
-                nodes[r.metrics["node"]] = nodes.get(r.metrics["node"], 0) + 1
-        if nodes:
-            info["client_nodes"] = dict(sorted(nodes.items()))
-        for key in sorted({k for _, r, _ in kept for k in r.metrics}):
-            if key.startswith("loss_"):
-                vals = [r.metrics[key] for _, r, _ in kept if isinstance(
-                    r.metrics.get(key), (int, float))]
-                if vals:
-                    info[f"train_{key}"] = float(np.mean(vals))
-            elif key.startswith("local_repr_"):  # local-model metrics (clients/base.py)
-                vals = [float(r.metrics[key]) for _, r, _ in kept if key in r.metrics]
-                info[key] = float(np.nanmean(vals)) if np.isfinite(vals).any() else \
-                    float("nan")
-        if "local_repr_effective_rank" in info:
-            info["local_repr_effective_rank_per_client"] = {
-                str(pid): float(r.metrics["local_repr_effective_rank"])
-                for pid, r, _ in kept if "local_repr_effective_rank" in r.metrics}
-        info.update(self.after_aggregate(rnd, [(pid, r) for pid, r, _ in kept]))
-        self._fit_info = info
-        return ndarrays_to_parameters(self.weights), {}
+            return average
+        if self.secagg:  # every result holds the same unmasked SecAgg+ average
+            return [np.asarray(a).astype(np.asarray(w).dtype)
+                    for a, w in zip(kept[0].weights, self.weights)]
+        coefs = client_coefficients([r.num_examples for r in kept], self.weighting)
+        return weighted_average([r.weights for r in kept], coefs, self.kinds)
 
     def _client_eval_due(self, rnd: int) -> bool:
         from fedrcl_flwr.client_eval import due
@@ -435,20 +551,20 @@ class FederatedStrategy(Strategy):
             else list(self._sampled)
         slots = self._slots(client_manager, len(pids))
         send = ndarrays_to_parameters(self._deferred[2]["weights"])
-        return [(slot, EvaluateIns(send, {"run_round": rnd,
-                                          "partition_ids": ",".join(map(str, group))}))
+        return [(slot, EvaluateIns(send, EvaluateInstructions(
+                    run_round=rnd, partition_ids=tuple(group)).to_config()))
                 for slot, group in zip(slots, assign(pids, len(slots)))]
 
     def aggregate_evaluate(self, server_round, results, failures):
         """Adds the per-client statistics to the round's record, then ends the round."""
-        from fedrcl_flwr.client_eval import decode, summarize
+        from fedrcl_flwr.client_eval import summarize
 
         if self._deferred is None:
             return None, {}
         per: dict = {}
         bad = len(failures)
         for _, res in results:
-            got = decode(res.metrics.get("client_eval"))
+            got = EvaluateReport.from_metrics(res.metrics).results
             if not got and res.num_examples:
                 bad += 1
             per.update(got)

@@ -2,8 +2,10 @@
 Accelerated Client Gradient").
 
 The server broadcasts the look-ahead model  w̃_t = w_{t−1} + λ·M_{t−1}  (λ = 0.85);
-clients add  β·Σ‖w − w̃_t‖²  (β = 0.001) to whatever local objective they use (the base
-client adds this term whenever the fit config carries ``acg_beta``); then
+clients add  β·Σ‖w − w̃_t‖²  (β = 0.001) to whatever local objective they use (β travels
+in the fit instructions as :class:`FedACGParams`; the term is this strategy's
+:meth:`FedACG.client_loss_terms`, which every client adds through the declared hook);
+then
 
     Δ_t = avg_i(w_i) − w̃_t;   M_t = λ·M_{t−1} + Δ_t;   w_t = w_{t−1} + M_t = avg_i(w_i).
 
@@ -12,10 +14,20 @@ Momentum acts on trainable parameters; buffers are averaged, counters take the m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from fedrcl_flwr.protocol import StrategyParams
 from strategies import STRATEGIES
 from strategies.base import FederatedStrategy
+
+
+@dataclass(frozen=True)
+class FedACGParams(StrategyParams):
+    """FedACG's value for the clients: β of their regulariser (``server.params.beta``)."""
+
+    acg_beta: float
 
 
 class FedACG(FederatedStrategy):
@@ -31,10 +43,17 @@ class FedACG(FederatedStrategy):
     def weights_to_send(self, run_round):
         return self.lookahead()
 
-    def fit_extras(self, run_round, partition_id):
-        return {"acg_beta": float(self.p["beta"])}
+    def client_params(self, run_round):
+        return FedACGParams(acg_beta=float(self.p["beta"]))
 
-    def server_update(self, run_round, average):
+    @classmethod
+    def client_loss_terms(cls, client, ins):
+        """β·Σ‖w − w̃_t‖² over the client's trainable parameters (FedACG Alg. 1, the
+        client's objective), w̃_t being the look-ahead model it received."""
+        beta = ins.strategy_params(FedACGParams).acg_beta
+        return [client.distance_to_received_term("acg", beta)]
+
+    def server_update(self, run_round, average, results):
         lam = float(self.p["lam"])
         sent = self.lookahead()
         for j, kind in enumerate(self.kinds):

@@ -35,7 +35,7 @@ class FedAdam(FederatedStrategy):
             return float(self.p["tau"]) ** 2
         return 0.0
 
-    def server_update(self, run_round, average):
+    def server_update(self, run_round, average, results):
         p = self.p
         b1, b2, tau, lr = float(p["beta1"]), float(p["beta2"]), float(p["tau"]), \
             float(p["server_lr"])

@@ -21,7 +21,7 @@ class FedAvgM(FederatedStrategy):
     defaults, rules = STRATEGIES.params(name)  # declared in strategies/__init__.py
     buffers = ("m_buf",)
 
-    def server_update(self, run_round, average):
+    def server_update(self, run_round, average, results):
         m, lr = float(self.p["momentum"]), float(self.p["server_lr"])
         new = []
         for j, (w, a, kind) in enumerate(zip(self.weights, average, self.kinds)):

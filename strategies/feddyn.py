@@ -11,17 +11,28 @@ the configured ``server.weighting`` average (uniform, as the paper, by default);
 h-update uses |P_t|·(mean − θ^{t−1}) for the sum, exact under uniform weighting.
 
 Pair with ``client.method: feddyn`` (its client regulariser and gradient state): α is sent
-to the clients in the fit config (``feddyn_alpha``), as FedACG sends its β, so it is set
-in one place. Any other client method also runs: the server correction then acts on plain
-local updates. ``server.params.alpha`` (α) = 0.1.
+to the clients in the fit instructions (:class:`FedDynParams`, entry ``feddyn_alpha``), as
+FedACG sends its β, so it is set in one place. Any other client method also runs: the
+server correction then acts on plain local updates. ``server.params.alpha`` (α) = 0.1.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from fedrcl_flwr.protocol import StrategyParams
 from strategies import STRATEGIES
 from strategies.base import FederatedStrategy
+
+
+@dataclass(frozen=True)
+class FedDynParams(StrategyParams):
+    """FedDyn's value for the clients: α (``server.params.alpha``), read by
+    ``clients/feddyn.py``."""
+
+    feddyn_alpha: float
 
 
 class FedDyn(FederatedStrategy):
@@ -29,21 +40,12 @@ class FedDyn(FederatedStrategy):
     defaults, rules = STRATEGIES.params(name)  # declared in strategies/__init__.py
     buffers = ("h",)
 
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        self._pending = None  # (θ^{t−1}, mean) between server_update and after_aggregate
+    def client_params(self, run_round):
+        return FedDynParams(feddyn_alpha=float(self.p["alpha"]))  # the one α
 
-    def fit_extras(self, run_round, partition_id):
-        return {"feddyn_alpha": float(self.p["alpha"])}  # the one α, sent to the clients
-
-    def server_update(self, run_round, average):
-        # h needs |P_t|, known in after_aggregate (called right after, same round)
-        self._pending = (self.weights, average)
-        self.weights = average
-
-    def after_aggregate(self, run_round, results):
-        prev, average = self._pending
-        self._pending = None
+    def server_update(self, run_round, average, results):
+        """h and θ^t from the average of the |P_t| = ``len(results)`` kept clients."""
+        prev = self.weights
         alpha, frac = float(self.p["alpha"]), len(results) / float(self.num_clients)
         new = []
         for j, kind in enumerate(self.kinds):
@@ -56,4 +58,3 @@ class FedDyn(FederatedStrategy):
         self.weights = new
         h_norm = float(np.sqrt(sum(float((h ** 2).sum()) for h in self.h if h is not None)))
         return {"feddyn_h_norm": h_norm}
-

@@ -9,7 +9,8 @@ the owning :class:`~strategies.base.FederatedStrategy`. Per round:
 1. ``configure_fit`` goes through the wrapper with the weights the clients are sent
    (``weights_to_send``: FedACG's look-ahead model), so Flower's server-side clipping
    takes updates relative to what each client started from; the client-side wrapper adds
-   the clipping norm to every fit config;
+   the clipping norm to every fit config (Flower's own entry, next to the
+   ``FitInstructions`` of :mod:`fedrcl_flwr.protocol`, which pass it through untouched);
 2. the owning strategy drops unusable results first (exceptions, NaN/Inf, wrong shapes,
    and in client mode an update longer than the clipping norm: a client whose ClientApp
    did not clip), then hands the kept ones to the wrapper's ``aggregate_fit``, which clips
@@ -121,10 +122,12 @@ class CentralDP:
                     f"{self.clipping_norm:g}: the client did not clip (no fixedclipping_mod)")
         return None
 
-    def aggregate(self, server_round: int, results: list, secagg_active: int = 0) -> list:
-        """The noised average of the kept ``(proxy, FitRes)`` results (Flower's wrapper:
-        clipping in server mode, then :class:`AveragingStep`, then noise)."""
+    def aggregate(self, server_round: int, kept: list, secagg_active: int = 0) -> list:
+        """The noised average of the round's kept results (``strategies.base.ClientResult``;
+        Flower's wrapper gets their ``FitRes``: clipping in server mode, then
+        :class:`AveragingStep`, then noise)."""
         self.step.secagg_active = int(secagg_active)
         np.random.seed()  # Flower's noise: from the OS, not from anything configured
-        params, _ = self.wrapper.aggregate_fit(server_round, results, [])
+        params, _ = self.wrapper.aggregate_fit(server_round,
+                                               [(None, r.fit_res) for r in kept], [])
         return parameters_to_ndarrays(params)

@@ -2,8 +2,9 @@
 
 Attached to *any* server-optimizer strategy (it does not touch the model update), it
 
-1. receives each client's uploaded signals (``signals`` bytes in the fit metrics),
-   validates them and rejects malformed uploads without stopping the round;
+1. receives each client's uploaded signals (the ``signals`` of its fit report,
+   ``fedrcl_flwr/protocol.py``), validates them and rejects malformed uploads without
+   stopping the round;
 2. keeps a bounded bank with the most recent upload of each client, dropping uploads older
    than ``max_age`` rounds — with 2–5 % participation each round then sees signals from
    many more clients than the handful it samples. Memory: at most
@@ -22,7 +23,7 @@ Attached to *any* server-optimizer strategy (it does not touch the model update)
    level down to the last merge, as FPL's code (RethinkFL ``proto_aggregation``:
    ``FINCH(..., distance='cosine', ensure_early_exit=False)``, last partition) does;
 4. sends every sampled client the banked local signals (``signals_local``) and the
-   global signals (``signals_global``) in its fit config;
+   global signals (``signals_global``) in its fit instructions;
 5. logs the bytes of signals uploaded / downloaded per round next to the model bytes
    (the paper's communication claim).
 """
@@ -30,11 +31,13 @@ Attached to *any* server-optimizer strategy (it does not touch the model update)
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import numpy as np
 
 from fedrcl_flwr.clustering import DISTANCES
 from fedrcl_flwr.components import at_least, one_of, resolve_params
+from fedrcl_flwr.protocol import FitReport
 from fedrcl_flwr.signals import SignalError, SignalSet, decode_signals, encode_signals
 
 log = logging.getLogger("fedrcl_flwr")
@@ -56,7 +59,7 @@ class SignalExchange:
         self.num_classes = num_classes
         self.dim: int | None = None
         self.bank: dict[int, tuple[int, SignalSet]] = {}
-        self._round_cache: tuple[int, dict] | None = None
+        self._round_cache: Optional[tuple[int, tuple[Optional[bytes], Optional[bytes]]]] = None
         self.global_signals = SignalSet.empty()
         self.rejected = 0
 
@@ -98,33 +101,35 @@ class SignalExchange:
         return SignalSet(np.asarray(vecs, np.float32), np.asarray(labs, np.int64),
                          np.asarray(cnts, np.int64))
 
-    def _prepare(self, rnd: int) -> dict:
+    def _prepare(self, rnd: int) -> tuple[Optional[bytes], Optional[bytes]]:
         if self._round_cache and self._round_cache[0] == rnd:
             return self._round_cache[1]
         max_age = int(self.p["max_age"])
         self.bank = {pid: (r, s) for pid, (r, s) in self.bank.items() if rnd - r <= max_age}
         local = SignalSet.concat([s for _, (_, s) in sorted(self.bank.items())])
         self.global_signals = self.compute_global(local)
-        extras: dict = {}
+        sent: tuple[Optional[bytes], Optional[bytes]] = (None, None)
         if len(local):
-            if self.p["send_local"]:
-                extras["signals_local"] = encode_signals(local)
-            extras["signals_global"] = encode_signals(self.global_signals)
-        self._round_cache = (rnd, extras)
-        return extras
+            sent = (encode_signals(local) if self.p["send_local"] else None,
+                    encode_signals(self.global_signals))
+        self._round_cache = (rnd, sent)
+        return sent
 
     # ------------------------------------------------------------------ hooks
-    def fit_extras(self, rnd: int, partition_id: int) -> dict:
+    def signals_for_round(self, rnd: int) -> tuple[Optional[bytes], Optional[bytes]]:
+        """``(local, global)`` encoded signals every client of round ``rnd`` receives
+        (``FitInstructions.signals_local`` / ``signals_global``; ``None``: not sent)."""
         return self._prepare(rnd)
 
     def bytes_down_per_client(self, rnd: int) -> int:
-        return sum(len(b) for b in self._prepare(rnd).values())
+        return sum(len(b) for b in self._prepare(rnd) if b is not None)
 
-    def ingest(self, rnd: int, results: list[tuple[int, dict]]) -> dict:
-        """Validate and bank the uploads of a round; returns metrics for the record."""
+    def ingest(self, rnd: int, results: list[tuple[int, FitReport]]) -> dict:
+        """Validate and bank the uploads of a round (``(partition id, report)`` of each
+        kept client); returns metrics for the record."""
         up, accepted, rejected = 0, 0, 0
-        for pid, metrics in results:
-            blob = metrics.get("signals")
+        for pid, report in results:
+            blob = report.signals
             if blob is None:
                 continue
             up += len(blob) if isinstance(blob, (bytes, bytearray)) else 0

@@ -11,6 +11,38 @@ from fedrcl_flwr.runner import procs_with
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# the test doubles: registered for the test session only, never in the package's registries
+TEST_DOUBLES = {"client.method": {"faulty": "clients.faulty:FaultyClient"}}
+_ENV_BEFORE: dict = {}
+
+
+def pytest_configure(config):
+    """Register the test doubles (the ``faulty`` client method, ``clients/faulty.py``) in
+    this process and, through ``EXTRA_COMPONENTS_ENV``, in every process a test starts
+    (``fedrcl-flwr run``, ``flwr run``, SuperNodes, Ray's workers inherit it)."""
+    import json
+    import os
+
+    from fedrcl_flwr.components import EXTRA_COMPONENTS_ENV
+
+    _ENV_BEFORE["value"] = os.environ.get(EXTRA_COMPONENTS_ENV)
+    os.environ[EXTRA_COMPONENTS_ENV] = json.dumps(TEST_DOUBLES)
+    from clients import CLIENTS
+
+    for name, target in TEST_DOUBLES["client.method"].items():
+        CLIENTS.register(name, target)
+
+
+def pytest_unconfigure(config):
+    import os
+
+    from fedrcl_flwr.components import EXTRA_COMPONENTS_ENV
+
+    if _ENV_BEFORE.get("value") is None:
+        os.environ.pop(EXTRA_COMPONENTS_ENV, None)
+    else:
+        os.environ[EXTRA_COMPONENTS_ENV] = _ENV_BEFORE["value"]
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _dataset_cache_dir(tmp_path_factory):

@@ -98,8 +98,10 @@ def test_every_parameter_declares_its_allowed_values(section, name, cls):
 def test_every_class_takes_the_parameters_its_registry_declares(registry, load):
     """A component's parameters are declared once, with its registration: the class's
     ``defaults`` / ``rules`` are its registry entry's (a class that forgot to take them
-    would silently accept no parameters)."""
-    for name in registry:
+    would silently accept no parameters). Every package component; a test double
+    registered from outside declares its own."""
+    assert registry.builtin
+    for name in registry.builtin:
         cls = load(name)
         defaults, rules = registry.params(name)
         assert cls.defaults is defaults and cls.rules is rules, name
@@ -194,3 +196,28 @@ def test_univarfl_without_its_projector_is_refused_in_one_line(tmp_path, capsys,
         cfg = config_from_dict({**data, "model": {"name": "cnn5",
                                                   "params": {"projector": width}}}, "x")
         validate_components(cfg)
+
+
+def test_faulty_is_a_test_double_registered_by_the_tests_only(monkeypatch):
+    """``faulty`` is not in the package's registry; the suite registers it (conftest.py),
+    in this process and, through the environment, in the processes a run starts."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fedrcl_flwr.components import EXTRA_COMPONENTS_ENV, extra_components
+
+    assert "faulty" not in CLIENTS.builtin and client_class("faulty").method == "faulty"
+    probe = ("from clients import CLIENTS, client_class; print(sorted(set(CLIENTS) - "
+             "CLIENTS.builtin), 'faulty' in CLIENTS.builtin); "
+             "print(client_class('faulty').__name__ if 'faulty' in CLIENTS else '-')")
+    env = {k: v for k, v in os.environ.items() if k != EXTRA_COMPONENTS_ENV}
+    root = Path(__file__).resolve().parents[1]
+    out = [subprocess.run([sys.executable, "-c", probe], env=e, capture_output=True,
+                          text=True, check=True, cwd=root).stdout
+           for e in (env, {**env, EXTRA_COMPONENTS_ENV: os.environ[EXTRA_COMPONENTS_ENV]})]
+    assert out == ["[] False\n-\n", "['faulty'] False\nFaultyClient\n"]
+    monkeypatch.setenv(EXTRA_COMPONENTS_ENV, "{not json")
+    with pytest.raises(ConfigError, match=EXTRA_COMPONENTS_ENV):
+        extra_components("client.method")

@@ -13,7 +13,9 @@ clients. This module makes the same calls in-process:
   ``StreamLogs`` (the run's log, as ``flwr log --show`` prints it).
 
 Every function takes the run's private ``FLWR_HOME`` (its ``config.toml`` names the
-SuperLink connection) and sets it only for the duration of the call.
+SuperLink connection) and sets it only for the duration of the call. Flower's non-public
+API (its CLI functions and Control API messages) comes through
+:mod:`fedrcl_flwr.app.flower_private`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import os
 import re
 from pathlib import Path
 from typing import Iterator, Optional
+
+from fedrcl_flwr.app import flower_private
 
 
 @contextlib.contextmanager
@@ -39,26 +43,13 @@ def _flwr_home(home: Path) -> Iterator[None]:
             os.environ["FLWR_HOME"] = before
 
 
-def _flwr_cli():
-    """Flower's CLI modules (typer, on a click version that deprecates what typer
-    imports: those DeprecationWarnings are Flower's and typer's, not the user's)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from flwr.cli.run.run import run
-        from flwr.cli.typing import SuperLinkConnection
-        from flwr.cli.utils import init_http_client_from_connection
-    return run, SuperLinkConnection, init_http_client_from_connection
-
-
 def submit(home: Path, app: Path, connection: str, run_config: Path,
            federation_config: str) -> tuple[Optional[int], str]:
     """Start a run (``flwr run`` in this process); returns ``(run id or None, output)``
     where the output is what ``flwr run`` printed (its error message when the run was not
     started). The default output format is used: Flower's JSON format writes to
     ``sys.__stdout__`` and resets ``sys.stdout``, which cannot be captured."""
-    flwr_run = _flwr_cli()[0]
+    flwr_run = flower_private.cli_run()
     out = io.StringIO()
     with _flwr_home(home), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
@@ -80,20 +71,17 @@ class ControlClient:
     insecure loopback as the runner starts it)."""
 
     def __init__(self, home: Path, address: str):
-        _, SuperLinkConnection, init_http_client_from_connection = _flwr_cli()
+        connect = flower_private.control_http_client()
         self.home = Path(home)
         with _flwr_home(self.home), contextlib.redirect_stdout(io.StringIO()):
-            self._client = init_http_client_from_connection(
-                SuperLinkConnection(name="local", address=address, insecure=True))
+            self._client = connect(address)
 
     def status(self, run_id: int) -> str:
         """``status:sub_status`` of the run (``pending``, ``running``,
         ``finished:completed``, ``finished:failed``, ...); ``""`` when it cannot be read."""
-        from flwr.proto.control_pb2 import ListRunsRequest  # pylint: disable=E0611
-
         try:
             with _flwr_home(self.home):
-                res = self._client.ListRuns(ListRunsRequest(run_id=run_id))
+                res = self._client.ListRuns(flower_private.list_runs_request(run_id))
         except Exception:  # noqa: BLE001 - a transient failure: ask again later
             return ""
         for proto in res.run_dict.values():
@@ -103,13 +91,10 @@ class ControlClient:
 
     def logs(self, run_id: int) -> str:
         """The run's log from its beginning (what ``flwr log RUN --show`` prints)."""
-        from flwr.proto.control_pb2 import StreamLogsRequest  # pylint: disable=E0611
-
         parts = []
         try:
             with _flwr_home(self.home):
-                for res in self._client.StreamLogs(StreamLogsRequest(run_id=run_id,
-                                                                     after_timestamp=0.0)):
+                for res in self._client.StreamLogs(flower_private.stream_logs_request(run_id)):
                     parts.append(res.log_output)
                     break
         except Exception as exc:  # noqa: BLE001 - the log is a convenience, not a result
@@ -119,28 +104,3 @@ class ControlClient:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._client.close()
-
-
-# ----------------------------------------------------------------------------------------
-# Flower internals used outside the Control API (kept here, with the imports above, so
-# that Flower's non-public API has one door in this project)
-
-
-# the error code of a reply whose ClientApp raised (flwr.common.constant.ErrorCode)
-CLIENT_APP_RAISED_EXCEPTION = 2
-
-
-@contextlib.contextmanager
-def task_identity(run_id: int, node_id: int, task_id: int = 0) -> Iterator[None]:
-    """Flower's identity of the running task (``flwr.supercore.task_identity``), which
-    ``Message(...)`` reads: set by Flower's runtime in a real ServerApp process, set here
-    by the in-process runner (:mod:`fedrcl_flwr.app.inprocess`) while it drives Flower's
-    workflows itself."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    before = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, node_id, task_id
-    try:
-        yield
-    finally:
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = before

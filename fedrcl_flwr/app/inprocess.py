@@ -147,7 +147,7 @@ class InProcessGrid(Grid):
         from flwr.app import Error, Message
 
         from fedrcl_flwr.app.client_app import app as client_app
-        from fedrcl_flwr.app.control import CLIENT_APP_RAISED_EXCEPTION
+        from fedrcl_flwr.app.flower_private import CLIENT_APP_RAISED_EXCEPTION
 
         replies = []
         for msg in messages:
@@ -172,7 +172,7 @@ def run_workflow_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool
     from flwr.server.workflow import DefaultWorkflow
 
     from fedrcl_flwr.app import common
-    from fedrcl_flwr.app.control import task_identity
+    from fedrcl_flwr.app.flower_private import task_identity
     from fedrcl_flwr.app.server_app import EagerClientManager
     from fedrcl_flwr.app.validate import secagg_max_weight, secagg_workflow
     from fedrcl_flwr.results import CONFIG_FILE

@@ -4,6 +4,7 @@ run's recorder (metrics.jsonl, summary.json, model, plot, checkpoints)."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 import torch
@@ -106,7 +107,11 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None,
     """Strategy + number of rounds left to run (also used in-process by tests and by
     :func:`fedrcl_flwr.app.inprocess.run_inprocess`). ``overlap_evaluation``: evaluate
     and checkpoint round r while round r+1 trains (the ServerApp: its clients train in
-    other processes; see ``strategies/base.py``)."""
+    other processes; see ``strategies/base.py``). The steps: the data and the initial
+    model, the run's outputs (:func:`open_run_outputs`), the centralised evaluation
+    (:func:`central_evaluation`), what each round's record and end write
+    (:func:`record_writer`, :func:`checkpoint_writer`), then the strategy, restored from
+    the checkpoint on resume."""
     out_dir.mkdir(parents=True, exist_ok=True)
     bundle = runtime.load_bundle(cfg)
     model = runtime.initial_model(cfg, bundle)
@@ -114,6 +119,30 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None,
     eval_model = runtime.new_model(cfg, bundle).to(device)
     ema = EMATracker(cfg.evaluation.ema)
     ckpt = load_checkpoint(out_dir) if resume else None
+    done = int(ckpt["round"]) if ckpt else 0
+    recorder, tracker = open_run_outputs(cfg, out_dir, ckpt, ema)
+    finish = tracker.finish if tracker else None
+    strategy = make_strategy(
+        cfg, model, bundle, evaluate_fn=central_evaluation(cfg, bundle, eval_model, device, ema),
+        on_record=record_writer(cfg, recorder, tracker),
+        on_checkpoint=checkpoint_writer(cfg, out_dir, recorder, tracker, ema, eval_model),
+        expected_nodes=expected_nodes, round_offset=done,
+        overlap_evaluation=overlap_evaluation)
+    strategy.tracker = tracker  # closed by whoever ends the run early (run_inprocess)
+    if ckpt:
+        strategy.load_state_dict(ckpt["strategy"])
+    if done >= cfg.federation.rounds:
+        recorder.finish(None, before_summary=finish)
+    return strategy, max(cfg.federation.rounds - done, 0)
+
+
+def open_run_outputs(cfg, out_dir, ckpt, ema: EMATracker):
+    """The run's recorder (``metrics.jsonl``, ``summary.json``, ...; on resume the kept
+    records and the EMA of the checkpoint, else a fresh ``metrics.jsonl``), its
+    ``config.yaml`` and its tracker (``output.tracker``: TensorBoard / W&B / MLflow, fed
+    from the same records as ``metrics.jsonl``; ``None`` when off)."""
+    from fedrcl_flwr.tracking import open_tracker
+
     done = int(ckpt["round"]) if ckpt else 0
     recorder = RunRecorder(out_dir, method=cfg.client.method, strategy=cfg.server.strategy,
                            rounds=cfg.federation.rounds,
@@ -126,33 +155,36 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None,
     else:
         recorder.metrics_path.unlink(missing_ok=True)
     dump_config(cfg, out_dir / CONFIG_FILE)
-    from fedrcl_flwr.tracking import open_tracker
-
-    # output.tracker: TensorBoard / W&B / MLflow, fed from the same records as metrics.jsonl
     tracker = open_tracker(cfg, out_dir, out_dir / CONFIG_FILE, resume_after=done,
                            kept_records=recorder.records)
+    return recorder, tracker
+
+
+def central_evaluation(cfg, bundle, eval_model, device, ema: EMATracker):
+    """``evaluate_fn(round, weights) -> (loss, metrics)``: the global model on the test
+    set (per domain when the test set has several), the EMA of its accuracy, the
+    ``dataset.val_fraction`` hold-out, and when due the representation metrics and the
+    robust accuracy."""
     groups = getattr(bundle, "test_domains", None)
     if groups is not None and len(set(groups.tolist())) < 2:
         groups = None
+    ev = cfg.evaluation
 
     def evaluate_fn(rnd: int, weights):
         runtime.set_weights(eval_model, weights)
-        res = evaluate_model(eval_model, bundle.test, device,
-                             batch_size=cfg.evaluation.batch_size, groups=groups,
-                             group_names=getattr(bundle, "domain_names", None))
-        metrics = {"test_accuracy": res.accuracy, "ema_accuracy": ema.update(res.accuracy)}
+        res = evaluate_model(eval_model, bundle.test, device, batch_size=ev.batch_size,
+                             groups=groups, group_names=getattr(bundle, "domain_names", None))
+        metrics: dict[str, Any] = {"test_accuracy": res.accuracy,
+                                   "ema_accuracy": ema.update(res.accuracy)}
         if res.per_group:
             metrics["domain_accuracy"] = res.per_group
         if getattr(bundle, "val", None) is not None:  # dataset.val_fraction hold-out
-            val = evaluate_model(eval_model, bundle.val, device,
-                                 batch_size=cfg.evaluation.batch_size)
+            val = evaluate_model(eval_model, bundle.val, device, batch_size=ev.batch_size)
             metrics["val_accuracy"], metrics["val_loss"] = val.accuracy, val.loss
-        every = cfg.evaluation.representation_every
-        if every and rnd % every == 0:
+        if ev.representation_every and rnd % ev.representation_every == 0:
             from fedrcl_flwr.representation import representation_record
 
             metrics.update(representation_record(eval_model, bundle.test, device))
-        ev = cfg.evaluation
         if ev.robust_every and (rnd % ev.robust_every == 0 or rnd == cfg.federation.rounds):
             from fedrcl_flwr.evaluation import robust_accuracy
 
@@ -160,6 +192,13 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None,
                                            step=ev.robust_step, steps=ev.robust_steps,
                                            max_samples=ev.robust_samples, seed=cfg.seed))
         return res.loss, metrics
+
+    return evaluate_fn
+
+
+def record_writer(cfg, recorder: RunRecorder, tracker):
+    """``on_record(record)``: each evaluated round's record to ``metrics.jsonl``, the
+    tracker and one progress line."""
 
     def on_record(rec: dict) -> None:
         rec["wall_time_s"] = round(recorder.wall_time(), 3)
@@ -169,10 +208,17 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None,
         print(format_round_line(rec, cfg.federation.rounds,
                                 shows_ema(cfg.evaluation.report_metric)), flush=True)
 
+    return on_record
+
+
+def checkpoint_writer(cfg, out_dir, recorder: RunRecorder, tracker, ema: EMATracker,
+                      eval_model):
+    """``on_checkpoint(round, state)``, called after each round's record: the checkpoint
+    when due, and after the final round the results (model, plot, then
+    ``summary.json`` — written last, so the CLI may take a new summary as "every result
+    of the run is on disk")."""
+
     def on_checkpoint(rnd: int, state: dict) -> None:
-        """After each round's record: the checkpoint when due, and after the final round
-        the results (model, plot, then ``summary.json`` — written last, so the CLI may
-        take a new summary as "every result of the run is on disk")."""
         every = cfg.output.checkpoint_every
         if every and (rnd % every == 0 or rnd == cfg.federation.rounds):
             save_checkpoint(out_dir, {
@@ -188,15 +234,7 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None,
                 model_state = {k: v.detach().cpu() for k, v in eval_model.state_dict().items()}
             recorder.finish(model_state, before_summary=tracker.finish if tracker else None)
 
-    strategy = make_strategy(cfg, model, bundle, evaluate_fn=evaluate_fn, on_record=on_record,
-                             on_checkpoint=on_checkpoint, expected_nodes=expected_nodes,
-                             round_offset=done, overlap_evaluation=overlap_evaluation)
-    strategy.tracker = tracker  # closed by whoever ends the run early (run_inprocess)
-    if ckpt:
-        strategy.load_state_dict(ckpt["strategy"])
-    if done >= cfg.federation.rounds:
-        recorder.finish(None, before_summary=tracker.finish if tracker else None)
-    return strategy, max(cfg.federation.rounds - done, 0)
+    return on_checkpoint
 
 
 def server_components(context: Context):

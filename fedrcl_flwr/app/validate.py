@@ -62,16 +62,20 @@ def _validate(cfg: ExperimentConfig) -> None:
 
 
 def secagg_max_weight(cfg: ExperimentConfig) -> float:
-    """The largest weight a client gives its upload under SecAgg+: 1 under uniform
-    weighting (every client reports one example, ``clients/base.py``), else
-    ``privacy.secagg_max_weight`` or the largest partition of the configured split."""
+    """The largest weight a client gives its upload under SecAgg+
+    (:func:`fedrcl_flwr.protocol.upload_weight`): 1 under uniform weighting (every client
+    reports one example), else ``privacy.secagg_max_weight`` or the largest partition of
+    the configured split."""
+    from fedrcl_flwr.protocol import upload_weight
+
     if cfg.privacy.secagg_max_weight is not None:
         return float(cfg.privacy.secagg_max_weight)
     if cfg.server.weighting == "uniform":
-        return 1.0
+        return float(upload_weight(1, secagg=True, weighting="uniform"))
     from fedrcl_flwr.runtime import client_partitions
 
-    return float(max(len(p) for p in client_partitions(cfg)))
+    return float(max(upload_weight(len(p), secagg=True, weighting=cfg.server.weighting)
+                     for p in client_partitions(cfg)))
 
 
 def secagg_workflow(cfg: ExperimentConfig, *, max_weight: float = 1.0):

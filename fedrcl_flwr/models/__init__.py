@@ -3,7 +3,9 @@
 Every model follows one interface: ``model(x)`` returns logits; ``model(x,
 return_features=True)`` returns ``(logits, feats)`` where ``feats`` maps tap names to
 pooled ``(B, C)`` tensors and always contains ``"penultimate"`` (the input of the final
-linear classifier ``model.fc``). ``model.levels`` lists the taps in network order.
+linear classifier ``model.fc``). ``model.levels`` lists the taps in network order. The
+interface is :class:`fedrcl_flwr.models.interface.FeatureModel` (and, for FedMLB,
+``BlockModel``), checked by :func:`build_model` on every model it builds.
 """
 
 from __future__ import annotations
@@ -104,7 +106,9 @@ def register_model(name: str, builder: Callable[..., nn.Module]) -> None:
 def build_model(name: str, *, num_classes: int, in_channels: int, image_size: int,
                 params: dict | None = None) -> nn.Module:
     """Build a registered model. ``params.projector: W`` (W > 0) inserts UniVarFL's
-    two-layer projector of width W before a new classifier."""
+    two-layer projector of width W before a new classifier. The model is checked against
+    the model interface (``fedrcl_flwr/models/interface.py``): a builder whose model
+    lacks part of it is a ``ModelInterfaceError`` naming the model and the part."""
     if name not in MODELS:
         raise ValueError(f"unknown model '{name}' (known: {', '.join(sorted(MODELS))})")
     params = dict(params or {})
@@ -117,6 +121,9 @@ def build_model(name: str, *, num_classes: int, in_channels: int, image_size: in
         from fedrcl_flwr.models.projector import WithProjector
 
         model = WithProjector(model, num_classes, width)
+    from fedrcl_flwr.models.interface import check_model_interface
+
+    check_model_interface(model, name)
     return model
 
 

@@ -1,0 +1,198 @@
+"""Flower's non-public API: the one door through which this project uses it.
+
+Flower's documented public API is the ``__all__`` of ``flwr.app``, ``flwr.client``,
+``flwr.client.mod``, ``flwr.common``, ``flwr.server``, ``flwr.server.strategy``,
+``flwr.server.workflow`` and ``flwr.simulation``. Everything else this project needs
+from Flower is imported here and nowhere else (``tests/test_flower_private.py`` checks
+both: that no other module imports a non-public name, and that each symbol below still
+exists with the shape this project relies on, naming the symbol when it does not). When
+Flower changes one of them (1.43 moved the Control API to HTTP only and reshuffled
+``flwr.compat``), that test fails first and this module is the one to adapt.
+
+=====================================================  ====================================
+symbol                                                 used for
+=====================================================  ====================================
+``flwr.cli.run.run:run``                               ``flwr run`` in-process (runner)
+``flwr.cli.typing:SuperLinkConnection``                the SuperLink's Control API address
+``flwr.cli.utils:init_http_client_from_connection``    a Control API client (its
+(a ``ControlHttpClient``)                              ``ListRuns``, ``StreamLogs``)
+``flwr.proto.control_pb2:ListRunsRequest`` (and its    a run's status (``flwr list``)
+response ``run_dict[..].status.status/sub_status``)
+``flwr.proto.control_pb2:StreamLogsRequest`` (and      a run's log (``flwr log``)
+its response ``log_output``)
+``flwr.supercore.task_identity:TaskIdentity``          the in-process workflow's task id
+``flwr.common.constant:ErrorCode``                     the code of a ClientApp that raised
+``flwr.server.client_proxy:ClientProxy``               the strategy's type annotations
+=====================================================  ====================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+from flwr.common.constant import ErrorCode
+from flwr.server.client_proxy import ClientProxy
+
+__all__ = ["CLIENT_APP_RAISED_EXCEPTION", "ClientProxy", "PRIVATE_API", "cli_run",
+           "control_http_client", "list_runs_request", "load", "problem",
+           "stream_logs_request", "task_identity"]
+
+# the error code of a reply whose ClientApp raised
+CLIENT_APP_RAISED_EXCEPTION: int = int(ErrorCode.CLIENT_APP_RAISED_EXCEPTION)
+
+
+def load(path: str) -> Any:
+    """The object named ``"module:attribute"`` (imported now). Flower's CLI modules are
+    typer code on a click version that deprecates what typer imports: those
+    DeprecationWarnings are Flower's and typer's, not the user's, and are silenced."""
+    import warnings
+
+    module, _, attr = path.partition(":")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return getattr(importlib.import_module(module), attr)
+
+
+# --------------------------------------------------------------------- Control API
+def cli_run() -> Callable[..., None]:
+    """Flower's ``flwr run`` command function (it validates the app's ``pyproject.toml``,
+    builds the FAB and calls ``StartRun``)."""
+    return load("flwr.cli.run.run:run")
+
+
+def control_http_client() -> Callable[[str], Any]:
+    """``connect(address)``: a Control API client of the SuperLink at ``address``
+    (insecure loopback, as the runner starts it), with ``ListRuns``, ``StreamLogs`` and
+    ``close``. Flower's modules are imported now, ``connect`` reads ``FLWR_HOME``."""
+    connection = load("flwr.cli.typing:SuperLinkConnection")
+    make = load("flwr.cli.utils:init_http_client_from_connection")
+    return lambda address: make(connection(name="local", address=address, insecure=True))
+
+
+def list_runs_request(run_id: int) -> Any:
+    return load("flwr.proto.control_pb2:ListRunsRequest")(run_id=run_id)
+
+
+def stream_logs_request(run_id: int, after_timestamp: float = 0.0) -> Any:
+    return load("flwr.proto.control_pb2:StreamLogsRequest")(run_id=run_id,
+                                                            after_timestamp=after_timestamp)
+
+
+# ---------------------------------------------------------------------- task identity
+@contextlib.contextmanager
+def task_identity(run_id: int, node_id: int, task_id: int = 0) -> Iterator[None]:
+    """Flower's identity of the running task (``TaskIdentity``), which ``Message(...)``
+    reads: set by Flower's runtime in a real ServerApp process, set here by the
+    in-process runner (:mod:`fedrcl_flwr.app.inprocess`) while it drives Flower's
+    workflows itself."""
+    identity = load("flwr.supercore.task_identity:TaskIdentity")
+    before = (identity._run_id, identity._node_id, identity._task_id)
+    identity.run_id, identity.node_id, identity.task_id = run_id, node_id, task_id
+    try:
+        yield
+    finally:
+        identity.run_id, identity.node_id, identity.task_id = before
+
+
+# ------------------------------------------------------ the shapes this project relies on
+@dataclass(frozen=True)
+class PrivateSymbol:
+    """One non-public Flower symbol and the check of the shape this module relies on
+    (``check(obj)`` returns what is wrong, or ``None``)."""
+
+    path: str
+    check: Callable[[Any], Optional[str]]
+
+
+def _parameters(*names: str) -> Callable[[Any], Optional[str]]:
+    def check(obj: Any) -> Optional[str]:
+        have = set(inspect.signature(obj).parameters)
+        missing = [n for n in names if n not in have]
+        return f"no parameter(s) {missing} (has {sorted(have)})" if missing else None
+
+    return check
+
+
+def _attributes(*names: str) -> Callable[[Any], Optional[str]]:
+    def check(obj: Any) -> Optional[str]:
+        missing = [n for n in names if not hasattr(obj, n)]
+        return f"no attribute(s) {missing}" if missing else None
+
+    return check
+
+
+def _proto_fields(*names: str) -> Callable[[Any], Optional[str]]:
+    def check(obj: Any) -> Optional[str]:
+        have = set(obj.DESCRIPTOR.fields_by_name)
+        missing = [n for n in names if n not in have]
+        return f"no field(s) {missing} (has {sorted(have)})" if missing else None
+
+    return check
+
+
+def _all(*checks: Callable[[Any], Optional[str]]) -> Callable[[Any], Optional[str]]:
+    def check(obj: Any) -> Optional[str]:
+        return next((why for why in (c(obj) for c in checks) if why), None)
+
+    return check
+
+
+def _settable_class_properties(*names: str) -> Callable[[Any], Optional[str]]:
+    """Class-level properties with setters (defined on the metaclass), each backed by a
+    ``_name`` class attribute."""
+
+    def check(obj: Any) -> Optional[str]:
+        bad = [n for n in names if not (
+            isinstance(getattr(type(obj), n, None), property)
+            and getattr(type(obj), n).fset is not None and f"_{n}" in vars(obj))]
+        return f"no settable class propert(ies) {bad} backed by _<name>" if bad else None
+
+    return check
+
+
+def _int_attribute(name: str) -> Callable[[Any], Optional[str]]:
+    def check(obj: Any) -> Optional[str]:
+        value = getattr(obj, name, None)
+        return None if isinstance(value, int) else f"{name} is {value!r}, not an int"
+
+    return check
+
+
+PRIVATE_API: tuple[PrivateSymbol, ...] = (
+    PrivateSymbol("flwr.cli.run.run:run", _parameters(
+        "app", "superlink", "federation", "run_config_overrides",
+        "federation_config_overrides", "stream", "output_format")),
+    PrivateSymbol("flwr.cli.typing:SuperLinkConnection",
+                  _parameters("name", "address", "insecure")),
+    PrivateSymbol("flwr.cli.utils:init_http_client_from_connection",
+                  _parameters("connection")),
+    PrivateSymbol("flwr.supercore.control.control_http_client:ControlHttpClient",
+                  _attributes("ListRuns", "StreamLogs", "close")),
+    PrivateSymbol("flwr.proto.control_pb2:ListRunsRequest", _proto_fields("run_id")),
+    PrivateSymbol("flwr.proto.control_pb2:ListRunsResponse", _proto_fields("run_dict")),
+    PrivateSymbol("flwr.proto.run_pb2:Run", _proto_fields("status")),
+    PrivateSymbol("flwr.proto.run_pb2:RunStatus", _proto_fields("status", "sub_status")),
+    PrivateSymbol("flwr.proto.control_pb2:StreamLogsRequest",
+                  _proto_fields("run_id", "after_timestamp")),
+    PrivateSymbol("flwr.proto.control_pb2:StreamLogsResponse", _proto_fields("log_output")),
+    PrivateSymbol("flwr.supercore.task_identity:TaskIdentity",
+                  _settable_class_properties("run_id", "node_id", "task_id")),
+    PrivateSymbol("flwr.common.constant:ErrorCode",
+                  _int_attribute("CLIENT_APP_RAISED_EXCEPTION")),
+    PrivateSymbol("flwr.server.client_proxy:ClientProxy",
+                  _all(_parameters("cid"), _attributes("fit", "evaluate"))),
+)
+
+
+def problem(symbol: PrivateSymbol) -> Optional[str]:
+    """What is wrong with ``symbol`` in the installed Flower (``None``: nothing)."""
+    try:
+        obj = load(symbol.path)
+    except (ImportError, AttributeError) as exc:
+        return f"{symbol.path}: cannot be imported ({type(exc).__name__}: {exc})"
+    why = symbol.check(obj)
+    return f"{symbol.path}: {why}" if why else None
