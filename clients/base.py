@@ -48,6 +48,7 @@ from fedrcl_flwr.accel import use_channels_last
 from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.config import ExperimentConfig
+from fedrcl_flwr.run_files import CLIENT_STATE_DIR
 from fedrcl_flwr.protocol import (
     EvaluateInstructions,
     EvaluateReport,
@@ -434,7 +435,7 @@ class FederatedClient(NumPyClient):
         gave no ``state_dir`` (in-process runs create a client per message, so a temporary
         directory would lose the state between rounds)."""
         if self.state_dir is None and self._state_store is None:
-            self.state_dir = str(self.cfg.output_dir() / "client_state")
+            self.state_dir = str(self.cfg.output_dir() / CLIENT_STATE_DIR)
         return self.state_store
 
 

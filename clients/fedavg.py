@@ -3,9 +3,10 @@
 Its whole objective is the default of :class:`clients.base.FederatedClient`.
 """
 
+from clients import CLIENTS
 from clients.base import FederatedClient
 
 
 class FedAvgClient(FederatedClient):
     method = "fedavg"
-    defaults: dict = {}
+    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py

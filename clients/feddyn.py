@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from clients import CLIENTS
 from clients.base import FederatedClient
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 from strategies.feddyn import FedDynParams
@@ -37,7 +38,7 @@ STATE_NAME = "feddyn_grad"
 
 class FedDynClient(FederatedClient):
     method = "feddyn"
-    defaults: dict = {}  # α is server.params.alpha, sent in the fit instructions
+    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
     strategies = ("feddyn",)
 
     def _named_trainable(self):

@@ -30,10 +30,9 @@ are both set to 1 in FedMLB"); ``temp`` = 1; ``branches`` = ``[all]``.
 
 from __future__ import annotations
 
-import torch
-
+from clients import CLIENTS
 from clients.base import FederatedClient
-from fedrcl_flwr.components import Rule, non_negative, positive
+from fedrcl_flwr.components import resolve_branches
 from fedrcl_flwr.config import ConfigError
 from fedrcl_flwr.models.interface import has_blocks
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
@@ -49,40 +48,9 @@ def block_forward(model, x, need_features: bool):
     return logits, {**feats, MAPS_KEY: maps}
 
 
-def resolve_branches(req: list, n_blocks: int) -> list[int]:
-    """Block indices that get a hybrid branch: ``[all]`` (or ``[]``) = every block."""
-    if req in (["all"], []):
-        return list(range(n_blocks))
-    bad = [k for k in req if not 0 <= k < n_blocks]
-    if bad:
-        raise ConfigError(f"client.params.branches: {bad} not in [0, {n_blocks}) "
-                          f"(or use [all])")
-    return sorted(set(req))
-
-
-def _branches_fit_model(req, get_model):
-    model = None if req in (["all"], []) else get_model()
-    if model is None or not has_blocks(model):
-        return None  # check_config says so
-    with torch.no_grad():
-        n = len(model.block_forward(torch.zeros(2, *model.probe_input_shape)))
-    try:
-        resolve_branches(req, n)
-    except ConfigError as exc:
-        return str(exc).split(": ", 1)[1]
-    return None
-
-
-BRANCHES = Rule(lambda v: v == ["all"] or all(
-    isinstance(k, int) and not isinstance(k, bool) for k in v),
-    "must be [all] or a list of block indices", (["first"], [99], [-1]), _branches_fit_model)
-
-
 class FedMLBClient(FederatedClient):
     method = "fedmlb"
-    defaults = {"lam1": 1.0, "lam2": 1.0, "temp": 1.0, "branches": ["all"]}
-    rules = {"lam1": non_negative(), "lam2": non_negative(), "temp": positive(),
-             "branches": BRANCHES}
+    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
 
     @classmethod
     def check_config(cls, cfg, p) -> None:

@@ -5,15 +5,13 @@ FedRCL's relaxation fixes."""
 
 from __future__ import annotations
 
+from clients import CLIENTS
 from clients.fedrcl import FedRCLClient
 
 
 class FedSCLClient(FedRCLClient):
     method = "fedscl"
-    defaults = {"tau": 0.05, "rcl_weight": 1.0, "levels": ["all"], "variant": "official",
-                "topk_pos": 1, "topk_neg": 2}
-    rules = {k: FedRCLClient.rules[k] for k in ("tau", "rcl_weight", "levels", "variant",
-                                                 "topk_pos", "topk_neg")}
+    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
 
     def contrast_fn(self):
         from fedrcl_flwr.losses.rcl import scl_loss

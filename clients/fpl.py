@@ -23,18 +23,15 @@ weight 1); ``feature`` = ``penultimate``; ``embed_batch`` = 500.
 
 from __future__ import annotations
 
+from clients import CLIENTS
 from clients.fedproto import PrototypeClient
-from fedrcl_flwr.components import at_least, feature_tap, non_negative, positive
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
 class FPLClient(PrototypeClient):
     method = "fpl"
     global_mode = "finch_clusters"
-    defaults = {"tau": 0.07, "lam": 1.0, "feature": "penultimate", "embed_batch": 500}
-
-    rules = {"tau": positive(), "lam": non_negative(), "feature": feature_tap(),
-             "embed_batch": at_least(1)}
+    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
 
     @classmethod
     def exchange_settings(cls, p: dict) -> dict:

@@ -106,7 +106,8 @@ def _check_spec(spec: Any, key: str, source: str, num_clients: int, dists: dict,
 
 def check_config(cfg, source: str) -> None:
     """``federation.availability``: every value in range, before the run (one
-    ``ConfigError`` naming the key and ``source``)."""
+    ``ConfigError`` naming the key and ``source``; the plain numbers ``stragglers.deadline``
+    and ``stragglers.jitter`` are rules in ``fedrcl_flwr.config.CONFIG_RULES``)."""
     av = cfg.federation.availability
     n = cfg.federation.num_clients
     key = "federation.availability.dropout"
@@ -133,11 +134,6 @@ def check_config(cfg, source: str) -> None:
             if d["distribution"] == "lognormal" and d["sigma"] < 0:
                 raise _cfg_error(source, f"'{key}.speed.sigma' must be >= 0, got "
                                          f"{d['sigma']}")
-    if st.deadline is not None and not st.deadline > 0:
-        raise _cfg_error(source, f"'{key}.deadline' must be > 0 (or null), got "
-                                 f"{st.deadline!r}")
-    if st.jitter < 0:
-        raise _cfg_error(source, f"'{key}.jitter' must be >= 0, got {st.jitter!r}")
     if st.speed is None and (st.deadline is not None or st.jitter):
         raise _cfg_error(source, f"'{key}.deadline' / '{key}.jitter' need '{key}.speed' "
                                  "(the clients' speed factors)")

@@ -13,7 +13,16 @@ import sys
 import time
 from pathlib import Path
 
-from fedrcl_flwr.config import ConfigError, apply_overrides, config_from_dict, read_yaml
+from fedrcl_flwr.config import ConfigError, ExperimentConfig
+from fedrcl_flwr.preflight import (  # noqa: F401 - the checks' one home, re-exported
+    check_output_dir,
+    check_output_file,
+    check_plot_path,
+    load_experiment,
+    prepare_data,
+)
+
+_load = load_experiment  # (name kept for callers of the earlier API: tests, benchmarks)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,92 +30,6 @@ class _Parser(argparse.ArgumentParser):
         print(f"fedrcl-flwr: error: {' '.join(str(message).split())} (see {self.prog} "
               "--help)", file=sys.stderr)
         sys.exit(2)
-
-
-def _load(path: str, sets: list[str], out: str | None):
-    data = read_yaml(path)
-    overrides = list(sets or [])
-    if out is not None:
-        if not out.strip():
-            raise ConfigError("--out must be a directory path, got an empty string")
-        overrides.append(("output.dir", str(Path(out).expanduser().resolve())))
-    if overrides:
-        data = apply_overrides(data, overrides)
-    source = f"{path} (with overrides)" if overrides else str(path)
-    cfg = config_from_dict(data, source)
-    if cfg.partition.path:  # relative to the working directory, fixed for every process
-        cfg.partition.path = str(Path(cfg.partition.path).expanduser().resolve())
-    from fedrcl_flwr.app.validate import validate_components
-
-    validate_components(cfg, source)
-    return cfg
-
-
-def check_output_dir(out_dir: Path, what: str = "output directory") -> None:
-    """The output directory can be created and written (reads only): it is a directory
-    or does not exist yet, no part of its path is a file, and the nearest existing
-    ancestor is writable."""
-    p = out_dir
-    try:
-        while not p.exists():
-            if p.is_symlink():
-                raise ConfigError(f"{what} {out_dir}: {p} is a dangling link")
-            p = p.parent
-        is_dir = p.is_dir()
-    except OSError as exc:  # e.g. a name longer than the file system allows
-        raise ConfigError(f"{what} {str(out_dir)[:200]}: not a usable path "
-                          f"({exc.strerror or exc})") from None
-    if not is_dir:
-        where = "is a file" if p == out_dir else f"is under the file {p}"
-        raise ConfigError(f"{what} {out_dir} {where}; choose another --out / "
-                          "output.dir")
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {out_dir}: {p} is not writable")
-
-
-def check_output_file(path: Path, flag: str, *, create_parent: bool = False) -> None:
-    """An output file can be written (reads only): not a directory or a link to one, not
-    under a file, writable; its directory exists (or, with ``create_parent``, can be
-    created)."""
-    p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    try:
-        if p.is_dir():
-            raise ConfigError(f"{flag} {path}: is a directory")
-        if p.exists() and not os.access(p, os.W_OK):
-            raise ConfigError(f"{flag} {path}: not writable")
-        if not create_parent and not parent.exists():
-            raise ConfigError(f"{flag} {path}: directory {parent} does not exist")
-    except OSError as exc:
-        raise ConfigError(f"{flag} {str(path)[:200]}: not a usable path "
-                          f"({exc.strerror or exc})") from None
-    check_output_dir(parent, f"{flag} {path}: directory")
-
-
-def prepare_data(cfg, source: str) -> Path:
-    """Build (or check) the experiment's dataset cache entry (``fedrcl_flwr.data.cache``);
-    returns its path. Input problems are one :class:`ConfigError` naming ``source``."""
-    from fedrcl_flwr.data import cache
-    from fedrcl_flwr.runtime import prepare_dataset, use_prepared_dataset
-
-    root = cache.cache_dir(cfg.dataset)
-    why = cache.check_cache_dir(root)
-    if why:
-        raise ConfigError(f"{source}: dataset.cache_dir {root}: {why}")
-    try:
-        # the entry's arrays are checked against their content hashes here, once; this
-        # process and every process of the run then only open it
-        entry = prepare_dataset(cfg, note=lambda m: print(f"fedrcl-flwr: {m}", flush=True))
-        use_prepared_dataset(cfg, str(entry))
-        return entry
-    except cache.CacheForeign as exc:
-        raise ConfigError(f"{source}: dataset.cache_dir: {exc}") from None
-    except MemoryError:
-        raise ConfigError(f"{source}: the dataset does not fit in memory (dataset."
-                          f"name={cfg.dataset.name})") from None
-    except OSError as exc:
-        raise ConfigError(f"{source}: dataset.cache_dir {root}: cannot write the dataset "
-                          f"cache ({exc.strerror or exc})") from None
 
 
 def cmd_cache(args) -> int:
@@ -156,20 +79,21 @@ def _load_resume(args):
     (more rounds, evaluation/output cadence, resources); anything else is refused, naming
     the keys: the records after the resume must belong to the same experiment."""
     from fedrcl_flwr.config import RESUME_MAY_CHANGE, resume_refusals
+    from fedrcl_flwr.run_files import CHECKPOINT_FILE, CONFIG_FILE
 
     run_dir = Path(args.resume).expanduser().resolve()
-    cfg_file = run_dir / "config.yaml"
+    cfg_file = run_dir / CONFIG_FILE
     if not cfg_file.is_file():
-        raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a run dir)")
-    if not (run_dir / "checkpoint.pt").is_file():
-        raise ConfigError(f"--resume {run_dir}: no checkpoint.pt there (start runs with "
+        raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there (not a run dir)")
+    if not (run_dir / CHECKPOINT_FILE).is_file():
+        raise ConfigError(f"--resume {run_dir}: no {CHECKPOINT_FILE} there (start runs with "
                           "output.checkpoint_every > 0 to be able to resume them)")
-    recorded = _load(str(cfg_file), [], str(run_dir))
+    recorded = load_experiment(str(cfg_file), [], str(run_dir))
     if args.experiment:
-        cfg = _load(args.experiment, args.set, str(run_dir))
+        cfg = load_experiment(args.experiment, args.set, str(run_dir))
         what = f"{args.experiment}{' with --set' if args.set else ''}"
     else:
-        cfg = _load(str(cfg_file), list(args.set or []), str(run_dir))
+        cfg = load_experiment(str(cfg_file), list(args.set or []), str(run_dir))
         what = "--set"
     refused = resume_refusals(recorded, cfg)
     if refused:
@@ -184,110 +108,101 @@ def _load_resume(args):
 
 
 def cmd_run(args) -> int:
-    from fedrcl_flwr.config import dump_config
-    from fedrcl_flwr.results import (RESULT_FILES, RUN_SUBDIRS, clear_run_dir, ema_note,
-                                     has_marker, linked_run_entries, overwrite_problem,
-                                     reported_value, shows_ema, write_marker)
-    from fedrcl_flwr.runner import OutputLock, RunFailed, check_resources, \
-        run_simulation_via_flower
+    """``run EXPERIMENT.yaml`` / ``run --resume DIR``: the config, every check before the
+    run (:func:`fedrcl_flwr.preflight.before_run`), the run directory claimed, the
+    simulation, one line of result."""
+    from fedrcl_flwr.preflight import before_run
+    from fedrcl_flwr.runner import OutputLock, RunFailed
 
-    if args.resume:
-        if args.overwrite:
-            raise ConfigError("--resume and --overwrite exclude each other")
-        cfg, out_dir = _load_resume(args)
-    else:
-        if not args.experiment:
-            raise ConfigError("give an EXPERIMENT.yaml (or --resume DIR)")
-        cfg = _load(args.experiment, args.set, args.out)
-        out_dir = cfg.output_dir().resolve()
-    # input checks, in order; nothing is written before all of them have passed
-    check_output_dir(out_dir)
-    holder = OutputLock.holder(out_dir)
-    if holder is not None:
-        raise ConfigError(f"output directory {out_dir} is in use by another run (PID "
-                          f"{holder}); wait for it to end or choose another --out")
-    if not args.resume:
-        old = [f for f in RESULT_FILES + RUN_SUBDIRS
-               if (out_dir / f).exists() or (out_dir / f).is_symlink()]
-        if old and not args.overwrite:
-            raise ConfigError(f"output directory {out_dir} holds an earlier run "
-                              f"({', '.join(old)}): pass --overwrite to replace it, --resume "
-                              f"{out_dir} to continue it, or choose another --out")
-        why = overwrite_problem(out_dir)
-        if why:  # a run writes (and --overwrite clears) only a directory the tool created
-            raise ConfigError(f"output directory {why}" if not args.overwrite
-                              else f"--overwrite: {why}")
-    links = [] if args.overwrite else linked_run_entries(out_dir)
-    if links:  # writing through them would write outside the output directory
-        raise ConfigError(f"output directory {out_dir}: {', '.join(links)} "
-                          f"{'is a link' if len(links) == 1 else 'are links'}; a run writes "
-                          "only inside its directory (remove the link, or --overwrite)")
-    try:
-        check_resources(cfg)
-    except ConfigError as exc:
-        raise ConfigError(f"{args.resume or args.experiment}: {exc}") from None
-    # every dataset (synthetic included) is prepared into the dataset cache and split
-    # here, before any Flower process starts: a missing dataset or an impossible split is
-    # one clear error, and the ServerApp and every ClientApp only memory-map the entry
+    cfg, out_dir = _run_config(args)
     source = args.resume or args.experiment
-    entry = prepare_data(cfg, source)
-    from fedrcl_flwr.data.partition import PartitionError
-    from fedrcl_flwr.runtime import check_model, client_partitions, load_bundle
-
-    try:
-        client_partitions(cfg)
-    except PartitionError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    try:  # model.params keys, backbone, weights file: here, not in every Flower process
-        check_model(cfg, load_bundle(cfg))
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    if args.resume:
-        from fedrcl_flwr.app.server_app import check_resume
-
-        check_resume(cfg, out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"output directory {out_dir}: cannot create it "
-                          f"({exc.strerror or exc})") from None
+    entry = before_run(cfg, source, out_dir, resume=bool(args.resume),
+                       overwrite=args.overwrite)
+    _create_dir(out_dir)
     lock = OutputLock(out_dir)
     lock.acquire()
     completed = False
     try:
-        if args.overwrite:
-            try:
-                clear_run_dir(out_dir)
-            except OSError as exc:
-                raise ConfigError(f"--overwrite: {exc}") from None
-        if not has_marker(out_dir, "run"):
-            write_marker(out_dir, "run")  # the tool's run directory from now on
-        dump_config(cfg, out_dir / "config.yaml")
-        print(f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
-              f"{cfg.federation.num_clients} clients, {cfg.federation.sampled_per_round()} "
-              f"per round, {cfg.federation.rounds} rounds -> {out_dir}", flush=True)
-        metric = cfg.evaluation.report_metric
-        if shows_ema(metric):
-            print(f"fedrcl-flwr: {ema_note(cfg.evaluation.ema, metric)}", flush=True)
+        _claim_run_dir(cfg, out_dir, overwrite=args.overwrite)
         t0 = time.time()
         try:
-            summary = run_simulation_via_flower(cfg, out_dir, resume=bool(args.resume),
-                                                verbose=args.verbose, lock=lock,
-                                                dataset_entry=entry)
+            summary = _simulate(cfg, out_dir, args, lock, entry)
             completed = True
         except RunFailed as exc:
             print(f"fedrcl-flwr: run failed: {exc}", file=sys.stderr)
             return 1
     finally:
         lock.release(remove=completed)  # a completed run leaves no lock file behind
+    print(f"fedrcl-flwr: done in {time.time() - t0:.0f}s: {_result_text(cfg, summary)} -> "
+          f"{out_dir}")
+    return 0
+
+
+def _run_config(args) -> tuple[ExperimentConfig, Path]:
+    """The run's configuration and output directory: the experiment file's, or (``--resume
+    DIR``) the recorded run's with the changes a resume allows."""
+    if args.resume:
+        if args.overwrite:
+            raise ConfigError("--resume and --overwrite exclude each other")
+        return _load_resume(args)
+    if not args.experiment:
+        raise ConfigError("give an EXPERIMENT.yaml (or --resume DIR)")
+    cfg = load_experiment(args.experiment, args.set, args.out)
+    return cfg, cfg.output_dir().resolve()
+
+
+def _create_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"output directory {out_dir}: cannot create it "
+                          f"({exc.strerror or exc})") from None
+
+
+def _claim_run_dir(cfg: ExperimentConfig, out_dir: Path, *, overwrite: bool) -> None:
+    """With the lock held: clear an earlier run (``--overwrite``), mark the directory as
+    the tool's run directory, write the resolved ``config.yaml``, say what runs."""
+    from fedrcl_flwr.config import dump_config
+    from fedrcl_flwr.results import (clear_run_dir, ema_note, has_marker, shows_ema,
+                                     write_marker)
+    from fedrcl_flwr.run_files import CONFIG_FILE
+
+    if overwrite:
+        try:
+            clear_run_dir(out_dir)
+        except OSError as exc:
+            raise ConfigError(f"--overwrite: {exc}") from None
+    if not has_marker(out_dir, "run"):
+        write_marker(out_dir, "run")  # the tool's run directory from now on
+    dump_config(cfg, out_dir / CONFIG_FILE)
+    print(f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
+          f"{cfg.federation.num_clients} clients, {cfg.federation.sampled_per_round()} "
+          f"per round, {cfg.federation.rounds} rounds -> {out_dir}", flush=True)
+    metric = cfg.evaluation.report_metric
+    if shows_ema(metric):
+        print(f"fedrcl-flwr: {ema_note(cfg.evaluation.ema, metric)}", flush=True)
+
+
+def _simulate(cfg: ExperimentConfig, out_dir: Path, args, lock, entry: Path) -> dict:
+    from fedrcl_flwr import runner
+
+    return runner.run_simulation_via_flower(cfg, out_dir, resume=bool(args.resume),
+                                            verbose=args.verbose, lock=lock,
+                                            dataset_entry=entry)
+
+
+def _result_text(cfg: ExperimentConfig, summary: dict) -> str:
+    """``final accuracy 71.20%`` (and the reported metric when it is another)."""
+    from fedrcl_flwr.results import reported_value
+
     acc = summary.get("final_accuracy")
     text = f"final accuracy {100 * acc:.2f}%" if acc is not None else "no evaluated round"
+    metric = cfg.evaluation.report_metric
     if metric != "final":
         value = reported_value(summary, metric)
         text += f", {metric} (reported) " + (f"{100 * value:.2f}%" if value is not None
                                              else "missing")
-    print(f"fedrcl-flwr: done in {time.time() - t0:.0f}s: {text} -> {out_dir}")
-    return 0
+    return text
 
 
 def cmd_report(args) -> int:
@@ -316,8 +231,8 @@ def cmd_plot(args) -> int:
 
 def cmd_sweep(args) -> int:
     """``sweep SWEEP.yaml``: plan and validate every run, then run those not finished."""
-    from fedrcl_flwr.sweep import (check_data, check_sweep_dir, earlier_runs, format_plan,
-                                   plan_sweep, run_sweep, take_over_earlier_runs)
+    from fedrcl_flwr.preflight import before_sweep
+    from fedrcl_flwr.sweep import format_plan, plan_sweep, run_sweep, take_over_earlier_runs
 
     ncpu = os.cpu_count() or 1
     if not 1 <= args.jobs <= ncpu:
@@ -331,33 +246,23 @@ def cmd_sweep(args) -> int:
         for line in take_over_earlier_runs(runs, out_dir, dry_run=True):
             print(f"fedrcl-flwr sweep: {line}")
         return 0
-    check_sweep_dir(runs, out_dir)  # includes check_existing
-    check_data(runs, frozenset(earlier_runs(runs, out_dir)[0]))
+    before_sweep(runs, out_dir)
     for line in take_over_earlier_runs(runs, out_dir):
         print(f"fedrcl-flwr sweep: {line}", flush=True)
     return run_sweep(runs, out_dir, jobs=args.jobs, verbose=args.verbose)
 
 
 def cmd_partition(args) -> int:
-    from fedrcl_flwr.data.partition import PartitionError, save_split_file
+    """``partition EXPERIMENT.yaml``: the clients' class counts (and domains) as a table,
+    optionally a heatmap (``--plot``) and the split as a file (``--save``)."""
+    from fedrcl_flwr.data.partition import save_split_file
     from fedrcl_flwr.data.report import (class_counts, client_domains, format_counts_table,
                                          plot_counts_heatmap)
-    from fedrcl_flwr.runtime import client_partitions, load_bundle
+    from fedrcl_flwr.preflight import before_partition
 
     if args.max_rows is not None and args.max_rows < 0:
         raise ConfigError(f"--max-rows must be >= 0, got {args.max_rows}")
-    if args.plot:
-        check_plot_path(args.plot)
-    if args.save is not None:
-        if not args.save.strip():
-            raise ConfigError("--save must be a file path, got an empty string")
-        check_output_file(Path(args.save).expanduser(), "--save")
-    cfg = _load(args.experiment, args.set, None)
-    bundle = load_bundle(cfg)
-    try:
-        parts = client_partitions(cfg)
-    except PartitionError as exc:
-        raise ConfigError(f"{args.experiment}: {exc}") from None
+    cfg, bundle, parts = before_partition(args.experiment, args.set, args.plot, args.save)
     counts = class_counts(parts, bundle.train_labels, bundle.num_classes)
     doms = client_domains(parts, bundle.train_domains, bundle.domain_names)
     print(format_counts_table(counts, max_rows=args.max_rows, domains=doms))
@@ -380,44 +285,21 @@ def cmd_partition(args) -> int:
 
 def partition_title(cfg) -> str:
     """``name: N clients, <scheme and its parameter>`` for the partition heatmap."""
+    from fedrcl_flwr.catalog import PARTITION_SCHEMES
+
     p = cfg.partition
-    what = {"dirichlet": f"Dirichlet α={p.alpha:g}" + ("" if p.balanced else ", unbalanced"),
-            "shards": f"shards γ={p.shards_per_client}",
-            "domain": "by domain" + ("" if p.balanced else f", imbalanced α={p.alpha:g}"),
-            "iid": "IID", "file": f"split file {Path(str(p.path)).name}"}.get(p.scheme,
-                                                                                p.scheme)
+    what = PARTITION_SCHEMES.get(p.scheme, p.scheme)
+    what += {"dirichlet": f" α={p.alpha:g}" + ("" if p.balanced else ", unbalanced"),
+             "shards": f" γ={p.shards_per_client}",
+             "domain": "" if p.balanced else f", imbalanced α={p.alpha:g}",
+             "file": f" {Path(str(p.path)).name}"}.get(p.scheme, "")
     return f"{cfg.name}: {cfg.federation.num_clients} clients, {what}"
 
 
-def check_plot_path(path: str) -> None:
-    """``--plot`` names a file matplotlib can write: a known extension, in an existing
-    writable directory (checked before any work)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    p = Path(path).expanduser()
-    formats = Figure().canvas.get_supported_filetypes()
-    ext = p.suffix.lower().lstrip(".")
-    if ext not in formats:
-        raise ConfigError(f"--plot {path}: unknown image type {p.suffix or '(none)'!r}; use "
-                          f"one of {', '.join('.' + f for f in sorted(formats))}")
-    try:
-        if p.is_dir():
-            raise ConfigError(f"--plot {path}: is a directory")
-        parent = p.parent if str(p.parent) else Path(".")
-        if not parent.is_dir():
-            raise ConfigError(f"--plot {path}: directory {parent} does not exist")
-        if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and
-                                                         not os.access(p, os.W_OK)):
-            raise ConfigError(f"--plot {path}: not writable")
-    except OSError as exc:
-        raise ConfigError(f"--plot {str(path)[:200]}: not a usable path "
-                          f"({exc.strerror or exc})") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from fedrcl_flwr.catalog import METRIC_NAMES
+    from fedrcl_flwr.tables import FORMATS
+
     p = _Parser(prog="fedrcl-flwr", description=__doc__.splitlines()[0])
     p.add_argument("--verbose", action="store_true", help="show Flower/Ray logs")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -434,10 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     rep = sub.add_parser("report", help="table (mean ± std over seeds) from run or sweep dirs")
     rep.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
-    rep.add_argument("--format", default="markdown", choices=["markdown", "csv", "latex"])
+    rep.add_argument("--format", default="markdown", choices=list(FORMATS))
     rep.add_argument("--metric", default=None,
-                     help="final | best | last5 | ema@ROUND | client_mean | client_std | "
-                          "client_worst10 | client_best10 (default: the runs' "
+                     help=" | ".join(METRIC_NAMES) + " (default: the runs' "
                           "report_metric, else their paper reference's, else final)")
     rep.add_argument("--vs", metavar="ROW",
                      help="also compare every row with ROW (a row name, label or method) "

@@ -46,13 +46,11 @@ import math
 
 import numpy as np
 
+from fedrcl_flwr.catalog import CLIENT_STAT_KEYS as STAT_KEYS
 from fedrcl_flwr.protocol import decode_client_eval, encode_client_eval
 
 HOLDOUT_SALT = 0x7E57
 FINETUNE_SALT = 0xF1E7
-LOCAL_TESTS = ("auto", "holdout", "domain")
-CLIENTS = ("sampled", "all")
-STAT_KEYS = ("client_acc_mean", "client_acc_std", "client_acc_worst10", "client_acc_best10")
 
 
 def _cfg_error(source: str, msg: str):
@@ -62,24 +60,11 @@ def _cfg_error(source: str, msg: str):
 
 
 def check_config(cfg, source: str) -> None:
-    """``evaluation.per_client``: values in range and consistent with the rest of the
-    experiment (one ``ConfigError`` naming the key and ``source``)."""
+    """``evaluation.per_client`` consistent with the rest of the experiment (one
+    ``ConfigError`` naming the key and ``source``; each key's own range is a rule in
+    ``fedrcl_flwr.config.CONFIG_RULES``)."""
     pc = cfg.evaluation.per_client
     key = "evaluation.per_client"
-    if pc.every < 0:
-        raise _cfg_error(source, f"'{key}.every' must be >= 0 (0 = off), got {pc.every}")
-    if not 0 <= pc.local_test_fraction < 1:
-        raise _cfg_error(source, f"'{key}.local_test_fraction' must be in [0, 1), got "
-                                 f"{pc.local_test_fraction}")
-    if pc.finetune_steps < 0:
-        raise _cfg_error(source, f"'{key}.finetune_steps' must be >= 0, got "
-                                 f"{pc.finetune_steps}")
-    if pc.clients not in CLIENTS:
-        raise _cfg_error(source, f"'{key}.clients' must be sampled or all, got "
-                                 f"{pc.clients!r}")
-    if pc.local_test not in LOCAL_TESTS:
-        raise _cfg_error(source, f"'{key}.local_test' must be one of "
-                                 f"{', '.join(LOCAL_TESTS)}, got {pc.local_test!r}")
     if not pc.every:
         return
     every = cfg.federation.eval_every

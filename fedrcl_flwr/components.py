@@ -1,9 +1,13 @@
 """The contract of pluggable components (client methods, server strategies): one registry
-mechanism and one set of parameter rules for both (no Flower here).
+mechanism and one set of parameter rules for both (no Flower here). The same
+:class:`Rule` declares the allowed values of the experiment's own keys
+(:data:`fedrcl_flwr.config.CONFIG_RULES`).
 
-A component class declares its parameters as ``defaults`` (name -> default value) and,
-next to them, ``rules`` (name -> :class:`Rule`) for the allowed values. The *type* of a
-parameter is its default's type and is enforced for every key:
+A component's registry entry (:class:`Declared`, in ``clients/__init__.py`` /
+``strategies/__init__.py``) declares its parameters as ``defaults`` (name -> default
+value) and, next to them, ``rules`` (name -> :class:`Rule`) for the allowed values; its
+class takes both from there (:meth:`Registry.params`). The *type* of a parameter is its
+default's type and is enforced for every key:
 
 * ``bool``  - ``true`` / ``false`` only (no ``0`` / ``1``);
 * ``int``   - whole numbers only (``2.0`` and ``true`` are rejected);
@@ -19,12 +23,13 @@ the key and the file.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,18 @@ def at_least(lo: int) -> Rule:
 def one_of(*choices: str) -> Rule:
     return Rule(lambda v: v in choices, f"must be one of {', '.join(choices)}",
                 ("no-such-choice",))
+
+
+def with_text(rule: Rule, text: str) -> Rule:
+    """``rule`` saying what is allowed in other words (e.g. with the unit: ``must be in
+    [0, 180] degrees``)."""
+    return dataclasses.replace(rule, text=text)
+
+
+def or_null(rule: Rule) -> Rule:
+    """``rule`` whose text says that null is allowed too (for a key whose annotation is
+    ``Optional``: null never reaches a rule)."""
+    return with_text(rule, rule.text + " (or null)")
 
 
 def _finite(v: Any) -> bool:
@@ -202,17 +219,35 @@ def extra_components(key: str) -> dict[str, str]:
     return dict(entries)
 
 
+@dataclass(frozen=True)
+class Declared:
+    """A registered component as its registry declares it, without importing it: the
+    ``"module:Class"`` that implements it and its parameters, ``defaults`` (name ->
+    default value, whose type is the parameter's) with their allowed values in ``rules``
+    (name -> :class:`Rule`). Plain data (no Flower): ``report`` reads a method's defaults
+    from here, and the class takes its ``defaults`` / ``rules`` from here
+    (:meth:`Registry.params`). A component registered from outside the package
+    (:meth:`Registry.register`, :func:`extra_components`: a ``"module:Class"`` only)
+    declares its parameters on its class instead (``clients/faulty.py``)."""
+
+    target: str
+    defaults: dict = field(default_factory=dict)
+    rules: dict = field(default_factory=dict)
+
+
 class Registry(dict):
-    """Name -> ``"module:Class"`` of one kind of component, imported lazily (one broken
-    component cannot break the others); ``key`` is the config key that selects one.
+    """Name -> :class:`Declared` of one kind of component, the class imported lazily (one
+    broken component cannot break the others); ``key`` is the config key that selects
+    one. An entry given as a ``"module:Class"`` string declares no parameters.
     ``builtin`` are the package's own entries; others come from :meth:`register` (this
     process) or :func:`extra_components` (the environment: every process of a run)."""
 
-    def __init__(self, key: str, entries: dict[str, str]):
-        super().__init__(entries)
+    def __init__(self, key: str, entries: dict[str, Any]):
+        super().__init__({name: _declared(e) for name, e in entries.items()})
         self.key = key
         self.builtin = frozenset(entries)
-        self.update(extra_components(key))
+        for name, target in extra_components(key).items():
+            self[name] = _declared(target)
 
     def register(self, name: str, target: str) -> None:
         """Add component ``name`` = ``"module:Class"`` in this process (a process a run
@@ -220,14 +255,27 @@ class Registry(dict):
         if target.count(":") != 1:
             raise ValueError(f"{self.key} '{name}': target must be 'module:Class', got "
                              f"{target!r}")
-        self[name] = target
+        self[name] = _declared(target)
 
-    def load(self, name: str):
+    def declared(self, name: str) -> Declared:
         if name not in self:
             raise ConfigError(f"'{self.key}' must be one of {', '.join(sorted(self))}, "
                               f"got {name!r}")
-        module, cls = self[name].split(":")
+        return self[name]
+
+    def params(self, name: str) -> tuple[dict, dict]:
+        """``(defaults, rules)`` of component ``name`` as registered (its class's
+        ``defaults`` and ``rules`` for the package's own components)."""
+        entry = self.declared(name)
+        return entry.defaults, entry.rules
+
+    def load(self, name: str):
+        module, cls = self.declared(name).target.split(":")
         return getattr(importlib.import_module(module), cls)
+
+
+def _declared(entry: Any) -> Declared:
+    return entry if isinstance(entry, Declared) else Declared(entry)
 
 
 # ----------------------------------------------------------- rules about the model's taps
@@ -282,3 +330,46 @@ def tap_levels() -> Rule:
     return Rule(lambda v: all(isinstance(x, str) and x for x in v),
                 "must be a list of level names, [all] or [last]", (["nonexistent"], [3]),
                 check)
+
+
+# ------------------------------------------------------- rules about the model's blocks
+def resolve_branches(req: list, n_blocks: int) -> list[int]:
+    """Block indices that get a hybrid branch: ``[all]`` (or ``[]``) = every block."""
+    if req in (["all"], []):
+        return list(range(n_blocks))
+    bad = [k for k in req if not 0 <= k < n_blocks]
+    if bad:
+        raise ConfigError(f"client.params.branches: {bad} not in [0, {n_blocks}) "
+                          f"(or use [all])")
+    return sorted(set(req))
+
+
+def block_indices() -> Rule:
+    """``[all]`` or a list of indices of the model's blocks (FedMLB's ``branches``)."""
+
+    def check(req, get_model):
+        import torch
+
+        from fedrcl_flwr.models.interface import has_blocks
+
+        model = None if req in (["all"], []) else get_model()
+        if model is None or not has_blocks(model):
+            return None  # the method's check_config says so
+        with torch.no_grad():
+            n = len(model.block_forward(torch.zeros(2, *model.probe_input_shape)))
+        try:
+            resolve_branches(req, n)
+        except ConfigError as exc:
+            return str(exc).split(": ", 1)[1]
+        return None
+
+    return Rule(lambda v: v == ["all"] or all(
+        isinstance(k, int) and not isinstance(k, bool) for k in v),
+        "must be [all] or a list of block indices", (["first"], [99], [-1]), check)
+
+
+def finch_level() -> Rule:
+    """A level of a FINCH clustering: ``finest``, ``coarsest`` or an index (0, 1, ...)."""
+    return Rule(lambda v: v in ("finest", "coarsest") or v.isdigit(),
+                "must be finest, coarsest or a FINCH level index (0, 1, ...)",
+                ("middle", "-1"))

@@ -1,8 +1,11 @@
 """Experiment configuration: a typed schema with defaults, YAML loading, dotted overrides.
 
 An experiment is one YAML file whose top-level sections map onto the dataclasses below.
-Every key is checked on load: unknown keys, wrong types and out-of-range values raise a
-single :class:`ConfigError` that names the offending key and the file it came from.
+Every key is checked on load: unknown keys, wrong types (from the annotations),
+out-of-range values (each key's declared :class:`~fedrcl_flwr.components.Rule` in
+:data:`CONFIG_RULES`) and inconsistent combinations (the named checks of
+:data:`CROSS_CHECKS`, in order) raise a single :class:`ConfigError` that names the
+offending key and the file it came from.
 
 Overrides use dotted keys, e.g. ``client.lr=0.05`` or ``partition.alpha=0.1``; values are
 parsed as YAML scalars (``true``, ``0.3``, ``[0, 1]``, ``null``) and then validated like
@@ -34,9 +37,30 @@ from typing import Any, Optional, Union
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """Raised for any invalid experiment configuration (bad key, type or value)."""
+from fedrcl_flwr.catalog import (
+    DATASET_NAMES,
+    DATASETS,
+    DOMAIN_DATASETS,
+    GENERATORS,
+    PER_CLIENT_CLIENTS,
+    PER_CLIENT_LOCAL_TESTS,
+    SCHEME_NAMES,
+    ema_round,
+    in_words,
+    is_report_metric,
+    metric_choices,
+)
+from fedrcl_flwr.components import (
+    Rule,
+    at_least,
+    between,
+    non_negative,
+    one_of,
+    or_null,
+    positive,
+    with_text,
+)
+from fedrcl_flwr.errors import ConfigError
 
 
 MAX_YAML_BYTES = 1 << 20  # an experiment file is a few KB; refuse anything over 1 MiB
@@ -564,114 +588,142 @@ class ExperimentConfig:
 
 
 # --------------------------------------------------------------------------------------
-# Range checks (key -> predicate, message). Types are checked from the annotations.
+# Rules: the allowed values of each key that has a range or a set of choices, as the
+# component parameters declare theirs (fedrcl_flwr.components.Rule; ``bad`` holds values
+# tests/test_config.py feeds in). Types are checked from the annotations first; null
+# (allowed only where the annotation is Optional) never reaches a rule.
 # --------------------------------------------------------------------------------------
 
-_DATASETS = (
-    "synthetic", "cifar10", "cifar100", "mnist", "fmnist", "svhn", "usps", "stl10",
-    "tinyimagenet", "imagefolder", "digit5", "npz",
-)
 
-_CHECKS: dict[str, tuple[typing.Callable[[Any], bool], str]] = {
-    "seed": (lambda v: 0 <= v < 2**32, "must be in [0, 2**32)"),
-    "label": (lambda v: v is None or (bool(v.strip()) and v.isprintable() and len(v) <= 80),
-              "must be one line of printable text, at most 80 characters (or null)"),
-    "dataset.name": (lambda v: v in _DATASETS, f"must be one of {', '.join(_DATASETS)}"),
-    "dataset.val_fraction": (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"),
-    "dataset.test_fraction": (lambda v: 0.0 < v < 1.0, "must be in (0, 1)"),
-    "dataset.domains": (lambda v: all(isinstance(d, str) and d for d in v),
-                        "must be a list of domain (folder) names"),
-    "dataset.image_size": (lambda v: v is None or v >= 8, "must be >= 8"),
-    "dataset.rotation": (lambda v: 0 <= v <= 180, "must be in [0, 180] degrees"),
-    "dataset.crop_pad": (lambda v: v is None or v >= 0, "must be >= 0 (or null)"),
-    "dataset.pad_fill": (lambda v: v in ("black", "mean"), "must be black or mean"),
-    "dataset.synthetic.num_train": (lambda v: v >= 1, "must be >= 1"),
-    "dataset.synthetic.num_test": (lambda v: v >= 1, "must be >= 1"),
-    "dataset.synthetic.num_classes": (lambda v: v >= 2, "must be >= 2"),
-    "dataset.synthetic.image_size": (lambda v: v >= 8, "must be >= 8"),
-    "dataset.synthetic.channels": (lambda v: v >= 1, "must be >= 1"),
-    "dataset.synthetic.subclusters": (lambda v: v >= 1, "must be >= 1"),
-    "dataset.synthetic.num_domains": (lambda v: v >= 1, "must be >= 1"),
-    "dataset.synthetic.noise": (lambda v: v >= 0, "must be >= 0"),
-    "dataset.synthetic.distractor_strength": (lambda v: v >= 0, "must be >= 0"),
-    "dataset.synthetic.class_weight": (lambda v: v > 0, "must be > 0"),
-    "partition.scheme": (
-        lambda v: v in ("iid", "dirichlet", "shards", "domain", "file"),
-        "must be one of iid, dirichlet, shards, domain, file",
-    ),
-    "partition.seed": (lambda v: v is None or 0 <= v < 2**32,
-                       "must be in [0, 2**32) (or null)"),
-    "partition.generator": (lambda v: v is None or v in ("project", "fedrcl", "fedrcl_labels"),
-                            "must be project, fedrcl or fedrcl_labels (or null)"),
-    "partition.alpha": (lambda v: v > 0, "must be > 0"),
-    "partition.shards_per_client": (lambda v: v >= 1, "must be >= 1"),
-    "partition.min_size": (lambda v: v >= 0, "must be >= 0"),
-    "partition.domains_per_client": (lambda v: v >= 1, "must be >= 1"),
-    "partition.samples_per_class": (lambda v: v is None or v >= 1, "must be >= 1 (or null)"),
-    "model.num_classes": (lambda v: v is None or v >= 2, "must be >= 2"),
-    "model.init": (lambda v: v in ("model", "pytorch"), "must be 'model' or 'pytorch'"),
-    "federation.num_clients": (lambda v: v >= 1, "must be >= 1"),
-    "federation.rounds": (lambda v: v >= 1, "must be >= 1"),
-    "federation.participation": (
-        lambda v: v is None or 0.0 < v <= 1.0, "must be in (0, 1]"
-    ),
-    "federation.clients_per_round": (lambda v: v is None or v >= 1, "must be >= 1"),
-    "federation.eval_every": (lambda v: v >= 1, "must be >= 1"),
-    "federation.max_consecutive_failed_rounds": (lambda v: v >= 1, "must be >= 1"),
-    "federation.round_timeout_s": (lambda v: v is None or v > 0, "must be > 0 (or null)"),
-    "client.optimizer": (lambda v: v in ("sgd", "adam", "adamw"),
-                         "must be one of sgd, adam, adamw"),
-    "client.betas": (lambda v: len(v) == 2 and all(
-        isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in v),
-        "must be two numbers in [0, 1), e.g. [0.9, 0.999]"),
-    "client.eps": (lambda v: 0 < v < 1, "must be in (0, 1)"),
-    "client.lr": (lambda v: v > 0, "must be > 0"),
-    "client.lr_decay": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
-    "client.epoch_lr_decay": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
-    "client.momentum": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "client.weight_decay": (lambda v: v >= 0, "must be >= 0"),
-    "client.local_epochs": (lambda v: v >= 1, "must be >= 1"),
-    "client.batch_size": (lambda v: v >= 1, "must be >= 1"),
-    "client.iterations_per_epoch": (lambda v: v is None or v >= 1, "must be >= 1"),
-    "client.grad_clip": (lambda v: v is None or v > 0, "must be > 0 (or null)"),
-    "client.device": (lambda v: v in ("auto", "cpu", "cuda"), "must be auto, cpu or cuda"),
-    "client.amp": (lambda v: v in ("off", "bf16", "fp16"), "must be one of off, bf16, fp16"),
-    "client.channels_last": (lambda v: v == "auto" or isinstance(v, bool),
-                             "must be auto, true or false"),
-    "server.weighting": (
-        lambda v: v in ("uniform", "samples"), "must be 'uniform' or 'samples'"
-    ),
-    "evaluation.ema": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
-    "evaluation.target_rounds": (
+def _u32(null: bool = False) -> Rule:
+    return Rule(lambda v: 0 <= v < 2**32, "must be in [0, 2**32)" + (" (or null)" if null
+                                                                        else ""), (-1, 2**32))
+
+
+def _label_ok(v: str) -> bool:
+    return bool(v.strip()) and v.isprintable() and len(v) <= 80
+
+
+def _betas_ok(v: list) -> bool:
+    return len(v) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                               and 0 <= b < 1 for b in v)
+
+
+CONFIG_RULES: dict[str, Rule] = {
+    "seed": _u32(),
+    "label": Rule(_label_ok, "must be one line of printable text, at most 80 characters "
+                             "(or null)", ("", "two\nlines", "x" * 81)),
+    "dataset.name": one_of(*DATASET_NAMES),
+    "dataset.val_fraction": between(0, 1, hi_open=True),
+    "dataset.test_fraction": between(0, 1, lo_open=True, hi_open=True),
+    "dataset.domains": Rule(lambda v: all(isinstance(d, str) and d for d in v),
+                            "must be a list of domain (folder) names", ([""], [3])),
+    "dataset.image_size": at_least(8),
+    "dataset.rotation": with_text(between(0, 180), "must be in [0, 180] degrees"),
+    "dataset.crop_pad": or_null(non_negative()),
+    "dataset.pad_fill": Rule(lambda v: v in ("black", "mean"), "must be black or mean",
+                             ("white",)),
+    "dataset.synthetic.num_train": at_least(1),
+    "dataset.synthetic.num_test": at_least(1),
+    "dataset.synthetic.num_classes": at_least(2),
+    "dataset.synthetic.image_size": at_least(8),
+    "dataset.synthetic.channels": at_least(1),
+    "dataset.synthetic.subclusters": at_least(1),
+    "dataset.synthetic.num_domains": at_least(1),
+    "dataset.synthetic.noise": non_negative(),
+    "dataset.synthetic.distractor_strength": non_negative(),
+    "dataset.synthetic.class_weight": positive(),
+    "partition.scheme": one_of(*SCHEME_NAMES),
+    "partition.seed": _u32(null=True),
+    "partition.generator": Rule(lambda v: v in GENERATORS,
+                                f"must be {in_words(GENERATORS)} (or null)", ("authors",)),
+    "partition.alpha": positive(),
+    "partition.shards_per_client": at_least(1),
+    "partition.min_size": non_negative(),
+    "partition.domains_per_client": at_least(1),
+    "partition.samples_per_class": or_null(at_least(1)),
+    "model.num_classes": at_least(2),
+    "model.init": Rule(lambda v: v in ("model", "pytorch"), "must be 'model' or 'pytorch'",
+                       ("torch",)),
+    "federation.num_clients": at_least(1),
+    "federation.rounds": at_least(1),
+    "federation.participation": between(0, 1, lo_open=True),
+    "federation.clients_per_round": at_least(1),
+    "federation.eval_every": at_least(1),
+    "federation.max_consecutive_failed_rounds": at_least(1),
+    "federation.round_timeout_s": or_null(positive()),
+    "federation.availability.stragglers.deadline": or_null(positive()),
+    "federation.availability.stragglers.jitter": non_negative(),
+    "client.optimizer": one_of("sgd", "adam", "adamw"),
+    "client.betas": Rule(_betas_ok, "must be two numbers in [0, 1), e.g. [0.9, 0.999]",
+                         ([0.9], [0.9, 1.0], [0.9, True])),
+    "client.eps": between(0, 1, lo_open=True, hi_open=True),
+    "client.lr": positive(),
+    "client.lr_decay": between(0, 1, lo_open=True),
+    "client.epoch_lr_decay": between(0, 1, lo_open=True),
+    "client.momentum": between(0, 1, hi_open=True),
+    "client.weight_decay": non_negative(),
+    "client.local_epochs": at_least(1),
+    "client.batch_size": at_least(1),
+    "client.iterations_per_epoch": at_least(1),
+    "client.grad_clip": or_null(positive()),
+    "client.device": Rule(lambda v: v in ("auto", "cpu", "cuda"), "must be auto, cpu or cuda",
+                          ("gpu",)),
+    "client.amp": one_of("off", "bf16", "fp16"),
+    "client.channels_last": Rule(lambda v: v == "auto" or isinstance(v, bool),
+                                 "must be auto, true or false", ("yes",)),
+    "server.weighting": Rule(lambda v: v in ("uniform", "samples"),
+                             "must be 'uniform' or 'samples'", ("clients",)),
+    "evaluation.ema": between(0, 1, hi_open=True),
+    "evaluation.target_rounds": Rule(
         lambda v: all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in v),
-        "must be a list of positive integers",
-    ),
-    "evaluation.batch_size": (lambda v: v >= 1, "must be >= 1"),
-    "evaluation.representation_every": (lambda v: v >= 0, "must be >= 0"),
-    "evaluation.report_metric": (
-        lambda v: v in ("final", "best", "last5") or re.fullmatch(r"ema@[1-9][0-9]*", v),
-        "must be final, best, last5 or ema@ROUND (ROUND a target round, e.g. ema@500)"),
-    "evaluation.local_representation_every": (lambda v: v >= 0, "must be >= 0"),
-    "evaluation.robust_every": (lambda v: v >= 0, "must be >= 0"),
-    "evaluation.robust_eps": (lambda v: 0 < v <= 1, "must be in (0, 1] (pixel units)"),
-    "evaluation.robust_step": (lambda v: 0 < v <= 1, "must be in (0, 1] (pixel units)"),
-    "evaluation.robust_steps": (lambda v: v >= 1, "must be >= 1"),
-    "evaluation.robust_samples": (lambda v: v >= 1, "must be >= 1"),
-    "simulation.num_cpus": (lambda v: v >= 1, "must be a whole number >= 1"),
-    "simulation.num_gpus": (lambda v: v >= 0, "must be >= 0"),
-    "simulation.init_num_cpus": (lambda v: v is None or v >= 1, "must be >= 1"),
-    "simulation.init_num_gpus": (lambda v: v is None or v >= 0, "must be >= 0"),
-    "simulation.num_supernodes": (lambda v: v is None or v >= 1, "must be >= 1"),
-    "simulation.startup_timeout_s": (lambda v: v > 0, "must be > 0"),
-    "simulation.ray_address": (_ray_address_ok, "must be HOST:PORT of a Ray head node or "
-                                                "'auto' (or null: a private local Ray)"),
-    "output.checkpoint_every": (lambda v: v >= 0, "must be >= 0"),
-    "output.tracker_project": (lambda v: bool(v.strip()) and "/" not in v,
-                               "must be a non-empty name without slashes"),
-    "output.tracker_group": (lambda v: v is None or bool(v.strip()),
-                             "must be a non-empty name (or null)"),
-    "privacy.secagg_clipping_range": (lambda v: v > 0, "must be > 0"),
-    "privacy.secagg_quantization_range": (lambda v: v >= 2, "must be >= 2"),
+        "must be a list of positive integers", ([0], [1.5], [True])),
+    "evaluation.batch_size": at_least(1),
+    "evaluation.representation_every": non_negative(),
+    "evaluation.report_metric": Rule(
+        is_report_metric,
+        f"must be {metric_choices()} (ROUND a target round, e.g. ema@500)",
+        ("ema@0", "last10", "client_mean")),
+    "evaluation.local_representation_every": non_negative(),
+    "evaluation.robust_every": non_negative(),
+    "evaluation.robust_eps": with_text(between(0, 1, lo_open=True),
+                                       "must be in (0, 1] (pixel units)"),
+    "evaluation.robust_step": with_text(between(0, 1, lo_open=True),
+                                        "must be in (0, 1] (pixel units)"),
+    "evaluation.robust_steps": at_least(1),
+    "evaluation.robust_samples": at_least(1),
+    "evaluation.per_client.every": with_text(non_negative(), "must be >= 0 (0 = off)"),
+    "evaluation.per_client.local_test_fraction": between(0, 1, hi_open=True),
+    "evaluation.per_client.finetune_steps": non_negative(),
+    "evaluation.per_client.clients": Rule(lambda v: v in PER_CLIENT_CLIENTS,
+                                          f"must be {in_words(PER_CLIENT_CLIENTS)}", ("some",)),
+    "evaluation.per_client.local_test": one_of(*PER_CLIENT_LOCAL_TESTS),
+    "simulation.num_cpus": with_text(at_least(1), "must be a whole number >= 1"),
+    "simulation.num_gpus": non_negative(),
+    "simulation.init_num_cpus": at_least(1),
+    "simulation.init_num_gpus": non_negative(),
+    "simulation.num_supernodes": at_least(1),
+    "simulation.startup_timeout_s": positive(),
+    "simulation.ray_address": Rule(_ray_address_ok, "must be HOST:PORT of a Ray head node or "
+                                   "'auto' (or null: a private local Ray)",
+                                   ("localhost", "host:0", "host:99999", "a b:1")),
+    "output.checkpoint_every": non_negative(),
+    "output.tracker_project": Rule(lambda v: bool(v.strip()) and "/" not in v,
+                                   "must be a non-empty name without slashes", (" ", "a/b")),
+    "output.tracker_group": Rule(lambda v: bool(v.strip()), "must be a non-empty name "
+                                                            "(or null)", (" ",)),
+    "privacy.dp.mode": Rule(lambda v: v in ("server", "client"), "must be server or client",
+                            ("both",)),
+    "privacy.dp.noise_multiplier": non_negative(),
+    "privacy.dp.clipping_norm": positive(),
+    "privacy.dp.delta": between(0, 1, lo_open=True, hi_open=True),
+    "privacy.secagg_num_shares": with_text(positive(), "must be > 0 (an int: a count, a "
+                                                       "float: a proportion)"),
+    "privacy.secagg_threshold": with_text(positive(), "must be > 0 (an int: a count, a "
+                                                      "float: a proportion)"),
+    "privacy.secagg_clipping_range": positive(),
+    "privacy.secagg_quantization_range": at_least(2),
+    "privacy.secagg_max_weight": or_null(positive()),
 }
 
 
@@ -761,10 +813,33 @@ def _build(cls: type, data: dict, prefix: str, source: str) -> Any:
 
 
 def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
-    for key, (pred, msg) in _CHECKS.items():
-        value = get_key(cfg, key)
-        if not pred(value):
-            raise ConfigError(f"{source}: '{key}' {msg}, got {value!r}")
+    """Every check of a loaded configuration, in order: each key's rule
+    (:data:`CONFIG_RULES`), then the checks across keys (:data:`CROSS_CHECKS`). The first
+    problem is one :class:`ConfigError` naming the key and ``source``."""
+    _check_rules(cfg, source)
+    for check in CROSS_CHECKS:
+        check(cfg, source)
+
+
+def _check_rules(cfg: ExperimentConfig, source: str) -> None:
+    for key, rule in CONFIG_RULES.items():
+        value = _value_at(cfg, key)
+        if value is not None and not rule.ok(value):
+            raise ConfigError(f"{source}: '{key}' {rule.text}, got {value!r}")
+
+
+def _value_at(cfg: ExperimentConfig, key: str) -> Any:
+    """The value of dotted ``key``; ``None`` below a section that is null
+    (``privacy.dp.mode`` without ``privacy.dp``)."""
+    obj: Any = cfg
+    for part in key.split("."):
+        if obj is None:
+            return None
+        obj = getattr(obj, part)
+    return obj
+
+
+def _check_federation_size(cfg: ExperimentConfig, source: str) -> None:
     fed = cfg.federation
     if fed.participation is None and fed.clients_per_round is None:
         raise ConfigError(
@@ -781,10 +856,17 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
             f"{source}: 'federation.num_clients' ({fed.num_clients}) exceeds "
             f"'dataset.synthetic.num_train' ({cfg.dataset.synthetic.num_train}): every "
             "client needs at least one sample")
+
+
+def _check_report_metric(cfg: ExperimentConfig, source: str) -> None:
     rm = cfg.evaluation.report_metric
-    if rm.startswith("ema@") and int(rm[4:]) not in cfg.evaluation.target_rounds:
-        raise ConfigError(f"{source}: 'evaluation.report_metric' {rm} needs {rm[4:]} in "
+    target = ema_round(rm)
+    if target is not None and target not in cfg.evaluation.target_rounds:
+        raise ConfigError(f"{source}: 'evaluation.report_metric' {rm} needs {target} in "
                           f"'evaluation.target_rounds' (got {cfg.evaluation.target_rounds})")
+
+
+def _check_local_optimiser(cfg: ExperimentConfig, source: str) -> None:
     if cfg.client.nesterov and (cfg.client.optimizer != "sgd" or cfg.client.momentum <= 0):
         raise ConfigError(f"{source}: 'client.nesterov' needs client.optimizer sgd and "
                           f"'client.momentum' > 0 (got {cfg.client.optimizer}, momentum "
@@ -792,6 +874,10 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
     if cfg.client.amp == "fp16" and cfg.client.device == "cpu":
         raise ConfigError(f"{source}: 'client.amp' fp16 needs a CUDA device (client.device "
                           "is cpu); use bf16 or off")
+
+
+def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
+    """What the dataset and the partition scheme need of each other."""
     if cfg.dataset.name == "npz" and not cfg.dataset.path:
         raise ConfigError(f"{source}: 'dataset.path' is required when dataset.name is npz")
     check_normalize(cfg.dataset, source)
@@ -809,27 +895,36 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
         if ds.name == "imagefolder" and len(ds.domains) < 2:
             raise ConfigError(f"{source}: 'partition.scheme' domain on an image folder needs "
                               "'dataset.domains' (two or more domain sub-folders)")
-        if ds.name not in ("synthetic", "imagefolder", "digit5", "npz"):
+        if ds.name not in DOMAIN_DATASETS:
             raise ConfigError(f"{source}: 'partition.scheme' domain needs a dataset with "
                               f"domains (synthetic, digit5, imagefolder, npz with d_train), "
                               f"not {ds.name!r}")
+
+
+def _check_reference(cfg: ExperimentConfig, source: str) -> None:
     check_reference(cfg.reference, source)
+
+
+def _check_feature_sections(cfg: ExperimentConfig, source: str) -> None:
+    """The sections of optional features, each checked by the module that implements it
+    (per-client evaluation, unreliable clients, trackers, privacy), and the extras they
+    need installed (:mod:`fedrcl_flwr.extras`)."""
     from fedrcl_flwr import availability, client_eval
+    from fedrcl_flwr.extras import installed, pip_install
+    from fedrcl_flwr.privacy import check_privacy_section
+    from fedrcl_flwr.tracking import check_trackers
 
     client_eval.check_config(cfg, source)
     availability.check_config(cfg, source)
-    if cfg.output.tensorboard:
-        import importlib.util
-
-        if importlib.util.find_spec("tensorboard") is None:
-            raise ConfigError(f"{source}: 'output.tensorboard' is true but the tensorboard "
-                              "package is not installed (pip install "
-                              "'fedrcl-flwr[tensorboard]', or set it to false)")
-    from fedrcl_flwr.tracking import check_trackers
-    from fedrcl_flwr.privacy import check_privacy_section
-
+    if cfg.output.tensorboard and not installed("tensorboard"):
+        raise ConfigError(f"{source}: 'output.tensorboard' is true but the tensorboard "
+                          f"package is not installed ({pip_install('tensorboard')}, or set "
+                          "it to false)")
     check_trackers(cfg, source)
     check_privacy_section(cfg, source)
+
+
+def _check_names_and_paths(cfg: ExperimentConfig, source: str) -> None:
     why = name_problem(cfg.name)
     if why:
         raise ConfigError(f"{source}: 'name' {why} (it names the run's directory), got "
@@ -837,6 +932,10 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
     if not cfg.output.dir.strip() or "\0" in cfg.output.dir:
         raise ConfigError(f"{source}: 'output.dir' must be a directory path, got "
                           f"{cfg.output.dir!r}")
+
+
+def _check_supernodes(cfg: ExperimentConfig, source: str) -> None:
+    fed = cfg.federation
     nodes = cfg.supernodes()
     if nodes > MAX_SUPERNODES:
         raise ConfigError(
@@ -848,19 +947,14 @@ def _check_ranges(cfg: ExperimentConfig, source: str) -> None:
         raise ConfigError(
             f"{source}: 'simulation.num_supernodes' ({cfg.simulation.num_supernodes}) exceeds "
             f"'federation.num_clients' ({fed.num_clients}); extra SuperNodes would never train")
-    _check_registries(cfg, source)
-
-
-# images' channels per dataset (None: known only once loaded; checked there)
-_CHANNELS = {"cifar10": 3, "cifar100": 3, "svhn": 3, "stl10": 3, "tinyimagenet": 3,
-             "imagefolder": 3, "digit5": 3, "mnist": 1, "fmnist": 1, "usps": 1}
 
 
 def dataset_channels(d: DatasetConfig) -> Optional[int]:
     """Channels of the dataset's images, where the config decides it."""
     if d.name == "synthetic":
         return int(d.synthetic.channels)
-    return _CHANNELS.get(d.name)
+    info = DATASETS.get(d.name)
+    return info.channels if info is not None else None
 
 
 def normalize_constants(value: Any, where: str, channels: Optional[int]) -> Optional[tuple]:
@@ -913,7 +1007,6 @@ def _check_generator(p: PartitionConfig, source: str) -> None:
 
 
 REFERENCE_KEYS = ("source", "metric", "values", "when")
-_METRIC_RE = r"^(final|best|last5|ema@[1-9][0-9]*)$"
 
 
 def check_reference(ref: Any, source: str) -> list[dict]:
@@ -925,8 +1018,6 @@ def check_reference(ref: Any, source: str) -> list[dict]:
     ``server.strategy+client.method`` for a server optimizer other than fedavg); ``when``
     (optional) restricts a block to runs whose resolved config has those values (a YAML
     whose comments give the numbers of other columns, e.g. another alpha)."""
-    import re
-
     if ref is None:
         return []
     blocks = ref if isinstance(ref, list) else [ref]
@@ -941,9 +1032,9 @@ def check_reference(ref: Any, source: str) -> list[dict]:
                                   f"{', '.join(REFERENCE_KEYS)})")
         if not isinstance(b.get("source"), str) or not b["source"]:
             raise ConfigError(f"{source}: '{where}.source' must name the paper's table")
-        if not isinstance(b.get("metric"), str) or not re.match(_METRIC_RE, b["metric"]):
-            raise ConfigError(f"{source}: '{where}.metric' must be final, best, last5 or "
-                              f"ema@ROUND, got {b.get('metric')!r}")
+        if not is_report_metric(b.get("metric")):
+            raise ConfigError(f"{source}: '{where}.metric' must be {metric_choices()}, got "
+                              f"{b.get('metric')!r}")
         vals = b.get("values")
         if not isinstance(vals, dict) or not vals:
             raise ConfigError(f"{source}: '{where}.values' must map method labels to the "
@@ -972,6 +1063,20 @@ def _check_registries(cfg: ExperimentConfig, source: str) -> None:
             f"{source}: 'model.name' must be one of {', '.join(sorted(MODEL_NAMES))}, "
             f"got {cfg.model.name!r}"
         )
+
+
+# the checks across keys, in the order they run (after CONFIG_RULES)
+CROSS_CHECKS: tuple[typing.Callable[[ExperimentConfig, str], None], ...] = (
+    _check_federation_size,
+    _check_report_metric,
+    _check_local_optimiser,
+    _check_data_and_split,
+    _check_reference,
+    _check_feature_sections,
+    _check_names_and_paths,
+    _check_supernodes,
+    _check_registries,
+)
 
 
 # --------------------------------------------------------------------------------------

@@ -206,7 +206,8 @@ def deviation_bound(z, y, *, probs=None, logits=None, num_classes: Optional[int]
     paper's surrogate objective (supplement Eq. (13)).
 
     Returns a float64 tensor (N,): +inf where the denominator is 0 and the numerator
-    positive, NaN for 0/0.
+    positive, NaN for 0/0. (Most of this function is the definition above; its body is
+    the equation, term by term.)
     """
     z, y = _z(z), _y(y)
     n = z.shape[0]
@@ -226,13 +227,7 @@ def deviation_bound(z, y, *, probs=None, logits=None, num_classes: Optional[int]
     safe = counts.clamp_min(1.0)
     norms = z.norm(dim=1)
     phi = (onehot.t() @ norms) / safe                              # Φ_y
-    if similarity == "cosine":
-        u = z / norms.clamp_min(torch.finfo(torch.float64).tiny)[:, None]
-        u = torch.where(norms[:, None] > 0, u, torch.zeros_like(u))
-    elif similarity == "dot":
-        u = z
-    else:
-        raise ValueError(f"similarity must be 'cosine' or 'dot', got {similarity!r}")
+    u = _similarity_features(z, norms, similarity)
     class_mean_u = (onehot.t() @ u) / safe[:, None]                # (C, D)
     s = u @ class_mean_u.t()                                       # S_y(x), (N, C)
     if probs is not None:
@@ -248,6 +243,18 @@ def deviation_bound(z, y, *, probs=None, logits=None, num_classes: Optional[int]
     p_rr = p_mat[y, y]
     numer = (1.0 - p_rr) * phi[y] * counts[y] * s.gather(1, y[:, None]).squeeze(1)
     return numer / denom
+
+
+def _similarity_features(z: torch.Tensor, norms: torch.Tensor, similarity: str
+                         ) -> torch.Tensor:
+    """The features whose inner products are S_y of :func:`deviation_bound`: normalised
+    (``cosine``; a zero feature stays zero) or raw (``dot``)."""
+    if similarity == "cosine":
+        u = z / norms.clamp_min(torch.finfo(torch.float64).tiny)[:, None]
+        return torch.where(norms[:, None] > 0, u, torch.zeros_like(u))
+    if similarity == "dot":
+        return z
+    raise ValueError(f"similarity must be 'cosine' or 'dot', got {similarity!r}")
 
 
 def representation_metrics(z, y, *, logits=None, probs=None,

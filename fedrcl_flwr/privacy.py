@@ -41,50 +41,31 @@ correct.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Optional
 
 import numpy as np
 
 
 def check_privacy_section(cfg, source: str) -> None:
-    """The ``privacy`` section on its own (types are checked by the schema): values in
-    range, the required keys of ``privacy.dp``, the accountant installed."""
+    """The ``privacy`` section on its own beyond each key's rule (types by the schema,
+    ranges by ``fedrcl_flwr.config.CONFIG_RULES``): the required keys of ``privacy.dp``,
+    the accountant installed, a threshold given as a proportion at most 1."""
     from fedrcl_flwr.config import ConfigError
+    from fedrcl_flwr.extras import installed, pip_install
 
     dp = cfg.privacy.dp
     if dp is not None:
-        if dp.mode not in ("server", "client"):
-            raise ConfigError(f"{source}: 'privacy.dp.mode' must be server or client, got "
-                              f"{dp.mode!r}")
         if dp.noise_multiplier is None or dp.clipping_norm is None:
             missing = "noise_multiplier" if dp.noise_multiplier is None else "clipping_norm"
             raise ConfigError(f"{source}: 'privacy.dp.{missing}' is required when privacy.dp "
                               "is set")
-        if dp.noise_multiplier < 0:
-            raise ConfigError(f"{source}: 'privacy.dp.noise_multiplier' must be >= 0, got "
-                              f"{dp.noise_multiplier!r}")
-        if dp.clipping_norm <= 0:
-            raise ConfigError(f"{source}: 'privacy.dp.clipping_norm' must be > 0, got "
-                              f"{dp.clipping_norm!r}")
-        if not 0 < dp.delta < 1:
-            raise ConfigError(f"{source}: 'privacy.dp.delta' must be in (0, 1), got "
-                              f"{dp.delta!r}")
-        if importlib.util.find_spec("dp_accounting") is None:
+        if not installed("privacy"):
             raise ConfigError(f"{source}: 'privacy.dp' needs the dp-accounting package for "
-                              "its privacy accountant (pip install 'fedrcl-flwr[privacy]')")
+                              f"its privacy accountant ({pip_install('privacy')})")
     p = cfg.privacy
-    for key in ("secagg_num_shares", "secagg_threshold"):
-        v = getattr(p, key)
-        if v <= 0:
-            raise ConfigError(f"{source}: 'privacy.{key}' must be > 0 (an int: a count, a "
-                              f"float: a proportion), got {v!r}")
     if isinstance(p.secagg_threshold, float) and p.secagg_threshold > 1:
         raise ConfigError(f"{source}: 'privacy.secagg_threshold' as a proportion must be "
                           f"<= 1, got {p.secagg_threshold!r}")
-    if p.secagg_max_weight is not None and p.secagg_max_weight <= 0:
-        raise ConfigError(f"{source}: 'privacy.secagg_max_weight' must be > 0 (or null), got "
-                          f"{p.secagg_max_weight!r}")
 
 
 def integer_entries(model) -> list[str]:

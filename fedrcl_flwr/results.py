@@ -9,6 +9,8 @@ Files in a run directory:
   domain, EMA accuracy at the target rounds the run reached, ``report_metric``, time
 * ``model.pt``      - the final global model's state_dict
 * ``accuracy.png``  - test accuracy and EMA accuracy per round
+
+(every name a run or a sweep writes is declared in :mod:`fedrcl_flwr.run_files`)
 """
 
 from __future__ import annotations
@@ -20,24 +22,20 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-CONFIG_FILE = "config.yaml"
-MODEL_FILE = "model.pt"
-PLOT_FILE = "accuracy.png"
-# what a run writes into its output directory (``run --overwrite`` removes exactly these,
-# their temporary siblings and RUN_SUBDIRS, in a directory carrying the run marker)
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, MODEL_FILE, PLOT_FILE,
-             "checkpoint.pt", "run.log", "flower.log", "tracker.json")
-RESULT_FILES = (METRICS_FILE, SUMMARY_FILE, MODEL_FILE, "checkpoint.pt")
-# directories a run writes (trackers' local files; an MLflow store is left alone)
-RUN_SUBDIRS = ("client_state", "tensorboard", "wandb")
-_TMP_SUFFIXES = (".tmp",)
-
-# Every directory the tool creates and may later delete or clear carries this file,
-# holding ``fedrcl-flwr <kind>``: a run directory (``run``), a sweep's --out (``sweep``),
-# a run's ``client_state`` / ``tensorboard``. Nothing without it is ever removed.
-MARKER_FILE = ".fedrcl-flwr-dir"
+from fedrcl_flwr.run_files import (  # noqa: F401 - the names' one home, re-exported
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    MARKER_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    PLOT_FILE,
+    PLOT_TMP,
+    RESULT_FILES,
+    RUN_FILES,
+    RUN_SUBDIRS,
+    SUMMARY_FILE,
+    TMP_SUFFIX,
+)
 
 
 def write_marker(directory: Path, kind: str) -> None:
@@ -67,8 +65,8 @@ def has_marker(directory: Path, kind: str) -> bool:
 
 def _entries_of_run(out_dir: Path) -> tuple[list[Path], list[Path]]:
     files = [out_dir / f for f in RUN_FILES]
-    files += [out_dir / (f + sfx) for f in RUN_FILES for sfx in _TMP_SUFFIXES]
-    files.append(out_dir / (Path(PLOT_FILE).stem + ".tmp.png"))
+    files += [out_dir / (f + TMP_SUFFIX) for f in RUN_FILES]
+    files.append(out_dir / PLOT_TMP)
     return files, [out_dir / d for d in RUN_SUBDIRS]
 
 
@@ -124,7 +122,7 @@ def clear_run_dir(out_dir: Path) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + TMP_SUFFIX)
     tmp.write_text(text)
     os.replace(tmp, path)
 
@@ -147,7 +145,9 @@ def shows_ema(report_metric: str) -> bool:
     round's accuracy by about 1 / (1 - evaluation.ema) rounds (10 for 0.9), so beside it
     on a line of a run that reports something else it only suggested a gap (issue #25);
     it is in ``metrics.jsonl`` and ``summary.json`` either way."""
-    return str(report_metric or "").startswith("ema@")
+    from fedrcl_flwr.catalog import ema_round
+
+    return ema_round(str(report_metric or "")) is not None
 
 
 def ema_note(factor: float, report_metric: str) -> str:
@@ -290,7 +290,7 @@ class RunRecorder:
         if model_state is not None:
             import torch
 
-            tmp = self.out_dir / (MODEL_FILE + ".tmp")
+            tmp = self.out_dir / (MODEL_FILE + TMP_SUFFIX)
             torch.save(model_state, tmp)
             os.replace(tmp, self.out_dir / MODEL_FILE)
         plot_accuracy(self.records, self.out_dir / PLOT_FILE,
@@ -325,10 +325,13 @@ def research_summary(records: list[dict]) -> dict:
 
 def reported_value(summary: dict, metric: str) -> Optional[float]:
     """``summary.json``'s value of a report metric: final | best | last5 | ema@ROUND."""
+    from fedrcl_flwr.catalog import SUMMARY_METRICS, ema_round
+
     metric = str(metric or "final")
-    if metric.startswith("ema@"):
-        return (summary.get("accuracy_at") or {}).get(metric[4:])
-    key = {"final": "final_accuracy", "best": "best_accuracy", "last5": "last5"}.get(metric)
+    target = ema_round(metric)
+    if target is not None:
+        return (summary.get("accuracy_at") or {}).get(str(target))
+    key = SUMMARY_METRICS.get(metric)
     return summary.get(key) if key else None
 
 

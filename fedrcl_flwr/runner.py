@@ -41,10 +41,12 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from fedrcl_flwr.config import ConfigError, ExperimentConfig
+from fedrcl_flwr.preflight import check_ray_address, check_resources  # noqa: F401 - re-exported
 from fedrcl_flwr.results import format_round_line, read_metrics, shows_ema
+from fedrcl_flwr.run_files import CONFIG_FILE, FLOWER_LOG, LOCK_FILE, RUN_LOG, SUMMARY_FILE
 
 
 class RunFailed(RuntimeError):
@@ -90,100 +92,11 @@ def federation_config(cfg: ExperimentConfig) -> str:
     return " ".join(items)
 
 
-def check_ray_address(address: str, timeout: float = 3.0) -> None:
-    """A ``simulation.ray_address`` ``HOST:PORT`` where no Ray head node answers is a
-    :class:`ConfigError` (before any Flower process starts): first a TCP connection,
-    then Ray's own handshake — the head's GCS must answer ``GetClusterId`` (gRPC,
-    ``timeout`` seconds), so an open port of something else (a web server, a database, a
-    process that accepts and says nothing) is refused at once instead of stalling the run
-    until ``simulation.startup_timeout_s``. ``auto`` is left to Ray."""
-    if address == "auto":
-        return
-    host, _, port = address.rpartition(":")
-    hint = ("start the cluster first (ray start --head) or leave the key null for a private "
-            "local Ray")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"simulation.ray_address={address}: no Ray head node answers there "
-                          f"({exc.strerror or exc}); {hint}") from None
-    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
-        return  # a TLS cluster: the handshake would need its certificates (Ray's job)
-    why = _ray_gcs_problem(address, timeout)
-    if why:
-        raise ConfigError(f"simulation.ray_address={address}: something listens there but "
-                          f"it is not a Ray head node (the Ray handshake failed: {why}); "
-                          f"give the head's GCS address (HOST:6379 by default); {hint}")
-
-
-def _ray_gcs_problem(address: str, timeout: float) -> Optional[str]:
-    """Why ``address`` is not a Ray head's GCS (``None`` when it answered Ray's
-    ``NodeInfoGcsService.GetClusterId`` with a cluster id)."""
-    import grpc
-    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
-
-    channel = grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)])
-    try:
-        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
-        reply = stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout)
-    except grpc.RpcError as exc:
-        code = exc.code() if hasattr(exc, "code") else None
-        name = getattr(code, "name", "error")
-        return "no answer in time" if name == "DEADLINE_EXCEEDED" else name
-    except Exception as exc:  # noqa: BLE001 - a garbled answer is "not Ray" too
-        return type(exc).__name__
-    finally:
-        channel.close()
-    if not reply.cluster_id:
-        return "no cluster id in the answer"
-    return None
-
-
-def check_resources(cfg: ExperimentConfig) -> None:
-    """Input checks on resources (a :class:`ConfigError`, exit 2, before anything is
-    written): GPUs requested but absent, ``client.device: cuda`` without CUDA, a client
-    wanting more CPUs than Ray gets (instead of Ray's 'ActorPool is empty')."""
-    import torch
-
-    cuda = torch.cuda.is_available()
-    if cfg.simulation.num_gpus > 0 and not cuda:
-        raise ConfigError(
-            f"simulation.num_gpus={cfg.simulation.num_gpus} but no CUDA GPU is visible "
-            "on this machine; set simulation.num_gpus=0 (and client.device=cpu)")
-    if cfg.simulation.init_num_gpus and not cuda:
-        raise ConfigError(
-            f"simulation.init_num_gpus={cfg.simulation.init_num_gpus} but no CUDA GPU is "
-            "visible on this machine; leave it null")
-    if cfg.client.device == "cuda" and not cuda:
-        raise ConfigError("client.device is 'cuda' but no CUDA device is visible on this "
-                          "machine; use client.device=auto or cpu")
-    if cfg.client.amp == "fp16" and not cuda:
-        raise ConfigError("client.amp is fp16 but no CUDA device is visible on this "
-                          "machine (fp16 training needs CUDA); use client.amp=bf16 or off")
-    from fedrcl_flwr.tracking import check_tracker_environment
-
-    check_tracker_environment(cfg)  # W&B's API key, the MLflow server answering
-    if cfg.simulation.ray_address:  # the cluster's resources count, not this machine's
-        if cfg.simulation.init_num_cpus or cfg.simulation.init_num_gpus is not None:
-            raise ConfigError("simulation.init_num_cpus / init_num_gpus size a private local "
-                              "Ray; with simulation.ray_address the cluster is already sized"
-                              " (leave them null)")
-        check_ray_address(cfg.simulation.ray_address)
-        return
-    ncpu = os.cpu_count() or 1
-    cap = cfg.simulation.init_num_cpus or ncpu
-    if cfg.simulation.num_cpus > cap:
-        raise ConfigError(
-            f"simulation.num_cpus={cfg.simulation.num_cpus} per client exceeds the "
-            f"{cap} CPUs available to Ray; no client could ever be scheduled")
-
-
 RUN_VAR = "FEDRCL_FLWR_RUN"  # set to the run's private home on every process of the run
 SWEEP_VAR = "FEDRCL_FLWR_SWEEP"  # set to the sweep's private home on every run it starts
 MARKER_VARS = (RUN_VAR, SWEEP_VAR)
 HOME_PREFIX = "fedrcl-flwr-home-"  # private homes (tempfile.mkdtemp): the watchdog deletes
-LOCK_FILE = ".fedrcl-flwr.lock"    # only a directory named so
+#                                    only a directory named so
 
 
 class Watchdog:
@@ -498,93 +411,128 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
     summary. Raises :class:`RunFailed` when the run did not complete (one line; the
     details are in ``run.log``), including when it stays ``pending``/``starting`` longer
     than ``simulation.startup_timeout_s``. ``dataset_entry``: the dataset cache entry the
-    CLI prepared (every Flower process then only opens it). The run's start-up, phase by phase, goes to
-    ``flower.log`` (``fedrcl-flwr timing:`` lines)."""
-    from fedrcl_flwr.app.control import ControlClient, submit
+    CLI prepared (every Flower process then only opens it). The inputs were checked by
+    :func:`fedrcl_flwr.preflight.before_run`. The run's start-up, phase by phase, goes to
+    ``flower.log`` (``fedrcl-flwr timing:`` lines).
+
+    Steps (module docstring): a private SuperLink (:class:`LocalSuperLink`, its watchdog
+    first), the run submitted (:func:`_submit`), followed until it finishes
+    (:class:`_RunFollower`), its log fetched, everything torn down."""
+    from fedrcl_flwr.app.control import ControlClient
 
     t0 = time.time()
-    check_resources(cfg)
     app = find_app_dir()
     out_dir = out_dir.resolve()
-    config_path = out_dir / "config.yaml"
-    link = LocalSuperLink(out_dir / "flower.log", verbose=verbose, lock=lock,
+    link = LocalSuperLink(out_dir / FLOWER_LOG, verbose=verbose, lock=lock,
                           ray_address=cfg.simulation.ray_address)
-    printed = 0
-    if resume:
-        printed = len(read_metrics(out_dir))
+    printed = len(read_metrics(out_dir)) if resume else 0
     control = None
     timing = [("watchdog", time.time() - t0)]
     try:
         link.start()
         timing.append(("superlink healthy", time.time() - t0))
-        nodes = cfg.supernodes()
-        run_config = link.home / "run-config.toml"
-        run_config.write_text(
-            f"experiment = {toml_string(str(config_path))}\n"
-            f"output-dir = {toml_string(str(out_dir))}\n"
-            f"resume = {toml_string('true' if resume else 'false')}\n"
-            f"expected-nodes = {int(nodes)}\n"
-            f"dataset-cache = {toml_string(str(dataset_entry or ''))}\n")
-        run_id, output = submit(link.home, app, "local", run_config, federation_config(cfg))
-        if run_id is None:
-            raise RunFailed(f"flwr run failed to submit the run: {_one_line_error(output)}")
+        run_id = _submit(cfg, link, app, out_dir, resume=resume, dataset_entry=dataset_entry)
         control = ControlClient(link.home, link.address)
-        submitted = time.time()
-        timing.append(("run submitted", submitted - t0))
-        started = False
-        status, last_check = "", 0.0
-        summary_path = out_dir / "summary.json"
-        summary_before = _mtime(summary_path)
-        while True:
-            recs = read_metrics(out_dir)
-            if len(recs) > printed and len(timing) < 4:
-                first = recs[printed]
-                timing.append(("first round started",
-                               time.time() - t0 - float(first.get("round_time_s", 0.0))))
-            for rec in recs[printed:]:
-                print(format_round_line(rec, cfg.federation.rounds,
-                                        shows_ema(cfg.evaluation.report_metric)), flush=True)
-            started = started or len(recs) > printed
-            printed = max(printed, len(recs))
-            if _mtime(summary_path) != summary_before:
-                # the ServerApp writes summary.json last, after every other result: the run
-                # is complete; do not wait for Flower to stop its actors and Ray (seconds)
-                status = control.status(run_id)
-                if not status.startswith("finished"):
-                    status = "finished:completed"
-                break
-            if time.time() - last_check >= status_every_s:
-                status, last_check = control.status(run_id), time.time()
-                if status.startswith("finished"):
-                    break
-                started = started or status == "running"
-                waited = time.time() - submitted
-                if not started and waited > cfg.simulation.startup_timeout_s:
-                    raise RunFailed(
-                        f"run {run_id} did not start: still '{status or 'unknown'}' after "
-                        f"{waited:.0f}s (simulation.startup_timeout_s="
-                        f"{cfg.simulation.startup_timeout_s:g}; a known Flower problem, "
-                        f"flwr issue #7953); see {link.log_path}")
-            if link.proc.poll() is not None:
-                raise RunFailed(f"the SuperLink died (exit {link.proc.returncode}); "
-                                f"see {link.log_path}")
-            time.sleep(poll_s)
+        timing.append(("run submitted", time.time() - t0))
+        follower = _RunFollower(cfg, out_dir, link, control, run_id, printed, timing, t0)
+        status = follower.follow(poll_s, status_every_s)
         timing.append(("run finished", time.time() - t0))
         logs = control.logs(run_id)
-        (out_dir / "run.log").write_text(logs)
+        (out_dir / RUN_LOG).write_text(logs)
         if status != "finished:completed":
             raise RunFailed(f"{_one_line_error(logs)} (status "
-                            f"'{status}'; details in {out_dir / 'run.log'})")
+                            f"'{status}'; details in {out_dir / RUN_LOG})")
     finally:
         if control is not None:
             control.close()
         link.stop()
         timing.append(("torn down", time.time() - t0))
         _log_timing(link.log_path, timing)
-    summary_path = out_dir / "summary.json"
+    summary_path = out_dir / SUMMARY_FILE
     if not summary_path.exists():
         raise RunFailed(f"run completed but wrote no {summary_path}")
     return json.loads(summary_path.read_text())
+
+
+def _submit(cfg: ExperimentConfig, link: LocalSuperLink, app: Path, out_dir: Path, *,
+            resume: bool, dataset_entry: Optional[Path]) -> int:
+    """Submit the run to ``link`` (``flwr run``, in this process) with its run config
+    (``[tool.flwr.app.config]`` keys, written to the private home) and the federation
+    sized from the experiment; returns the run id."""
+    from fedrcl_flwr.app.control import submit
+
+    nodes = cfg.supernodes()
+    run_config = link.home / "run-config.toml"
+    run_config.write_text(
+        f"experiment = {toml_string(str(out_dir / CONFIG_FILE))}\n"
+        f"output-dir = {toml_string(str(out_dir))}\n"
+        f"resume = {toml_string('true' if resume else 'false')}\n"
+        f"expected-nodes = {int(nodes)}\n"
+        f"dataset-cache = {toml_string(str(dataset_entry or ''))}\n")
+    run_id, output = submit(link.home, app, "local", run_config, federation_config(cfg))
+    if run_id is None:
+        raise RunFailed(f"flwr run failed to submit the run: {_one_line_error(output)}")
+    return run_id
+
+
+class _RunFollower:
+    """Follows a submitted run until it finishes: prints one line per round recorded in
+    ``metrics.jsonl``, asks the run's status every ``status_every_s`` seconds (``ListRuns``:
+    a failed run can look like a submitted one), gives up on a run that never starts
+    (``simulation.startup_timeout_s``, flwr issue #7953) or a SuperLink that died."""
+
+    def __init__(self, cfg: ExperimentConfig, out_dir: Path, link: LocalSuperLink,
+                 control: Any, run_id: int, printed: int, timing: list, t0: float):
+        self.cfg, self.out_dir, self.link = cfg, out_dir, link
+        self.control, self.run_id = control, run_id
+        self.printed = printed  # round records printed (or kept from before a resume)
+        self.timing, self.t0 = timing, t0
+        self.started = False
+        self.submitted = time.time()
+        self.summary_path = out_dir / SUMMARY_FILE
+        self.summary_before = _mtime(self.summary_path)
+
+    def follow(self, poll_s: float, status_every_s: float) -> str:
+        """The run's final status (``finished:completed`` when it completed)."""
+        status, last_check = "", 0.0
+        while True:
+            self._print_new_rounds()
+            if _mtime(self.summary_path) != self.summary_before:
+                # the ServerApp writes summary.json last, after every other result: the run
+                # is complete; do not wait for Flower to stop its actors and Ray (seconds)
+                status = self.control.status(self.run_id)
+                return status if status.startswith("finished") else "finished:completed"
+            if time.time() - last_check >= status_every_s:
+                status, last_check = self.control.status(self.run_id), time.time()
+                if status.startswith("finished"):
+                    return status
+                self._check_started(status)
+            if self.link.proc.poll() is not None:
+                raise RunFailed(f"the SuperLink died (exit {self.link.proc.returncode}); "
+                                f"see {self.link.log_path}")
+            time.sleep(poll_s)
+
+    def _print_new_rounds(self) -> None:
+        recs = read_metrics(self.out_dir)
+        if len(recs) > self.printed and len(self.timing) < 4:
+            first = recs[self.printed]
+            self.timing.append(("first round started", time.time() - self.t0
+                                - float(first.get("round_time_s", 0.0))))
+        for rec in recs[self.printed:]:
+            print(format_round_line(rec, self.cfg.federation.rounds,
+                                    shows_ema(self.cfg.evaluation.report_metric)), flush=True)
+        self.started = self.started or len(recs) > self.printed
+        self.printed = max(self.printed, len(recs))
+
+    def _check_started(self, status: str) -> None:
+        self.started = self.started or status == "running"
+        waited = time.time() - self.submitted
+        if not self.started and waited > self.cfg.simulation.startup_timeout_s:
+            raise RunFailed(
+                f"run {self.run_id} did not start: still '{status or 'unknown'}' after "
+                f"{waited:.0f}s (simulation.startup_timeout_s="
+                f"{self.cfg.simulation.startup_timeout_s:g}; a known Flower problem, "
+                f"flwr issue #7953); see {self.link.log_path}")
 
 
 def _mtime(path: Path) -> Optional[int]:

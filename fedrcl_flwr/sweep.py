@@ -74,29 +74,37 @@ from fedrcl_flwr.config import (
     read_yaml,
     to_dict,
 )
+# the sweep's checks before it writes anything live with every other pre-run check
+from fedrcl_flwr.preflight import (  # noqa: F401 - re-exported (the sweep's API)
+    check_existing,
+    check_pending_runs as check_data,
+    check_sweep_dir,
+)
 from fedrcl_flwr.results import (
-    CONFIG_FILE,
-    RESULT_FILES,
-    SUMMARY_FILE,
     atomic_write_text,
     ema_note,
-    overwrite_problem,
     read_metrics,
     shows_ema,
 )
+from fedrcl_flwr.run_files import (
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    SUMMARY_FILE,
+    SWEEP_CONFIGS_DIR as CONFIGS_DIR,
+    SWEEP_ENTRIES as RESERVED_NAMES,
+    SWEEP_LOGS_DIR as LOGS_DIR,
+    SWEEP_STATUS_FILE as STATUS_FILE,
+    sweep_config_path,
+    sweep_log_path,
+)
 
 SWEEP_KEYS = ("base", "grid", "seeds", "variants", "set", "name")
-STATUS_FILE = "sweep_status.json"
-CONFIGS_DIR = "_configs"
-LOGS_DIR = "_logs"
-CHECKPOINT_FILE = "checkpoint.pt"
 # a sweep file may plan at most this many runs (a typo in a grid is refused at once
 # instead of planning for hours); FedRCL Table 1, the largest paper table, is 450 runs
 MAX_SWEEP_RUNS = 10_000
 # a run directory's name: at most this many bytes (the file system allows 255, and the
 # sweep adds ``.yaml`` / ``.log`` / ``.tmp`` to it)
 MAX_RUN_NAME_BYTES = 200
-RESERVED_NAMES = (CONFIGS_DIR, LOGS_DIR, STATUS_FILE)
 
 
 @dataclass
@@ -207,11 +215,63 @@ def _resolve_base(text: Any, sweep_path: Path) -> Path:
                       "sweep file or the working directory)")
 
 
+@dataclass
+class SweepSpec:
+    """A sweep file, read and checked part by part (:func:`read_sweep_spec`)."""
+
+    path: Path
+    bases: list[Path]
+    grid: dict
+    fixed: dict  # the file's ``set``
+    variants: list[dict]
+    seeds: Optional[list[int]]
+    name: Any  # the sweep's name: ``name`` (named_in_file) or the file's stem
+    named_in_file: bool
+
+    @property
+    def src(self) -> str:
+        return str(self.path)
+
+    def variant_keys(self) -> list[tuple[str, list[str]]]:
+        """``(where, keys)`` of each variant (``label`` is not a key)."""
+        return [(f"variants[{i}]", [k for k in v if k != "label"])
+                for i, v in enumerate(self.variants)]
+
+    def size(self) -> int:
+        n = len(self.bases) * len(self.variants) * (len(self.seeds) if self.seeds is not None
+                                                    else 1)
+        for vs in self.grid.values():
+            n *= len(vs)
+        return n
+
+
 def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
                sets: list[str] | None = None, *, check_components: bool = True
                ) -> tuple[list[PlannedRun], Path]:
-    """Expand and validate a sweep file; returns the runs and the output directory."""
-    sweep_path = Path(sweep_path)
+    """Expand and validate a sweep file; returns the runs and the output directory.
+    Steps: read and check the file (:func:`read_sweep_spec`), refuse a key set in two
+    places, a plan over :data:`MAX_SWEEP_RUNS` runs and a ``--set`` of a key the sweep
+    varies, then expand every run (each config checked, :func:`_expand`) and give each
+    its directory (:func:`_place_runs`)."""
+    spec = read_sweep_spec(Path(sweep_path))
+    _check_one_place_per_key(spec)
+    if spec.size() > MAX_SWEEP_RUNS:
+        raise ConfigError(f"{spec.src}: plans {spec.size()} runs (bases x variants x grid x "
+                          f"seeds), more than {MAX_SWEEP_RUNS}; split it into several sweeps")
+    cli_sets = _cli_sets(spec, sets)
+    _check_sweep_name(spec)
+    out_dir = Path(out) if out else Path("runs") / "sweeps" / str(spec.name)
+    out_dir = out_dir.expanduser().resolve()
+    runs = _expand(spec, cli_sets, check_components)
+    _place_runs(runs, spec, out_dir)
+    return runs, out_dir
+
+
+def read_sweep_spec(sweep_path: Path) -> SweepSpec:
+    """The sweep file's parts, each checked on its own: known keys, ``base`` (files that
+    exist, no file name twice), ``grid`` / ``set`` (mappings of dotted keys, each grid key
+    a non-empty list), ``variants`` (mappings; labels on all or none, each a safe name),
+    ``seeds`` (distinct integers in [0, 2**32))."""
     spec = read_yaml(sweep_path)
     src = str(sweep_path)
     unknown = sorted(set(spec) - set(SWEEP_KEYS))
@@ -228,10 +288,23 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
     for k, vs in grid.items():
         _as_list(vs, f"grid.{k}", src)
     fixed = _mapping(spec.get("set"), "set", src)
-    variants = spec.get("variants")
-    if variants is None:
-        variants = [{}]
-    variants = _as_list(variants, "variants", src)
+    variants = _variants(spec.get("variants"), src)
+    seeds = spec.get("seeds")
+    if seeds is not None:
+        seeds = _as_list(seeds, "seeds", src)
+        if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32
+                   for s in seeds):
+            raise ConfigError(f"{src}: 'seeds' must be a list of integers in [0, 2**32)")
+        if len(set(seeds)) != len(seeds):
+            raise ConfigError(f"{src}: 'seeds' lists a seed twice")
+    return SweepSpec(sweep_path, bases, grid, fixed, variants, seeds,
+                     spec["name"] if "name" in spec else sweep_path.stem, "name" in spec)
+
+
+def _variants(variants: Any, src: str) -> list[dict]:
+    """``variants`` (default: one variant that changes nothing): a list of mappings, all
+    labelled or none, each label a safe directory name."""
+    variants = _as_list([{}] if variants is None else variants, "variants", src)
     labelled = [isinstance(v, dict) and "label" in v for v in variants]
     if any(labelled) and not all(labelled):
         raise ConfigError(f"{src}: give every variant a 'label', or none")
@@ -244,81 +317,76 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
             if why:
                 raise ConfigError(f"{src}: variants[{i}].label {why} (it names run "
                                   f"directories), got {_shorten(label)}")
-    seeds = spec.get("seeds")
-    if seeds is not None:
-        seeds = _as_list(seeds, "seeds", src)
-        if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32
-                   for s in seeds):
-            raise ConfigError(f"{src}: 'seeds' must be a list of integers in [0, 2**32)")
-        if len(set(seeds)) != len(seeds):
-            raise ConfigError(f"{src}: 'seeds' lists a seed twice")
-    # one place per key: a key set twice would be decided by the order of application
-    # (set < variant < grid < seeds), silently; refuse it instead
-    for i, v in enumerate(variants):
-        for vk in v:
-            if vk == "label":
-                continue
+    return variants
+
+
+def _check_one_place_per_key(spec: SweepSpec) -> None:
+    """One place per key: a key set twice would be decided by the order of application
+    (set < variant < grid < seeds), silently; refuse it instead."""
+    src, grid = spec.src, spec.grid
+    for where, keys in spec.variant_keys():
+        for vk in keys:
             for gk in grid:
                 if _overlaps(vk, gk):
-                    raise ConfigError(f"{src}: 'grid.{gk}' and variants[{i}] '{vk}' set the "
+                    raise ConfigError(f"{src}: 'grid.{gk}' and {where} '{vk}' set the "
                                       "same key (the grid would silently win); vary it in "
                                       "one place only")
-    for fk in fixed:
-        for where, keys in [("grid", list(grid))] + [
-                (f"variants[{i}]", [k for k in v if k != "label"])
-                for i, v in enumerate(variants)]:
+    for fk in spec.fixed:
+        for where, keys in [("grid", list(grid))] + spec.variant_keys():
             hit = next((k for k in keys if _overlaps(fk, k)), None)
             if hit is not None:
                 raise ConfigError(f"{src}: 'set.{fk}' and {where} '{hit}' set the same key "
                                   f"('set' is for what every run shares; the {where.split('[')[0]}"
                                   " would silently win); keep it in one place")
-    if seeds is not None:
-        for where, keys in [("grid", list(grid)), ("set", list(fixed))] + [
-                (f"variants[{i}]", [k for k in v if k != "label"])
-                for i, v in enumerate(variants)]:
+    if spec.seeds is not None:
+        for where, keys in [("grid", list(grid)), ("set", list(spec.fixed))] + \
+                spec.variant_keys():
             if any(_overlaps(k, "seed") for k in keys):
                 raise ConfigError(f"{src}: {where} sets 'seed' and 'seeds' is given (seeds "
                                   "would silently win); use one of them")
-    n_planned = len(bases) * len(variants) * (len(seeds) if seeds is not None else 1)
-    for vs in grid.values():
-        n_planned *= len(vs)
-    if n_planned > MAX_SWEEP_RUNS:
-        raise ConfigError(f"{src}: plans {n_planned} runs (bases x variants x grid x seeds),"
-                          f" more than {MAX_SWEEP_RUNS}; split it into several sweeps")
+
+
+def _cli_sets(spec: SweepSpec, sets: Optional[list[str]]) -> list[tuple[str, Any]]:
+    """The command line's ``--set`` overrides; a key the sweep varies is refused."""
     cli_sets = [parse_override(s) for s in (sets or [])]
-    varying_keys = set(grid) | {k for v in variants for k in v if k != "label"}
-    if seeds is not None:
+    varying_keys = set(spec.grid) | {k for _, keys in spec.variant_keys() for k in keys}
+    if spec.seeds is not None:
         varying_keys.add("seed")
     for k, _ in cli_sets:
         if any(_overlaps(k, vk) for vk in varying_keys):
-            raise ConfigError(f"--set {k}: the sweep {src} varies this key (grid/variants/"
-                              "seeds); edit the sweep file instead")
-    if "name" in spec:
-        sweep_name = spec["name"]
-        why = run_name_problem(sweep_name, MAX_NAME_BYTES)
-        if why:
-            raise ConfigError(f"{src}: 'name' {why} (it names the sweep's directory and "
-                              f"runs), got {_shorten(sweep_name)}")
-    else:
-        sweep_name = sweep_path.stem
-        why = run_name_problem(sweep_name, MAX_NAME_BYTES)
-        if why:
-            raise ConfigError(f"{src}: the file's name {why}, got {_shorten(sweep_name)}; "
-                              "set 'name' in the sweep file")
-    out_dir = Path(out) if out else Path("runs") / "sweeps" / str(sweep_name)
-    out_dir = out_dir.expanduser().resolve()
+            raise ConfigError(f"--set {k}: the sweep {spec.src} varies this key (grid/"
+                              "variants/seeds); edit the sweep file instead")
+    return cli_sets
 
-    grid_keys = list(grid)
-    combos = list(itertools.product(*[grid[k] for k in grid_keys])) if grid_keys else [()]
+
+def _check_sweep_name(spec: SweepSpec) -> None:
+    """The sweep's name (``name``, else the file's) is one safe directory name."""
+    why = run_name_problem(spec.name, MAX_NAME_BYTES)
+    if not why:
+        return
+    if spec.named_in_file:
+        raise ConfigError(f"{spec.src}: 'name' {why} (it names the sweep's directory and "
+                          f"runs), got {_shorten(spec.name)}")
+    raise ConfigError(f"{spec.src}: the file's name {why}, got {_shorten(spec.name)}; "
+                      "set 'name' in the sweep file")
+
+
+def _expand(spec: SweepSpec, cli_sets: list, check_components: bool) -> list[PlannedRun]:
+    """Every run, in the order ``bases x variants x grid x seeds``: the base YAML with
+    ``set``, the variant, the grid point, the seed and ``--set`` applied, checked as a
+    config (and, with ``check_components``, against the method's contract)."""
+    grid_keys = list(spec.grid)
+    combos = list(itertools.product(*[spec.grid[k] for k in grid_keys])) if grid_keys \
+        else [()]
     runs: list[PlannedRun] = []
-    fixed_items = list(fixed.items())
-    for base in bases:
+    fixed_items = list(spec.fixed.items())
+    for base in spec.bases:
         base_data = read_yaml(base)
-        for variant in variants:
+        for variant in spec.variants:
             vitems = [(k, v) for k, v in variant.items() if k != "label"]
             for combo in combos:
-                for seed in (seeds if seeds is not None else [None]):
-                    ov = list(fixed.items()) + vitems + list(zip(grid_keys, combo))
+                for seed in (spec.seeds if spec.seeds is not None else [None]):
+                    ov = fixed_items + vitems + list(zip(grid_keys, combo))
                     if seed is not None:
                         ov.append(("seed", seed))
                     ov += cli_sets
@@ -326,113 +394,41 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
                     if "label" in variant:  # how report / plot name the run's row
                         data["label"] = str(variant["label"])
                     what = ", ".join(f"{k}={v}" for k, v in ov if (k, v) not in fixed_items)
-                    where = f"{src}: run {len(runs) + 1} ({what}; base {base.name})"
+                    where = f"{spec.src}: run {len(runs) + 1} ({what}; base {base.name})"
                     cfg = config_from_dict(data, where)
                     if check_components:
-                        from fedrcl_flwr.app.validate import validate_components
+                        from fedrcl_flwr.preflight import check_components as validate
 
-                        try:
-                            validate_components(cfg)
-                        except ConfigError as exc:
-                            raise ConfigError(f"{where}: {exc}") from None
+                        validate(cfg, where)
                     runs.append(PlannedRun(len(runs), run_name(cfg), base, ov, cfg))
+    return runs
+
+
+def _place_runs(runs: list[PlannedRun], spec: SweepSpec, out_dir: Path) -> None:
+    """Each run's directory ``out_dir/<name>`` (a safe name; two runs of the same
+    experiment are refused), set in its config with what a sweep adds: the sweep's name
+    as the tracker group (W&B / MLflow) and a checkpoint every round at least (every run
+    resumable)."""
     seen: dict[str, int] = {}
     for run in runs:
         why = run_name_problem(run.name)
         if why:
-            raise ConfigError(f"{src}: run {run.index + 1}'s directory name {why}, got "
+            raise ConfigError(f"{spec.src}: run {run.index + 1}'s directory name {why}, got "
                               f"{_shorten(run.name)}; give the variants short labels")
         same = experiment_hash(run.cfg)
         if same in seen:
-            raise ConfigError(f"{src}: runs {seen[same] + 1} and {run.index + 1} are the "
-                              f"same experiment ('{run.name}': they differ at most in name, "
-                              "label, output, simulation or reference, which do not change "
-                              "what a run computes); remove the duplicate")
+            raise ConfigError(f"{spec.src}: runs {seen[same] + 1} and {run.index + 1} are "
+                              f"the same experiment ('{run.name}': they differ at most in "
+                              "name, label, output, simulation or reference, which do not "
+                              "change what a run computes); remove the duplicate")
         seen[same] = run.index
         run.out_dir = out_dir / run.name
         run.cfg.output.dir = str(run.out_dir)
         if run.cfg.output.tracker_group is None and {"wandb", "mlflow"} & set(
                 run.cfg.output.tracker):  # the sweep groups its runs in W&B / MLflow
-            run.cfg.output.tracker_group = str(sweep_name)
+            run.cfg.output.tracker_group = str(spec.name)
         if run.cfg.output.checkpoint_every < 1:
             run.cfg.output.checkpoint_every = 1  # resumable from round 1 on
-    return runs, out_dir
-
-
-def check_existing(runs: list[PlannedRun]) -> None:
-    """A run directory that holds a different experiment (:func:`experiment_hash`; e.g.
-    edited by hand), or results without the configuration that produced them, stops the
-    sweep: nothing is overwritten or counted silently."""
-    for run in runs:
-        cfg_file = run.out_dir / CONFIG_FILE
-        if not cfg_file.exists():
-            held = [f for f in RESULT_FILES if (run.out_dir / f).exists()]
-            if held:
-                raise ConfigError(f"{run.out_dir} holds {', '.join(held)} but no "
-                                  f"{CONFIG_FILE}: it cannot be shown to be run "
-                                  f"'{run.name}' of this sweep; move it away or use "
-                                  "another --out")
-            continue
-        try:
-            there = config_from_dict(read_yaml(cfg_file), str(cfg_file))
-        except ConfigError as exc:
-            raise ConfigError(f"{cfg_file}: unreadable run config ({exc}); remove the "
-                              "directory to rerun it") from None
-        if experiment_hash(there) != experiment_hash(run.cfg):
-            raise ConfigError(f"{run.out_dir} holds a different experiment than the sweep "
-                              f"plans for run '{run.name}'; remove it or use another --out")
-
-
-def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
-    """What the sweep will write and remove, checked before anything is (reads only):
-    ``--out`` is (or can be) a writable directory that no other sweep or run holds, and
-    no run directory is in use by a live run; every existing run directory holds this
-    sweep's experiment (:func:`check_existing`); the sweep's own files there are what
-    they should be (no links, no directory where a file goes); every run directory is a
-    real directory or absent, and — for a run that will start afresh over an earlier
-    attempt — one ``run --overwrite`` may clear (it carries the tool's marker; see
-    :func:`fedrcl_flwr.results.overwrite_problem`)."""
-    from fedrcl_flwr.cli import check_output_dir
-    from fedrcl_flwr.runner import LOCK_FILE, OutputLock
-
-    check_output_dir(out_dir)
-    holder = OutputLock.holder(out_dir)
-    if holder is not None:
-        raise ConfigError(f"sweep directory {out_dir} is in use by another sweep or run (PID "
-                          f"{holder}); wait for it to end or choose another --out")
-    for run in runs:
-        d = run.out_dir
-        holder = OutputLock.holder(d) if d.is_dir() and not d.is_symlink() else None
-        if holder is not None:
-            raise ConfigError(f"run '{run.name}': {d} is in use by another run (PID "
-                              f"{holder}); wait for it to end or choose another --out")
-    check_existing(runs)
-    for sub in (CONFIGS_DIR, LOGS_DIR):
-        p = out_dir / sub
-        if p.is_symlink() or (p.exists() and not p.is_dir()):
-            raise ConfigError(f"{p} must be the sweep's own directory (it is a link or a "
-                              "file); move it away or choose another --out")
-    for name in (STATUS_FILE, LOCK_FILE):
-        p = out_dir / name
-        if p.is_symlink() or (p.exists() and not p.is_file()):
-            raise ConfigError(f"{p} must be a regular file (it is a link or a directory); "
-                              "move it away or choose another --out")
-    for run in runs:
-        for p in (out_dir / CONFIGS_DIR / f"{run.name}.yaml",
-                  out_dir / LOGS_DIR / f"{run.name}.log"):
-            if p.is_symlink() or (p.exists() and not p.is_file()):
-                raise ConfigError(f"{p} must be a regular file written by the sweep (it is "
-                                  "a link or a directory); move it away")
-        d = run.out_dir
-        if d.is_symlink() or (d.exists() and not d.is_dir()):
-            raise ConfigError(f"run '{run.name}': {d} is a link or a file, not a run "
-                              "directory; move it away or choose another --out")
-        if not d.exists():
-            continue
-        if run.state() == "new":
-            why = overwrite_problem(d)
-            if why:
-                raise ConfigError(f"run '{run.name}' would start afresh, but {why}")
 
 
 def _dir_state(d: Path) -> str:
@@ -489,8 +485,7 @@ def take_over_earlier_runs(runs: list[PlannedRun], out_dir: Path, *,
             continue
         os.rename(d, run.out_dir)
         dump_config(run.cfg, run.out_dir / CONFIG_FILE)
-        old_log, new_log = out_dir / LOGS_DIR / f"{d.name}.log", \
-            out_dir / LOGS_DIR / f"{run.name}.log"
+        old_log, new_log = sweep_log_path(out_dir, d.name), sweep_log_path(out_dir, run.name)
         if old_log.exists() and not new_log.exists():
             os.rename(old_log, new_log)
         status_path = out_dir / STATUS_FILE
@@ -507,38 +502,6 @@ def take_over_earlier_runs(runs: list[PlannedRun], out_dir: Path, *,
                      f"{others[0].name}); `fedrcl-flwr report {out_dir}` reads them too: "
                      "move them elsewhere if they are not part of this study")
     return lines
-
-
-def check_data(runs: list[PlannedRun], finished: frozenset = frozenset()) -> None:
-    """What ``run`` checks before Flower starts (resources present, datasets present,
-    split possible), for every run still to do (not done, and not among the run indices
-    ``finished`` elsewhere, :func:`earlier_runs`), so that such an input error stops the
-    sweep up front (exit 2) instead of failing its runs one by one."""
-    from fedrcl_flwr import runtime
-    from fedrcl_flwr.data.partition import PartitionError
-    from fedrcl_flwr.runner import check_resources
-
-    last = None
-    for run in runs:
-        cfg = run.cfg
-        if run.state() == "done" or run.index in finished:
-            continue
-        try:
-            check_resources(cfg)
-            runtime.check_model(cfg)
-        except ConfigError as exc:
-            raise ConfigError(f"run '{run.name}': {exc}") from None
-        if cfg.dataset.name == "synthetic" or cfg.dataset.download:
-            continue
-        key = (cfg.dataset, cfg.seed)
-        if key != last:  # one dataset in memory at a time
-            runtime.WORKER.clear_datasets()
-            last = key
-        try:
-            runtime.client_partitions(cfg)
-        except PartitionError as exc:
-            raise ConfigError(f"run '{run.name}': {exc}") from None
-    runtime.WORKER.clear_datasets()
 
 
 def share_resources(cfg: ExperimentConfig, jobs: int, slot: int) -> dict:
@@ -672,8 +635,8 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
         raise
     returned = False
     try:
-        rc = _run_sweep(runs, out_dir, jobs=jobs, verbose=verbose, poll_s=poll_s,
-                        watchdog=watchdog, env_mark={SWEEP_VAR: str(home)})
+        rc = _SweepSession(runs, out_dir, jobs=jobs, verbose=verbose, poll_s=poll_s,
+                           watchdog=watchdog, env_mark={SWEEP_VAR: str(home)}).execute()
         returned = True
         return rc
     finally:
@@ -681,76 +644,140 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
         lock.release(remove=returned)  # as a completed run does; an interrupted one keeps it
 
 
-def _run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: bool,
-               poll_s: float, watchdog, env_mark: dict) -> int:
-    (out_dir / CONFIGS_DIR).mkdir(exist_ok=True)
-    (out_dir / LOGS_DIR).mkdir(exist_ok=True)
-    status_path = out_dir / STATUS_FILE
-    try:
-        status = json.loads(status_path.read_text()) if status_path.is_file() else {}
-        if not isinstance(status, dict):
-            status = {}
-    except (ValueError, OSError, RecursionError):  # unreadable: rebuilt from the runs
-        status = {}
+class _SweepSession:
+    """One execution of a planned sweep (:func:`run_sweep` holds the lock and the
+    watchdog around it): the runs not finished yet, ``jobs`` at a time, each as a ``run``
+    command of its own (``python -m fedrcl_flwr.cli run``, output to ``_logs/<run>.log``),
+    one progress line per recorded round with the ETA (:class:`SweepEta`), each run's
+    outcome in ``sweep_status.json``.
 
-    def save_status():
-        atomic_write_text(status_path, json.dumps(status, indent=2) + "\n")
+    Steps: :meth:`start` (directories, the runs already done, the opening lines), then
+    until nothing is queued or running: :meth:`_fill_slots` (:meth:`_launch` a queued run
+    into each free slot) and :meth:`_poll` (:meth:`_progress` of each running run,
+    :meth:`_ended` for those that exited); :meth:`_stop_all` on Ctrl-C / SIGTERM;
+    :meth:`_close` prints the closing lines."""
 
-    from fedrcl_flwr.tracking import prepare_sweep_group
+    def __init__(self, runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: bool,
+                 poll_s: float, watchdog: Any, env_mark: dict):
+        self.runs, self.out_dir, self.jobs = runs, out_dir, jobs
+        self.verbose, self.poll_s = verbose, poll_s
+        self.watchdog, self.env_mark = watchdog, env_mark
+        self.n = len(runs)
+        self.status_path = out_dir / STATUS_FILE
+        self.status: dict = {}
+        self.group_env: dict = {}
+        self.queue: list[PlannedRun] = []
+        self.running: list[_Job] = []
+        self.free_slots = list(range(jobs))
+        self.failed: list[str] = []
+        self.rounds_left: dict[str, int] = {}
+        self.timer = SweepEta(jobs)
+        self.t_start = 0.0
 
-    group_env = prepare_sweep_group([r.cfg for r in runs], out_dir)  # MLflow parent run
-    n = len(runs)
-    todo = []
-    for run in runs:
-        st = run.state()
-        if st == "done":
-            status[run.name] = {**status.get(run.name, {}), "status": "done",
-                                "dir": str(run.out_dir)}
-        else:
-            todo.append(run)
-    save_status()
-    skipped = n - len(todo)
-    print(f"fedrcl-flwr sweep: {n} runs, {skipped} finished already, {len(todo)} to run "
-          f"({jobs} at a time) -> {out_dir}", flush=True)
-    if any(shows_ema(r.cfg.evaluation.report_metric) for r in todo):
-        r0 = next(r for r in todo if shows_ema(r.cfg.evaluation.report_metric))
-        print("fedrcl-flwr sweep: " + ema_note(r0.cfg.evaluation.ema,
-                                               r0.cfg.evaluation.report_metric), flush=True)
-    rounds_left = {r.name: r.cfg.federation.rounds - _rounds_done(r) for r in todo}
-    t_start = time.time()
-    timer = SweepEta(jobs)
-    failed: list[str] = []
-    running: list[_Job] = []
-    free_slots = list(range(jobs))
-    queue = list(todo)
+    def execute(self) -> int:
+        """Run the sweep; 0, or 1 when a run failed."""
+        self.start()
+        try:
+            while self.queue or self.running:
+                self._fill_slots()
+                time.sleep(self.poll_s)
+                self._poll()
+        except KeyboardInterrupt:
+            self._stop_all()
+            raise
+        return self._close()
 
-    def eta() -> Optional[float]:
-        return timer.eta([max(rounds_left[j.run.name], 0) for j in running],
-                         [max(rounds_left[r.name], 0) for r in queue])
+    # ------------------------------------------------------------------ before the runs
+    def start(self) -> None:
+        """The sweep's own directories and status file, the MLflow parent run of its
+        groups, the runs already done marked so, the opening lines."""
+        (self.out_dir / CONFIGS_DIR).mkdir(exist_ok=True)
+        (self.out_dir / LOGS_DIR).mkdir(exist_ok=True)
+        self.status = _read_status(self.status_path)
+        from fedrcl_flwr.tracking import prepare_sweep_group
 
-    def launch(run: PlannedRun) -> Optional[_Job]:
+        self.group_env = prepare_sweep_group([r.cfg for r in self.runs], self.out_dir)
+        for run in self.runs:
+            if run.state() == "done":
+                self.status[run.name] = {**self.status.get(run.name, {}), "status": "done",
+                                         "dir": str(run.out_dir)}
+            else:
+                self.queue.append(run)
+        self.save_status()
+        todo = self.queue
+        print(f"fedrcl-flwr sweep: {self.n} runs, {self.n - len(todo)} finished already, "
+              f"{len(todo)} to run ({self.jobs} at a time) -> {self.out_dir}", flush=True)
+        r0 = next((r for r in todo if shows_ema(r.cfg.evaluation.report_metric)), None)
+        if r0 is not None:
+            print("fedrcl-flwr sweep: " + ema_note(r0.cfg.evaluation.ema,
+                                                   r0.cfg.evaluation.report_metric),
+                  flush=True)
+        self.rounds_left = {r.name: r.cfg.federation.rounds - _rounds_done(r) for r in todo}
+        self.t_start = time.time()
+
+    def save_status(self) -> None:
+        atomic_write_text(self.status_path, json.dumps(self.status, indent=2) + "\n")
+
+    def eta(self) -> Optional[float]:
+        return self.timer.eta([max(self.rounds_left[j.run.name], 0) for j in self.running],
+                              [max(self.rounds_left[r.name], 0) for r in self.queue])
+
+    def _tag(self, run: PlannedRun) -> str:
+        return f"run {run.index + 1}/{self.n} {run.name}"
+
+    # ------------------------------------------------------------------ launching
+    def _fill_slots(self) -> None:
+        while self.queue and self.free_slots:
+            job = self._launch(self.queue.pop(0))
+            if job is not None:
+                self.running.append(job)
+
+    def _launch(self, run: PlannedRun) -> Optional[_Job]:
+        """Start ``run`` in the first free slot (``None``: not started, because a live
+        run holds its directory: it counts as failed)."""
         from fedrcl_flwr.runner import OutputLock
 
         holder = OutputLock.holder(run.out_dir)
         if holder is not None:  # never launched into a directory a live run holds
             msg = f"{run.out_dir} is in use by another run (PID {holder})"
-            status[run.name] = {"status": "failed", "dir": str(run.out_dir), "error": msg}
-            failed.append(run.name)
-            rounds_left[run.name] = 0
-            print(f"run {run.index + 1}/{n} {run.name}: NOT STARTED: {msg}",
-                  file=sys.stderr, flush=True)
-            save_status()
+            self.status[run.name] = {"status": "failed", "dir": str(run.out_dir),
+                                     "error": msg}
+            self.failed.append(run.name)
+            self.rounds_left[run.name] = 0
+            print(f"{self._tag(run)}: NOT STARTED: {msg}", file=sys.stderr, flush=True)
+            self.save_status()
             return None
-        slot = free_slots.pop(0)
+        slot = self.free_slots.pop(0)
         env = dict(os.environ)
-        env.update(group_env)
-        env.update(share_resources(run.cfg, jobs, slot))
-        env.update(env_mark)
+        env.update(self.group_env)
+        env.update(share_resources(run.cfg, self.jobs, slot))
+        env.update(self.env_mark)
         resume = run.state() == "resume"
-        cfg_path = out_dir / CONFIGS_DIR / f"{run.name}.yaml"
+        cmd = self._command(run, resume)
+        log = open(sweep_log_path(self.out_dir, run.name), "a")
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+        log.flush()
+        # own session: a terminal's Ctrl-C reaches the sweep only, which then stops each
+        # run once with SIGTERM (the run command's clean teardown); the watchdog kills the
+        # session's group should the sweep die
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        self.watchdog.watch_group(proc.pid)
+        kept = _rounds_done(run) if resume else 0
+        what = f"resuming after round {kept}" if resume else "started"
+        print(f"{self._tag(run)}: {what}", flush=True)
+        self.status[run.name] = {"status": "running", "dir": str(run.out_dir)}
+        self.save_status()
+        return _Job(run, proc, slot, log, kept)
+
+    def _command(self, run: PlannedRun, resume: bool) -> list[str]:
+        """The ``run`` command of ``run`` (its planned config written to ``_configs``):
+        ``--resume`` from its checkpoint, else afresh (``--overwrite`` over an attempt
+        that never reached a checkpoint)."""
+        cfg_path = sweep_config_path(self.out_dir, run.name)
         dump_config(run.cfg, cfg_path)
         cmd = [sys.executable, "-m", "fedrcl_flwr.cli", "run"]
-        if verbose:
+        if self.verbose:
             cmd.append("--verbose")
         if resume:
             cmd += ["--resume", str(run.out_dir), "--set",
@@ -762,121 +789,116 @@ def _run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: boo
                 # started but never checkpointed: the run command clears that attempt's
                 # files (only in a run directory it created; checked up front)
                 cmd.append("--overwrite")
-        log = open(out_dir / LOGS_DIR / f"{run.name}.log", "a")
-        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
-        log.flush()
-        # own session: a terminal's Ctrl-C reaches the sweep only, which then stops each
-        # run once with SIGTERM (the run command's clean teardown); the watchdog kills the
-        # session's group should the sweep die
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        watchdog.watch_group(proc.pid)
-        kept = _rounds_done(run) if resume else 0
-        what = f"resuming after round {kept}" if resume else "started"
-        print(f"run {run.index + 1}/{n} {run.name}: {what}", flush=True)
-        status[run.name] = {"status": "running", "dir": str(run.out_dir)}
-        save_status()
-        return _Job(run, proc, slot, log, kept)
+        return cmd
 
-    def progress(job: _Job) -> None:
-        recs = read_metrics(job.run.out_dir)
-        show_ema = shows_ema(job.run.cfg.evaluation.report_metric)
-        for rec in recs:
+    # ------------------------------------------------------------------ while they run
+    def _poll(self) -> None:
+        for job in list(self.running):
+            self._progress(job)
+            rc = job.proc.poll()
+            if rc is not None:
+                self._ended(job, rc)
+
+    def _progress(self, job: _Job) -> None:
+        """One line per round ``job`` recorded since the last look (with the ETA)."""
+        run = job.run
+        show_ema = shows_ema(run.cfg.evaluation.report_metric)
+        for rec in read_metrics(run.out_dir):
             if int(rec.get("round", 0)) <= job.printed:
                 continue  # printed already, or kept from before a resume
             first = job.printed == job.kept
             if first:  # this launch's start-up, its first round included
-                timer.observe_startup(time.time() - job.t0)
-            timer.observe_round(rec.get("round_time_s"), first_of_launch=first)
+                self.timer.observe_startup(time.time() - job.t0)
+            self.timer.observe_round(rec.get("round_time_s"), first_of_launch=first)
             job.rounds_run += 1
             job.printed = int(rec["round"])
-            total = job.run.cfg.federation.rounds
-            prev = total - rounds_left[job.run.name]
-            step = max(int(rec.get("round", prev)) - prev, 0)
-            rounds_left[job.run.name] -= step
-            parts = [f"run {job.run.index + 1}/{n} {job.run.name}",
-                     f"round {rec.get('round')}/{total}"]
+            total = run.cfg.federation.rounds
+            prev = total - self.rounds_left[run.name]
+            self.rounds_left[run.name] -= max(int(rec.get("round", prev)) - prev, 0)
+            parts = [self._tag(run), f"round {rec.get('round')}/{total}"]
             if _is_number(rec.get("test_accuracy")):
                 parts.append(f"acc {100 * rec['test_accuracy']:.2f}%")
             if show_ema and _is_number(rec.get("ema_accuracy")):
                 parts.append(f"ema {100 * rec['ema_accuracy']:.2f}%")
-            parts.append(f"ETA {_fmt_eta(eta())}")
+            parts.append(f"ETA {_fmt_eta(self.eta())}")
             print(" | ".join(parts), flush=True)
 
-    def stop_all() -> None:
+    def _ended(self, job: _Job, rc: int) -> None:
+        """``job`` exited with ``rc``: free its slot, record and print its outcome."""
+        self.running.remove(job)
+        self.watchdog.forget_group(job.proc.pid)
+        self.free_slots.append(job.slot)
+        self.free_slots.sort()
+        job.log.close()
+        took = time.time() - job.t0
+        run = job.run
+        self.rounds_left[run.name] = 0
+        if rc == 0 and (run.out_dir / SUMMARY_FILE).is_file():
+            self.timer.observe_finish(took, job.rounds_run)
+            acc = _summary_value(run.out_dir, "final_accuracy")
+            self.status[run.name] = {"status": "done", "dir": str(run.out_dir),
+                                     "seconds": round(took, 1)}
+            accs = f"final acc {100 * acc:.2f}%" if acc is not None else "no accuracy"
+            print(f"{self._tag(run)}: done in {took:.0f}s, {accs} | ETA "
+                  f"{_fmt_eta(self.eta())}", flush=True)
+        else:
+            log = sweep_log_path(self.out_dir, run.name)
+            tail = _log_tail(log)
+            self.status[run.name] = {"status": "failed", "exit_code": rc,
+                                     "dir": str(run.out_dir), "error": tail}
+            self.failed.append(run.name)
+            print(f"{self._tag(run)}: FAILED (exit {rc}): {tail} (log: {log})",
+                  file=sys.stderr, flush=True)
+        self.save_status()
+
+    # ------------------------------------------------------------------ the end
+    def _stop_all(self) -> None:
+        """Interrupted: stop every running run once with SIGTERM (the run command's clean
+        teardown), wait for each, record what each left."""
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 signal.signal(sig, signal.SIG_IGN)  # let the runs tear down undisturbed
             except ValueError:
                 pass
-        for job in running:
+        for job in self.running:
             if job.proc.poll() is None:
                 try:
                     job.proc.send_signal(signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        for job in running:
+        for job in self.running:
             try:
                 job.proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 os.killpg(job.proc.pid, signal.SIGKILL)
                 job.proc.wait()
             job.log.close()
-            if (job.run.out_dir / SUMMARY_FILE).exists():  # finished before the signal
-                status[job.run.name] = {"status": "done", "dir": str(job.run.out_dir)}
+            run = job.run
+            if (run.out_dir / SUMMARY_FILE).exists():  # finished before the signal
+                self.status[run.name] = {"status": "done", "dir": str(run.out_dir)}
             else:
-                status[job.run.name] = {"status": "interrupted", "dir": str(job.run.out_dir),
-                                        "rounds": _rounds_done(job.run)}
-        save_status()
+                self.status[run.name] = {"status": "interrupted", "dir": str(run.out_dir),
+                                         "rounds": _rounds_done(run)}
+        self.save_status()
 
+    def _close(self) -> int:
+        took = time.time() - self.t_start
+        failed = self.failed
+        print(f"fedrcl-flwr sweep: {self.n - len(failed)}/{self.n} runs finished, "
+              f"{len(failed)} failed ({took:.0f}s) -> {self.out_dir}", flush=True)
+        if failed:
+            print("failed runs: " + ", ".join(failed), file=sys.stderr)
+        return 1 if failed else 0
+
+
+def _read_status(path: Path) -> dict:
+    """``sweep_status.json`` as a mapping (empty when absent or unreadable: it is rebuilt
+    from the runs)."""
     try:
-        while queue or running:
-            while queue and free_slots:
-                job = launch(queue.pop(0))
-                if job is not None:
-                    running.append(job)
-            time.sleep(poll_s)
-            for job in list(running):
-                progress(job)
-                rc = job.proc.poll()
-                if rc is None:
-                    continue
-                running.remove(job)
-                watchdog.forget_group(job.proc.pid)
-                free_slots.append(job.slot)
-                free_slots.sort()
-                job.log.close()
-                took = time.time() - job.t0
-                run = job.run
-                if rc == 0 and (run.out_dir / SUMMARY_FILE).is_file():
-                    timer.observe_finish(took, job.rounds_run)
-                    acc = _summary_value(run.out_dir, "final_accuracy")
-                    status[run.name] = {"status": "done", "dir": str(run.out_dir),
-                                        "seconds": round(took, 1)}
-                    accs = f"final acc {100 * acc:.2f}%" if acc is not None else "no accuracy"
-                    rounds_left[run.name] = 0
-                    print(f"run {run.index + 1}/{n} {run.name}: done in {took:.0f}s, {accs} "
-                          f"| ETA {_fmt_eta(eta())}", flush=True)
-                else:
-                    tail = _log_tail(out_dir / LOGS_DIR / f"{run.name}.log")
-                    status[run.name] = {"status": "failed", "exit_code": rc,
-                                        "dir": str(run.out_dir), "error": tail}
-                    failed.append(run.name)
-                    rounds_left[run.name] = 0
-                    print(f"run {run.index + 1}/{n} {run.name}: FAILED (exit {rc}): {tail} "
-                          f"(log: {out_dir / LOGS_DIR / (run.name + '.log')})",
-                          file=sys.stderr, flush=True)
-                save_status()
-    except KeyboardInterrupt:
-        stop_all()
-        raise
-    took = time.time() - t_start
-    ok = n - len(failed)
-    print(f"fedrcl-flwr sweep: {ok}/{n} runs finished, {len(failed)} failed "
-          f"({took:.0f}s) -> {out_dir}", flush=True)
-    if failed:
-        print("failed runs: " + ", ".join(failed), file=sys.stderr)
-    return 1 if failed else 0
+        status = json.loads(path.read_text()) if path.is_file() else {}
+    except (ValueError, OSError, RecursionError):
+        return {}
+    return status if isinstance(status, dict) else {}
 
 
 def _is_number(v: Any) -> bool:

@@ -43,19 +43,23 @@ import io
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import yaml
 
+from fedrcl_flwr.catalog import (
+    PARTITION_SCHEMES,
+    ema_round,
+    is_report_metric,
+    metric_choices,
+)
 from fedrcl_flwr.config import ConfigError, check_reference
-from fedrcl_flwr.results import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from fedrcl_flwr.results import LAST_K
+from fedrcl_flwr.run_files import CONFIG_FILE, METRICS_FILE, NOT_RUN_DIRS, SUMMARY_FILE
 
-METRIC_RE = re.compile(r"^(final|best|last5|ema@([1-9][0-9]*)"
-                       r"|client_(mean|std|worst10|best10))$")
-SKIP_DIRS = {"_configs", "_logs", "client_state", "tensorboard", "wandb", "mlruns"}
+SKIP_DIRS = NOT_RUN_DIRS
 # config sections that do not change what a run computes (or that name it)
 NOT_A_SETTING = ("seed", "name", "label", "output", "simulation", "reference")
 CONFIDENCE = 0.95  # of the paired t-interval
@@ -336,9 +340,9 @@ def load_runs(dirs: list) -> list[Run]:
 
 
 def check_metric(metric: str) -> str:
-    if not METRIC_RE.match(metric or ""):
-        raise ConfigError(f"--metric must be final, best, last5, ema@ROUND, client_mean, "
-                          f"client_std, client_worst10 or client_best10, got {metric!r}")
+    if not is_report_metric(metric, per_client=True):
+        raise ConfigError(f"--metric must be {metric_choices(per_client=True)}, got "
+                          f"{metric!r}")
     return metric
 
 
@@ -367,7 +371,7 @@ def metric_value(run: Run, metric: str) -> Optional[float]:
     if metric == "last5":
         if s.get("last5") is not None:
             return float(s["last5"])
-        tail = ev[-5:]
+        tail = ev[-LAST_K:]
         return sum(float(r["test_accuracy"]) for r in tail) / len(tail) if tail else None
     if metric.startswith("client_"):  # per-client evaluation: its last evaluated round
         key = "client_acc_" + metric[len("client_"):]
@@ -375,7 +379,7 @@ def metric_value(run: Run, metric: str) -> Optional[float]:
             return float(s[key])
         with_key = [r for r in run.records if _is_number(r.get(key))]
         return float(with_key[-1][key]) if with_key else None
-    target = int(METRIC_RE.match(metric).group(2))
+    target = ema_round(metric)
     if _last_round(run) < target:
         return None  # never reached round R
     at = s.get("accuracy_at") or {}
@@ -389,7 +393,7 @@ def default_metric(runs: list[Run]) -> str:
     """The runs' ``report_metric`` (summary.json), else their reference's, else final."""
     for run in runs:
         m = run.summary.get("report_metric")
-        if isinstance(m, str) and METRIC_RE.match(m):
+        if is_report_metric(m, per_client=True):
             return m
     for run in runs:
         blocks = check_reference(run.config.get("reference"), str(run.path / CONFIG_FILE))
@@ -534,8 +538,7 @@ def setting_title(groups: list[Group]) -> str:
             parts.append(name)
     scheme = common("partition.scheme")
     if isinstance(scheme, str):
-        text = {"dirichlet": "Dirichlet", "iid": "IID", "shards": "shards",
-                "domain": "by domain", "file": "split file"}.get(scheme, scheme)
+        text = PARTITION_SCHEMES.get(scheme, scheme)
         alpha, gamma = common("partition.alpha"), common("partition.shards_per_client")
         balanced = common("partition.balanced")
         if scheme == "dirichlet" and _is_number(alpha):
@@ -561,13 +564,16 @@ def setting_title(groups: list[Group]) -> str:
 
 
 def _resolved_params(method: str, params: Any) -> Any:
+    """``client.params`` merged over the method's declared defaults (the registry's
+    declarations, ``clients/__init__.py``: no Flower client is imported); as written for
+    an unknown method or invalid parameters."""
     try:
-        from clients import client_class
+        from clients import CLIENTS
         from fedrcl_flwr.components import resolve_params
 
-        cls = client_class(method)
-        return resolve_params("client.params", f"method '{cls.method}'", cls.defaults,
-                              cls.rules, dict(params or {}))
+        defaults, rules = CLIENTS.params(method)
+        return resolve_params("client.params", f"method '{method}'", defaults, rules,
+                              dict(params or {}))
     except Exception:  # noqa: BLE001 - unknown method / params: compare as written
         return params or {}
 
@@ -954,20 +960,9 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     lows, highs = [], []
     for ax, c in zip(axes.flat, cols):
         for g in (g for g in groups if g.col == c):
-            curves = []
-            for run in g.runs:
-                recs = [r for r in run.records if r.get(metric_key) is not None]
-                curves.append({int(r["round"]): float(r[metric_key]) for r in recs})
-            rounds = sorted(set().union(*curves)) if curves else []
+            rounds, mean, std = _mean_curve(g, metric_key, 100.0 if percent else 1.0)
             if not rounds:
                 continue
-            scale = 100.0 if percent else 1.0
-            mean, std = [], []
-            for rd in rounds:
-                vs = [cv[rd] for cv in curves if rd in cv]
-                mean.append(scale * float(np.mean(vs)))
-                std.append(scale * float(np.std(vs, ddof=1)) if len(vs) > 1 else 0.0)
-            mean, std = np.array(mean), np.array(std)
             lo, hi = mean - std, mean + std
             if percent:
                 lo, hi = np.clip(lo, 0.0, 100.0), np.clip(hi, 0.0, 100.0)
@@ -999,6 +994,24 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     fig.suptitle((title + ": " if title else "") + "mean ± std over seeds", fontsize=11)
     fig.tight_layout()
     return fig
+
+
+def _mean_curve(g: Group, metric_key: str, scale: float) -> tuple[list, Any, Any]:
+    """Rounds, mean and sample std (``ddof = 1``; 0 for one run) over the group's runs of
+    ``metric_key`` per round, times ``scale``."""
+    import numpy as np
+
+    curves = []
+    for run in g.runs:
+        recs = [r for r in run.records if r.get(metric_key) is not None]
+        curves.append({int(r["round"]): float(r[metric_key]) for r in recs})
+    rounds = sorted(set().union(*curves)) if curves else []
+    mean, std = [], []
+    for rd in rounds:
+        vs = [cv[rd] for cv in curves if rd in cv]
+        mean.append(scale * float(np.mean(vs)))
+        std.append(scale * float(np.std(vs, ddof=1)) if len(vs) > 1 else 0.0)
+    return rounds, np.array(mean), np.array(std)
 
 
 def plot_groups(dirs: list, out: Path, metric_key: str = "test_accuracy") -> list[Path]:

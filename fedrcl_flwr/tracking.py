@@ -53,7 +53,6 @@ away) is reported on one line and dropped; the run and its files go on.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -63,13 +62,12 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-TB_DIR = "tensorboard"
-WANDB_DIR = "wandb"
-MLRUNS_DIR = "mlruns"
-STATE_FILE = "tracker.json"
+from fedrcl_flwr.run_files import MLRUNS_DIR, SUMMARY_FILE, WANDB_DIR
+from fedrcl_flwr.run_files import TENSORBOARD_DIR as TB_DIR
+from fedrcl_flwr.run_files import TRACKER_STATE_FILE as STATE_FILE
+
+# each tracker is installed by the extra of its name (fedrcl_flwr/extras.py)
 TRACKERS = ("tensorboard", "wandb", "mlflow")
-# the module each tracker imports, and the pip extra that installs it
-_PACKAGE = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 SWEEP_TAG = "fedrcl_flwr.sweep"
 
 
@@ -88,6 +86,7 @@ def check_trackers(cfg, source: str) -> None:
     """``output.tracker`` names known trackers, each once, whose package is installed
     (a :class:`~fedrcl_flwr.config.ConfigError` naming the key and ``source``)."""
     from fedrcl_flwr.config import ConfigError
+    from fedrcl_flwr.extras import installed, pip_install
 
     raw = cfg.output.tracker
     for t in raw:
@@ -97,10 +96,9 @@ def check_trackers(cfg, source: str) -> None:
     if len(set(raw)) != len(raw):
         raise ConfigError(f"{source}: 'output.tracker' lists a tracker twice: {raw}")
     for t in enabled_trackers(cfg):
-        if importlib.util.find_spec(_PACKAGE[t]) is None:
+        if not installed(t):
             raise ConfigError(f"{source}: 'output.tracker' includes {t} but the {t} package "
-                              f"is not installed (pip install 'fedrcl-flwr[{t}]', or remove "
-                              "it)")
+                              f"is not installed ({pip_install(t)}, or remove it)")
 
 
 def mlflow_uri(default_dir: Path) -> str:
@@ -424,7 +422,7 @@ class MlflowBackend(Backend):
 
     def log_results(self, summary, values, files):
         self._metrics(values, int(summary.get("rounds") or 0))
-        self.client.log_dict(self.run_id, summary, "summary.json")
+        self.client.log_dict(self.run_id, summary, SUMMARY_FILE)
         for path in files:
             self.client.log_artifact(self.run_id, str(path),
                                      "plots" if path.suffix == ".png" else None)

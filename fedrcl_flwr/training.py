@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -165,6 +165,10 @@ def train_local(
     fused kernel, which reads the scaler's inf flag on the device; where it is not
     available the scaler reads that flag on the host once per step (PyTorch's own
     ``GradScaler.step``).
+
+    Steps per mini-batch: :func:`_forward_pass`, the loss terms (kept here: the one call
+    site of every term, which ``tests/test_hot_loop.py`` names when a term reads back),
+    :func:`_optimiser_step`; the sums stay on the device (:class:`_DeviceSums`).
     """
     active = [t for t in terms if t.weight != 0.0]
     if not active:
@@ -177,12 +181,7 @@ def train_local(
     scaler = accel.grad_scaler(settings.amp, dev)
     opt = _optimizer_for(params, settings, fused=scaler is not None)
     model.train()
-
-    def zero() -> torch.Tensor:
-        return torch.zeros((), dtype=torch.float64, device=dev)
-
-    loss_sum, norm_sum, norm_count = zero(), zero(), zero()
-    term_sums = {t.name: zero() for t in active}
+    sums = _DeviceSums(dev, [t.name for t in active])
     step = 0
     for epoch in range(settings.epochs):
         for group in opt.param_groups:
@@ -190,60 +189,95 @@ def train_local(
         for i, (x, y) in enumerate(batches(epoch)):
             if settings.iterations_per_epoch and i >= settings.iterations_per_epoch:
                 break
-            x = accel.to_device(x, dev)
-            y = accel.to_device(y, dev)
-            if settings.channels_last and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
-            extra: dict = {}
-            if transform is not None:
-                x, y, extra = transform(x, y, model)
-            with accel.forward_precision(dev, amp_dtype):
-                if forward is not None:
-                    logits, feats = forward(model, x, need_feats)
-                elif need_feats:
-                    logits, feats = model(x, return_features=True)
-                else:
-                    logits, feats = model(x), None
-            if amp_dtype is not None:
-                logits, feats = accel.as_float32(logits), accel.as_float32(feats)
-            batch = Batch(x=x, y=y, logits=logits, feats=feats, model=model, extra=extra)
+            batch = _forward_pass(model, x, y, settings, dev, amp_dtype, need_feats,
+                                  transform, forward)
             total = None
             with accel.loss_precision(dev, amp_dtype):
                 for t in active:
                     value = t.fn(batch)
-                    term_sums[t.name] += value.detach().double().reshape(())
+                    sums.terms[t.name] += value.detach().double().reshape(())
                     total = t.weight * value if total is None else total + t.weight * value
-            opt.zero_grad(set_to_none=True)
-            if scaler is None:
-                total.backward()
-            else:
-                scaler.scale(total).backward()
-            if settings.grad_clip:
-                if scaler is not None:
-                    scaler.unscale_(opt)
-                gn = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip).detach()
-                if scaler is None:
-                    norm_sum += gn.double()
-                else:  # an overflowing fp16 step (skipped by the scaler) has no norm
-                    finite = torch.isfinite(gn)
-                    norm_sum += torch.where(finite, gn, torch.zeros_like(gn)).double()
-                    norm_count += finite.double()
-            if scaler is None:
-                opt.step()
-            else:
-                scaler.step(opt)
-                scaler.update()
-            loss_sum += total.detach().double().reshape(())
+            _optimiser_step(total, opt, scaler, params, settings.grad_clip, sums)
+            sums.loss += total.detach().double().reshape(())
             step += 1
-    stats = TrainStats(steps=step, terms={t.name: 0.0 for t in active})
-    if step:
-        # the one read-back of the call: every sum at once
-        loss, norm, count, *term_values = torch.stack(
-            [loss_sum, norm_sum, norm_count, *term_sums.values()]).tolist()
-        stats.loss = loss / step
-        stats.grad_norm = norm / (step if scaler is None else max(count, 1.0))
-        stats.terms = {k: v / step for k, v in zip(term_sums, term_values)}
-    return stats
+    return sums.stats(step, per_finite_norm=scaler is not None)
+
+
+class _DeviceSums:
+    """The statistics of :func:`train_local` as float64 sums on the device (no step reads
+    a value back), read back once by :meth:`stats`."""
+
+    def __init__(self, dev: torch.device, term_names: list[str]):
+        def zero() -> torch.Tensor:
+            return torch.zeros((), dtype=torch.float64, device=dev)
+
+        self.loss, self.norm, self.norm_count = zero(), zero(), zero()
+        self.terms = {name: zero() for name in term_names}
+
+    def stats(self, steps: int, per_finite_norm: bool) -> TrainStats:
+        """Means per step (the gradient norm over the steps whose norm was finite when
+        ``per_finite_norm``: an fp16 step skipped by the scaler has none)."""
+        stats = TrainStats(steps=steps, terms={name: 0.0 for name in self.terms})
+        if steps:
+            # the one read-back of the call: every sum at once
+            loss, norm, count, *term_values = torch.stack(
+                [self.loss, self.norm, self.norm_count, *self.terms.values()]).tolist()
+            stats.loss = loss / steps
+            stats.grad_norm = norm / (max(count, 1.0) if per_finite_norm else steps)
+            stats.terms = {k: v / steps for k, v in zip(self.terms, term_values)}
+        return stats
+
+
+def _forward_pass(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                  settings: LocalTrainSettings, dev: torch.device,
+                  amp_dtype: Optional[torch.dtype], need_feats: bool,
+                  transform: Optional[Callable], forward: Optional[Callable]) -> Batch:
+    """One mini-batch on the device (channels-last when asked), through ``transform``
+    and the forward pass (under autocast with ``amp_dtype``; logits and features back in
+    float32): the :class:`Batch` the loss terms read."""
+    x = accel.to_device(x, dev)
+    y = accel.to_device(y, dev)
+    if settings.channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    extra: dict = {}
+    if transform is not None:
+        x, y, extra = transform(x, y, model)
+    with accel.forward_precision(dev, amp_dtype):
+        if forward is not None:
+            logits, feats = forward(model, x, need_feats)
+        elif need_feats:
+            logits, feats = model(x, return_features=True)
+        else:
+            logits, feats = model(x), None
+    if amp_dtype is not None:
+        logits, feats = accel.as_float32(logits), accel.as_float32(feats)
+    return Batch(x=x, y=y, logits=logits, feats=feats, model=model, extra=extra)
+
+
+def _optimiser_step(total: torch.Tensor, opt: torch.optim.Optimizer, scaler: Any,
+                    params: list, grad_clip: Optional[float], sums: _DeviceSums) -> None:
+    """Backward, gradient clipping (its norm added to ``sums``), optimiser step; with a
+    loss ``scaler`` (fp16) scaled, unscaled before clipping, skipped on inf/NaN."""
+    opt.zero_grad(set_to_none=True)
+    if scaler is None:
+        total.backward()
+    else:
+        scaler.scale(total).backward()
+    if grad_clip:
+        if scaler is not None:
+            scaler.unscale_(opt)
+        gn = torch.nn.utils.clip_grad_norm_(params, grad_clip).detach()
+        if scaler is None:
+            sums.norm += gn.double()
+        else:  # an overflowing fp16 step (skipped by the scaler) has no norm
+            finite = torch.isfinite(gn)
+            sums.norm += torch.where(finite, gn, torch.zeros_like(gn)).double()
+            sums.norm_count += finite.double()
+    if scaler is None:
+        opt.step()
+    else:
+        scaler.step(opt)
+        scaler.update()
 
 
 def _optimizer_for(params, settings: LocalTrainSettings, fused: bool):

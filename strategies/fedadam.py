@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedrcl_flwr.components import between, positive
+from strategies import STRATEGIES
 from strategies.base import FederatedStrategy
 
 
 class FedAdam(FederatedStrategy):
     name = "fedadam"
-    defaults = {"server_lr": 0.01, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3,
-                "v_init_tau_sq": True}
-    rules = {"server_lr": positive(), "beta1": between(0, 1, hi_open=True),
-             "beta2": between(0, 1, hi_open=True), "tau": positive()}
+    defaults, rules = STRATEGIES.params(name)  # declared in strategies/__init__.py
     buffers = ("m", "v")
 
     def buffer_fill(self, name: str) -> float:

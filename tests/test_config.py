@@ -133,3 +133,47 @@ def test_cli_bad_input_exit_2_without_traceback(args, needle):
     assert res.returncode == 2, res.stderr
     assert needle in res.stderr
     assert "Traceback" not in res.stderr
+
+
+# ------------------------------------------------- the declared rules of the config keys
+def _rule_cases():
+    from fedrcl_flwr.config import CONFIG_RULES
+
+    return [pytest.param(key, bad, id=f"{key}={bad!r}"[:60])
+            for key, rule in CONFIG_RULES.items() for bad in rule.bad]
+
+
+def _with(key: str, value) -> dict:
+    data: dict = {}
+    if key.startswith("privacy.dp."):  # a key of the optional privacy.dp section
+        data["privacy"] = {"dp": {"noise_multiplier": 1.0, "clipping_norm": 1.0}}
+    node = data
+    for part in key.split(".")[:-1]:
+        node = node.setdefault(part, {})
+    node[key.split(".")[-1]] = value
+    return data
+
+
+def test_every_rule_declares_invalid_examples():
+    """Each key's rule (``CONFIG_RULES``) names a key of the schema and carries values it
+    refuses, so the walk below cannot pass by testing nothing."""
+    from fedrcl_flwr.config import CONFIG_RULES, get_key
+
+    cfg = config_from_dict(_with("privacy.dp.mode", "server"))
+    for key, rule in CONFIG_RULES.items():
+        get_key(cfg, key)  # a real key (AttributeError otherwise)
+        assert rule.bad, f"{key}: no invalid example"
+        assert not any(rule.ok(b) for b in rule.bad), key
+
+
+@pytest.mark.parametrize("key,bad", _rule_cases())
+def test_each_rule_refuses_its_invalid_examples(key, bad):
+    """Every declared rule of a config key, walked: each invalid example is one
+    ConfigError naming the key, the rule's words and the file."""
+    from fedrcl_flwr.config import CONFIG_RULES
+
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict(_with(key, bad), "rules.yaml")
+    msg = str(ei.value)
+    assert msg.startswith("rules.yaml: ") and f"'{key}'" in msg, msg
+    assert CONFIG_RULES[key].text in msg, msg

@@ -92,6 +92,21 @@ def test_every_parameter_declares_its_allowed_values(section, name, cls):
         assert _bad_values(cls, key), key
 
 
+@pytest.mark.parametrize("registry,load", [(CLIENTS, client_class),
+                                           (STRATEGIES, strategy_class)],
+                         ids=["client.method", "server.strategy"])
+def test_every_class_takes_the_parameters_its_registry_declares(registry, load):
+    """A component's parameters are declared once, with its registration: the class's
+    ``defaults`` / ``rules`` are its registry entry's (a class that forgot to take them
+    would silently accept no parameters). Every package component; a test double
+    registered from outside declares its own."""
+    assert registry.builtin
+    for name in registry.builtin:
+        cls = load(name)
+        defaults, rules = registry.params(name)
+        assert cls.defaults is defaults and cls.rules is rules, name
+
+
 @pytest.fixture
 def no_flower(monkeypatch):
     """Fail the test if the CLI gets as far as starting Flower."""

@@ -186,6 +186,27 @@ def test_rows_of_one_method_with_different_params_and_server_optimizers(tmp_path
     assert rows["fedadam+fedrcl"].paper == pytest.approx(0.3)
 
 
+def test_report_resolves_method_defaults_without_importing_flower(tmp_path):
+    """A paper reference's ``when: {client.params: ...}`` is compared with the run's
+    parameters completed by the method's declared defaults (fedprox's mu = 0.001), which
+    ``report`` reads from the registry (``clients/__init__.py``): no Flower client, no
+    Flower (a fresh interpreter, so nothing else imported them before)."""
+    ref = [{"source": "S", "metric": "final", "when": {"client.params": {"mu": 0.001}},
+            "values": {"fedprox": 40.0}}]
+    _run(tmp_path, "default_mu", "fedprox", 0.3, 0, final=0.3, reference=ref)
+    code = ("import sys; from fedrcl_flwr.tables import build_table; "
+            f"groups, _ = build_table([{str(tmp_path)!r}]); "
+            "print(groups[0].paper); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'flwr' "
+            "or m.startswith('clients.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    paper, imported = out.stdout.strip().splitlines()
+    assert float(paper) == pytest.approx(0.4)  # {} matched {mu: 0.001}: the default
+    assert imported == "[]"
+
+
 @pytest.mark.parametrize("name,content,needle", [
     ("summary.json", "{not json", "not valid JSON"),
     ("summary.json", "[1, 2]", "must be a JSON object"),

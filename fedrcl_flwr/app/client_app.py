@@ -21,6 +21,7 @@ from fedrcl_flwr.app.common import (
     output_dir_from_run_config,
     quiet,
 )
+from fedrcl_flwr.run_files import CLIENT_STATE_DIR
 
 
 def _device_data(path: str, cfg) -> LocalData:
@@ -79,7 +80,7 @@ def _build_client(context: Context):
     if node.get("state-dir"):
         state_dir = str(node["state-dir"])
     else:
-        state_dir = str(output_dir_from_run_config(context.run_config, cfg) / "client_state")
+        state_dir = str(output_dir_from_run_config(context.run_config, cfg) / CLIENT_STATE_DIR)
     cls = client_class(cfg.client.method)
     return cls(cfg, local_data=local, partition_id=int(pid) if pid is not None else None,
                state_dir=state_dir).to_client()

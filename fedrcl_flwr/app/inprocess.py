@@ -16,6 +16,7 @@ from flwr.server import Grid
 from clients import client_class
 from fedrcl_flwr.app.server_app import build_server
 from fedrcl_flwr.config import ExperimentConfig
+from fedrcl_flwr.run_files import CLIENT_STATE_DIR
 
 
 class _Slot:
@@ -68,7 +69,7 @@ def run_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
                                          overlap_evaluation=overlap_evaluation)
     manager = _Manager(cfg.federation.sampled_per_round())
     cls = client_class(cfg.client.method)
-    state_dir = str(Path(out_dir) / "client_state")  # as the ClientApp: per-client state
+    state_dir = str(Path(out_dir) / CLIENT_STATE_DIR)  # as the ClientApp: per-client state
     make = client_factory or (lambda: cls(cfg, state_dir=state_dir))
     for server_round in range(1, rounds_left + 1):
         ins = strategy.configure_fit(server_round, None, manager)

@@ -149,14 +149,15 @@ def check_cache_dir(path: Path) -> Optional[str]:
 
 def _source_files(d) -> list[Path]:
     """The files (or roots of file trees) a dataset is read from."""
-    from fedrcl_flwr.data.datasets import _HOW_TO_GET, _torchvision_files
+    from fedrcl_flwr.catalog import TORCHVISION_CLASSES
+    from fedrcl_flwr.data.datasets import _torchvision_files
 
     root = Path(os.path.expanduser(d.root or "."))
     if d.name == "synthetic":
         return []
     if d.name == "npz":
         return [Path(os.path.expanduser(d.path))] if d.path else []
-    if d.name in _HOW_TO_GET:
+    if d.name in TORCHVISION_CLASSES:
         return [_torchvision_files(d.name, root)[0]]
     return [root]
 

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from fedrcl_flwr.accel import gather_rows, to_device, transfer_plan
+from fedrcl_flwr.catalog import DATASET_NAMES, TORCHVISION_CLASSES
 from fedrcl_flwr.config import ConfigError
 
 
@@ -305,27 +306,12 @@ def check_fits_memory(nbytes: int, what: str, why: str) -> None:
                            f"more than the {avail / 2**30:.1f} GiB available")
 
 
-_HOW_TO_GET = {
-    "cifar10": "torchvision.datasets.CIFAR10",
-    "cifar100": "torchvision.datasets.CIFAR100",
-    "mnist": "torchvision.datasets.MNIST",
-    "fmnist": "torchvision.datasets.FashionMNIST",
-    "svhn": "torchvision.datasets.SVHN",
-    "usps": "torchvision.datasets.USPS",
-    "stl10": "torchvision.datasets.STL10",
-}
-
-
 def _missing(name: str, root: Path, extra: str = "") -> DatasetError:
     how = (f"set dataset.download: true on a machine with a network (uses "
-           f"{_HOW_TO_GET[name]}), or copy the files there") if name in _HOW_TO_GET else \
-        "put the data there"
+           f"torchvision.datasets.{TORCHVISION_CLASSES[name]}), or copy the files there") \
+        if name in TORCHVISION_CLASSES else "put the data there"
     return DatasetError(f"dataset '{name}' not found under {root}{extra}: {how}, or point "
                         f"dataset.root at the directory that holds it")
-
-
-_TV_CLASSES = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST",
-               "fmnist": "FashionMNIST", "svhn": "SVHN", "usps": "USPS", "stl10": "STL10"}
 
 
 def _torchvision_files(name: str, root: Path) -> tuple[Path, list[tuple[str, Optional[str]]]]:
@@ -334,7 +320,7 @@ def _torchvision_files(name: str, root: Path) -> tuple[Path, list[tuple[str, Opt
     ``None``: torchvision does not check that file's checksum when loading."""
     import torchvision.datasets as tvd
 
-    cls = getattr(tvd, _TV_CLASSES[name])
+    cls = getattr(tvd, TORCHVISION_CLASSES[name])
     if name in ("cifar10", "cifar100"):
         files = [(f, m) for f, m in cls.train_list + cls.test_list]
         return root / cls.base_folder, files + [(cls.meta["filename"], cls.meta["md5"])]
@@ -394,71 +380,82 @@ def _torchvision(name: str, root: Path, download: bool,
     files of the tests) with the same class, which then checks only that the files exist
     (:func:`_existence_checked`); MNIST, Fashion-MNIST and USPS are never MD5-checked by
     torchvision when loading."""
-    import torchvision.datasets as tvd
-
     folder, files = _torchvision_files(name, root)
     if name in ("mnist", "fmnist"):
         _unpack_idx_gz(folder, files)
-
-    def cls(attr: str):
-        c = getattr(tvd, attr)
-        return c if verify_md5 else _existence_checked(c)
-
-    def make(train: bool):
-        split = "train" if train else "test"
-        if name in ("cifar10", "cifar100"):
-            ds = cls(_TV_CLASSES[name])(str(root), train=train, download=download)
-            classes[name] = len(ds.classes)
-            return ds.data, ds.targets
-        if name == "mnist":
-            ds = tvd.MNIST(str(root), train=train, download=download)
-            return ds.data.numpy(), ds.targets.numpy()
-        if name == "fmnist":
-            ds = tvd.FashionMNIST(str(root), train=train, download=download)
-            return ds.data.numpy(), ds.targets.numpy()
-        if name == "svhn":
-            ds = cls("SVHN")(str(root / "svhn"), split=split, download=download)
-            return ds.data, ds.labels
-        if name == "usps":
-            ds = tvd.USPS(str(root / "usps"), train=train, download=download)
-            return ds.data, ds.targets
-        if name == "stl10":
-            ds = cls("STL10")(str(root), split=split, download=download)
-            return ds.data, ds.labels
-        raise DatasetError(f"unknown torchvision dataset {name!r}")
-
     classes: dict = {}  # CIFAR: the number of classes its batches.meta names
     try:
         out = []
         for train in (True, False):
-            x, y = make(train)
+            x, y = _torchvision_split(name, root, train, download, verify_md5, classes)
             out.append(RawSplit(_hwc(x, f"dataset '{name}'"),
                                 _int_labels(y, f"dataset '{name}' labels"),
                                 classes=classes.get(name)))
     except DatasetError:
         raise
     except Exception as exc:  # noqa: BLE001 - every refusal becomes one clear error
-        if download and isinstance(exc, (RuntimeError, OSError)):
-            raise DatasetError(f"dataset '{name}': download into {root} failed ({exc})") \
-                from None
-        missing = [f for f, _ in files if not (folder / f).is_file()]
-        if missing:
-            raise _missing(name, root, f" (no {folder / missing[0]})") from None
-        from torchvision.datasets.utils import check_integrity
-
-        bad = [f for f, md5 in files if verify_md5 and md5 is not None
-               and not check_integrity(str(folder / f), md5)]
-        if bad:
-            raise DatasetError(
-                f"dataset '{name}': {folder / bad[0]} fails torchvision's MD5 check (it is "
-                "corrupted, truncated or not the official release): copy the official "
-                "files there, use dataset.download: true, or set dataset.verify_md5: false "
-                "to load files of your own in this layout") from None
-        detail = " ".join(str(exc).split())
-        raise DatasetError(f"dataset '{name}': torchvision.datasets.{_TV_CLASSES[name]} "
-                           f"cannot read the files in {folder} ({type(exc).__name__}: "
-                           f"{detail})") from None
+        raise _torchvision_refusal(exc, name, root, download, verify_md5, folder,
+                                   files) from None
     return out[0], out[1]
+
+
+def _torchvision_split(name: str, root: Path, train: bool, download: bool,
+                       verify_md5: bool, classes: dict) -> tuple:
+    """The images and labels of one split as torchvision's class for ``name`` decodes
+    them (CIFAR: ``classes[name]`` = the number of classes its meta file names)."""
+    import torchvision.datasets as tvd
+
+    def cls(attr: str):
+        c = getattr(tvd, attr)
+        return c if verify_md5 else _existence_checked(c)
+
+    split = "train" if train else "test"
+    if name in ("cifar10", "cifar100"):
+        ds = cls(TORCHVISION_CLASSES[name])(str(root), train=train, download=download)
+        classes[name] = len(ds.classes)
+        return ds.data, ds.targets
+    if name == "mnist":
+        ds = tvd.MNIST(str(root), train=train, download=download)
+        return ds.data.numpy(), ds.targets.numpy()
+    if name == "fmnist":
+        ds = tvd.FashionMNIST(str(root), train=train, download=download)
+        return ds.data.numpy(), ds.targets.numpy()
+    if name == "svhn":
+        ds = cls("SVHN")(str(root / "svhn"), split=split, download=download)
+        return ds.data, ds.labels
+    if name == "usps":
+        ds = tvd.USPS(str(root / "usps"), train=train, download=download)
+        return ds.data, ds.targets
+    if name == "stl10":
+        ds = cls("STL10")(str(root), split=split, download=download)
+        return ds.data, ds.labels
+    raise DatasetError(f"unknown torchvision dataset {name!r}")
+
+
+def _torchvision_refusal(exc: Exception, name: str, root: Path, download: bool,
+                         verify_md5: bool, folder: Path, files: list) -> DatasetError:
+    """What a torchvision class's refusal means, in one line: a failed download, files
+    missing (where and how to get them), a file failing the MD5 check, or files it
+    cannot decode."""
+    if download and isinstance(exc, (RuntimeError, OSError)):
+        return DatasetError(f"dataset '{name}': download into {root} failed ({exc})")
+    missing = [f for f, _ in files if not (folder / f).is_file()]
+    if missing:
+        return _missing(name, root, f" (no {folder / missing[0]})")
+    from torchvision.datasets.utils import check_integrity
+
+    bad = [f for f, md5 in files if verify_md5 and md5 is not None
+           and not check_integrity(str(folder / f), md5)]
+    if bad:
+        return DatasetError(
+            f"dataset '{name}': {folder / bad[0]} fails torchvision's MD5 check (it is "
+            "corrupted, truncated or not the official release): copy the official "
+            "files there, use dataset.download: true, or set dataset.verify_md5: false "
+            "to load files of your own in this layout")
+    detail = " ".join(str(exc).split())
+    return DatasetError(f"dataset '{name}': torchvision.datasets.{TORCHVISION_CLASSES[name]} "
+                        f"cannot read the files in {folder} ({type(exc).__name__}: "
+                        f"{detail})")
 
 
 _IMG_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
@@ -763,10 +760,6 @@ def _channel_stats(x: np.ndarray) -> tuple[list, list]:
     return mean.tolist(), std.tolist()
 
 
-DATASET_NAMES = ("synthetic", "cifar10", "cifar100", "mnist", "fmnist", "svhn", "usps",
-                 "stl10", "tinyimagenet", "imagefolder", "digit5", "npz")
-
-
 def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
                  download: bool = False, augment: bool = True, normalize: bool = True,
                  image_size: Optional[int] = None, synthetic: Optional[dict] = None,
@@ -775,73 +768,25 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
                  crop_pad: Optional[int] = None, verify_md5: bool = True,
                  flip: Optional[bool] = None, pad_fill: str = "mean") -> DataBundle:
     """Load a dataset into a :class:`DataBundle` (see the module docstring).
-    ``normalize``: ``True`` | ``False`` | ``{"mean": [...], "std": [...]}``."""
-    root_p = Path(os.path.expanduser(root or "."))
-    dnames: list = []
-    class_list = None  # the number of classes a dataset's own class list names
-    if name == "synthetic":
-        from fedrcl_flwr.data.synthetic import make_synthetic
+    ``normalize``: ``True`` | ``False`` | ``{"mean": [...], "std": [...]}``.
 
-        sy = synthetic or {}
-        hw = int(sy.get("image_size", 32)) ** 2 * int(sy.get("channels", 3))
-        n_all = int(sy.get("num_train", 20000)) + int(sy.get("num_test", 4000))
-        bank = (int(sy.get("num_classes", 10)) * int(sy.get("subclusters", 3)) + 6) * 25 * hw
-        check_fits_memory(n_all * hw + 12 * bank + 16 * 4096 * hw, "dataset.synthetic",
-                          f"{n_all} images of {hw} uint8 values, plus float pattern banks")
-        xtr, ytr, dtr, xte, yte, dte = make_synthetic(**sy, seed=seed)
-        tr, te = RawSplit(xtr, ytr, dtr), RawSplit(xte, yte, dte)
-        nd = int((synthetic or {}).get("num_domains", 1))
-        dnames = [f"domain{i}" for i in range(nd)] if nd > 1 else []
-    elif name in _HOW_TO_GET:
-        tr, te = _torchvision(name, root_p, download, verify_md5)
-        class_list = tr.classes
-    elif name == "tinyimagenet":
-        tr, te = _tinyimagenet(root_p, image_size)
-    elif name == "imagefolder":
-        tr, te, dnames = _imagefolder(root_p, list(domains or []), image_size, test_fraction,
-                                      seed)
-    elif name == "digit5":
-        tr, te, dnames = _digit5(root_p, download, list(domains or []), verify_md5)
-    elif name == "npz":
-        if not path:
-            raise DatasetError("dataset.path is required when dataset.name is npz")
-        tr, te = _npz(Path(os.path.expanduser(path)))
-    else:
-        raise DatasetError(f"unknown dataset {name!r} (known: {', '.join(DATASET_NAMES)})")
-
-    if len(tr.y) == 0:
-        raise DatasetError(f"dataset '{name}' has no training images")
-    if len(te.y) == 0:
-        raise DatasetError(f"dataset '{name}' has no test images (every experiment is "
-                           "evaluated on a test set)")
-    unseen = sorted(set(np.unique(te.y).tolist()) - set(np.unique(tr.y).tolist()))
-    if unseen:
-        raise DatasetError(f"dataset '{name}': test classes {unseen[:10]} never occur in the "
-                           "training set (no client could learn them)")
+    Steps: read the source's ``uint8`` images (:func:`_read_source`), check the two
+    splits (:func:`_check_splits`), resize (``image_size``), count the classes
+    (:func:`_num_classes`), hold out a validation share (:func:`_hold_out_validation`),
+    then wrap train / test / validation with the normalisation and augmentation."""
+    tr, te, dnames, class_list = _read_source(
+        name, root, path=path, download=download, image_size=image_size,
+        synthetic=synthetic, seed=seed, domains=domains, test_fraction=test_fraction,
+        verify_md5=verify_md5)
+    _check_splits(name, tr, te)
     if image_size is not None:
         tr = RawSplit(_resize_u8(tr.x, image_size), tr.y, tr.d)
         te = RawSplit(_resize_u8(te.x, image_size), te.y, te.d)
     if tr.x.shape[1:] != te.x.shape[1:] and len(te.y):
         raise DatasetError(f"dataset '{name}': train images {tr.x.shape[1:]} and test images "
                            f"{te.x.shape[1:]} differ; set dataset.image_size")
-    num_classes = int(max(tr.y.max(), te.y.max() if len(te.y) else 0)) + 1
-    if name == "synthetic":
-        num_classes = int((synthetic or {}).get("num_classes", num_classes))
-    if class_list is not None:  # CIFAR: the classes batches.meta names (their K)
-        if num_classes > class_list:
-            raise DatasetError(f"dataset '{name}': label {num_classes - 1} but the class "
-                               f"list names only {class_list} classes")
-        num_classes = class_list
-
-    val_split = None
-    if val_fraction > 0:  # seeded, stratified hold-out (UniVarFL: 90/10)
-        rng = np.random.default_rng([seed, 1234])
-        hold = np.zeros(len(tr.y), bool)
-        for c in np.unique(tr.y):
-            idx = np.flatnonzero(tr.y == c)
-            hold[rng.choice(idx, int(round(val_fraction * len(idx))), replace=False)] = True
-        val_split = RawSplit(tr.x[hold], tr.y[hold])
-        tr = RawSplit(tr.x[~hold], tr.y[~hold], None if tr.d is None else tr.d[~hold])
+    num_classes = _num_classes(name, tr, te, synthetic, class_list)
+    tr, val_split = _hold_out_validation(tr, val_fraction, seed)
     mean, std = normalisation(normalize, tr.x, f"dataset {name!r}")
     size = int(tr.x.shape[1])
     aug = augment_spec(name, size, augment, rotation, crop_pad, flip, pad_fill)
@@ -860,6 +805,92 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
         domain_names=dnames if has_domains else [],
         val=wrap(val_split, None) if val_split is not None else None,
     )
+
+
+def _read_source(name: str, root: str, *, path: Optional[str], download: bool,
+                 image_size: Optional[int], synthetic: Optional[dict], seed: int,
+                 domains: Optional[list], test_fraction: float, verify_md5: bool
+                 ) -> tuple[RawSplit, RawSplit, list, Optional[int]]:
+    """The train and test images of source ``name`` (:data:`~fedrcl_flwr.catalog.
+    DATASETS`), its domain names, and the number of classes its own class list names
+    (CIFAR's ``batches.meta``; ``None`` for the others)."""
+    root_p = Path(os.path.expanduser(root or "."))
+    if name == "synthetic":
+        tr, te, dnames = _synthetic(synthetic or {}, seed)
+        return tr, te, dnames, None
+    if name in TORCHVISION_CLASSES:
+        tr, te = _torchvision(name, root_p, download, verify_md5)
+        return tr, te, [], tr.classes
+    if name == "tinyimagenet":
+        return (*_tinyimagenet(root_p, image_size), [], None)
+    if name == "imagefolder":
+        return (*_imagefolder(root_p, list(domains or []), image_size, test_fraction, seed),
+                None)
+    if name == "digit5":
+        return (*_digit5(root_p, download, list(domains or []), verify_md5), None)
+    if name == "npz":
+        if not path:
+            raise DatasetError("dataset.path is required when dataset.name is npz")
+        return (*_npz(Path(os.path.expanduser(path))), [], None)
+    raise DatasetError(f"unknown dataset {name!r} (known: {', '.join(DATASET_NAMES)})")
+
+
+def _synthetic(sy: dict, seed: int) -> tuple[RawSplit, RawSplit, list]:
+    """The embedded synthetic images (:func:`fedrcl_flwr.data.synthetic.make_synthetic`),
+    after checking that they fit in memory."""
+    from fedrcl_flwr.data.synthetic import make_synthetic
+
+    hw = int(sy.get("image_size", 32)) ** 2 * int(sy.get("channels", 3))
+    n_all = int(sy.get("num_train", 20000)) + int(sy.get("num_test", 4000))
+    bank = (int(sy.get("num_classes", 10)) * int(sy.get("subclusters", 3)) + 6) * 25 * hw
+    check_fits_memory(n_all * hw + 12 * bank + 16 * 4096 * hw, "dataset.synthetic",
+                      f"{n_all} images of {hw} uint8 values, plus float pattern banks")
+    xtr, ytr, dtr, xte, yte, dte = make_synthetic(**sy, seed=seed)
+    nd = int(sy.get("num_domains", 1))
+    return RawSplit(xtr, ytr, dtr), RawSplit(xte, yte, dte), \
+        [f"domain{i}" for i in range(nd)] if nd > 1 else []
+
+
+def _check_splits(name: str, tr: RawSplit, te: RawSplit) -> None:
+    if len(tr.y) == 0:
+        raise DatasetError(f"dataset '{name}' has no training images")
+    if len(te.y) == 0:
+        raise DatasetError(f"dataset '{name}' has no test images (every experiment is "
+                           "evaluated on a test set)")
+    unseen = sorted(set(np.unique(te.y).tolist()) - set(np.unique(tr.y).tolist()))
+    if unseen:
+        raise DatasetError(f"dataset '{name}': test classes {unseen[:10]} never occur in the "
+                           "training set (no client could learn them)")
+
+
+def _num_classes(name: str, tr: RawSplit, te: RawSplit, synthetic: Optional[dict],
+                 class_list: Optional[int]) -> int:
+    """The largest label + 1; synthetic: its ``num_classes``; CIFAR: the classes its
+    ``batches.meta`` names (the authors' ``K``)."""
+    num_classes = int(max(tr.y.max(), te.y.max() if len(te.y) else 0)) + 1
+    if name == "synthetic":
+        num_classes = int((synthetic or {}).get("num_classes", num_classes))
+    if class_list is not None:  # CIFAR: the classes batches.meta names (their K)
+        if num_classes > class_list:
+            raise DatasetError(f"dataset '{name}': label {num_classes - 1} but the class "
+                               f"list names only {class_list} classes")
+        num_classes = class_list
+    return num_classes
+
+
+def _hold_out_validation(tr: RawSplit, val_fraction: float, seed: int
+                         ) -> tuple[RawSplit, Optional[RawSplit]]:
+    """A seeded, stratified validation share of the training set (UniVarFL: 90/10):
+    ``(training set without it, validation set)``; none when ``val_fraction`` is 0."""
+    if val_fraction <= 0:
+        return tr, None
+    rng = np.random.default_rng([seed, 1234])
+    hold = np.zeros(len(tr.y), bool)
+    for c in np.unique(tr.y):
+        idx = np.flatnonzero(tr.y == c)
+        hold[rng.choice(idx, int(round(val_fraction * len(idx))), replace=False)] = True
+    return (RawSplit(tr.x[~hold], tr.y[~hold], None if tr.d is None else tr.d[~hold]),
+            RawSplit(tr.x[hold], tr.y[hold]))
 
 
 def _takes_device(get_batch) -> bool:

@@ -81,9 +81,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from fedrcl_flwr.catalog import GENERATORS, SCHEME_NAMES
 from fedrcl_flwr.config import ConfigError
-
-GENERATORS = ("project", "fedrcl", "fedrcl_labels")
 
 
 class PartitionError(ConfigError):
@@ -379,8 +378,20 @@ def by_domain(labels: np.ndarray, domains: np.ndarray, num_clients: int, per_cli
     labels = np.asarray(labels)
     dom_ids = np.unique(domains)
     owners = _domain_owners(dom_ids, num_clients, per_client)
-    classes = np.unique(labels)
-    k = len(classes)
+    pools = _domain_class_pools(labels, domains, dom_ids, owners, rng)
+    if balanced:
+        parts = _balanced_domain_draw(pools, dom_ids, np.unique(labels), owners,
+                                      num_clients, samples_per_class)
+    else:
+        parts = _imbalanced_domain_draw(pools, dom_ids, np.unique(labels), owners,
+                                        num_clients, alpha, rng)
+    return _as_parts(parts)
+
+
+def _domain_class_pools(labels: np.ndarray, domains: np.ndarray, dom_ids: np.ndarray,
+                        owners: dict, rng: np.random.Generator) -> dict:
+    """``(domain, class) ->`` its training indices in a seeded random order (every draw of
+    :func:`by_domain` takes from the front of these, so clients are disjoint)."""
     pools = {}
     for d in dom_ids:
         in_d = domains == d
@@ -388,40 +399,54 @@ def by_domain(labels: np.ndarray, domains: np.ndarray, num_clients: int, per_cli
         if n_d < len(owners[int(d)]):
             raise PartitionError(f"domain {int(d)} has {n_d} samples for "
                                  f"{len(owners[int(d)])} clients")
-        for c in classes:
+        for c in np.unique(labels):
             pools[int(d), int(c)] = rng.permutation(np.flatnonzero(in_d & (labels == c)))
-    parts: list[list] = [[] for _ in range(num_clients)]
-    if balanced:
-        used = [int(c) for c in classes
-                if all(len(pools[int(d), int(c)]) >= len(owners[int(d)]) for d in dom_ids)]
-        dropped = sorted(set(int(c) for c in classes) - set(used))
-        if not used:
-            raise PartitionError("balanced domain split: no class has at least one sample "
-                                 "per client in every domain")
-        if dropped:
-            import warnings
+    return pools
 
-            warnings.warn(f"balanced domain split: class(es) {dropped} are missing from (or "
-                          "too rare in) some domain and are left out for every client so "
-                          "that all clients keep the same label distribution", stacklevel=3)
-        limit, where = min((len(pools[int(d), c]) // len(owners[int(d)]), (int(d), c))
-                           for d in dom_ids for c in used)
-        per_class = limit if samples_per_class is None else int(samples_per_class)
-        if per_class > limit:
-            d, c = where
-            raise PartitionError(
-                f"balanced domain split: partition.samples_per_class={per_class} but domain "
-                f"{d} has only {len(pools[d, c])} samples of class {c} for "
-                f"{len(owners[d])} client(s) (at most {limit} per client)")
-        for d in dom_ids:
-            own = owners[int(d)]
-            for c in used:
-                pool = pools[int(d), c]
-                for j, i in enumerate(own):
-                    parts[i].extend(pool[j * per_class:(j + 1) * per_class].tolist())
-        return _as_parts(parts)
-    props = rng.dirichlet(np.full(k, alpha), size=num_clients)  # (clients, K)
+
+def _balanced_domain_draw(pools: dict, dom_ids: np.ndarray, classes: np.ndarray,
+                          owners: dict, num_clients: int,
+                          samples_per_class: Optional[int]) -> list[list]:
+    """:func:`by_domain`, ``balanced``: ``c`` samples of every used class per slot."""
+    used = [int(c) for c in classes
+            if all(len(pools[int(d), int(c)]) >= len(owners[int(d)]) for d in dom_ids)]
+    dropped = sorted(set(int(c) for c in classes) - set(used))
+    if not used:
+        raise PartitionError("balanced domain split: no class has at least one sample "
+                             "per client in every domain")
+    if dropped:
+        import warnings
+
+        warnings.warn(f"balanced domain split: class(es) {dropped} are missing from (or "
+                      "too rare in) some domain and are left out for every client so "
+                      "that all clients keep the same label distribution", stacklevel=4)
+    limit, where = min((len(pools[int(d), c]) // len(owners[int(d)]), (int(d), c))
+                       for d in dom_ids for c in used)
+    per_class = limit if samples_per_class is None else int(samples_per_class)
+    if per_class > limit:
+        d, c = where
+        raise PartitionError(
+            f"balanced domain split: partition.samples_per_class={per_class} but domain "
+            f"{d} has only {len(pools[d, c])} samples of class {c} for "
+            f"{len(owners[d])} client(s) (at most {limit} per client)")
+    parts: list[list] = [[] for _ in range(num_clients)]
+    for d in dom_ids:
+        own = owners[int(d)]
+        for c in used:
+            pool = pools[int(d), c]
+            for j, i in enumerate(own):
+                parts[i].extend(pool[j * per_class:(j + 1) * per_class].tolist())
+    return parts
+
+
+def _imbalanced_domain_draw(pools: dict, dom_ids: np.ndarray, classes: np.ndarray,
+                            owners: dict, num_clients: int, alpha: float,
+                            rng: np.random.Generator) -> list[list]:
+    """:func:`by_domain`, not ``balanced``: per client ``p_i ~ Dir_K(alpha)``, a share of
+    each (domain, class) pool kept in proportion to ``p_ik / max_k p_ik``."""
+    props = rng.dirichlet(np.full(len(classes), alpha), size=num_clients)  # (clients, K)
     w = props / props.max(axis=1, keepdims=True)
+    parts: list[list] = [[] for _ in range(num_clients)]
     for d in dom_ids:
         own = owners[int(d)]
         for ci, c in enumerate(classes):
@@ -434,7 +459,7 @@ def by_domain(labels: np.ndarray, domains: np.ndarray, num_clients: int, per_cli
         raise PartitionError(f"imbalanced domain split: client(s) {empty[:5]} got no sample "
                              f"(alpha={alpha}); use fewer clients per domain or a larger "
                              "partition.alpha")
-    return _as_parts(parts)
+    return parts
 
 
 # A split file lists every training index at most once: a few bytes per index. Bound
@@ -512,13 +537,29 @@ def load_split_file(path: str, n: int, num_clients: int) -> list[np.ndarray]:
     the authors' Python dict literal, read by a bounded scanner
     (:func:`_parse_dict_literal`: data only, nothing is executed). Any problem is one
     :class:`PartitionError` naming the file."""
-    import json
     from pathlib import Path
-
-    from fedrcl_flwr.config import read_text_file
 
     p = Path(path).expanduser()
     where = f"partition.path {str(p)!r}"
+    data = _read_split_mapping(p, where, n)
+    out = _client_index_lists(data, where, n, num_clients)
+    allidx = np.concatenate(out)
+    uniq, counts = np.unique(allidx, return_counts=True)
+    if len(uniq) != len(allidx):
+        dup = int(uniq[counts > 1][0])
+        owners = [c for c, a in enumerate(out) if dup in a]
+        raise PartitionError(f"{where}: index {dup} is given more than once "
+                             f"(clients {owners}); client splits must be disjoint")
+    return out
+
+
+def _read_split_mapping(p, where: str, n: int) -> dict:
+    """The split file's mapping (JSON, else the authors' dict literal), read within its
+    size bound (:func:`load_split_file`)."""
+    import json
+
+    from fedrcl_flwr.config import read_text_file
+
     limit = SPLIT_BYTES_BASE + SPLIT_BYTES_PER_INDEX * int(n)
     if not p.exists():
         raise PartitionError(f"{where}: cannot read the split file (no such file)")
@@ -542,6 +583,13 @@ def load_split_file(path: str, n: int, num_clients: int) -> list[np.ndarray]:
     if not isinstance(data, dict):
         raise PartitionError(f"{where}: must map client ids to index lists, got "
                              f"{type(data).__name__}")
+    return data
+
+
+def _client_index_lists(data: dict, where: str, n: int, num_clients: int
+                        ) -> list[np.ndarray]:
+    """One ``int64`` index array per client ``0 .. num_clients-1`` from the file's mapping,
+    each id given once, each list non-empty, every index in ``[0, n)``."""
     parts: dict[int, list] = {}
     for key, idx in data.items():
         try:
@@ -575,13 +623,6 @@ def load_split_file(path: str, n: int, num_clients: int) -> list[np.ndarray]:
             bad = int(a[(a < 0) | (a >= n)][0])
             raise PartitionError(f"{where}: client {c}: index {bad} out of range for "
                                  f"{n} training samples")
-    allidx = np.concatenate(out)
-    uniq, counts = np.unique(allidx, return_counts=True)
-    if len(uniq) != len(allidx):
-        dup = int(uniq[counts > 1][0])
-        owners = [c for c, a in enumerate(out) if dup in a]
-        raise PartitionError(f"{where}: index {dup} is given more than once "
-                             f"(clients {owners}); client splits must be disjoint")
     return out
 
 
@@ -678,4 +719,4 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float
         return by_domain(labels, domains, num_clients, domains_per_client, balanced, alpha,
                          rng, samples_per_class=samples_per_class)
     raise PartitionError(f"unknown partition scheme {scheme!r} "
-                         "(iid | dirichlet | shards | domain | file)")
+                         f"({' | '.join(SCHEME_NAMES)})")

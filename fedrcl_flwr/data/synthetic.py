@@ -79,51 +79,74 @@ def make_synthetic(num_train: int = 20000, num_test: int = 4000, num_classes: in
     distract = _smooth_patterns(rng, distractors, size, c, grid=3)
     styles = [_domain_style(rng, d, c, size) for d in range(num_domains)]
 
-    # every translation of every prototype / distractor, precomputed: (pattern, shift)
-    shifts = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)]
-    flat_protos = protos.reshape(k * s, c, size, size)
-    bank_p = torch.from_numpy(np.stack([np.roll(flat_protos, sh, axis=(2, 3)) for sh in shifts],
-                                       1).astype(np.float32))  # (K*S, 25, C, H, W)
-    bank_d = torch.from_numpy(np.stack([np.roll(distract, sh, axis=(2, 3)) for sh in shifts],
-                                       1).astype(np.float32))
-    style_t = [{"mix": torch.from_numpy(st["mix"].astype(np.float32)),
-                "texture": torch.from_numpy(st["texture"].astype(np.float32)),
-                "gamma": st["gamma"], "contrast": st["contrast"], "blur": st["blur"]}
-               for st in styles]
-
-    def draw(n: int, stream: int):
-        r = np.random.default_rng([seed, 104729, stream])
-        y = np.arange(n) % k
-        dom = (np.arange(n) // k) % num_domains
-        order = r.permutation(n)
-        y, dom = y[order], dom[order]
-        sub = r.integers(0, s, n)
-        sh = r.integers(0, len(shifts), n)
-        amp = torch.from_numpy(r.uniform(0.6, 1.4, n).astype(np.float32))
-        dsel = r.integers(0, distractors, n)
-        dstr = torch.from_numpy(r.uniform(0.0, distractor_strength, n).astype(np.float32))
-        g = torch.Generator().manual_seed(int(r.integers(0, 2**62)))
-        out = np.empty((n, size, size, c), np.uint8)
-        for d, st in enumerate(style_t):
-            m = np.flatnonzero(dom == d)
-            for i in range(0, len(m), 4096):
-                j = m[i:i + 4096]
-                jt = torch.from_numpy(j)
-                x = amp[jt, None, None, None] * bank_p[torch.from_numpy(y[j] * s + sub[j]),
-                                                       torch.from_numpy(sh[j])]
-                x += dstr[jt, None, None, None] * bank_d[torch.from_numpy(dsel[j]),
-                                                         torch.from_numpy(sh[j])]
-                x += noise * torch.randn(x.shape, generator=g)
-                if d > 0:
-                    x = torch.einsum("ij,njhw->nihw", st["mix"], x) + st["texture"]
-                    if st["blur"] > 1:
-                        x = torch.nn.functional.avg_pool2d(
-                            x, st["blur"], stride=1, padding=st["blur"] // 2,
-                            count_include_pad=False)
-                u = torch.sigmoid(st["contrast"] * x / 1.5) ** st["gamma"]
-                out[j] = (255 * u).round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
-        return out, y.astype(np.int64), dom.astype(np.int64)
-
-    xtr, ytr, dtr = draw(num_train, 1)
-    xte, yte, dte = draw(num_test, 2)
+    banks = _Banks.of(protos, distract, styles)
+    xtr, ytr, dtr = _draw(banks, num_train, seed, 1, k, s, num_domains, noise, distractors,
+                          distractor_strength)
+    xte, yte, dte = _draw(banks, num_test, seed, 2, k, s, num_domains, noise, distractors,
+                          distractor_strength)
     return xtr, ytr, dtr, xte, yte, dte
+
+
+# the translations every prototype / distractor is drawn at: (dy, dx) in [-2, 2]^2
+_SHIFTS = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)]
+
+
+class _Banks:
+    """Every translation of every prototype and distractor, precomputed as float32
+    tensors (pattern, shift, C, H, W), and the domains' styles as tensors."""
+
+    def __init__(self, protos: torch.Tensor, distract: torch.Tensor, styles: list):
+        self.protos, self.distract, self.styles = protos, distract, styles
+
+    @classmethod
+    def of(cls, protos: np.ndarray, distract: np.ndarray, styles: list) -> "_Banks":
+        k, s, c, size = protos.shape[0], protos.shape[1], protos.shape[2], protos.shape[3]
+        flat_protos = protos.reshape(k * s, c, size, size)
+        bank_p = torch.from_numpy(np.stack([np.roll(flat_protos, sh, axis=(2, 3))
+                                            for sh in _SHIFTS], 1).astype(np.float32))
+        bank_d = torch.from_numpy(np.stack([np.roll(distract, sh, axis=(2, 3))
+                                            for sh in _SHIFTS], 1).astype(np.float32))
+        style_t = [{"mix": torch.from_numpy(st["mix"].astype(np.float32)),
+                    "texture": torch.from_numpy(st["texture"].astype(np.float32)),
+                    "gamma": st["gamma"], "contrast": st["contrast"], "blur": st["blur"]}
+                   for st in styles]
+        return cls(bank_p, bank_d, style_t)
+
+
+def _draw(banks: _Banks, n: int, seed: int, stream: int, k: int, s: int, num_domains: int,
+          noise: float, distractors: int, distractor_strength: float):
+    """``n`` images of split ``stream`` (1 train, 2 test): balanced classes and domains in
+    a seeded order, each a shifted, scaled prototype of a random sub-cluster plus a
+    distractor and pixel noise, then its domain's style; ``(x uint8, y, domain)``."""
+    r = np.random.default_rng([seed, 104729, stream])
+    y = np.arange(n) % k
+    dom = (np.arange(n) // k) % num_domains
+    order = r.permutation(n)
+    y, dom = y[order], dom[order]
+    sub = r.integers(0, s, n)
+    sh = r.integers(0, len(_SHIFTS), n)
+    amp = torch.from_numpy(r.uniform(0.6, 1.4, n).astype(np.float32))
+    dsel = r.integers(0, distractors, n)
+    dstr = torch.from_numpy(r.uniform(0.0, distractor_strength, n).astype(np.float32))
+    g = torch.Generator().manual_seed(int(r.integers(0, 2**62)))
+    size, c = banks.protos.shape[-1], banks.protos.shape[-3]
+    out = np.empty((n, size, size, c), np.uint8)
+    for d, st in enumerate(banks.styles):
+        m = np.flatnonzero(dom == d)
+        for i in range(0, len(m), 4096):
+            j = m[i:i + 4096]
+            jt = torch.from_numpy(j)
+            x = amp[jt, None, None, None] * banks.protos[torch.from_numpy(y[j] * s + sub[j]),
+                                                         torch.from_numpy(sh[j])]
+            x += dstr[jt, None, None, None] * banks.distract[torch.from_numpy(dsel[j]),
+                                                             torch.from_numpy(sh[j])]
+            x += noise * torch.randn(x.shape, generator=g)
+            if d > 0:
+                x = torch.einsum("ij,njhw->nihw", st["mix"], x) + st["texture"]
+                if st["blur"] > 1:
+                    x = torch.nn.functional.avg_pool2d(
+                        x, st["blur"], stride=1, padding=st["blur"] // 2,
+                        count_include_pad=False)
+            u = torch.sigmoid(st["contrast"] * x / 1.5) ** st["gamma"]
+            out[j] = (255 * u).round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
+    return out, y.astype(np.int64), dom.astype(np.int64)

@@ -1,0 +1,113 @@
+"""What the project knows by name, declared once: the datasets, the partition schemes and
+their generators, and the report metrics. The schema (:mod:`fedrcl_flwr.config`), the
+loaders (:mod:`fedrcl_flwr.data`), the CLI and the report (:mod:`fedrcl_flwr.tables`) all
+import these tables; nothing else lists the names (standard library only, so every layer
+can import it).
+
+Adding a dataset: an entry in :data:`DATASETS` and its reader in
+``fedrcl_flwr/data/datasets.py``; a partition scheme: an entry in
+:data:`PARTITION_SCHEMES` and its function in ``fedrcl_flwr/data/partition.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+# ----------------------------------------------------------------------------- datasets
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What the configuration can tell about a dataset before it is loaded.
+
+    ``channels``: its images' channels (``None``: known only once loaded, or from the
+    config: ``dataset.synthetic.channels``); ``domains``: it can carry domains (``partition.
+    scheme: domain``); ``torchvision``: the ``torchvision.datasets`` class that reads it
+    (its file layout, checks and decoding), if any."""
+
+    channels: Optional[int] = 3
+    domains: bool = False
+    torchvision: Optional[str] = None
+
+
+# name -> what it is; the order is the order the error messages list them in
+DATASETS: dict[str, DatasetInfo] = {
+    "synthetic": DatasetInfo(channels=None, domains=True),
+    "cifar10": DatasetInfo(3, torchvision="CIFAR10"),
+    "cifar100": DatasetInfo(3, torchvision="CIFAR100"),
+    "mnist": DatasetInfo(1, torchvision="MNIST"),
+    "fmnist": DatasetInfo(1, torchvision="FashionMNIST"),
+    "svhn": DatasetInfo(3, torchvision="SVHN"),
+    "usps": DatasetInfo(1, torchvision="USPS"),
+    "stl10": DatasetInfo(3, torchvision="STL10"),
+    "tinyimagenet": DatasetInfo(3),
+    "imagefolder": DatasetInfo(3, domains=True),
+    "digit5": DatasetInfo(3, domains=True),
+    "npz": DatasetInfo(channels=None, domains=True),  # your arrays: d_train gives domains
+}
+DATASET_NAMES = tuple(DATASETS)
+TORCHVISION_CLASSES = {n: d.torchvision for n, d in DATASETS.items() if d.torchvision}
+DOMAIN_DATASETS = tuple(n for n, d in DATASETS.items() if d.domains)
+
+# ---------------------------------------------------------------------- partition schemes
+
+# scheme -> how a title names it (``partition`` heatmaps, ``report`` / ``plot`` titles)
+PARTITION_SCHEMES: dict[str, str] = {
+    "iid": "IID",
+    "dirichlet": "Dirichlet",
+    "shards": "shards",
+    "domain": "by domain",
+    "file": "split file",
+}
+SCHEME_NAMES = tuple(PARTITION_SCHEMES)
+# ``partition.generator``: whose random draws make a split (fedrcl_flwr/data/partition.py)
+GENERATORS = ("project", "fedrcl", "fedrcl_labels")
+
+# ----------------------------------------------------------------------------- metrics
+
+# the metrics a paper reports, each a key of summary.json (ema@ROUND: accuracy_at[ROUND])
+SUMMARY_METRICS = {"final": "final_accuracy", "best": "best_accuracy", "last5": "last5"}
+EMA_METRIC = "ema@ROUND"  # the EMA accuracy at a target round, e.g. ema@500 (FedRCL)
+# per-client evaluation (fedrcl_flwr/client_eval.py): ``client_<stat>`` is summary.json's
+# and the round records' ``client_acc_<stat>``
+CLIENT_STATS = ("mean", "std", "worst10", "best10")
+CLIENT_STAT_KEYS = tuple(f"client_acc_{s}" for s in CLIENT_STATS)
+CLIENT_METRICS = tuple(f"client_{s}" for s in CLIENT_STATS)
+# ``evaluation.per_client``: which clients are evaluated, on which local test data
+# every name ``report --metric`` takes, in the order the help lists them
+METRIC_NAMES = tuple(SUMMARY_METRICS) + (EMA_METRIC,) + CLIENT_METRICS
+PER_CLIENT_CLIENTS = ("sampled", "all")
+PER_CLIENT_LOCAL_TESTS = ("auto", "holdout", "domain")
+
+_EMA_RE = re.compile(r"ema@([1-9][0-9]*)")
+
+
+def in_words(names) -> str:
+    """``a, b or c``."""
+    names = list(names)
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+
+
+def metric_choices(per_client: bool = False) -> str:
+    """The metrics in words: ``final, best, last5 or ema@ROUND`` (``per_client``: and the
+    ``client_*`` metrics)."""
+    return in_words(METRIC_NAMES if per_client else METRIC_NAMES[:len(SUMMARY_METRICS) + 1])
+
+
+def is_report_metric(text: Any, per_client: bool = False) -> bool:
+    """``text`` is ``final | best | last5 | ema@ROUND`` (ROUND >= 1), or, with
+    ``per_client``, one of the ``client_*`` metrics."""
+    if not isinstance(text, str):
+        return False
+    if text in SUMMARY_METRICS or _EMA_RE.fullmatch(text):
+        return True
+    return per_client and text in CLIENT_METRICS
+
+
+def ema_round(metric: str) -> Optional[int]:
+    """ROUND of ``ema@ROUND`` (``None`` for any other metric)."""
+    m = _EMA_RE.fullmatch(str(metric))
+    return int(m.group(1)) if m else None
+
