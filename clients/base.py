@@ -30,10 +30,22 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from flwr.client import NumPyClient
+from flwr.client import Client, NumPyClient
+from flwr.common import (
+    Code,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetParametersIns,
+    GetParametersRes,
+    Parameters,
+    Status,
+)
 
-from fedrcl_flwr import client_eval, runtime
+from fedrcl_flwr import client_eval, runtime, timers
 from fedrcl_flwr.accel import use_channels_last
+from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.config import ExperimentConfig
 from fedrcl_flwr.run_files import CLIENT_STATE_DIR
@@ -71,6 +83,47 @@ class LocalData:
 
     def class_counts(self) -> np.ndarray:
         return np.bincount(self.labels[self.indices], minlength=self.num_classes)
+
+
+class WireClient(Client):
+    """A :class:`FederatedClient` as the Flower ``Client`` its :meth:`~FederatedClient.
+    to_client` returns: what Flower's ``NumPyClient`` wrapper does, with the weights in
+    and out through :mod:`fedrcl_flwr.codec` (the same ``.npy`` bytes, three copies of
+    the model fewer per message; the received weights are read-only views of the
+    message). Both runners hand every fit to it, the ClientApp and the in-process one."""
+
+    def __init__(self, numpy_client: "FederatedClient"):
+        self.numpy_client = numpy_client
+
+    @staticmethod
+    def _ok() -> Status:
+        return Status(code=Code.OK, message="Success")
+
+    def get_parameters(self, ins: GetParametersIns) -> GetParametersRes:
+        arrays = self.numpy_client.get_parameters(config=ins.config)
+        return GetParametersRes(status=self._ok(), parameters=Parameters(
+            tensors=encode_arrays(arrays), tensor_type=TENSOR_TYPE))
+
+    def fit(self, ins: FitIns) -> FitRes:
+        out = self.numpy_client.fit(decode_arrays(ins.parameters.tensors), ins.config)
+        if not (len(out) == 3 and isinstance(out[0], list) and isinstance(out[1], int)
+                and isinstance(out[2], dict)):
+            raise TypeError(f"{type(self.numpy_client).__name__}.fit must return "
+                            "(list of arrays, int, dict)")
+        weights, num_examples, metrics = out
+        return FitRes(status=self._ok(), parameters=Parameters(
+            tensors=encode_arrays(weights), tensor_type=TENSOR_TYPE),
+            num_examples=num_examples, metrics=metrics)
+
+    def evaluate(self, ins: EvaluateIns) -> EvaluateRes:
+        out = self.numpy_client.evaluate(decode_arrays(ins.parameters.tensors), ins.config)
+        if not (len(out) == 3 and isinstance(out[0], float) and isinstance(out[1], int)
+                and isinstance(out[2], dict)):
+            raise TypeError(f"{type(self.numpy_client).__name__}.evaluate must return "
+                            "(float, int, dict)")
+        loss, num_examples, metrics = out
+        return EvaluateRes(status=self._ok(), loss=loss, num_examples=num_examples,
+                           metrics=metrics)
 
 
 class FederatedClient(NumPyClient):
@@ -141,6 +194,10 @@ class FederatedClient(NumPyClient):
         """After training: add the method's metrics (``report.method_metrics``, ``bytes``
         values allowed) or uploads (:meth:`SignalClient.upload_signals`)."""
 
+    def to_client(self) -> WireClient:
+        """This client as a Flower ``Client`` (:class:`WireClient`)."""
+        return WireClient(self)
+
     # -------------------------------------------------------------- helpers
     @property
     def state_store(self):
@@ -160,7 +217,7 @@ class FederatedClient(NumPyClient):
         if self._received is None or self._received[0] != id(self.global_weights):
             keys = list(self.model.state_dict().keys())
             by_key = dict(zip(keys, self.global_weights))
-            tensors = [torch.as_tensor(by_key[n], device=self.device)
+            tensors = [runtime.constant_tensor(by_key[n], device=self.device)
                        for n, p in self.model.named_parameters() if p.requires_grad]
             self._received = (id(self.global_weights), tensors)
         return self._received[1]
@@ -223,6 +280,7 @@ class FederatedClient(NumPyClient):
         """One round of local training: read the :class:`FitInstructions`, train from the
         received weights with the method's loss terms (plus the server strategy's own,
         :meth:`strategy_terms`) and return the weights with a :class:`FitReport`."""
+        timers.mark("t_fit")
         t0 = time.time()
         ins = FitInstructions.from_config(config)
         seed = self._start_round(ins, parameters)
@@ -236,7 +294,10 @@ class FederatedClient(NumPyClient):
         self.on_round_end(report)
         weight = upload_weight(self.data.size, secagg=self.cfg.privacy.secagg,
                                weighting=self.cfg.server.weighting)
-        return runtime.get_weights(self.model), weight, report.to_metrics()
+        with timers.stage("encode"):
+            weights = runtime.get_weights(self.model)
+        timers.mark("t_fit_end")
+        return weights, weight, report.to_metrics()
 
     def _start_round(self, ins: FitInstructions, parameters: list) -> int:
         """The round's partition, data, RNG seeds and model (loaded with ``parameters``),
@@ -249,12 +310,15 @@ class FederatedClient(NumPyClient):
             pid = ins.partition_id if ins.partition_id is not None \
                 else self.default_partition_id
         self.partition_id = int(pid) if pid is not None else -1
-        self.data = self.local_data(self.partition_id)
+        timers.note(round=self.run_round, partition=self.partition_id)
+        with timers.stage("data"):
+            self.data = self.local_data(self.partition_id)
         seed = runtime.client_seed(self.cfg.seed, self.run_round, self.partition_id)
         torch.manual_seed(seed)
         np.random.seed(seed % (2**32))
-        self.model = self._model()
-        runtime.set_weights(self.model, parameters)
+        with timers.stage("load"):
+            self.model = self._model()
+            runtime.set_weights(self.model, parameters)
         self.global_weights = parameters
         self.on_round_start(ins)
         return seed
@@ -276,9 +340,10 @@ class FederatedClient(NumPyClient):
             epoch_lr_decay=c.epoch_lr_decay, amp=c.amp, channels_last=channels_last,
         )
         terms = self.loss_terms() + self.strategy_terms(ins)
-        return train_local(self.model, batches, terms, settings, self.device,
-                           transform=self.batch_transform(), forward=self.forward(),
-                           params=self.trainable_parameters())
+        with timers.stage("train"):
+            return train_local(self.model, batches, terms, settings, self.device,
+                               transform=self.batch_transform(), forward=self.forward(),
+                               params=self.trainable_parameters())
 
     def strategy_terms(self, ins: FitInstructions) -> list[LossTerm]:
         """Loss terms the configured server strategy adds to every method's objective,

@@ -468,8 +468,9 @@ class EvaluationConfig:
 class SimulationConfig:
     """Flower simulation resources: per-client CPUs/GPUs and Ray's init caps.
 
-    ``num_supernodes`` (default ``federation.num_clients``, at most 10000 and at most
-    ``federation.num_clients``) is the number of execution slots. ``startup_timeout_s``:
+    ``num_supernodes`` (default: the clients sampled per round; at most 10000 and at most
+    ``federation.num_clients``) is the number of execution slots
+    (:meth:`ExperimentConfig.supernodes`). ``startup_timeout_s``:
     the CLI gives up (exit 1, everything torn down) when the submitted run is still
     ``pending``/``starting`` after this many seconds without a round recorded (Flower
     issue #7953: runs that never leave ``pending``). ``ray_address``: join an existing Ray
@@ -483,7 +484,7 @@ class SimulationConfig:
     num_gpus: float = 0.0
     init_num_cpus: Optional[int] = None
     init_num_gpus: Optional[float] = None
-    num_supernodes: Optional[int] = None  # default: federation.num_clients
+    num_supernodes: Optional[int] = None  # default: the clients sampled per round
     startup_timeout_s: float = 300.0
     ray_address: Optional[str] = None
 
@@ -571,6 +572,14 @@ class ExperimentConfig:
     # the paper's numbers for this setting (see check_reference): {source, metric, values
     # {method label: percent}, when {dotted key: value}} or a list of such blocks
     reference: Optional[Union[dict, list]] = None
+
+    def supernodes(self) -> int:
+        """SuperNodes of a simulation: ``simulation.num_supernodes``, by default the
+        clients sampled per round. A SuperNode is an execution slot, not a client: the
+        server assigns each sampled partition to one node per round, so more nodes than
+        that would never train, and each extra node costs Flower's simulation engine a
+        look-up per message it dispatches."""
+        return self.simulation.num_supernodes or self.federation.sampled_per_round()
 
     def output_dir(self) -> Path:
         """``output.dir`` with ``{name}`` replaced by the experiment name (the only
@@ -927,12 +936,13 @@ def _check_names_and_paths(cfg: ExperimentConfig, source: str) -> None:
 
 def _check_supernodes(cfg: ExperimentConfig, source: str) -> None:
     fed = cfg.federation
-    nodes = cfg.simulation.num_supernodes or fed.num_clients
+    nodes = cfg.supernodes()
     if nodes > MAX_SUPERNODES:
         raise ConfigError(
-            f"{source}: {nodes} SuperNodes ('simulation.num_supernodes', default "
-            f"'federation.num_clients') is more than {MAX_SUPERNODES}; SuperNodes are execution "
-            "slots, not clients: set simulation.num_supernodes to a few hundred at most")
+            f"{source}: {nodes} SuperNodes ('simulation.num_supernodes', default the "
+            f"clients sampled per round) is more than {MAX_SUPERNODES}; SuperNodes are "
+            "execution slots, not clients: set simulation.num_supernodes to a few hundred "
+            "at most")
     if cfg.simulation.num_supernodes and cfg.simulation.num_supernodes > fed.num_clients:
         raise ConfigError(
             f"{source}: 'simulation.num_supernodes' ({cfg.simulation.num_supernodes}) exceeds "

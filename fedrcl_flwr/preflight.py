@@ -511,9 +511,7 @@ def check_pending_runs(runs: list[PlannedRun], finished: frozenset = frozenset()
 
 def _dataset_key(cfg: ExperimentConfig) -> Any:
     """What decides the dataset a run loads (runs with equal keys share it)."""
-    from fedrcl_flwr import runtime
-
-    return runtime._key(cfg.dataset)
+    return (cfg.dataset, cfg.seed)
 
 
 def _forget_datasets() -> None:
@@ -521,5 +519,4 @@ def _forget_datasets() -> None:
     by one; its runs load their own)."""
     from fedrcl_flwr import runtime
 
-    runtime._partition_cached.cache_clear()
-    runtime._bundle_cached.cache_clear()
+    runtime.WORKER.clear_datasets()

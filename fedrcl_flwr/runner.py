@@ -81,8 +81,7 @@ def _bin(name: str) -> str:
 
 def federation_config(cfg: ExperimentConfig) -> str:
     s = cfg.simulation
-    nodes = s.num_supernodes or cfg.federation.num_clients
-    items = [f"num-supernodes={nodes}", f"client-resources-num-cpus={int(s.num_cpus)}",
+    items = [f"num-supernodes={cfg.supernodes()}", f"client-resources-num-cpus={int(s.num_cpus)}",
              f"client-resources-num-gpus={float(s.num_gpus)}"]
     if s.ray_address:  # an existing cluster: its resources are what they are
         return " ".join(items)
@@ -462,7 +461,7 @@ def _submit(cfg: ExperimentConfig, link: LocalSuperLink, app: Path, out_dir: Pat
     sized from the experiment; returns the run id."""
     from fedrcl_flwr.app.control import submit
 
-    nodes = cfg.simulation.num_supernodes or cfg.federation.num_clients
+    nodes = cfg.supernodes()
     run_config = link.home / "run-config.toml"
     run_config.write_text(
         f"experiment = {toml_string(str(out_dir / CONFIG_FILE))}\n"

@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from functools import lru_cache
+import threading
+import warnings
+from collections import OrderedDict
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -27,8 +30,65 @@ def _key(obj) -> str:
                       sort_keys=True, default=str)
 
 
-# dataset key -> prepared cache entry (use_prepared_dataset): this process only opens it
-_PREPARED: dict = {}
+class WorkerCache:
+    """Everything a process keeps between the messages (and runs) it serves, in one
+    object: a Ray actor, a SuperNode's ClientApp process, the ServerApp, the CLI and a test
+    each hold :data:`WORKER`. Cleared with :meth:`clear` (or only the datasets with
+    :meth:`clear_datasets`); nothing else in the project holds process-wide state of its
+    own.
+
+    * ``prepared``: the dataset cache entry the CLI prepared, per (dataset, seed)
+      (:func:`use_prepared_dataset`: this process only opens it);
+    * ``datasets`` and ``partitions``: the opened datasets and their client index arrays
+      (the 4 latest of each, keyed by the dataset / partition sections as JSON);
+    * ``configs``: the experiments read from Flower run configs (``fedrcl_flwr.app``),
+      the 4 latest, keyed by the file's content;
+    * ``probes``: models built for checks before a run (:func:`probe_model`);
+    * ``node``: the name of this machine / Ray node in client records;
+    * ``models``: the model pool (:func:`worker_model`) of one model configuration;
+    * ``device_data``: a real device's own training data, per ``data-path``.
+    """
+
+    MAX_ENTRIES = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget everything (the next message rebuilds what it needs)."""
+        with self._lock:
+            self.prepared: dict = {}
+            self.configs: OrderedDict = OrderedDict()
+            self.probes: OrderedDict = OrderedDict()
+            self.node: Optional[str] = None
+            self.models: tuple = (None, {})  # (model key, {slot: model})
+            self.device_data: dict = {}
+            self.clear_datasets()
+
+    def clear_datasets(self) -> None:
+        """Forget the opened datasets and partitions (one dataset in memory at a time)."""
+        with self._lock:
+            self.datasets: OrderedDict = OrderedDict()
+            self.partitions: OrderedDict = OrderedDict()
+
+    def get(self, store: str, key, build):
+        """``store[key]``, built by ``build()`` on a miss; the stores of datasets,
+        partitions, probes and configs keep their :attr:`MAX_ENTRIES` latest entries."""
+        with self._lock:
+            table = getattr(self, store)
+            if key in table:
+                if isinstance(table, OrderedDict):
+                    table.move_to_end(key)
+                return table[key]
+            value = build()
+            table[key] = value
+            if isinstance(table, OrderedDict) and len(table) > self.MAX_ENTRIES:
+                table.popitem(last=False)
+            return value
+
+
+WORKER = WorkerCache()  # this process's
 
 
 def use_prepared_dataset(cfg: ExperimentConfig, entry: str) -> None:
@@ -37,7 +97,7 @@ def use_prepared_dataset(cfg: ExperimentConfig, entry: str) -> None:
     never builds the dataset; an absent or corrupt entry is one
     :class:`~fedrcl_flwr.data.datasets.DatasetError` naming the host. Called by the
     ServerApp and the ClientApp when the run config carries ``dataset-cache``."""
-    _PREPARED[(_key(cfg.dataset), cfg.seed)] = str(entry)
+    WORKER.prepared[(_key(cfg.dataset), cfg.seed)] = str(entry)
 
 
 def prepare_dataset(cfg: ExperimentConfig, note=None):
@@ -46,69 +106,84 @@ def prepare_dataset(cfg: ExperimentConfig, note=None):
     from fedrcl_flwr.data import cache
 
     bundle, entry = cache.load(cfg.dataset, cfg.seed, note=note)
-    _bundle_cached.cache_clear()
+    WORKER.clear_datasets()
     return entry
 
 
-@lru_cache(maxsize=4)
-def _bundle_cached(dataset_key: str, seed: int):
+def _open_dataset(dataset_key: str, seed: int):
+    """(bundle, cache entry) of a dataset section given as JSON."""
     from fedrcl_flwr.config import DatasetConfig, SyntheticConfig
     from fedrcl_flwr.data import cache
 
     fields = json.loads(dataset_key)  # the (already validated) dataset section
     d = DatasetConfig(**{**fields, "synthetic": SyntheticConfig(**fields["synthetic"])})
-    prepared = _PREPARED.get((dataset_key, seed))
+    prepared = WORKER.prepared.get((dataset_key, seed))
     if prepared is not None:
-        return cache.open_prepared(prepared, d)
-    return cache.load(d, seed)[0]
+        return cache.open_prepared(prepared, d), Path(prepared)
+    return cache.load(d, seed)
+
+
+def _dataset(cfg: ExperimentConfig):
+    key = _key(cfg.dataset)
+    return WORKER.get("datasets", (key, cfg.seed), lambda: _open_dataset(key, cfg.seed))
 
 
 def load_bundle(cfg: ExperimentConfig):
     """The experiment's dataset, from the dataset cache (``fedrcl_flwr.data.cache``:
     memory-mapped, built on first use unless :func:`use_prepared_dataset` said it was
     prepared), kept per process."""
-    return _bundle_cached(_key(cfg.dataset), cfg.seed)
-@lru_cache(maxsize=4)
-def _partition_cached(dataset_key: str, partition_key: str, num_clients: int, seed: int):
-    from fedrcl_flwr.data.partition import partition
-
-    bundle = _bundle_cached(dataset_key, seed)
-    p = json.loads(partition_key)
-    return partition(
-        bundle.train_labels, num_clients, p["scheme"], alpha=p["alpha"],
-        balanced=p["balanced"], shards_per_client=p["shards_per_client"],
-        min_size=p["min_size"], domains=bundle.train_domains,
-        domains_per_client=p["domains_per_client"],
-        samples_per_class=p.get("samples_per_class"),
-        seed=seed if p["seed"] is None else p["seed"], path=p["path"],
-        generator=p.get("generator"), num_classes=bundle.num_classes,
-    )
+    return _dataset(cfg)[0]
 
 
 def client_partitions(cfg: ExperimentConfig) -> list:
-    """Index arrays of every client (computed once per process)."""
-    return _partition_cached(_key(cfg.dataset), _key(cfg.partition),
-                             cfg.federation.num_clients, cfg.seed)
+    """Index arrays of every client: computed once and stored beside the dataset's cache
+    entry (:func:`fedrcl_flwr.data.cache.load_partition`), so that the CLI's check and
+    every process of the run after it only read them; kept per process."""
+    dataset_key, partition_key = _key(cfg.dataset), _key(cfg.partition)
+    key = (dataset_key, partition_key, cfg.federation.num_clients, cfg.seed)
+    return WORKER.get("partitions", key, lambda: _partition(cfg, *key))
 
 
-_NODE = {"name": None}
+def _partition(cfg: ExperimentConfig, dataset_key: str, partition_key: str,
+               num_clients: int, seed: int) -> list:
+    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.data.partition import partition
+
+    bundle, entry = _dataset(cfg)
+    p = json.loads(partition_key)
+
+    def compute():
+        return partition(
+            bundle.train_labels, num_clients, p["scheme"], alpha=p["alpha"],
+            balanced=p["balanced"], shards_per_client=p["shards_per_client"],
+            min_size=p["min_size"], domains=bundle.train_domains,
+            domains_per_client=p["domains_per_client"],
+            samples_per_class=p.get("samples_per_class"),
+            seed=seed if p["seed"] is None else p["seed"], path=p["path"],
+            generator=p.get("generator"), num_classes=bundle.num_classes,
+        )
+
+    if p["path"]:  # a split file: read, nothing drawn
+        return compute()
+    return cache.load_partition(entry, [dataset_key, partition_key, num_clients, seed],
+                                num_clients, compute)
 
 
 def set_node_name(name: str) -> None:
     """Name this process's machine / cluster node in client records (the ClientApp sets
     the Ray node when it runs on a multi-node Ray cluster)."""
-    _NODE["name"] = str(name)
+    WORKER.node = str(name)
 
 
 def node_name() -> str:
     """Where this process runs: the name :func:`set_node_name` gave, else the host name.
     Clients report it with every result; the server counts them per round
     (``client_nodes`` in ``metrics.jsonl``)."""
-    if _NODE["name"] is None:
+    if WORKER.node is None:
         import socket
 
-        _NODE["name"] = socket.gethostname()
-    return _NODE["name"]
+        WORKER.node = socket.gethostname()
+    return WORKER.node
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -166,11 +241,11 @@ def _probe(cfg: ExperimentConfig):
     channels = d.synthetic.channels if synth else 3
     size = d.image_size or (d.synthetic.image_size if synth else 32)
     classes = cfg.model.num_classes or (d.synthetic.num_classes if synth else 10)
-    return _probe_cached(cfg.model.name, _key(cfg.model.params), classes, channels, size)
+    key = (cfg.model.name, _key(cfg.model.params), classes, channels, size)
+    return WORKER.get("probes", key, lambda: _build_probe(*key))
 
 
-@lru_cache(maxsize=4)
-def _probe_cached(name: str, params_key: str, classes: int, channels: int, size: int):
+def _build_probe(name: str, params_key: str, classes: int, channels: int, size: int):
     """``(model, None)``, or ``(None, the exception that stopped it)``."""
     try:
         with torch.random.fork_rng(devices=[]):
@@ -189,10 +264,6 @@ def initial_model(cfg: ExperimentConfig, bundle) -> nn.Module:
         return new_model(cfg, bundle)
 
 
-# the process's model pool: (config key, {slot: model}); a new config empties it
-_MODEL_POOL: dict = {"key": None, "slots": {}}
-
-
 def worker_model(cfg: ExperimentConfig, bundle, device: torch.device,
                  slot: str = "local") -> nn.Module:
     """One model instance per ``slot`` and process, re-used by every virtual client it
@@ -204,18 +275,28 @@ def worker_model(cfg: ExperimentConfig, bundle, device: torch.device,
     key = (cfg.model.name, _key(cfg.model.params), cfg.model.num_classes, bundle.num_classes,
            bundle.in_channels,
            bundle.image_size, str(device))
-    if _MODEL_POOL["key"] != key:
-        _MODEL_POOL["key"], _MODEL_POOL["slots"] = key, {}
-    slots = _MODEL_POOL["slots"]
-    if slot not in slots:
-        with torch.random.fork_rng(devices=[]):
-            slots[slot] = new_model(cfg, bundle).to(device)
-    return slots[slot]
+    with WORKER._lock:
+        if WORKER.models[0] != key:  # a new configuration empties the pool
+            WORKER.models = (key, {})
+        slots = WORKER.models[1]
+        if slot not in slots:
+            with torch.random.fork_rng(devices=[]):
+                slots[slot] = new_model(cfg, bundle).to(device)
+        return slots[slot]
 
 
 def get_weights(model: nn.Module) -> list[np.ndarray]:
     """All state_dict entries (parameters and buffers) in a fixed order, as NumPy."""
     return [v.detach().cpu().numpy().copy() for v in model.state_dict().values()]
+
+
+def constant_tensor(array, **kwargs) -> torch.Tensor:
+    """``torch.as_tensor(array, **kwargs)`` of an array that may be a read-only view of a
+    received message (:mod:`fedrcl_flwr.codec`), which torch shares without copying and
+    warns about: the tensor is only read (a weight loaded, a received model compared)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.as_tensor(array, **kwargs)
 
 
 def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
@@ -227,7 +308,7 @@ def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
         if tuple(v.shape) != tuple(np.shape(w)):
             raise ValueError(f"shape mismatch for '{k}': model {tuple(v.shape)} vs "
                              f"received {tuple(np.shape(w))}")
-        new[k] = torch.as_tensor(np.asarray(w), dtype=v.dtype)
+        new[k] = constant_tensor(np.asarray(w), dtype=v.dtype)
     model.load_state_dict(new, strict=True)
 
 

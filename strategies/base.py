@@ -67,18 +67,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
-from flwr.common import (
-    EvaluateIns,
-    FitIns,
-    FitRes,
-    Parameters,
-    ndarrays_to_parameters,
-    parameters_to_ndarrays,
-)
+from flwr.common import EvaluateIns, FitIns, FitRes, Parameters
 from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
+from fedrcl_flwr import timers
 from fedrcl_flwr.app.flower_private import ClientProxy
+from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.protocol import (
     LOCAL_REPR_PREFIX,
@@ -131,6 +126,11 @@ def client_error_line(failure) -> str:
             text = text[:-2]
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return (lines[0] if lines else type(failure).__name__)[:500]
+
+
+def to_parameters(arrays) -> Parameters:
+    """Flower ``Parameters`` of ``arrays`` (``.npy`` bytes, :mod:`fedrcl_flwr.codec`)."""
+    return Parameters(tensors=encode_arrays(arrays), tensor_type=TENSOR_TYPE)
 
 
 def copy_arrays(arrays):
@@ -340,7 +340,7 @@ class FederatedStrategy(Strategy):
 
     # --------------------------------------------------------------- Strategy
     def initialize_parameters(self, client_manager: ClientManager) -> Optional[Parameters]:
-        return ndarrays_to_parameters(self.weights)
+        return to_parameters(self.weights)
 
     def run_round(self, server_round: int) -> int:
         """The run's round number of Flower's ``server_round`` (shifted on resume)."""
@@ -357,7 +357,8 @@ class FederatedStrategy(Strategy):
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         self._round_start = time.time()
-        send = ndarrays_to_parameters(self.weights_to_send(self.run_round(server_round)))
+        timers.server_event("configure", round=self.run_round(server_round))
+        send = to_parameters(self.weights_to_send(self.run_round(server_round)))
         if self.dp is not None:  # Flower's DP wrapper sees what the clients start from
             return self.dp.configure_fit(server_round, send, client_manager)
         return self.sample_clients(server_round, send, client_manager)
@@ -387,6 +388,7 @@ class FederatedStrategy(Strategy):
                    for slot, pid in zip(slots, pids)]
         self._sent = pids  # the clients whose data may enter this round's release
         self._sampled = pids if self.availability is None else sampled
+        timers.server_event("sent", round=rnd, clients=len(out))
         # the round's record when aggregate_fit is not called (Flower skips it when there
         # are no instructions; SecAgg+ halts below 2 reporting clients): nothing trained
         self._fit_info = {"num_clients": 0, "failures": 0,
@@ -411,6 +413,8 @@ class FederatedStrategy(Strategy):
         and the kept results to :meth:`server_update`, and record the round's client
         statistics (:func:`client_statistics`)."""
         rnd = self.run_round(server_round)
+        timers.server_event("results", round=rnd, results=len(results),
+                            failures=len(failures))
         reasons = [f"client error: {self._note_error(client_error_line(f))}"
                    for f in failures]
         kept = self._screen(results, reasons)
@@ -431,7 +435,7 @@ class FederatedStrategy(Strategy):
         info.update(client_statistics(kept))
         info.update(extra)
         self._fit_info = info
-        return ndarrays_to_parameters(self.weights), {}
+        return to_parameters(self.weights), {}
 
     def _note_error(self, line: str) -> str:
         """Keep the run's first client error (the message of an aborted run)."""
@@ -452,7 +456,7 @@ class FederatedStrategy(Strategy):
                 continue
             pid = report.partition_id
             try:
-                arrays = parameters_to_ndarrays(res.parameters)
+                arrays = decode_arrays(res.parameters.tensors)
             except Exception as exc:  # noqa: BLE001 - any undecodable upload is dropped
                 reasons.append(f"partition {pid}: undecodable parameters ({exc})")
                 continue
@@ -514,7 +518,7 @@ class FederatedStrategy(Strategy):
                 f"{self.max_failed}){first}")
         if never:
             raise AllClientsFailed(f"no client trained in any of the {rnd} rounds{first}")
-        return ndarrays_to_parameters(self.weights), {}
+        return to_parameters(self.weights), {}
 
     def _average(self, server_round: int, kept: list[ClientResult], info: dict) -> list:
         """The clients' average: through Flower's DP wrapper (clip, average, noise; the
@@ -550,7 +554,7 @@ class FederatedStrategy(Strategy):
         pids = list(range(self.num_clients)) if self.per_client[1] == "all" \
             else list(self._sampled)
         slots = self._slots(client_manager, len(pids))
-        send = ndarrays_to_parameters(self._deferred[2]["weights"])
+        send = to_parameters(self._deferred[2]["weights"])
         return [(slot, EvaluateIns(send, EvaluateInstructions(
                     run_round=rnd, partition_ids=tuple(group)).to_config()))
                 for slot, group in zip(slots, assign(pids, len(slots)))]
@@ -614,6 +618,7 @@ class FederatedStrategy(Strategy):
         """Evaluate the round's global model (``state["weights"]``), record it, then hand
         the round's state to ``on_checkpoint``."""
         record = None
+        timers.server_event("round_end_start", round=rnd)
         if due:
             loss, metrics = self.evaluate_fn(rnd, state["weights"])
             record = {"round": rnd, "test_loss": loss, **metrics, **fit_info,
@@ -622,6 +627,7 @@ class FederatedStrategy(Strategy):
                 self.on_record(record)
         if self.on_checkpoint is not None:
             self.on_checkpoint(rnd, state)
+        timers.server_event("round_end_end", round=rnd)
         return record
 
     def drain(self) -> None:

@@ -126,11 +126,11 @@ def test_prepared_entry_is_only_opened(cfg, tmp_path, monkeypatch):
 
     entry = runtime.prepare_dataset(cfg)
     _forbid_generator(monkeypatch)
-    runtime._bundle_cached.cache_clear()
+    runtime.WORKER.clear()
     runtime.use_prepared_dataset(cfg, str(entry))
     try:
         assert len(runtime.load_bundle(cfg).train) == 800
-        runtime._bundle_cached.cache_clear()
+        runtime.WORKER.clear()
         runtime.use_prepared_dataset(cfg, str(tmp_path / "elsewhere" / entry.name))
         with pytest.raises(DatasetError) as ei:
             runtime.load_bundle(cfg)
@@ -138,8 +138,7 @@ def test_prepared_entry_is_only_opened(cfg, tmp_path, monkeypatch):
         assert socket.gethostname() in msg and "elsewhere" in msg
         assert "shared filesystem" in msg
     finally:
-        runtime._PREPARED.clear()
-        runtime._bundle_cached.cache_clear()
+        runtime.WORKER.clear()
 
 
 RACE = """

@@ -15,7 +15,7 @@ from flwr.common import Context
 
 from clients import client_class
 from clients.base import LocalData
-from fedrcl_flwr import runtime
+from fedrcl_flwr import runtime, timers
 from fedrcl_flwr.app.common import (
     config_from_run_config,
     output_dir_from_run_config,
@@ -24,13 +24,12 @@ from fedrcl_flwr.app.common import (
 from fedrcl_flwr.run_files import CLIENT_STATE_DIR
 
 
-_DEVICE_DATA: dict = {}
-
-
 def _device_data(path: str, cfg) -> LocalData:
-    """The node's own training data, loaded once per process."""
-    if path in _DEVICE_DATA:
-        return _DEVICE_DATA[path]
+    """The node's own training data, loaded once per process (``runtime.WORKER``)."""
+    return runtime.WORKER.get("device_data", path, lambda: _load_device_data(path, cfg))
+
+
+def _load_device_data(path: str, cfg) -> LocalData:
     from fedrcl_flwr.data.datasets import load_dataset
 
     name = "npz" if path.endswith(".npz") else "imagefolder"
@@ -39,10 +38,8 @@ def _device_data(path: str, cfg) -> LocalData:
                           normalize=d.normalize, image_size=d.image_size, seed=cfg.seed,
                           rotation=d.rotation, crop_pad=d.crop_pad, flip=d.flip,
                           pad_fill=d.pad_fill)
-    data = LocalData(bundle.train, np.arange(len(bundle.train_labels)), bundle.train_labels,
+    return LocalData(bundle.train, np.arange(len(bundle.train_labels)), bundle.train_labels,
                      bundle.num_classes)
-    _DEVICE_DATA[path] = data
-    return data
 
 
 def _name_ray_node() -> None:
@@ -65,8 +62,13 @@ def _name_ray_node() -> None:
 
 
 def client_fn(context: Context):
+    with timers.stage("construct"):
+        return _build_client(context)
+
+
+def _build_client(context: Context):
     quiet()
-    if runtime._NODE["name"] is None:
+    if runtime.WORKER.node is None:
         _name_ray_node()
     cfg = config_from_run_config(context.run_config)
     torch.set_num_threads(max(1, int(cfg.simulation.num_cpus)))
@@ -82,6 +84,18 @@ def client_fn(context: Context):
     cls = client_class(cfg.client.method)
     return cls(cfg, local_data=local, partition_id=int(pid) if pid is not None else None,
                state_dir=state_dir).to_client()
+
+
+def timed(message, context, call_next):
+    """ClientApp mod (the outermost): the message's timer record when ``FEDRCL_TIMERS``
+    is set (:mod:`fedrcl_flwr.timers`); otherwise the message goes straight on."""
+    if not timers.enabled():
+        return call_next(message, context)
+    timers.begin(created_at=message.metadata.created_at, node=context.node_id)
+    try:
+        return call_next(message, context)
+    finally:
+        timers.end()
 
 
 def name_errors(message, context, call_next):
@@ -122,4 +136,4 @@ def _through(mod, call_next, message, context):
     return mod(message, context, call_next)
 
 
-app = ClientApp(client_fn=client_fn, mods=[name_errors, privacy_mods])
+app = ClientApp(client_fn=client_fn, mods=[timed, name_errors, privacy_mods])

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from functools import lru_cache
 from pathlib import Path
 
 from fedrcl_flwr.config import ExperimentConfig, load_config
@@ -31,10 +30,21 @@ def resolve_experiment_path(path: str) -> Path:
     return p
 
 
-@lru_cache(maxsize=8)
 def _load(path: str, overrides: str) -> ExperimentConfig:
+    """The experiment parsed once per process and file content (``runtime.WORKER``): a
+    file rewritten since (another run in the same directory) is parsed again."""
+    import hashlib
+
+    from fedrcl_flwr.runtime import WORKER
+
+    p = resolve_experiment_path(path)
+    try:
+        version = hashlib.sha256(p.read_bytes()).hexdigest()
+    except OSError:
+        version = None  # load_config reports it
     items = [s.strip() for s in overrides.split(";") if s.strip()]
-    return load_config(resolve_experiment_path(path), items)
+    return WORKER.get("configs", (str(p), overrides, version),
+                      lambda: load_config(p, items))
 
 
 def config_from_run_config(run_config: dict) -> ExperimentConfig:

@@ -10,14 +10,7 @@ import copy
 from pathlib import Path
 
 from flwr.app import Context
-from flwr.common import (
-    Code,
-    EvaluateRes,
-    FitRes,
-    Status,
-    ndarrays_to_parameters,
-    parameters_to_ndarrays,
-)
+from flwr.common import EvaluateIns, FitIns
 from flwr.server import Grid
 
 from clients import client_class
@@ -51,10 +44,9 @@ def evaluate_clients(strategy, server_round: int, manager, make) -> None:
         return
     results, failures = [], []
     for slot, eval_ins in ins:
-        try:
-            loss, n, metrics = make().evaluate(parameters_to_ndarrays(eval_ins.parameters),
-                                               dict(eval_ins.config))
-            results.append((slot, EvaluateRes(Status(Code.OK, ""), loss, n, metrics)))
+        try:  # the client's own Flower Client, as the ClientApp hands it the message
+            results.append((slot, make().to_client().evaluate(
+                EvaluateIns(eval_ins.parameters, dict(eval_ins.config)))))
         except Exception as exc:  # noqa: BLE001 - mirrors Flower: failure, not crash
             failures.append(exc)
     strategy.aggregate_evaluate(server_round, results, failures)
@@ -83,12 +75,9 @@ def run_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
         ins = strategy.configure_fit(server_round, None, manager)
         results, failures = [], []
         for slot, fit_ins in ins:
-            try:
-                client = make()
-                weights, n, metrics = client.fit(parameters_to_ndarrays(fit_ins.parameters),
-                                                 dict(fit_ins.config))
-                results.append((slot, FitRes(Status(Code.OK, ""),
-                                             ndarrays_to_parameters(weights), n, metrics)))
+            try:  # the client's own Flower Client, as the ClientApp hands it the message
+                res = make().to_client().fit(FitIns(fit_ins.parameters, dict(fit_ins.config)))
+                results.append((slot, res))
             except Exception as exc:  # noqa: BLE001 - mirrors Flower: failure, not crash
                 failures.append(exc)
         if ins:  # as Flower: no instructions (every client dropped out), no aggregate_fit
@@ -171,7 +160,6 @@ def run_workflow_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool
     from flwr.server import LegacyContext, ServerConfig
     from flwr.server.workflow import DefaultWorkflow
 
-    from fedrcl_flwr.app import common
     from fedrcl_flwr.app.flower_private import task_identity
     from fedrcl_flwr.app.server_app import EagerClientManager
     from fedrcl_flwr.app.validate import secagg_max_weight, secagg_workflow
@@ -179,7 +167,6 @@ def run_workflow_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool
 
     out_dir = Path(out_dir)
     strategy, rounds_left = build_server(cfg, out_dir, resume=resume)
-    common._load.cache_clear()  # the ClientApp reads the config.yaml just written
     run_config = {"experiment": str(out_dir / CONFIG_FILE), "output-dir": str(out_dir),
                   "resume": "true" if resume else "false"}
     rounds = rounds_left if stop_after is None else min(stop_after, rounds_left)

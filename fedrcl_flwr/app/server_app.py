@@ -4,12 +4,19 @@ run's recorder (metrics.jsonl, summary.json, model, plot, checkpoints)."""
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.common import Context
-from flwr.server import ServerApp, ServerAppComponents, ServerConfig, SimpleClientManager
+from flwr.server import (
+    Server,
+    ServerApp,
+    ServerAppComponents,
+    ServerConfig,
+    SimpleClientManager,
+)
 
 from fedrcl_flwr import runtime
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
@@ -260,18 +267,37 @@ def server_components(context: Context):
 
 
 def server_fn(context: Context):
-    _, strategy, config = server_components(context)
-    return ServerAppComponents(strategy=strategy, config=config)
+    """Flower's legacy server loop around the strategy, with every client of a round in
+    flight at once: Flower's ``Server`` sends each client's instructions from a thread
+    pool of ``min(32, cores + 4)`` threads by default, so with more clients per round than
+    that the actors idled while replies travelled back and the next instructions out."""
+    cfg, strategy, config = server_components(context)
+    server = Server(client_manager=EagerClientManager(), strategy=strategy)
+    server.set_max_workers(max(1, cfg.federation.sampled_per_round()))
+    return ServerAppComponents(server=server, config=config)
 
 
 class EagerClientManager(SimpleClientManager):
-    """Flower's client manager for the workflow API: its node list is refreshed by a
-    thread every 5 s or on ``all()`` / ``num_available()`` / ``sample()``; ``wait_for``
-    asks first, instead of waiting for the thread."""
+    """Flower's client manager for the legacy loop and the workflow API: its node list is
+    refreshed by a thread every 5 s or on ``all()`` / ``num_available()`` / ``sample()``;
+    ``wait_for`` asks every 50 ms instead of waiting for the thread."""
 
     def wait_for(self, num_clients: int, timeout: int = 86400) -> bool:
-        self.num_available()
-        return super().wait_for(num_clients, timeout)
+        deadline = time.monotonic() + timeout
+        while self.num_available() < num_clients:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+
+def reply_poll_interval(clients_per_round: int) -> float:
+    """Seconds between the ServerApp's looks for a client's reply in the simulation
+    (Flower's ``InMemoryGrid.pull_interval``, 0.1 s by default): every client of a round
+    waits in its own thread, so ``clients / interval`` look-ups per second cost the
+    simulation process CPU; at most 500 per second, at most 0.1 s and at least 10 ms
+    apart. A round's last reply waits half an interval on average."""
+    return min(0.1, max(0.01, clients_per_round / 500.0))
 
 
 def run_secagg(grid, context: Context) -> None:
@@ -303,7 +329,10 @@ app = ServerApp()
 def main(grid, context: Context) -> None:
     """The ServerApp: Flower's legacy server loop on the strategy (``server_fn``), or with
     ``privacy.secagg`` the SecAgg+ workflow (:func:`run_secagg`)."""
-    if config_from_run_config(context.run_config).privacy.secagg:
+    cfg = config_from_run_config(context.run_config)
+    if hasattr(grid, "pull_interval"):  # the simulation's in-memory grid
+        grid.pull_interval = reply_poll_interval(cfg.federation.sampled_per_round())
+    if cfg.privacy.secagg:
         run_secagg(grid, context)
     else:
         _components_app(grid, context)

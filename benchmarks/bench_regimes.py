@@ -1,0 +1,654 @@
+"""Cost of a run against the cost of its training, in three regimes (issues #16, #24).
+
+For each regime, the same experiment runs twice, each as a whole fresh process with the
+dataset cache warm: ``fedrcl-flwr run`` (Flower's runtime: SuperLink, Ray, one one-thread
+actor per core) and the project's sequential in-process runner
+(:func:`fedrcl_flwr.app.inprocess.run_inprocess`: the same strategy and clients, no
+Flower runtime, torch's default threads: the "bare loop" a user would write).
+
+* ``quickstart``: ``experiments/quickstart.yaml`` (5 of 100 clients per round, cnn5);
+* ``big``: ResNet-18-GN (11.2 M parameters), 5 clients per round x 1 local step, 8x8
+  images: what remains is moving a real backbone's weights;
+* ``xdev``: cross-device, 1,000 clients, 50 per round, 50 samples each, one epoch of
+  batch 10 (5 steps): what remains is the per-client cost of a message.
+
+A run's *steady* round is the mean interval between the ``wall_time_s`` of its records
+from round 3 on (round 2 on for runs of 3-4 rounds): round 1 pays Ray's actor start.
+Its *start-up* is process start to round 1's start. One line per (regime, rounds) ends in
+``steady sim/bare = X.XX``; the quickstart's lines also give the whole-run ratio.
+
+The Flower run is timed in its real path (``FEDRCL_TIMERS``, :mod:`fedrcl_flwr.timers`):
+the table below each regime splits an actor's time per client message into Ray
+dispatch, message decode, client construction, model load, training and encode, plus
+the per-round SuperLink round trip and the server's time between rounds, amortised over
+the round's clients. ``--floor`` measures Flower's own minimal simulation (a no-op
+ServerApp + ClientApp, the same number of SuperNodes and messages per round, Flower's own
+``flwr run``) and reports the run's start-up as "Flower's floor + X s".
+
+Every figure is printed with the machine's load: the 1-minute load average before the
+run and the CPU that processes other than the benchmark's used during it. A goal is
+called met only when that CPU stayed under ``--quiet-cores`` (0.10 cores); otherwise the
+verdict is "not judged (busy machine)".
+
+    python benchmarks/bench_regimes.py --regime all --rounds 10 --floor
+    python benchmarks/bench_regimes.py --regime quickstart --rounds 20 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import mean, median
+
+from _common import ROOT
+
+from fedrcl_flwr import timers
+from fedrcl_flwr.results import read_metrics
+
+
+@dataclass
+class Regime:
+    name: str
+    sets: list[str]
+    rounds: list[int]  # default --rounds
+    steady_goal: float | None = None
+    whole_goals: dict = field(default_factory=dict)  # rounds -> whole-run ratio goal
+    overhead_goal_ms: float | None = None  # per-client overhead (all but training)
+
+
+REGIMES = {
+    "quickstart": Regime("quickstart", [], [20, 5], whole_goals={20: 1.10, 5: 1.5}),
+    "big": Regime("big", [
+        "model.name=resnet18_gn", "dataset.synthetic.image_size=8",
+        "dataset.synthetic.num_test=200", "client.local_epochs=1",
+        "client.iterations_per_epoch=1"], [10], steady_goal=1.10),
+    "xdev": Regime("xdev", [
+        "federation.num_clients=1000", "federation.participation=0.05",
+        "dataset.synthetic.num_train=50000", "client.batch_size=10",
+        "client.local_epochs=1"], [10], steady_goal=0.60, overhead_goal_ms=25.0),
+}
+
+INPROCESS = """
+import sys
+from pathlib import Path
+from fedrcl_flwr.cli import _load
+from fedrcl_flwr.app.inprocess import run_inprocess
+cfg = _load(sys.argv[1], sys.argv[3:], sys.argv[2])
+run_inprocess(cfg, Path(cfg.output_dir()))
+"""
+
+
+# ------------------------------------------------------------------ the machine's load
+
+def _busy_ticks() -> int:
+    with open("/proc/stat") as fh:
+        f = [int(x) for x in fh.readline().split()[1:]]
+    return f[0] + f[1] + f[2] + f[5] + f[6] + (f[7] if len(f) > 7 else 0)
+
+
+def _proc_ticks(pid: str) -> tuple[int, int]:
+    """(utime + stime, start time) of a process, in clock ticks."""
+    with open(f"/proc/{pid}/stat") as fh:
+        rest = fh.read().rsplit(")", 1)[1].split()
+    return int(rest[11]) + int(rest[12]), int(rest[19])
+
+
+class LoadWatch:
+    """CPU used by processes other than the benchmark's while a measurement runs:
+    total busy CPU (``/proc/stat``) less the CPU of the benchmark's processes (itself and
+    every process whose environment, command line or working directory names its private
+    ``TMPDIR``: the run's SuperLink, simulation process, Ray), sampled every 0.5 s."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+        self.ours: dict[tuple[str, int], bool] = {}  # (pid, start time) -> ours?
+        self.last: dict[tuple[str, int], int] = {}  # ... -> CPU ticks at the last sample
+        self.ours_ticks = 0
+        self._started = False
+
+    def _is_ours(self, pid: str) -> bool:
+        if pid == str(os.getpid()):
+            return True
+        needle = self.marker.encode()
+        try:
+            return (needle in Path(f"/proc/{pid}/environ").read_bytes()
+                    or needle in Path(f"/proc/{pid}/cmdline").read_bytes()
+                    or self.marker in os.readlink(f"/proc/{pid}/cwd"))
+        except OSError:
+            return False
+
+    def _sample(self) -> None:
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                ticks, start = _proc_ticks(entry.name)
+            except (OSError, IndexError, ValueError):
+                continue
+            key = (entry.name, start)
+            if key not in self.ours:
+                self.ours[key] = self._is_ours(entry.name)
+                # a process of ours born during the watch counts with all of its CPU
+                self.last[key] = 0 if self._started else ticks
+            if self.ours[key]:
+                self.ours_ticks += ticks - self.last[key]
+                self.last[key] = ticks
+
+    def __enter__(self):
+        self.load_before = os.getloadavg()[0]
+        self._sample()
+        self._started = True
+        self.ours_ticks = 0
+        self.t0, self.busy0 = time.time(), _busy_ticks()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            self._sample()
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        wall = max(time.time() - self.t0, 1e-9)
+        hz = os.sysconf("SC_CLK_TCK")
+        others = (_busy_ticks() - self.busy0 - self.ours_ticks) / hz
+        self.others_cores = max(others, 0.0) / wall
+        return False
+
+    def describe(self) -> str:
+        return f"load {self.load_before:.2f} before, others {self.others_cores:.2f} cores"
+
+
+# ---------------------------------------------------------------------- measurements
+
+CODE = ROOT  # the checkout whose runners are measured (--code)
+
+
+def timed_process(cmd: list[str], env: dict, watch: LoadWatch) -> dict:
+    """Run ``cmd`` to its end; wall seconds, the arrival time (seconds after start) of
+    each printed round line with the round's own ``round_time_s``, the exit code."""
+    with watch:
+        t_launch = time.time()
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=CODE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env)
+        rounds, tail = [], []
+        for line in proc.stdout:
+            now = time.perf_counter() - t0
+            tail = (tail + [line])[-40:]
+            text = line.strip()
+            if text.startswith("round ") and text.endswith("s") and "|" in text:
+                rounds.append((now, float(text.rsplit("|", 1)[1].strip().rstrip("s"))))
+        proc.wait()
+        wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        print("".join(tail), file=sys.stderr)
+    out = {"rc": proc.returncode, "wall": wall, "rounds": rounds, "t_launch": t_launch,
+           "load": watch.describe(), "others": watch.others_cores}
+    if rounds:
+        out["startup"] = rounds[0][0] - rounds[0][1]
+    return out
+
+
+def steady_round(out_dir: Path) -> float:
+    """Mean interval between the records' ``wall_time_s`` from round 3 (round 2 for runs
+    of 3-4 rounds; the one round's time for shorter runs)."""
+    recs = [r for r in read_metrics(out_dir) if "wall_time_s" in r]
+    if len(recs) < 2:
+        return float(recs[0]["round_time_s"]) if recs else float("nan")
+    first = 2 if len(recs) >= 5 else 1
+    a, b = recs[first - 1], recs[-1]
+    return (float(b["wall_time_s"]) - float(a["wall_time_s"])) / (b["round"] - a["round"])
+
+
+def measure(regime: Regime, rounds: int, exp: Path, env: dict, work: Path,
+            marker: str, extra: list[str]) -> tuple[dict, dict, Path]:
+    sets = [f"federation.rounds={rounds}", "output.checkpoint_every=0", *regime.sets, *extra]
+    out_a, out_b = work / f"{regime.name}-{rounds}-bare", work / f"{regime.name}-{rounds}-sim"
+    timer_dir = work / f"{regime.name}-{rounds}-timers"
+    for d in (out_a, out_b, timer_dir):
+        shutil.rmtree(d, ignore_errors=True)
+    timer_dir.mkdir(parents=True)
+    bare = timed_process([sys.executable, "-c", INPROCESS, str(exp), str(out_a), *sets],
+                         env, LoadWatch(marker))
+    bare["steady"] = steady_round(out_a)
+    cli = [sys.executable, "-m", "fedrcl_flwr.cli", "run", str(exp), "--out", str(out_b)]
+    for s in sets:
+        cli += ["--set", s]
+    sim = timed_process(cli, {**env, timers.ENV_VAR: str(timer_dir)}, LoadWatch(marker))
+    sim["steady"] = steady_round(out_b)
+    _, server = timers.read_records(timer_dir)
+    starts = [e["t"] for e in server if e["event"] == "configure" and e["round"] == 1]
+    if starts:  # precise: the ServerApp's own clock at round 1's start
+        sim["startup"] = starts[0] - sim["t_launch"]
+    return bare, sim, timer_dir
+
+
+# ------------------------------------------------------------------------ breakdown
+
+STAGES = [
+    ("Ray dispatch (gap between an actor's messages)", "dispatch"),
+    ("message decode (Flower, + mods)", "decode"),
+    ("client construction (client_fn)", "construct"),
+    ("data lookup (partition indices)", "data"),
+    ("model load (pooled model + global weights)", "load"),
+    ("training (train_local)", "train"),
+    ("rest of fit (seeding, batches, metrics)", "fit_rest"),
+    ("encode (weights out, Flower's encoding)", "encode"),
+]
+
+
+def breakdown(timer_dir: Path, first_round: int) -> dict | None:
+    """Per-client means (seconds) of every stage over rounds >= ``first_round``, and
+    the per-round SuperLink round trip and server time between rounds."""
+    clients, server = timers.read_records(timer_dir)
+    clients = [c for c in clients if "round" in c and "t_fit_end" in c]
+    if not clients:
+        return None
+    by_actor: dict[int, list[dict]] = {}
+    for c in sorted(clients, key=lambda c: c["t_enter"]):
+        by_actor.setdefault(c["pid"], []).append(c)
+    for recs in by_actor.values():
+        for prev, cur in zip(recs, recs[1:]):
+            if prev["round"] == cur["round"]:
+                cur["dispatch"] = cur["t_enter"] - prev["t_exit"]
+    steady = [c for c in clients if c["round"] >= first_round]
+    rows = {}
+    for c in steady:
+        st = c["stages"]
+        construct = st.get("construct", 0.0)
+        fit = c["t_fit_end"] - c["t_fit"]
+        vals = {
+            "decode": c["t_fit"] - c["t_enter"] - construct,
+            "construct": construct,
+            "data": st.get("data", 0.0),
+            "load": st.get("load", 0.0),
+            "train": st.get("train", 0.0),
+            "encode": st.get("encode", 0.0) + c["t_exit"] - c["t_fit_end"],
+        }
+        vals["fit_rest"] = fit - sum(st.get(k, 0.0) for k in ("data", "load", "train",
+                                                                 "encode"))
+        for k, v in vals.items():
+            rows.setdefault(k, []).append(v)
+    gaps = [c["dispatch"] for c in steady if "dispatch" in c]
+    out = {k: mean(v) for k, v in rows.items()}
+    out["dispatch"] = mean(gaps) if gaps else float("nan")
+    events: dict[tuple[str, int], float] = {}
+    for e in server:
+        events.setdefault((e["event"], e["round"]), e["t"])
+    rounds = sorted({c["round"] for c in steady})
+    link_in, link_out, between = [], [], []
+    for r in rounds:
+        mine = [c for c in steady if c["round"] == r]
+        if ("sent", r) in events:
+            link_in.append(min(c["t_enter"] for c in mine) - events[("sent", r)])
+        if ("results", r) in events:
+            link_out.append(events[("results", r)] - max(c["t_exit"] for c in mine))
+            if ("sent", r + 1) in events:
+                between.append(events[("sent", r + 1)] - events[("results", r)])
+    out["link_in"] = mean(link_in) if link_in else float("nan")
+    out["link_out"] = mean(link_out) if link_out else float("nan")
+    out["between"] = mean(between) if between else float("nan")
+    out["actors"] = len(by_actor)
+    out["per_round"] = len(steady) / max(len(rounds), 1)
+    out["rounds"] = len(rounds)
+    return out
+
+
+def print_breakdown(b: dict, steady_s: float) -> float:
+    """Print the table; return the per-client overhead (everything but training, ms)."""
+    actors, k = b["actors"], b["per_round"]
+    share = actors / k  # a per-round latency idles every actor: its actor-time per client
+    print(f"  per client message ({b['rounds']} steady rounds, {k:.0f} clients per round, "
+          f"{actors} actors), ms of actor time:")
+    total = 0.0
+    for label, key in STAGES:
+        v = b.get(key, float("nan")) * 1000
+        print(f"    {label:<52} {v:8.2f}")
+        if key != "train" and v == v:
+            total += v
+    per_round = [("SuperLink round trip in (sent -> first ClientApp)", "link_in"),
+                 ("SuperLink round trip out (last reply -> results)", "link_out"),
+                 ("server between rounds (aggregate, round end, configure)", "between")]
+    for label, key in per_round:
+        v = b[key] * 1000
+        amort = v * share
+        print(f"    {label:<52} {amort:8.2f}  ({v:.0f} ms per round x {actors}/{k:.0f})")
+        if amort == amort:
+            total += amort
+    train = b["train"] * 1000
+    busy = (total + train) * k / actors / 1000
+    print(f"    {'per-client overhead (everything but training)':<52} {total:8.2f}")
+    print(f"    accounted: {busy:.2f} s of actor time per actor and round vs steady round "
+          f"{steady_s:.2f} s")
+    return total
+
+
+# ----------------------------------------------------------------------------- floor
+
+FLOOR_APP = '''
+import json
+import time
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+client = ClientApp()
+
+
+@client.train()
+def train(msg: Message, context: Context) -> Message:
+    """No work: the reply carries back what the message carried (a model's bytes)."""
+    content = RecordDict({"res": ConfigRecord({"ok": 1})})
+    for name, record in msg.content.array_records.items():
+        content[name] = record
+    return Message(content, reply_to=msg)
+
+
+server = ServerApp()
+
+
+@server.main()
+def main(grid: Grid, context: Context) -> None:
+    out, k = str(context.run_config["out"]), int(context.run_config["per-round"])
+    payload = int(context.run_config["payload-bytes"])
+
+    def note(**rec):
+        with open(out, "a") as fh:
+            fh.write(json.dumps(rec) + "\\n")
+
+    for r in range(1, int(context.run_config["rounds"]) + 1):
+        t = time.time()
+        nodes = sorted(grid.get_node_ids())
+        while len(nodes) < k:
+            time.sleep(0.05)
+            nodes = sorted(grid.get_node_ids())
+        content = {"ins": ConfigRecord({"round": r})}
+        if payload:
+            content["weights"] = ArrayRecord([np.zeros(payload // 4, np.float32)])
+        msgs = [Message(RecordDict(content), dst_node_id=n, message_type="train")
+                for n in nodes[:k]]
+        replies = list(grid.send_and_receive(msgs))
+        note(round=r, start=t, end=time.time(), replies=len(replies),
+             errors=sum(m.has_error() for m in replies))
+'''
+
+FLOOR_TOML = '''
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "flowerfloor"
+version = "1.0.0"
+dependencies = ["flwr"]
+
+[tool.flwr.app]
+publisher = "bench"
+
+[tool.flwr.app.components]
+serverapp = "floor_app:server"
+clientapp = "floor_app:client"
+
+[tool.flwr.app.config]
+out = ""
+per-round = 1
+rounds = 3
+payload-bytes = 0
+'''
+
+
+def measure_floor(nodes: int, per_round: int, rounds: int, payload: int, env: dict,
+                  work: Path, marker: str) -> dict:
+    """Flower's minimal simulation as a Flower user runs it: ``flower-superlink
+    --simulation`` (the runner's flags and environment) and ``flwr run`` of a no-op app
+    with ``nodes`` SuperNodes (one CPU per client) whose messages carry ``payload`` bytes
+    there and back (the model's size: Flower's own cost of moving it); times from the
+    SuperLink's launch."""
+    from fedrcl_flwr.runner import free_port, teardown
+
+    app = work / "floor-app"
+    app.mkdir(parents=True, exist_ok=True)
+    (app / "floor_app.py").write_text(FLOOR_APP)
+    (app / "pyproject.toml").write_text(FLOOR_TOML)
+    home = Path(tempfile.mkdtemp(prefix="fedrcl-flwr-home-"))
+    port = free_port()
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "local"\n\n'
+        f'[superlink.local]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+    out = work / "floor.jsonl"
+    out.unlink(missing_ok=True)
+    fenv = {**env, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2", "RAY_prestart_worker_first_driver": "0",
+            "RAY_USAGE_STATS_ENABLED": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+            "PYTHONWARNINGS": "ignore"}
+    fenv.pop("RAY_ADDRESS", None)
+    bindir = Path(sys.executable).parent
+    exe = lambda name: str(bindir / name) if (bindir / name).exists() else shutil.which(name)  # noqa: E731
+    watch = LoadWatch(marker)
+    link = None
+    recs: list[dict] = []
+    with watch:
+        t_launch = time.time()
+        try:
+            link = subprocess.Popen(
+                [exe("flower-superlink"), "--simulation", "--insecure", "--host", "127.0.0.1",
+                 "--port", str(port), "--disable-runtime-dependency-installation"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=fenv,
+                start_new_session=True, cwd=str(home))
+            fed = f"num-supernodes={nodes} client-resources-num-cpus=1 " \
+                  "client-resources-num-gpus=0.0"
+            cfg = f'out="{out}" per-round={per_round} rounds={rounds} payload-bytes={payload}'
+            deadline = time.time() + 300
+            while True:  # flwr run fails until the SuperLink answers
+                sub = subprocess.run([exe("flwr"), "run", str(app), "local",
+                                      "--federation-config", fed, "--run-config", cfg],
+                                     env=fenv, capture_output=True, text=True)
+                if sub.returncode == 0 and "Successfully started run" in sub.stdout:
+                    break
+                if time.time() > deadline:
+                    raise RuntimeError(f"flwr run failed: {sub.stdout[-500:]} "
+                                       f"{sub.stderr[-500:]}")
+                time.sleep(0.1)
+            while time.time() < deadline:
+                if out.exists():
+                    recs = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+                    if len(recs) >= rounds:
+                        break
+                time.sleep(0.05)
+        finally:
+            teardown(home, [link.pid] if link is not None else [])
+    if len(recs) < rounds:
+        return {"ok": False, "load": watch.describe(), "others": watch.others_cores}
+    steady = [r["end"] - r["start"] for r in recs[2:]]
+    return {"ok": True, "startup": recs[0]["start"] - t_launch,
+            "round1": recs[0]["end"] - recs[0]["start"],
+            "noop_round": median(steady) if steady else float("nan"),
+            "errors": sum(r["errors"] for r in recs), "load": watch.describe(),
+            "others": watch.others_cores}
+
+
+# ------------------------------------------------------------------------------ main
+
+def verdict(value: float, goal: float | None, quiet: bool) -> str:
+    if goal is None or value != value:
+        return ""
+    if not quiet:
+        return f" (goal <= {goal:.2f}: not judged, busy machine)"
+    return f" (goal <= {goal:.2f}: {'met' if value <= goal else 'missed'})"
+
+
+def describe(name: str, r: dict) -> str:
+    if r["rc"] != 0 or not r["rounds"]:
+        return f"  {name:<17} FAILED (exit {r['rc']})"
+    return (f"  {name:<17} whole {r['wall']:6.1f} s = start-up {r['startup']:5.1f} s + "
+            f"rounds and end {r['wall'] - r['startup']:5.1f} s; round 1 "
+            f"{r['rounds'][0][1]:.2f} s; steady {r['steady']:.3f} s/round  [{r['load']}]")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--regime", action="append", default=[],
+                    help="quickstart, big, xdev or all (repeatable; default all)")
+    ap.add_argument("--rounds", type=int, nargs="+", default=None,
+                    help="rounds per run (several: one measurement each); default: "
+                         "quickstart 20 and 5, big 10, xdev 10")
+    ap.add_argument("--floor", action="store_true",
+                    help="also measure Flower's minimal simulation for each regime")
+    ap.add_argument("--experiment", default=str(ROOT / "experiments" / "quickstart.yaml"))
+    ap.add_argument("--quiet-cores", type=float, default=0.10,
+                    help="others' CPU (cores, mean over a run) above which the machine "
+                         "counts as busy and no goal is judged")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override added to every regime's experiment")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="measure each setting this many times; the run pair with the "
+                         "median steady ratio is reported")
+    ap.add_argument("--code", metavar="DIR",
+                    help="measure the runners of another checkout (e.g. a `git worktree` "
+                         "of an earlier commit): its fedrcl_flwr goes first on the path of "
+                         "every process; figures only (its runs have no stage timers)")
+    ap.add_argument("--keep", metavar="DIR", help="keep the runs' directories here")
+    args = ap.parse_args()
+    global CODE
+    if args.code:
+        CODE = Path(args.code).resolve()
+        if not (CODE / "fedrcl_flwr").is_dir():
+            ap.error(f"--code {CODE}: no fedrcl_flwr package there")
+        if args.floor:
+            ap.error("--floor measures Flower's floor for this checkout's runs: leave it "
+                     "out with --code")
+    names = args.regime or ["all"]
+    if "all" in names:
+        names = list(REGIMES)
+    bad = [n for n in names if n not in REGIMES]
+    if bad:
+        ap.error(f"unknown regime {bad[0]!r}: choose from {', '.join(REGIMES)} or all")
+    exp = Path(args.experiment).resolve()
+    work = Path(args.keep).resolve() if args.keep else Path(
+        tempfile.mkdtemp(prefix="bench-regimes-"))
+    work.mkdir(parents=True, exist_ok=True)
+    private_tmp = Path(tempfile.mkdtemp(prefix="bench-regimes-tmp-"))
+    marker = str(private_tmp)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
+    env.pop(timers.ENV_VAR, None)
+    env["PYTHONPATH"] = str(CODE) + os.pathsep + env.get("PYTHONPATH", "")
+    env["TMPDIR"] = str(private_tmp)  # every process of ours names it (LoadWatch)
+    os.environ["TMPDIR"] = str(private_tmp)
+    tempfile.tempdir = None
+    print(f"machine: {os.cpu_count()} cores, 1-min load {os.getloadavg()[0]:.2f}; "
+          f"in-process runner with torch's default threads; Flower: one actor per core; "
+          f"code: {CODE}")
+    failed = False
+    try:
+        for name in names:
+            regime = REGIMES[name]
+            failed |= not run_regime(regime, args.rounds or regime.rounds, exp, env, work,
+                                     marker, args)
+    except KeyboardInterrupt:
+        failed = True
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(private_tmp, ignore_errors=True)
+    return 1 if failed else 0
+
+
+def run_regime(regime: Regime, rounds_list: list[int], exp: Path, env: dict, work: Path,
+               marker: str, args) -> bool:
+    base = ["output.checkpoint_every=0", *regime.sets, *args.set]
+    t0 = time.perf_counter()
+    warm = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "partition", str(exp),
+                           "--max-rows", "0", *sum((["--set", s] for s in base), [])],
+                          cwd=CODE, env=env, capture_output=True, text=True)
+    if warm.returncode != 0:
+        print(warm.stdout[-2000:], warm.stderr[-2000:], file=sys.stderr)
+        return False
+    print(f"{regime.name}: dataset cache warm ({time.perf_counter() - t0:.1f} s, CLI "
+          f"process incl. imports); --set {' '.join(regime.sets) or '(none)'}")
+    ok = True
+    for rounds in rounds_list:
+        trials = []
+        for i in range(max(1, args.repeat)):
+            bare, sim, timer_dir = measure(regime, rounds, exp, env, work, marker, args.set)
+            kept = timer_dir.with_name(f"{timer_dir.name}-{i}")
+            shutil.rmtree(kept, ignore_errors=True)
+            timer_dir.rename(kept)  # the next trial writes its own
+            ratio = sim["steady"] / bare["steady"] if bare.get("steady") else float("nan")
+            trials.append((ratio, bare, sim, kept))
+        trials.sort(key=lambda t: (t[0] != t[0], t[0]))
+        _, bare, sim, timer_dir = trials[(len(trials) - 1) // 2]
+        if len(trials) > 1:
+            print(f"  {len(trials)} trials, steady sim/bare: "
+                  + ", ".join(f"{t[0]:.2f}" for t in trials) + " (median reported)")
+        print(describe("in-process", bare))
+        print(describe("fedrcl-flwr run", sim))
+        if bare["rc"] or sim["rc"] or not bare["rounds"] or not sim["rounds"]:
+            ok = False
+            continue
+        quiet = max(bare["others"], sim["others"]) < args.quiet_cores
+        b = breakdown(timer_dir, first_round=3 if rounds >= 5 else 2)
+        if b is not None:
+            over = print_breakdown(b, sim["steady"])
+            if regime.overhead_goal_ms is not None:
+                print(f"  per-client overhead {over:.1f} ms"
+                      f"{verdict(over, regime.overhead_goal_ms, quiet)}")
+        if args.floor:
+            floor = measure_floor_for(regime, rounds, env, work, marker, exp, args.set)
+            if floor.get("ok"):
+                extra = sim["startup"] - floor["startup"]
+                print(f"  Flower's floor (no-op apps, {floor['nodes']} SuperNodes, "
+                      f"{floor['per_round']} messages per round each carrying the model's "
+                      f"{floor['payload'] / 2**20:.1f} MiB there and back): start-up "
+                      f"{floor['startup']:.1f} s, round 1 {floor['round1']:.2f} s, no-op "
+                      f"round {floor['noop_round']:.3f} s  [{floor['load']}]")
+                q = quiet and floor["others"] < args.quiet_cores
+                print(f"  start-up = Flower's floor + {extra:.1f} s"
+                      f"{verdict(extra, 3.0, q)}")
+            else:
+                print(f"  Flower's floor: FAILED [{floor.get('load', '')}]")
+                ok = False
+        ratio = sim["steady"] / bare["steady"]
+        whole = sim["wall"] / bare["wall"]
+        head = f"{regime.name}, {rounds} rounds [{'quiet' if quiet else 'BUSY'} machine]: "
+        parts = [f"steady sim {sim['steady']:.3f} s vs bare {bare['steady']:.3f} s/round"
+                 f"{verdict(ratio, regime.steady_goal, quiet)}"]
+        if regime.whole_goals or rounds in regime.whole_goals:
+            parts.append(f"whole run sim/bare = {whole:.2f}"
+                         f"{verdict(whole, regime.whole_goals.get(rounds), quiet)}")
+        print(head + "; ".join(parts) + f"; steady sim/bare = {ratio:.2f}", flush=True)
+    return ok
+
+
+def measure_floor_for(regime: Regime, rounds: int, env: dict, work: Path, marker: str,
+                      exp: Path, extra: list[str]) -> dict:
+    from fedrcl_flwr.cli import _load
+    from fedrcl_flwr.runtime import get_weights, load_bundle, new_model
+
+    cfg = _load(str(exp), [f"federation.rounds={rounds}", *regime.sets, *extra], None)
+    nodes, k = cfg.supernodes(), cfg.federation.sampled_per_round()
+    payload = sum(a.nbytes for a in get_weights(new_model(cfg, load_bundle(cfg))))
+    res = measure_floor(nodes, k, 6, payload, env, work, marker)
+    res.update(nodes=nodes, per_round=k, payload=payload)
+    return res
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(1))
+    sys.exit(main())
