@@ -200,41 +200,37 @@ client: {{method: {method}, params: {params}, lr: 0.05, local_epochs: 1, batch_s
     return recs
 
 
-def test_fedrcl_and_fedccl_over_the_wire(loopback):
-    recs = _run(loopback, "fedrcl")
-    assert all(r["num_clients"] == 2 and r["failures"] == 0 for r in recs)
-    assert "train_loss_rcl" in recs[0]
+@pytest.mark.parametrize("loopback", ["secure"], indirect=True)
+def test_over_tls_with_node_auth(loopback):
+    """One TLS deployment with SuperNode authentication (both nodes registered with ``flwr
+    supernode register``), three runs on it (one SuperLink start for all: the suite's time):
+
+    1. FedCCL's signals travel over the wire: round 1 uploads them, round 2's clients
+       receive and use them.
+    2. ``privacy.secagg``: the ServerApp runs Flower's SecAgg+ workflow, each SuperNode's
+       ClientApp secaggplus_mod (four messages a round); the round aggregates both nodes (one
+       trains a server-assigned partition, the other its own data) and the model is
+       evaluated.
+    3. The device with id 7 hangs in fit far longer than ``federation.round_timeout_s``:
+       the round goes on with the other node's update, counts the failure, and the run
+       completes. (The time-out leaves room for a cold ClientApp start: torch import, data.)
+    """
     recs = _run(loopback, "fedccl")
-    # round 1 uploads signals; round 2's clients receive and use them
+    assert all(r["num_clients"] == 2 and r["failures"] == 0 for r in recs), recs
     assert recs[0]["signals_accepted"] == 2
     assert recs[1]["signal_bytes_down"] > 0
     assert "train_loss_local" in recs[1] and "train_loss_global" in recs[1]
 
-
-@pytest.mark.parametrize("loopback", ["secure"], indirect=True)
-def test_tls_node_auth_and_a_hanging_device(loopback):
-    """Over TLS with SuperNode authentication (both nodes registered with ``flwr supernode
-    register``), the device with id 7 hangs in fit far longer than
-    ``federation.round_timeout_s``: the round goes on with the other node's update, counts
-    the failure, and the run completes. (The time-out leaves room for a cold ClientApp
-    start: FAB install, torch import, data.)"""
-    t0 = time.time()
-    recs = _run(loopback, "faulty", params="{mode: sleep, partitions: [7], sleep_s: 600}",
-                rounds=1, federation=", round_timeout_s: 30")
-    assert all(r["num_clients"] == 1 and r["failures"] == 1 for r in recs), recs
-    assert all(np.isfinite(r["test_accuracy"]) for r in recs)
-    assert time.time() - t0 < 240  # did not wait for the sleeper
-
-
-@pytest.mark.parametrize("loopback", ["secure"], indirect=True)
-def test_tls_secagg_over_the_wire(loopback):
-    """privacy.secagg over TLS with SuperNode authentication: the ServerApp runs Flower's
-    SecAgg+ workflow, each SuperNode's ClientApp secaggplus_mod (four messages a round);
-    the round aggregates both nodes (one trains a server-assigned partition, the other its
-    own data) and the model is evaluated."""
     recs = _run(loopback, "fedavg", rounds=1, extra="privacy: {secagg: true}")
     log = (loopback[2] / "serverapp_fedavg.log").read_text()
     assert "privacy.secagg: Flower's SecAggPlusWorkflow" in log, log[-2000:]
     assert all(r["num_clients"] == 2 and r["failures"] == 0 for r in recs), recs
     assert all(np.isfinite(r["test_accuracy"]) and np.isfinite(r["train_loss"])
                for r in recs)
+
+    t0 = time.time()
+    recs = _run(loopback, "faulty", params="{mode: sleep, partitions: [7], sleep_s: 600}",
+                rounds=1, federation=", round_timeout_s: 30")
+    assert all(r["num_clients"] == 1 and r["failures"] == 1 for r in recs), recs
+    assert all(np.isfinite(r["test_accuracy"]) for r in recs)
+    assert time.time() - t0 < 240  # did not wait for the sleeper

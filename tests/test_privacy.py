@@ -290,7 +290,9 @@ def test_off_by_default_is_the_plain_path(tiny, tmp_path):
 def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     """The real wiring, through ``fedrcl-flwr run`` (Flower's simulation): the ServerApp
     runs SecAgg+ with client-side DP, the ClientApps' mods mask and clip, the ServerApp
-    process logs to MLflow (file store) and W&B (offline); nothing is left running."""
+    process logs to MLflow (file store) and W&B (offline); nothing is left running. The
+    data are CIFAR-10 files in the distributed on-disk format (tests/test_real_formats.py
+    writes them): the real loader runs inside Flower's worker processes."""
     import json
     import os
     import subprocess
@@ -300,8 +302,11 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true",
                MLFLOW_TRACKING_URI=f"file:{store}", WANDB_CACHE_DIR=str(tmp_path / "wbc"),
                WANDB_CONFIG_DIR=str(tmp_path / "wbcfg"), WANDB_DATA_DIR=str(tmp_path / "wbd"))
-    sets = ["dataset.synthetic.num_train=600", "dataset.synthetic.num_test=200",
-            "dataset.synthetic.image_size=16", "federation.num_clients=6",
+    from test_real_formats import write_cifar10
+
+    write_cifar10(tmp_path / "data", per_class_batch=2, per_class_test=2)
+    sets = ["dataset={name: cifar10, root: %s, download: false, verify_md5: false}"
+            % (tmp_path / "data"), "model={name: cnn5}", "federation.num_clients=6",
             "federation.clients_per_round=3", "federation.participation=null",
             "federation.rounds=2", "client.local_epochs=1", "evaluation.target_rounds=[2]",
             "privacy.secagg=true", "output.tracker=[mlflow, wandb]",
@@ -319,6 +324,7 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     assert "DifferentialPrivacyClientSideFixedClipping" in log
     assert [r["round"] for r in recs] == [1, 2]
     assert all(r["num_clients"] == 3 and r["failures"] == 0 for r in recs), recs
+    assert "name: cifar10" in (tmp_path / "run" / "config.yaml").read_text()
     assert all(r["dp_epsilon"] > 0 for r in recs)
     state = json.loads((tmp_path / "run" / "tracker.json").read_text())
     from mlflow.tracking import MlflowClient

@@ -246,7 +246,9 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
     the metrics of an uninterrupted run of the same configuration (in-process, the same
     computation as Flower's: the clients and the strategy are the same objects, driven
     round by round), ``c`` with exactly its own rounds. (Two real runs and a resume, not
-    the eight of a paper-table grid: the suite's time budget.)"""
+    the eight of a paper-table grid: the suite's time budget.) A fourth run ``d``, whose every
+    client fails (fault injection), is reached only by the rerun: it is recorded as failed
+    with its first client error, the others still complete, and the rerun exits 1."""
     import torch
 
     from fedrcl_flwr.app.inprocess import run_inprocess
@@ -257,12 +259,15 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
     sw = _sweep(tmp_path, variants=[{"label": "a", "client.method": "fedavg"},
                                     {"label": "b", "client.method": "fedrcl"},
                                     {"label": "c", "client.method": "fedavg",
-                                     "client.lr": 0.02, "federation.rounds": 1}],
+                                     "client.lr": 0.02, "federation.rounds": 1},
+                                    {"label": "d", "client.method": "faulty",
+                                     "client.params": {"mode": "raise", "partitions": [-1]},
+                                     "federation.rounds": 1}],
                 set={"dataset.synthetic.num_train": 1200, "dataset.synthetic.image_size": 32,
                      "client.local_epochs": 3})
     out = tmp_path / "out"
     runs, _ = plan_sweep(sw, out)
-    a, b, c = runs
+    a, b, c, d = runs
     for r, files in ((a, {"summary.json": '{"final_accuracy": 0.25}',
                           "metrics.jsonl": '{"round": 3, "test_accuracy": 0.25}\n'}),
                      (c, {"metrics.jsonl": '{"round": 1, "test_accuracy": 0.99}\n',
@@ -272,7 +277,7 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
         dump_config(r.cfg, r.out_dir / "config.yaml")
         for name, text in files.items():
             (r.out_dir / name).write_text(text)
-    assert [r.state() for r in runs] == ["done", "new", "new"]
+    assert [r.state() for r in runs] == ["done", "new", "new", "new"]
     mtime = (a.out_dir / "summary.json").stat().st_mtime_ns
     args = [sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw), "--out", str(out)]
     tag = uuid.uuid4().hex  # every process of this sweep inherits it (other sessions' don't)
@@ -295,30 +300,39 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
             p for h in homes for p in procs_with(h)]) and time.time() < deadline:
         time.sleep(0.5)
     assert not left, f"runs left processes behind: {left}"
-    assert [r.state() for r in runs] == ["done", "resume", "new"], first
+    assert [r.state() for r in runs] == ["done", "resume", "new", "new"], first
     status = json.loads((out / "sweep_status.json").read_text())
     assert status[b.name]["status"] == "interrupted" and c.name not in status, status
+    assert d.name not in status, status
 
     res = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "1 finished already, 2 to run" in res.stdout
-    assert f"run 2/3 {b.name}: resuming after round" in res.stdout
-    assert f"run 3/3 {c.name}: started" in res.stdout
+    assert res.returncode == 1, res.stdout + res.stderr  # d failed, the others went on
+    assert "1 finished already, 3 to run" in res.stdout
+    assert f"run 2/4 {b.name}: resuming after round" in res.stdout
+    assert f"run 3/4 {c.name}: started" in res.stdout
     # one progress line per finished round: run i/N, name, round, accuracy, ETA
-    assert any(line.startswith(f"run 2/3 {b.name}") and "round 3/3" in line and "acc " in line
+    assert any(line.startswith(f"run 2/4 {b.name}") and "round 3/3" in line and "acc " in line
                and "ETA " in line for line in res.stdout.splitlines())
     assert (a.out_dir / "summary.json").stat().st_mtime_ns == mtime  # not run again
     status = json.loads((out / "sweep_status.json").read_text())
-    assert {v["status"] for v in status.values()} == {"done"} and len(status) == 3
+    assert {k: v["status"] for k, v in status.items()} == {
+        a.name: "done", b.name: "done", c.name: "done", d.name: "failed"}, status
+    assert status[d.name]["exit_code"] == 1 and "injected" in status[d.name]["error"], status
+    assert res.stderr.count("FAILED") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "3/4 runs finished, 1 failed" in res.stdout
     assert not (c.out_dir / "flower.log").read_text().startswith("stale")
     assert [x["round"] for x in read_metrics(c.out_dir)] == [1]  # its own round only
 
-    torch.set_num_threads(1)  # as the ClientApp / ServerApp (simulation.num_cpus = 1)
     got = read_metrics(b.out_dir)
     assert [x["round"] for x in got] == [1, 2, 3]  # every round exactly once
     ref_dir = tmp_path / "ref" / b.name
     cfg = load_config(b.out_dir / "config.yaml", [f"output.dir={ref_dir}"])
-    run_inprocess(cfg, ref_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the ClientApp / ServerApp (simulation.num_cpus = 1)
+    try:
+        run_inprocess(cfg, ref_dir)
+    finally:
+        torch.set_num_threads(threads)
     assert _strip(got) == _strip(read_metrics(ref_dir))
     assert json.loads((b.out_dir / "summary.json").read_text())["final_accuracy"] == \
         json.loads((ref_dir / "summary.json").read_text())["final_accuracy"]
@@ -398,30 +412,6 @@ def test_resource_errors_stop_the_sweep_up_front(tmp_path):
     assert res.returncode == 2, res.stdout + res.stderr
     assert "run 'fedavg_seed=0_" in res.stderr and "no CUDA GPU" in res.stderr
     assert "Traceback" not in res.stderr and not out.exists()
-
-
-@pytest.mark.flwr
-def test_failed_runs_are_recorded_and_the_sweep_goes_on(tmp_path):
-    """A run whose every client fails (fault injection) fails at run time: recorded as
-    failed with its first client error, the other run still completes, exit 1."""
-    sw = _sweep(tmp_path, variants=[
-        {"label": "broken", "client.method": "faulty",
-         "client.params": {"mode": "raise", "partitions": [-1]}},
-        {"label": "fine", "client.method": "fedavg"}],
-        set={"federation.rounds": 1})
-    out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw),
-                          "--out", str(out)], capture_output=True, text=True, timeout=600,
-                         cwd=tmp_path)
-    assert res.returncode == 1, res.stdout + res.stderr
-    status = json.loads((out / "sweep_status.json").read_text())
-    status = {k.split("_seed=")[0]: v for k, v in status.items()}
-    assert sorted(status) == ["broken", "fine"], status
-    assert status["broken"]["status"] == "failed" and status["broken"]["exit_code"] == 1
-    assert "injected" in status["broken"]["error"], status["broken"]
-    assert status["fine"]["status"] == "done"
-    assert res.stderr.count("FAILED") == 1 and "Traceback" not in res.stderr
-    assert "1/2 runs finished, 1 failed" in res.stdout
 
 
 def test_eta_comes_from_rounds_of_the_runs_in_flight():
