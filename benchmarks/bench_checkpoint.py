@@ -28,9 +28,9 @@ from flwr.common import FitRes, Status, Code, ndarrays_to_parameters  # noqa: E4
 
 from fedrcl_flwr.app.inprocess import run_inprocess  # noqa: E402
 from fedrcl_flwr.app.server_app import build_server  # noqa: E402
-from fedrcl_flwr.checkpoint import CHECKPOINT_FILE, save_checkpoint  # noqa: E402
+from fedrcl_flwr.run.checkpoint import CHECKPOINT_FILE, save_checkpoint  # noqa: E402
 from fedrcl_flwr.config import load_config  # noqa: E402
-from fedrcl_flwr.results import read_metrics  # noqa: E402
+from fedrcl_flwr.run.results import read_metrics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

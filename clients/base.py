@@ -43,12 +43,13 @@ from flwr.common import (
     Status,
 )
 
-from fedrcl_flwr import client_eval, runtime, timers
+from fedrcl_flwr import client_eval
+from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.accel import use_channels_last
 from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.config import ExperimentConfig
-from fedrcl_flwr.run_files import CLIENT_STATE_DIR
+from fedrcl_flwr.run.run_files import CLIENT_STATE_DIR
 from fedrcl_flwr.protocol import (
     EvaluateInstructions,
     EvaluateReport,
@@ -442,7 +443,7 @@ class FederatedClient(NumPyClient):
 
 class SignalClient(FederatedClient):
     """A method that exchanges feature signals with the server's SignalExchange
-    (``strategies/signal_exchange.py``): FedCCL (cluster signals), FedProto, FedProc, FPL
+    (``fedrcl_flwr/server/signal_exchange.py``): FedCCL (cluster signals), FedProto, FedProc, FPL
     and FedPCL (class prototypes). It reads what the server relayed
     (:meth:`load_signals`), embeds its data with the trained model
     (:meth:`embed_local_data`) and uploads signals built from it (:meth:`upload_signals`).

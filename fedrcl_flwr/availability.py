@@ -272,7 +272,7 @@ class Availability:
     def totals(self, rnd: int) -> tuple[int, int]:
         """(dropped, late) summed over rounds 1..``rnd`` (rounds not seen in this process,
         e.g. before a resume, are recomputed from the seed)."""
-        from fedrcl_flwr.runtime import sample_partitions
+        from fedrcl_flwr.run.runtime import sample_partitions
 
         dropped = late = 0
         for t in range(1, int(rnd) + 1):

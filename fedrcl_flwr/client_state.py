@@ -28,7 +28,7 @@ class ClientStateStore:
 
     def save(self, partition_id: int, name: str, state: dict, *, compact: bool = False) -> None:
         if not self.root.is_dir():
-            from fedrcl_flwr.results import write_marker
+            from fedrcl_flwr.run.results import write_marker
 
             self.root.mkdir(parents=True, exist_ok=True)
             write_marker(self.root, self.root.name)  # ours: `run --overwrite` may clear it
@@ -46,7 +46,7 @@ class ClientStateStore:
         path = self._path(partition_id, name)
         if not path.exists():
             return None
-        from fedrcl_flwr.checkpoint import safe_load
+        from fedrcl_flwr.run.checkpoint import safe_load
 
         state = safe_load(path, "client state file")
         if dtype is not None:

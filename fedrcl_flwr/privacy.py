@@ -51,7 +51,7 @@ def check_privacy_section(cfg, source: str) -> None:
     ranges by ``fedrcl_flwr.config.CONFIG_RULES``): the required keys of ``privacy.dp``,
     the accountant installed, a threshold given as a proportion at most 1."""
     from fedrcl_flwr.config import ConfigError
-    from fedrcl_flwr.extras import installed, pip_install
+    from fedrcl_flwr.config.extras import installed, pip_install
 
     dp = cfg.privacy.dp
     if dp is not None:

@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fedrcl_flwr.config import ConfigError, ExperimentConfig
-from fedrcl_flwr.preflight import check_ray_address, check_resources  # noqa: F401 - re-exported
-from fedrcl_flwr.results import format_round_line, read_metrics, shows_ema
-from fedrcl_flwr.run_files import CONFIG_FILE, FLOWER_LOG, LOCK_FILE, RUN_LOG, SUMMARY_FILE
+from fedrcl_flwr.run.preflight import check_ray_address, check_resources  # noqa: F401 - re-exported
+from fedrcl_flwr.run.results import format_round_line, read_metrics, shows_ema
+from fedrcl_flwr.run.run_files import CONFIG_FILE, FLOWER_LOG, LOCK_FILE, RUN_LOG, SUMMARY_FILE
 
 
 class RunFailed(RuntimeError):
@@ -412,7 +412,7 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
     details are in ``run.log``), including when it stays ``pending``/``starting`` longer
     than ``simulation.startup_timeout_s``. ``dataset_entry``: the dataset cache entry the
     CLI prepared (every Flower process then only opens it). The inputs were checked by
-    :func:`fedrcl_flwr.preflight.before_run`. The run's start-up, phase by phase, goes to
+    :func:`fedrcl_flwr.run.preflight.before_run`. The run's start-up, phase by phase, goes to
     ``flower.log`` (``fedrcl-flwr timing:`` lines).
 
     Steps (module docstring): a private SuperLink (:class:`LocalSuperLink`, its watchdog

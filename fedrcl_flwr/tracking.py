@@ -62,11 +62,11 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from fedrcl_flwr.run_files import MLRUNS_DIR, SUMMARY_FILE, WANDB_DIR
-from fedrcl_flwr.run_files import TENSORBOARD_DIR as TB_DIR
-from fedrcl_flwr.run_files import TRACKER_STATE_FILE as STATE_FILE
+from fedrcl_flwr.run.run_files import MLRUNS_DIR, SUMMARY_FILE, WANDB_DIR
+from fedrcl_flwr.run.run_files import TENSORBOARD_DIR as TB_DIR
+from fedrcl_flwr.run.run_files import TRACKER_STATE_FILE as STATE_FILE
 
-# each tracker is installed by the extra of its name (fedrcl_flwr/extras.py)
+# each tracker is installed by the extra of its name (fedrcl_flwr/config/extras.py)
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 SWEEP_TAG = "fedrcl_flwr.sweep"
 
@@ -86,7 +86,7 @@ def check_trackers(cfg, source: str) -> None:
     """``output.tracker`` names known trackers, each once, whose package is installed
     (a :class:`~fedrcl_flwr.config.ConfigError` naming the key and ``source``)."""
     from fedrcl_flwr.config import ConfigError
-    from fedrcl_flwr.extras import installed, pip_install
+    from fedrcl_flwr.config.extras import installed, pip_install
 
     raw = cfg.output.tracker
     for t in raw:
@@ -260,7 +260,7 @@ class TensorBoardBackend(Backend):
     def __init__(self, run_dir: Path, config_yaml: str, resume_after: int):
         from torch.utils.tensorboard import SummaryWriter
 
-        from fedrcl_flwr.results import write_marker
+        from fedrcl_flwr.run.results import write_marker
 
         kwargs = {"purge_step": resume_after + 1} if resume_after else {}
         tb_dir = Path(run_dir) / TB_DIR
@@ -302,7 +302,7 @@ class WandbBackend(Backend):
     def __init__(self, run_dir: Path, cfg, config: dict, previous: dict):
         import wandb
 
-        from fedrcl_flwr.results import write_marker
+        from fedrcl_flwr.run.results import write_marker
 
         self.run_dir = Path(run_dir)
         run_id = previous.get("id") or secrets.token_hex(6)  # W&B: [a-z0-9_-]
@@ -504,7 +504,7 @@ class RunTracker:
                  for b in self.backends if not b.rewrites_after_resume}
         if not state:
             return
-        from fedrcl_flwr.results import atomic_write_text
+        from fedrcl_flwr.run.results import atomic_write_text
 
         old = read_state(self.run_dir)
         atomic_write_text(self.run_dir / STATE_FILE, json.dumps({**old, **state}, indent=2))

@@ -3,7 +3,7 @@
 It owns the global model (NumPy arrays) and, per round:
 
 1. ``configure_fit`` samples *partition ids* with
-   :func:`fedrcl_flwr.runtime.sample_partitions` (seed and round only — the same for every
+   :func:`fedrcl_flwr.run.runtime.sample_partitions` (seed and round only — the same for every
    method and strategy; Flower node ids are random and are used only as execution slots)
    and sends each sampled client :meth:`weights_to_send` with its
    :class:`~fedrcl_flwr.protocol.FitInstructions` (:meth:`fit_instructions`: round,
@@ -71,7 +71,7 @@ from flwr.common import EvaluateIns, FitIns, FitRes, Parameters
 from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
-from fedrcl_flwr import timers
+from fedrcl_flwr.run import timers
 from fedrcl_flwr.app.flower_private import ClientProxy
 from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
 from fedrcl_flwr.components import resolve_params
@@ -85,8 +85,8 @@ from fedrcl_flwr.protocol import (
     ProtocolError,
     StrategyParams,
 )
-from fedrcl_flwr.runtime import sample_partitions
-from strategies.aggregation import (
+from fedrcl_flwr.run.runtime import sample_partitions
+from fedrcl_flwr.server.aggregation import (
     check_update,
     client_coefficients,
     entry_kinds,

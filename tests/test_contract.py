@@ -22,7 +22,7 @@ from fedrcl_flwr.app.validate import validate_components
 from fedrcl_flwr.components import type_violations
 from fedrcl_flwr.config import ConfigError, config_from_dict
 from strategies import STRATEGIES, strategy_class
-from strategies.signal_exchange import SignalExchange
+from fedrcl_flwr.server.signal_exchange import SignalExchange
 
 BASE = {
     "name": "contract",

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from clients import CLIENTS, client_class
-from fedrcl_flwr import accel, runtime
+from fedrcl_flwr import accel
+from fedrcl_flwr.run import runtime
 from fedrcl_flwr import cli
 from fedrcl_flwr.config import ConfigError
 from fedrcl_flwr.signals import SignalSet, encode_signals

@@ -197,7 +197,7 @@ def _check_bundle(bundle, num_clients):
 
 
 def test_synthetic_domains_via_config():
-    from fedrcl_flwr.runtime import client_partitions, load_bundle
+    from fedrcl_flwr.run.runtime import client_partitions, load_bundle
 
     base = {"dataset": {"name": "synthetic", "synthetic": {
         "num_train": 600, "num_test": 60, "num_classes": 4, "image_size": 8,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedrcl_flwr import runtime
+from fedrcl_flwr.run import runtime
 from fedrcl_flwr.protocol import (
     EvaluateInstructions,
     EvaluateReport,

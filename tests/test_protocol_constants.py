@@ -201,7 +201,7 @@ def test_client_passes_epoch_lr_decay(tiny, tmp_path, monkeypatch):
 
 
 def test_model_init_pytorch_default_vs_kaiming(tiny):
-    from fedrcl_flwr.runtime import initial_model, load_bundle
+    from fedrcl_flwr.run.runtime import initial_model, load_bundle
 
     own = tiny(model={"name": "resnet18_gn"})
     dflt = tiny(model={"name": "resnet18_gn", "init": "pytorch"})
@@ -221,8 +221,8 @@ def test_local_representation_metrics_on_the_trained_local_models(tiny, tmp_path
                                                                   monkeypatch):
     import fedrcl_flwr.representation as rep
     from fedrcl_flwr.app.inprocess import run_inprocess
-    from fedrcl_flwr.results import read_metrics
-    from fedrcl_flwr.runtime import sample_partitions
+    from fedrcl_flwr.run.results import read_metrics
+    from fedrcl_flwr.run.runtime import sample_partitions
 
     seen = []
     real = rep.representation_record

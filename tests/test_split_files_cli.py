@@ -11,8 +11,8 @@ from conftest import tiny_config
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.config import config_from_dict, dump_config
-from fedrcl_flwr.results import read_metrics
-from fedrcl_flwr.runtime import client_partitions, load_bundle
+from fedrcl_flwr.run.results import read_metrics
+from fedrcl_flwr.run.runtime import client_partitions, load_bundle
 
 
 def _yaml(tmp_path, **sections):

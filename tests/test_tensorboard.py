@@ -10,7 +10,7 @@ import pytest
 
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.tracking import TB_DIR, scalars
 
 pytest.importorskip("tensorboard")

@@ -35,7 +35,7 @@ def _validate(cfg: ExperimentConfig) -> None:
     p = cls.resolve(cfg)
     scls = strategy_class(cfg.server.strategy)
     sp = scls.resolve(cfg.server.params)
-    from fedrcl_flwr.runtime import probe_model
+    from fedrcl_flwr.run.runtime import probe_model
 
     def get_model():  # built only when a value needs it
         return probe_model(cfg)
@@ -47,7 +47,7 @@ def _validate(cfg: ExperimentConfig) -> None:
                           f"client.method '{cls.method}', got {cfg.server.strategy!r}")
     settings = cls.exchange_settings(p)
     if settings is not None:
-        from strategies.signal_exchange import SignalExchange
+        from fedrcl_flwr.server.signal_exchange import SignalExchange
 
         SignalExchange({**settings, **cfg.server.signals})
     elif cfg.server.signals:
@@ -72,7 +72,7 @@ def secagg_max_weight(cfg: ExperimentConfig) -> float:
         return float(cfg.privacy.secagg_max_weight)
     if cfg.server.weighting == "uniform":
         return float(upload_weight(1, secagg=True, weighting="uniform"))
-    from fedrcl_flwr.runtime import client_partitions
+    from fedrcl_flwr.run.runtime import client_partitions
 
     return float(max(upload_weight(len(p), secagg=True, weighting=cfg.server.weighting)
                      for p in client_partitions(cfg)))

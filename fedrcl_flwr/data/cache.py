@@ -38,7 +38,7 @@ listed as ``foreign`` by ``cache ls`` and left alone by ``cache clear``.
 
 Simulations run by ``fedrcl-flwr run`` prepare the entry in the CLI before any Flower
 process exists and hand its path to the ServerApp and the ClientApps
-(:func:`fedrcl_flwr.runtime.use_prepared_dataset`), which then only open it. On a Ray
+(:func:`fedrcl_flwr.run.runtime.use_prepared_dataset`), which then only open it. On a Ray
 cluster across machines the cache directory must therefore be a path every node sees
 (a shared filesystem); a node without it stops with one error naming the host and the path.
 """
@@ -149,7 +149,7 @@ def check_cache_dir(path: Path) -> Optional[str]:
 
 def _source_files(d) -> list[Path]:
     """The files (or roots of file trees) a dataset is read from."""
-    from fedrcl_flwr.catalog import TORCHVISION_CLASSES
+    from fedrcl_flwr.config.catalog import TORCHVISION_CLASSES
     from fedrcl_flwr.data.datasets import _torchvision_files
 
     root = Path(os.path.expanduser(d.root or "."))

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from fedrcl_flwr.accel import gather_rows, to_device, transfer_plan
-from fedrcl_flwr.catalog import DATASET_NAMES, TORCHVISION_CLASSES
+from fedrcl_flwr.config.catalog import DATASET_NAMES, TORCHVISION_CLASSES
 from fedrcl_flwr.config import ConfigError
 
 
@@ -811,7 +811,7 @@ def _read_source(name: str, root: str, *, path: Optional[str], download: bool,
                  image_size: Optional[int], synthetic: Optional[dict], seed: int,
                  domains: Optional[list], test_fraction: float, verify_md5: bool
                  ) -> tuple[RawSplit, RawSplit, list, Optional[int]]:
-    """The train and test images of source ``name`` (:data:`~fedrcl_flwr.catalog.
+    """The train and test images of source ``name`` (:data:`~fedrcl_flwr.config.catalog.
     DATASETS`), its domain names, and the number of classes its own class list names
     (CIFAR's ``batches.meta``; ``None`` for the others)."""
     root_p = Path(os.path.expanduser(root or "."))

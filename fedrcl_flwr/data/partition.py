@@ -81,7 +81,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from fedrcl_flwr.catalog import GENERATORS, SCHEME_NAMES
+from fedrcl_flwr.config.catalog import GENERATORS, SCHEME_NAMES
 from fedrcl_flwr.config import ConfigError
 
 

@@ -188,7 +188,7 @@ def load_backbone_weights(backbone: nn.Module, weights: str, name: str = "") -> 
                     "that file")
         raise ValueError(f"model.params.weights: file not found: {path}{hint} (or "
                          "weights: null for a random initialisation)")
-    from fedrcl_flwr.checkpoint import CheckpointError, safe_load
+    from fedrcl_flwr.run.checkpoint import CheckpointError, safe_load
 
     try:
         obj = safe_load(path, "state_dict")

@@ -1,6 +1,6 @@
 """What the project knows by name, declared once: the datasets, the partition schemes and
 their generators, and the report metrics. The schema (:mod:`fedrcl_flwr.config`), the
-loaders (:mod:`fedrcl_flwr.data`), the CLI and the report (:mod:`fedrcl_flwr.tables`) all
+loaders (:mod:`fedrcl_flwr.data`), the CLI and the report (:mod:`fedrcl_flwr.report.tables`) all
 import these tables; nothing else lists the names (standard library only, so every layer
 can import it).
 

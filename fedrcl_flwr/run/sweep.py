@@ -75,18 +75,18 @@ from fedrcl_flwr.config import (
     to_dict,
 )
 # the sweep's checks before it writes anything live with every other pre-run check
-from fedrcl_flwr.preflight import (  # noqa: F401 - re-exported (the sweep's API)
+from fedrcl_flwr.run.preflight import (  # noqa: F401 - re-exported (the sweep's API)
     check_existing,
     check_pending_runs as check_data,
     check_sweep_dir,
 )
-from fedrcl_flwr.results import (
+from fedrcl_flwr.run.results import (
     atomic_write_text,
     ema_note,
     read_metrics,
     shows_ema,
 )
-from fedrcl_flwr.run_files import (
+from fedrcl_flwr.run.run_files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
     SUMMARY_FILE,
@@ -146,7 +146,7 @@ def experiment_hash(cfg: ExperimentConfig) -> str:
     schema later, at its default, changes no name), without what only names, places or
     resources a run (``name``, ``label``, ``output``, ``simulation``, ``reference``,
     ``dataset.cache_dir``). ``client.params`` count as written."""
-    from fedrcl_flwr.tables import flatten_keys as flat
+    from fedrcl_flwr.report.tables import flatten_keys as flat
 
     skip = ("name", "label", "output", "simulation", "reference", "dataset.cache_dir")
     defaults = flat(to_dict(ExperimentConfig()))
@@ -163,7 +163,7 @@ def run_name(cfg: ExperimentConfig) -> str:
     optimizer other than fedavg), the seed and :func:`experiment_hash`. It depends on
     the run alone, never on what else the sweep plans: adding a setting, a method or a
     seed to a sweep leaves every earlier run's name, and so its results, in place."""
-    from fedrcl_flwr.tables import method_label
+    from fedrcl_flwr.report.tables import method_label
 
     what = cfg.label or method_label({"client": {"method": cfg.client.method},
                                       "server": {"strategy": cfg.server.strategy}})
@@ -397,7 +397,7 @@ def _expand(spec: SweepSpec, cli_sets: list, check_components: bool) -> list[Pla
                     where = f"{spec.src}: run {len(runs) + 1} ({what}; base {base.name})"
                     cfg = config_from_dict(data, where)
                     if check_components:
-                        from fedrcl_flwr.preflight import check_components as validate
+                        from fedrcl_flwr.run.preflight import check_components as validate
 
                         validate(cfg, where)
                     runs.append(PlannedRun(len(runs), run_name(cfg), base, ov, cfg))
@@ -919,8 +919,8 @@ def _summary_value(run_dir: Path, key: str) -> Optional[float]:
 
 def _rounds_done(run: PlannedRun) -> int:
     """What a resume keeps: the rounds up to the checkpoint (read through the one safe
-    loader, :func:`fedrcl_flwr.checkpoint.load_checkpoint`: data only, never code)."""
-    from fedrcl_flwr.checkpoint import CheckpointError, load_checkpoint
+    loader, :func:`fedrcl_flwr.run.checkpoint.load_checkpoint`: data only, never code)."""
+    from fedrcl_flwr.run.checkpoint import CheckpointError, load_checkpoint
 
     if not read_metrics(run.out_dir) or not (run.out_dir / CHECKPOINT_FILE).is_file():
         return 0

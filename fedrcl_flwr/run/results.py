@@ -10,7 +10,7 @@ Files in a run directory:
 * ``model.pt``      - the final global model's state_dict
 * ``accuracy.png``  - test accuracy and EMA accuracy per round
 
-(every name a run or a sweep writes is declared in :mod:`fedrcl_flwr.run_files`)
+(every name a run or a sweep writes is declared in :mod:`fedrcl_flwr.run.run_files`)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from fedrcl_flwr.run_files import (  # noqa: F401 - the names' one home, re-exported
+from fedrcl_flwr.run.run_files import (  # noqa: F401 - the names' one home, re-exported
     CHECKPOINT_FILE,
     CONFIG_FILE,
     MARKER_FILE,
@@ -145,7 +145,7 @@ def shows_ema(report_metric: str) -> bool:
     round's accuracy by about 1 / (1 - evaluation.ema) rounds (10 for 0.9), so beside it
     on a line of a run that reports something else it only suggested a gap (issue #25);
     it is in ``metrics.jsonl`` and ``summary.json`` either way."""
-    from fedrcl_flwr.catalog import ema_round
+    from fedrcl_flwr.config.catalog import ema_round
 
     return ema_round(str(report_metric or "")) is not None
 
@@ -325,7 +325,7 @@ def research_summary(records: list[dict]) -> dict:
 
 def reported_value(summary: dict, metric: str) -> Optional[float]:
     """``summary.json``'s value of a report metric: final | best | last5 | ema@ROUND."""
-    from fedrcl_flwr.catalog import SUMMARY_METRICS, ema_round
+    from fedrcl_flwr.config.catalog import SUMMARY_METRICS, ema_round
 
     metric = str(metric or "final")
     target = ema_round(metric)
@@ -337,7 +337,7 @@ def reported_value(summary: dict, metric: str) -> Optional[float]:
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """The run's round records as far as they are well-formed (progress display and
-    resume bookkeeping; ``fedrcl_flwr.tables.read_records`` is the strict reader): stops
+    resume bookkeeping; ``fedrcl_flwr.report.tables.read_records`` is the strict reader): stops
     at a torn last line from a killed run, or at anything that is not a round record."""
     path = Path(run_dir) / METRICS_FILE
     try:

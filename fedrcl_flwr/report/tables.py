@@ -49,15 +49,15 @@ from typing import Any, Optional
 
 import yaml
 
-from fedrcl_flwr.catalog import (
+from fedrcl_flwr.config.catalog import (
     PARTITION_SCHEMES,
     ema_round,
     is_report_metric,
     metric_choices,
 )
 from fedrcl_flwr.config import ConfigError, check_reference
-from fedrcl_flwr.results import LAST_K
-from fedrcl_flwr.run_files import CONFIG_FILE, METRICS_FILE, NOT_RUN_DIRS, SUMMARY_FILE
+from fedrcl_flwr.run.results import LAST_K
+from fedrcl_flwr.run.run_files import CONFIG_FILE, METRICS_FILE, NOT_RUN_DIRS, SUMMARY_FILE
 
 SKIP_DIRS = NOT_RUN_DIRS
 # config sections that do not change what a run computes (or that name it)
