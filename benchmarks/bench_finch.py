@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedrcl_flwr.clustering import canonical_labels, finch  # noqa: E402
 
-
 canonical = canonical_labels
 
 

@@ -163,8 +163,7 @@ def _claim_run_dir(cfg: ExperimentConfig, out_dir: Path, *, overwrite: bool) -> 
     """With the lock held: clear an earlier run (``--overwrite``), mark the directory as
     the tool's run directory, write the resolved ``config.yaml``, say what runs."""
     from fedrcl_flwr.config import dump_config
-    from fedrcl_flwr.run.results import (clear_run_dir, ema_note, has_marker, shows_ema,
-                                     write_marker)
+    from fedrcl_flwr.run.results import clear_run_dir, ema_note, has_marker, shows_ema, write_marker
     from fedrcl_flwr.run.run_files import CONFIG_FILE
 
     if overwrite:
@@ -256,8 +255,12 @@ def cmd_partition(args) -> int:
     """``partition EXPERIMENT.yaml``: the clients' class counts (and domains) as a table,
     optionally a heatmap (``--plot``) and the split as a file (``--save``)."""
     from fedrcl_flwr.data.partition import save_split_file
-    from fedrcl_flwr.data.report import (class_counts, client_domains, format_counts_table,
-                                         plot_counts_heatmap)
+    from fedrcl_flwr.data.report import (
+        class_counts,
+        client_domains,
+        format_counts_table,
+        plot_counts_heatmap,
+    )
     from fedrcl_flwr.run.preflight import before_partition
 
     if args.max_rows is not None and args.max_rows < 0:

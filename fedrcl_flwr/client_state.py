@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -41,8 +40,8 @@ class ClientStateStore:
         torch.save(state, tmp)
         os.replace(tmp, path)
 
-    def load(self, partition_id: int, name: str, *, dtype: Optional[torch.dtype] = None
-             ) -> Optional[dict]:
+    def load(self, partition_id: int, name: str, *, dtype: torch.dtype | None = None
+             ) -> dict | None:
         path = self._path(partition_id, name)
         if not path.exists():
             return None

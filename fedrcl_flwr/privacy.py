@@ -41,8 +41,6 @@ correct.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 
@@ -76,7 +74,7 @@ def integer_entries(model) -> list[str]:
     return [k for k, v in model.state_dict().items() if not torch.is_floating_point(v)]
 
 
-def check_privacy(cfg, method_cls, exchange: Optional[dict], get_model) -> None:
+def check_privacy(cfg, method_cls, exchange: dict | None, get_model) -> None:
     """Combinations of ``privacy`` with the method, strategy, model and federation that
     cannot be made correct (a ``ConfigError`` with the reason, one line). Called by
     ``fedrcl_flwr.app.validate`` with the method's class and signal-exchange settings."""

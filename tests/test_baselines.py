@@ -10,10 +10,10 @@ import torch
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
 from clients import client_class
-from fedrcl_flwr.run import runtime
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.config import ConfigError
 from fedrcl_flwr.losses import baselines as B
+from fedrcl_flwr.run import runtime
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.training import Batch
 

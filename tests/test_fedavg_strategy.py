@@ -5,8 +5,8 @@ import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
 from fedrcl_flwr.run.runtime import sample_partitions
-from strategies import strategy_class
 from fedrcl_flwr.server.aggregation import client_coefficients, entry_kinds, weighted_average
+from strategies import strategy_class
 from strategies.base import AllClientsFailed
 
 

@@ -18,10 +18,10 @@ import pytest
 import torch
 import yaml
 
-from fedrcl_flwr.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.config import ConfigError, config_from_dict, load_config, read_yaml
 from fedrcl_flwr.data.datasets import DatasetError, load_dataset
+from fedrcl_flwr.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from fedrcl_flwr.run.results import format_round_line
 from fedrcl_flwr.runner import LOCK_FILE, OutputLock, toml_string
 

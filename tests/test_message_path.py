@@ -13,8 +13,8 @@ import pytest
 from flwr.client import NumPyClient
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.codec import decode_arrays, encode_array, encode_arrays
+from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.run.results import read_metrics
 
 ARRAYS = [np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32),

@@ -23,17 +23,16 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
+from test_hardening_inputs import TINY
+from test_hardening_processes import _alive
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.sweep import plan_sweep
 from fedrcl_flwr.runner import LOCK_FILE, OutputLock, procs_with
-from test_hardening_inputs import TINY
-from test_hardening_processes import _alive
 
 ROOT = Path(__file__).resolve().parents[1]
 

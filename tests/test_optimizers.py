@@ -14,8 +14,7 @@ from clients import CLIENTS
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.config import ConfigError
 from fedrcl_flwr.run.results import read_metrics
-from fedrcl_flwr.training import (LocalTrainSettings, cross_entropy_term, make_optimizer,
-                                  train_local)
+from fedrcl_flwr.training import LocalTrainSettings, cross_entropy_term, make_optimizer, train_local
 
 
 def _param(values):

@@ -171,7 +171,10 @@ def test_epoch_lr_decay_sets_lr_per_local_epoch():
     model.w = w
     model.forward = lambda x: w.expand(x.shape[0], 1)
     term = LossTerm("lin", lambda b: b.model.w.sum(), 1.0)
-    batches = lambda epoch: [(torch.zeros(1, 1), torch.zeros(1, dtype=torch.long))] * 2
+
+    def batches(epoch):
+        return [(torch.zeros(1, 1), torch.zeros(1, dtype=torch.long))] * 2
+
     s = LocalTrainSettings(lr=0.1, epochs=3, weight_decay=0.0, epoch_lr_decay=0.5)
     train_local(model, batches, [term], s, torch.device("cpu"))
     # 2 steps per epoch at 0.1, 0.05, 0.025

@@ -493,7 +493,7 @@ def test_cli_run_two_rounds_on_fake_cifar10(tmp_path):
     write_cifar10(data, per_class_batch=2, per_class_test=2)
     args = [sys.executable, "-m", "fedrcl_flwr.cli", "run",
             str(ROOT / "experiments" / "quickstart.yaml"), "--out", str(tmp_path / "run")]
-    for s in ["dataset={name: cifar10, root: %s, download: false, verify_md5: false}" % data,
+    for s in [f"dataset={{name: cifar10, root: {data}, download: false, verify_md5: false}}",
               "model={name: cnn5}", "federation.num_clients=4",
               "federation.clients_per_round=2", "federation.participation=null",
               "federation.rounds=2", "client.local_epochs=1", "client.batch_size=10",

@@ -98,6 +98,7 @@ def test_progress_shows_the_ema_only_for_runs_that_report_it(tmp_path, capsys,
 
     monkeypatch.setattr(runner, "run_simulation_via_flower", lambda *a, **k: summary)
     from conftest import tiny_config
+
     from fedrcl_flwr.config import to_dict
 
     for metric, note, done in [

@@ -17,8 +17,8 @@ import yaml
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.run.results import read_metrics
-from fedrcl_flwr.runner import LOCK_FILE, procs_with
 from fedrcl_flwr.run.sweep import plan_sweep
+from fedrcl_flwr.runner import LOCK_FILE, procs_with
 
 ROOT = Path(__file__).resolve().parents[1]
 

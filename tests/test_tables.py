@@ -16,7 +16,7 @@ import yaml
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.config import check_reference, load_config
-from fedrcl_flwr.report.tables import build_table, method_label, metric_value, load_runs
+from fedrcl_flwr.report.tables import build_table, load_runs, method_label, metric_value
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -461,6 +461,7 @@ def test_partition_heatmap_has_integer_client_ticks_and_alpha_in_its_title(tmp_p
                             titles.append(title), real(counts, path, title, domains)))
     exp = tmp_path / "exp.yaml"
     from conftest import tiny_config
+
     from fedrcl_flwr.config import to_dict
 
     exp.write_text(yaml.safe_dump(to_dict(tiny_config(tmp_path, partition={

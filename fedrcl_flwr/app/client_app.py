@@ -15,12 +15,12 @@ from flwr.common import Context
 
 from clients import client_class
 from clients.base import LocalData
-from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.app.common import (
     config_from_run_config,
     output_dir_from_run_config,
     quiet,
 )
+from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.run.run_files import CLIENT_STATE_DIR
 
 

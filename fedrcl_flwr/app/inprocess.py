@@ -167,7 +167,8 @@ def run_workflow_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool
 
     out_dir = Path(out_dir)
     strategy, rounds_left = build_server(cfg, out_dir, resume=resume)
-    run_config = {"experiment": str(out_dir / CONFIG_FILE), "output-dir": str(out_dir),
+    run_config: dict[str, bool | float | int | str] = {
+        "experiment": str(out_dir / CONFIG_FILE), "output-dir": str(out_dir),
                   "resume": "true" if resume else "false"}
     rounds = rounds_left if stop_after is None else min(stop_after, rounds_left)
     grid = InProcessGrid(run_config, cfg.federation.sampled_per_round())

@@ -18,11 +18,11 @@ from flwr.server import (
     SimpleClientManager,
 )
 
-from fedrcl_flwr.run import runtime
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
-from fedrcl_flwr.run.checkpoint import load_checkpoint, save_checkpoint
 from fedrcl_flwr.config import ConfigError, dump_config
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
+from fedrcl_flwr.run import runtime
+from fedrcl_flwr.run.checkpoint import load_checkpoint, save_checkpoint
 from fedrcl_flwr.run.results import CONFIG_FILE, RunRecorder, format_round_line, shows_ema
 from strategies import strategy_class
 

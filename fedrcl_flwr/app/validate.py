@@ -12,15 +12,13 @@ key (and the file, when ``source`` is given).
 
 from __future__ import annotations
 
-from typing import Optional
-
 from clients import client_class
 from fedrcl_flwr.components import check_model_rules
 from fedrcl_flwr.config import ConfigError, ExperimentConfig
 from strategies import strategy_class
 
 
-def validate_components(cfg: ExperimentConfig, source: Optional[str] = None) -> None:
+def validate_components(cfg: ExperimentConfig, source: str | None = None) -> None:
     """Raise ConfigError if client.method/params or server.strategy/params are invalid."""
     try:
         _validate(cfg)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import typing
-from typing import Any, Optional
+from typing import Any
 
 from fedrcl_flwr.config.catalog import (
     DATASETS,
@@ -143,7 +143,7 @@ def _check_supernodes(cfg: ExperimentConfig, source: str) -> None:
             f"'federation.num_clients' ({fed.num_clients}); extra SuperNodes would never train")
 
 
-def dataset_channels(d: DatasetConfig) -> Optional[int]:
+def dataset_channels(d: DatasetConfig) -> int | None:
     """Channels of the dataset's images, where the config decides it."""
     if d.name == "synthetic":
         return int(d.synthetic.channels)
@@ -151,7 +151,7 @@ def dataset_channels(d: DatasetConfig) -> Optional[int]:
     return info.channels if info is not None else None
 
 
-def normalize_constants(value: Any, where: str, channels: Optional[int]) -> Optional[tuple]:
+def normalize_constants(value: Any, where: str, channels: int | None) -> tuple | None:
     """``(mean, std)`` of an explicit ``dataset.normalize`` mapping (``None`` for
     true / false), checked: exactly the keys ``mean`` and ``std``, each a list of
     ``channels`` finite numbers (any common length when ``channels`` is None), mean in

@@ -22,7 +22,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import yaml
 
@@ -37,7 +37,7 @@ MAX_YAML_NODES = 100_000  # nodes after alias expansion (a config has a few hund
 class _Loader(yaml.SafeLoader):
     """SafeLoader + duplicate-key errors + YAML 1.2 floats + a bound on alias expansion."""
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
@@ -183,7 +183,7 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     elif tp is list or origin is list:
         if isinstance(value, list):
             return list(value)
-    elif dataclasses.is_dataclass(tp):
+    elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if value is None:
             value = {}
         if isinstance(value, dict):
@@ -271,7 +271,7 @@ def config_from_dict(data: dict, source: str = "<config>") -> ExperimentConfig:
     return cfg
 
 
-def read_text_file(path: Path, limit: int, what: str, *, label: Optional[str] = None,
+def read_text_file(path: Path, limit: int, what: str, *, label: str | None = None,
                    error: type = ConfigError) -> str:
     """The project's one reader of text files it is given (experiments, sweeps, run
     files, split files): a regular file (not a directory, device or FIFO) of at most

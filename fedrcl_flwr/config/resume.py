@@ -6,7 +6,6 @@ from __future__ import annotations
 from fedrcl_flwr.config.loading import to_dict
 from fedrcl_flwr.config.schema import ExperimentConfig
 
-
 # What ``run --resume`` may change (dotted keys; a section name covers its keys): how
 # long the run goes on, how often it evaluates, checkpoints and reports, and where and
 # with what resources it runs. Anything else — method and its params, strategy, data,

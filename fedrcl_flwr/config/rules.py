@@ -8,7 +8,7 @@ Types are checked from the annotations first (:mod:`fedrcl_flwr.config.loading`)
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from fedrcl_flwr.components import (
     Rule,
@@ -36,7 +36,7 @@ from fedrcl_flwr.errors import ConfigError
 MAX_NAME_BYTES = 128  # a name the tool turns into a directory (experiment, sweep, label)
 
 
-def name_problem(text: Any, max_bytes: int = MAX_NAME_BYTES) -> Optional[str]:
+def name_problem(text: Any, max_bytes: int = MAX_NAME_BYTES) -> str | None:
     """Why ``text`` cannot be one directory name the tool creates, or ``None``: it must
     be a non-empty string, one path component (no ``/`` or ``\\``, not ``.`` or ``..``),
     without control characters, at most ``max_bytes`` bytes in UTF-8."""

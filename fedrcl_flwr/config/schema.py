@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Union
 
 
 @dataclass
@@ -71,15 +70,15 @@ class DatasetConfig:
 
     name: str = "synthetic"
     root: str = "~/data"
-    path: Optional[str] = None
+    path: str | None = None
     download: bool = False
     augment: bool = True
     rotation: float = 0.0
-    crop_pad: Optional[int] = None
-    flip: Optional[bool] = None
+    crop_pad: int | None = None
+    flip: bool | None = None
     pad_fill: str = "mean"  # black | mean
-    normalize: Union[bool, dict] = True  # true | false | {mean: [...], std: [...]}
-    image_size: Optional[int] = None
+    normalize: bool | dict = True  # true | false | {mean: [...], std: [...]}
+    image_size: int | None = None
     val_fraction: float = 0.0
     domains: list = field(default_factory=list)
     test_fraction: float = 0.2
@@ -88,7 +87,7 @@ class DatasetConfig:
     # where prepared arrays are kept (fedrcl_flwr/data/cache.py); null = $FEDRCL_FLWR_CACHE_DIR,
     # else $XDG_CACHE_HOME/fedrcl-flwr or ~/.cache/fedrcl-flwr. Must be the same path on
     # every node of a Ray cluster (a shared filesystem).
-    cache_dir: Optional[str] = None
+    cache_dir: str | None = None
 
 
 @dataclass
@@ -103,15 +102,15 @@ class PartitionConfig:
     domains_per_client: int = 1
     # scheme domain + balanced: samples of every class per (client, domain); null = the
     # largest size every domain can give (FedCCL's balanced inter-domain setting)
-    samples_per_class: Optional[int] = None
+    samples_per_class: int | None = None
     # seeds the split alone (null = the experiment's ``seed``); ``dirichlet`` + ``balanced``
     # with seed 0 is the split the FedRCL authors' trainer computes (their temp_seed(0))
-    seed: Optional[int] = None
+    seed: int | None = None
     # ``scheme: file``: JSON {"<client>": [indices]} or the authors' dict-literal text file
-    path: Optional[str] = None
+    path: str | None = None
     # project | fedrcl | fedrcl_labels; null = fedrcl for the balanced Dirichlet split (the
     # authors' function as their trainer calls it), project otherwise (see partition.py)
-    generator: Optional[str] = None
+    generator: str | None = None
 
 
 @dataclass
@@ -122,7 +121,7 @@ class ModelConfig:
     params: dict = field(default_factory=dict)
     # number of classes; null = from the dataset. Set it for real devices whose local
     # data may not contain every class.
-    num_classes: Optional[int] = None
+    num_classes: int | None = None
     # initialisation: "model" = the model's own (Kaiming-normal convs for resnet18_gn);
     # "pytorch" = every layer's PyTorch default (the FedRCL authors' ResNet-18)
     init: str = "model"
@@ -139,8 +138,8 @@ class StragglerConfig:
     drawn per (round, client); a client whose time exceeds ``deadline`` (in units of the
     nominal round time; null = no deadline) is late and dropped from the round."""
 
-    speed: Optional[Union[float, list, dict]] = None
-    deadline: Optional[float] = None
+    speed: float | list | dict | None = None
+    deadline: float | None = None
     jitter: float = 0.0
 
 
@@ -152,7 +151,7 @@ class AvailabilityConfig:
     ``{distribution: beta, a: A, b: B}`` drawn once per client from the seed.
     ``stragglers``: see :class:`StragglerConfig`."""
 
-    dropout: Union[float, list, dict] = 0.0
+    dropout: float | list | dict = 0.0
     stragglers: StragglerConfig = field(default_factory=StragglerConfig)
 
 
@@ -162,13 +161,13 @@ class FederationConfig:
 
     num_clients: int = 100
     rounds: int = 50
-    participation: Optional[float] = 0.05
-    clients_per_round: Optional[int] = None
+    participation: float | None = 0.05
+    clients_per_round: int | None = None
     eval_every: int = 1
     max_consecutive_failed_rounds: int = 3
     # a client that has not answered after this many seconds is dropped from the round
     # (counted in ``failures``); null = wait for every client
-    round_timeout_s: Optional[float] = None
+    round_timeout_s: float | None = None
     # simulated dropout and stragglers (off by default; see AvailabilityConfig)
     availability: AvailabilityConfig = field(default_factory=AvailabilityConfig)
 
@@ -213,11 +212,11 @@ class ClientConfig:
     weight_decay: float = 1e-3
     local_epochs: int = 5
     batch_size: int = 50
-    iterations_per_epoch: Optional[int] = None
-    grad_clip: Optional[float] = 10.0
+    iterations_per_epoch: int | None = None
+    grad_clip: float | None = 10.0
     device: str = "auto"  # auto | cpu | cuda
-    amp: Union[str, bool] = "off"  # off | bf16 | fp16 (a bare YAML off is false)
-    channels_last: Union[str, bool] = "auto"  # auto | true | false
+    amp: str | bool = "off"  # off | bf16 | fp16 (a bare YAML off is false)
+    channels_last: str | bool = "auto"  # auto | true | false
 
     def __post_init__(self):
         if self.amp is False:  # YAML 1.1 reads `amp: off` as a boolean
@@ -301,11 +300,11 @@ class SimulationConfig:
 
     num_cpus: int = 1
     num_gpus: float = 0.0
-    init_num_cpus: Optional[int] = None
-    init_num_gpus: Optional[float] = None
-    num_supernodes: Optional[int] = None  # default: the clients sampled per round
+    init_num_cpus: int | None = None
+    init_num_gpus: float | None = None
+    num_supernodes: int | None = None  # default: the clients sampled per round
     startup_timeout_s: float = 300.0
-    ray_address: Optional[str] = None
+    ray_address: str | None = None
 
 
 @dataclass
@@ -326,7 +325,7 @@ class OutputConfig:
     # the W&B project / MLflow experiment the runs go to
     tracker_project: str = "fedrcl-flwr"
     # W&B group / MLflow parent run of the run (a sweep sets its name; null = none)
-    tracker_group: Optional[str] = None
+    tracker_group: str | None = None
 
 
 @dataclass
@@ -338,8 +337,8 @@ class DPConfig:
     reported at ``delta``."""
 
     mode: str = "server"
-    noise_multiplier: Optional[float] = None
-    clipping_norm: Optional[float] = None
+    noise_multiplier: float | None = None
+    clipping_norm: float | None = None
     delta: float = 1e-5
 
 
@@ -353,13 +352,13 @@ class PrivacyConfig:
     ``secagg_quantization_range`` (quantisation levels) and ``secagg_max_weight`` (the
     largest client weight, null = 1 under uniform weighting, else the largest partition)."""
 
-    dp: Optional[DPConfig] = None
+    dp: DPConfig | None = None
     secagg: bool = False
-    secagg_num_shares: Union[int, float] = 1.0
-    secagg_threshold: Union[int, float] = 0.5
+    secagg_num_shares: int | float = 1.0
+    secagg_threshold: int | float = 0.5
     secagg_clipping_range: float = 8.0
     secagg_quantization_range: int = 1 << 22
-    secagg_max_weight: Optional[float] = None
+    secagg_max_weight: float | None = None
 
 
 @dataclass
@@ -368,7 +367,7 @@ class ExperimentConfig:
     # how `report` and `plot` name this run's row (a sweep sets its variant's label);
     # null = the method and what tells it apart (fedrcl_flwr.report.tables). Not a setting:
     # runs that differ only by label compute the same thing.
-    label: Optional[str] = None
+    label: str | None = None
     seed: int = 0
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
@@ -382,7 +381,7 @@ class ExperimentConfig:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     # the paper's numbers for this setting (see check_reference): {source, metric, values
     # {method label: percent}, when {dotted key: value}} or a list of such blocks
-    reference: Optional[Union[dict, list]] = None
+    reference: dict | list | None = None
 
     def supernodes(self) -> int:
         """SuperNodes of a simulation: ``simulation.num_supernodes``, by default the

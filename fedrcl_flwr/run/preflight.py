@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from fedrcl_flwr.config import (
     ConfigError,
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # only for annotations (the sweep imports this module)
 # ----------------------------------------------------------------------------- the config
 
 
-def load_experiment(path: str, sets: Optional[list[str]], out: Optional[str]
+def load_experiment(path: str, sets: list[str] | None, out: str | None
                     ) -> ExperimentConfig:
     """The experiment of ``path`` with the ``--set`` overrides and ``--out`` applied,
     every key checked, and the method's / strategy's parameters checked against their
@@ -72,7 +72,7 @@ def load_experiment(path: str, sets: Optional[list[str]], out: Optional[str]
     return cfg
 
 
-def check_components(cfg: ExperimentConfig, source: Optional[str] = None) -> None:
+def check_components(cfg: ExperimentConfig, source: str | None = None) -> None:
     """``client.method`` / ``server.strategy`` and their parameters against the declared
     contract (:func:`fedrcl_flwr.app.validate.validate_components`, which imports the
     method's Flower client: the app layer)."""
@@ -257,7 +257,7 @@ def check_ray_address(address: str, timeout: float = 3.0) -> None:
                           f"give the head's GCS address (HOST:6379 by default); {hint}")
 
 
-def _ray_gcs_problem(address: str, timeout: float) -> Optional[str]:
+def _ray_gcs_problem(address: str, timeout: float) -> str | None:
     """Why ``address`` is not a Ray head's GCS (``None`` when it answered Ray's
     ``NodeInfoGcsService.GetClusterId`` with a cluster id)."""
     import grpc
@@ -312,8 +312,8 @@ def prepare_data(cfg: ExperimentConfig, source: str) -> Path:
 def check_split(cfg: ExperimentConfig, label: str) -> list:
     """The clients' partitions (:func:`fedrcl_flwr.run.runtime.client_partitions`); an
     impossible split is one :class:`ConfigError` starting with ``label``."""
-    from fedrcl_flwr.run import runtime
     from fedrcl_flwr.data.partition import PartitionError
+    from fedrcl_flwr.run import runtime
 
     try:
         return runtime.client_partitions(cfg)
@@ -369,8 +369,8 @@ def before_sweep(runs: list[PlannedRun], out_dir: Path) -> None:
     check_pending_runs(runs, frozenset(earlier_runs(runs, out_dir)[0]))
 
 
-def before_partition(experiment: str, sets: Optional[list[str]], plot: Optional[str],
-                     save: Optional[str]) -> tuple[ExperimentConfig, Any, list]:
+def before_partition(experiment: str, sets: list[str] | None, plot: str | None,
+                     save: str | None) -> tuple[ExperimentConfig, Any, list]:
     """Everything ``partition`` checks before it prints or writes: the ``--plot`` and
     ``--save`` files, the config, the dataset and the split. Returns the config, the
     dataset and the clients' partitions."""

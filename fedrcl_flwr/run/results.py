@@ -19,8 +19,9 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
 from fedrcl_flwr.run.run_files import (  # noqa: F401 - the names' one home, re-exported
     CHECKPOINT_FILE,
@@ -70,7 +71,7 @@ def _entries_of_run(out_dir: Path) -> tuple[list[Path], list[Path]]:
     return files, [out_dir / d for d in RUN_SUBDIRS]
 
 
-def overwrite_problem(out_dir: Path) -> Optional[str]:
+def overwrite_problem(out_dir: Path) -> str | None:
     """Why ``run --overwrite`` may not clear ``out_dir`` (``None`` when it may; reads
     only): the directory must carry the run marker (the tool created it), each run file
     present must be a regular file or a link (a link is removed, never its target) and
@@ -206,7 +207,7 @@ class RunRecorder:
     """Appends round records, writes the summary, plot and model at the end."""
 
     def __init__(self, out_dir: Path, *, method: str, strategy: str, rounds: int,
-                 target_rounds: Iterable[int] = (), start_time: Optional[float] = None,
+                 target_rounds: Iterable[int] = (), start_time: float | None = None,
                  elapsed_before: float = 0.0, report_metric: str = "final"):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -282,7 +283,7 @@ class RunRecorder:
         out.update(research_summary(self.records))
         return out
 
-    def finish(self, model_state: Optional[dict] = None, before_summary=None) -> dict:
+    def finish(self, model_state: dict | None = None, before_summary=None) -> dict:
         """Write the model, the plot and, last, ``summary.json`` (its appearance means
         every result of the run is on disk). ``before_summary(summary, plots)`` is called
         just before (the experiment trackers, ``fedrcl_flwr.tracking``)."""
@@ -323,7 +324,7 @@ def research_summary(records: list[dict]) -> dict:
     return out
 
 
-def reported_value(summary: dict, metric: str) -> Optional[float]:
+def reported_value(summary: dict, metric: str) -> float | None:
     """``summary.json``'s value of a report metric: final | best | last5 | ema@ROUND."""
     from fedrcl_flwr.config.catalog import SUMMARY_METRICS, ema_round
 
