@@ -440,7 +440,7 @@ def measure_floor(nodes: int, per_round: int, rounds: int, payload: int, env: di
             "PYTHONWARNINGS": "ignore"}
     fenv.pop("RAY_ADDRESS", None)
     bindir = Path(sys.executable).parent
-    exe = lambda name: str(bindir / name) if (bindir / name).exists() else shutil.which(name)  # noqa: E731
+    exe = lambda name: str(bindir / name) if (bindir / name).exists() else shutil.which(name)  # noqa: E731 - one-line lookup
     watch = LoadWatch(marker)
     link = None
     recs: list[dict] = []

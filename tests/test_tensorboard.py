@@ -14,7 +14,7 @@ from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.tracking import TB_DIR, scalars
 
 pytest.importorskip("tensorboard")
-from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402 - after importorskip
     EventAccumulator,
 )
 

@@ -170,7 +170,7 @@ def weights_source(name: str) -> tuple[str, str]:
         import torchvision
 
         where = torchvision.models.get_model_weights(name).DEFAULT.url
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - no torchvision / no such weights: the generic name
         pass
     cmd = (f"python -c \"import torch, torchvision; torch.save(torchvision.models.get_model("
            f"'{name}', weights='DEFAULT').state_dict(), '{name}.pth')\"")
