@@ -22,15 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from flwr.common import FitRes, Status, Code, ndarrays_to_parameters  # noqa: E402
+import numpy as np
+import torch
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
-from fedrcl_flwr.app.inprocess import run_inprocess  # noqa: E402
-from fedrcl_flwr.app.server_app import build_server  # noqa: E402
-from fedrcl_flwr.checkpoint import CHECKPOINT_FILE, save_checkpoint  # noqa: E402
-from fedrcl_flwr.config import load_config  # noqa: E402
-from fedrcl_flwr.results import read_metrics  # noqa: E402
+from fedrcl_flwr.app.inprocess import run_inprocess
+from fedrcl_flwr.app.server_app import build_server
+from fedrcl_flwr.config import load_config
+from fedrcl_flwr.run.checkpoint import CHECKPOINT_FILE, save_checkpoint
+from fedrcl_flwr.run.results import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 

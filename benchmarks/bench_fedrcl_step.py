@@ -29,11 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from fedrcl_flwr.losses.rcl import rcl_loss  # noqa: E402
-from fedrcl_flwr.models.resnet import ResNet18GN  # noqa: E402
-from fedrcl_flwr.training import (  # noqa: E402
+from fedrcl_flwr.losses.rcl import rcl_loss
+from fedrcl_flwr.models.resnet import ResNet18GN
+from fedrcl_flwr.training import (
     LocalTrainSettings,
     LossTerm,
     cross_entropy_term,

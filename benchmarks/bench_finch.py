@@ -26,8 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedrcl_flwr.clustering import canonical_labels, finch  # noqa: E402
-
+from fedrcl_flwr.clustering import canonical_labels, finch
 
 canonical = canonical_labels
 

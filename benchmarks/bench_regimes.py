@@ -17,7 +17,7 @@ from round 3 on (round 2 on for runs of 3-4 rounds): round 1 pays Ray's actor st
 Its *start-up* is process start to round 1's start. One line per (regime, rounds) ends in
 ``steady sim/bare = X.XX``; the quickstart's lines also give the whole-run ratio.
 
-The Flower run is timed in its real path (``FEDRCL_TIMERS``, :mod:`fedrcl_flwr.timers`):
+The Flower run is timed in its real path (``FEDRCL_TIMERS``, :mod:`fedrcl_flwr.run.timers`):
 the table below each regime splits an actor's time per client message into Ray
 dispatch, message decode, client construction, model load, training and encode, plus
 the per-round SuperLink round trip and the server's time between rounds, amortised over
@@ -52,8 +52,8 @@ from statistics import mean, median
 
 from _common import ROOT
 
-from fedrcl_flwr import timers
-from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.run import timers
+from fedrcl_flwr.run.results import read_metrics
 
 
 @dataclass
@@ -440,7 +440,7 @@ def measure_floor(nodes: int, per_round: int, rounds: int, payload: int, env: di
             "PYTHONWARNINGS": "ignore"}
     fenv.pop("RAY_ADDRESS", None)
     bindir = Path(sys.executable).parent
-    exe = lambda name: str(bindir / name) if (bindir / name).exists() else shutil.which(name)  # noqa: E731
+    exe = lambda name: str(bindir / name) if (bindir / name).exists() else shutil.which(name)  # noqa: E731 - one-line lookup
     watch = LoadWatch(marker)
     link = None
     recs: list[dict] = []
@@ -639,7 +639,7 @@ def run_regime(regime: Regime, rounds_list: list[int], exp: Path, env: dict, wor
 def measure_floor_for(regime: Regime, rounds: int, env: dict, work: Path, marker: str,
                       exp: Path, extra: list[str]) -> dict:
     from fedrcl_flwr.cli import _load
-    from fedrcl_flwr.runtime import get_weights, load_bundle, new_model
+    from fedrcl_flwr.run.runtime import get_weights, load_bundle, new_model
 
     cfg = _load(str(exp), [f"federation.rounds={rounds}", *regime.sets, *extra], None)
     nodes, k = cfg.supernodes(), cfg.federation.sampled_per_round()

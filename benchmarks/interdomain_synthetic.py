@@ -38,7 +38,7 @@ def run(split: str, out: Path) -> None:
     torch.set_num_threads(1)
     from fedrcl_flwr.app.inprocess import run_inprocess
     from fedrcl_flwr.config import load_config
-    from fedrcl_flwr.runtime import client_partitions
+    from fedrcl_flwr.run.runtime import client_partitions
 
     for method in METHODS:
         for seed in SEEDS:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -43,12 +43,11 @@ from flwr.common import (
     Status,
 )
 
-from fedrcl_flwr import client_eval, runtime, timers
+from fedrcl_flwr import client_eval
 from fedrcl_flwr.accel import use_channels_last
 from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.config import ExperimentConfig
-from fedrcl_flwr.run_files import CLIENT_STATE_DIR
 from fedrcl_flwr.protocol import (
     EvaluateInstructions,
     EvaluateReport,
@@ -56,6 +55,8 @@ from fedrcl_flwr.protocol import (
     FitReport,
     upload_weight,
 )
+from fedrcl_flwr.run import runtime, timers
+from fedrcl_flwr.run.run_files import CLIENT_STATE_DIR
 from fedrcl_flwr.signals import SignalSet, decode_signals, encode_signals
 from fedrcl_flwr.training import (
     LocalTrainSettings,
@@ -92,7 +93,7 @@ class WireClient(Client):
     the model fewer per message; the received weights are read-only views of the
     message). Both runners hand every fit to it, the ClientApp and the in-process one."""
 
-    def __init__(self, numpy_client: "FederatedClient"):
+    def __init__(self, numpy_client: FederatedClient):
         self.numpy_client = numpy_client
 
     @staticmethod
@@ -132,10 +133,10 @@ class FederatedClient(NumPyClient):
     method = "base"
     defaults: dict = {}
     rules: dict = {}  # parameter name -> fedrcl_flwr.components.Rule (allowed values)
-    strategies: Optional[tuple] = None  # the server strategies it needs (None: any)
+    strategies: tuple | None = None  # the server strategies it needs (None: any)
 
-    def __init__(self, cfg: ExperimentConfig, *, local_data: Optional[LocalData] = None,
-                 partition_id: Optional[int] = None, state_dir: Optional[str] = None):
+    def __init__(self, cfg: ExperimentConfig, *, local_data: LocalData | None = None,
+                 partition_id: int | None = None, state_dir: str | None = None):
         self.cfg = cfg
         self.p = self.resolve(cfg)
         self._fixed_data = local_data
@@ -143,12 +144,12 @@ class FederatedClient(NumPyClient):
         self.state_dir = state_dir
         self._state_store = None
         self.device = runtime.pick_device(cfg.client.device)
-        self.model: Optional[torch.nn.Module] = None
-        self.global_weights: Optional[list] = None
+        self.model: torch.nn.Module | None = None
+        self.global_weights: list | None = None
         self.run_round = 0
         self.partition_id = -1
-        self.data: Optional[LocalData] = None
-        self._received: Optional[tuple] = None
+        self.data: LocalData | None = None
+        self._received: tuple | None = None
 
     # ------------------------------------------------------- the contract (class level)
     @classmethod
@@ -158,7 +159,7 @@ class FederatedClient(NumPyClient):
                               cls.rules, cfg.client.params)
 
     @classmethod
-    def exchange_settings(cls, p: dict) -> Optional[dict]:
+    def exchange_settings(cls, p: dict) -> dict | None:
         """Settings of the server's signal exchange this method needs, given its resolved
         parameters ``p`` (``None``: it exchanges no signals)."""
         return None
@@ -186,7 +187,7 @@ class FederatedClient(NumPyClient):
         the training loop's forward pass (FedMLB: through the model's blocks)."""
         return None
 
-    def trainable_parameters(self) -> Optional[list]:
+    def trainable_parameters(self) -> list | None:
         """Parameters to optimise (default: all that require grad)."""
         return None
 
@@ -203,22 +204,40 @@ class FederatedClient(NumPyClient):
     def state_store(self):
         """Per-client persistent state on disk (see ``fedrcl_flwr.client_state``)."""
         if self._state_store is None:
-            from fedrcl_flwr.client_state import ClientStateStore
             import tempfile
+
+            from fedrcl_flwr.client_state import ClientStateStore
 
             root = self.state_dir or tempfile.mkdtemp(prefix="fedrcl-client-state-")
             self.state_dir = root
             self._state_store = ClientStateStore(root)
         return self._state_store
 
+    def round_model(self) -> torch.nn.Module:
+        """The model of the round in progress (loaded by :meth:`fit` with the received
+        weights before any hook runs)."""
+        if self.model is None:
+            raise RuntimeError(f"{type(self).__name__}: no model yet (fit() loads it)")
+        return self.model
+
+    def round_data(self) -> LocalData:
+        """The round's local data (picked by :meth:`fit` before any hook runs)."""
+        if self.data is None:
+            raise RuntimeError(f"{type(self).__name__}: no local data yet (fit() picks it)")
+        return self.data
+
     def received_trainable(self) -> list[torch.Tensor]:
         """The received (global) values of the model's trainable parameters, aligned with
         ``model.parameters()``, as constant tensors on the device (computed once/round)."""
         if self._received is None or self._received[0] != id(self.global_weights):
-            keys = list(self.model.state_dict().keys())
-            by_key = dict(zip(keys, self.global_weights))
+            model, received = self.round_model(), self.global_weights
+            if received is None:
+                raise RuntimeError(f"{type(self).__name__}: no received weights (fit() "
+                                   "stores them)")
+            keys = list(model.state_dict().keys())
+            by_key = dict(zip(keys, received))
             tensors = [runtime.constant_tensor(by_key[n], device=self.device)
-                       for n, p in self.model.named_parameters() if p.requires_grad]
+                       for n, p in model.named_parameters() if p.requires_grad]
             self._received = (id(self.global_weights), tensors)
         return self._received[1]
 
@@ -268,6 +287,7 @@ class FederatedClient(NumPyClient):
             from types import SimpleNamespace
 
             d = self._fixed_data
+            assert d is not None  # the bundle is None only for a client with fixed data
             x0, _ = d.dataset[int(d.indices[0])]
             bundle = SimpleNamespace(num_classes=d.num_classes, in_channels=x0.shape[0],
                                      image_size=x0.shape[-1])
@@ -303,7 +323,7 @@ class FederatedClient(NumPyClient):
         """The round's partition, data, RNG seeds and model (loaded with ``parameters``),
         then :meth:`on_round_start`; returns the client's seed for the round."""
         self.run_round = ins.run_round
-        pid: Optional[int]
+        pid: int | None
         if self._fixed_data is not None:  # a real device: its own data, its own id
             pid = self.default_partition_id if self.default_partition_id is not None else 0
         else:  # simulation: the partition the server assigned this round
@@ -326,22 +346,24 @@ class FederatedClient(NumPyClient):
     def _train(self, ins: FitInstructions, seed: int):
         """The shared training loop on the round's batches (``fedrcl_flwr.training``)."""
         c = self.cfg.client
-        bs = batch_size_for(self.data.size, c.batch_size, c.iterations_per_epoch)
-        batches = runtime.make_batches(self.data.dataset, self.data.indices, bs, seed,
+        model, data = self.round_model(), self.round_data()
+        bs = batch_size_for(data.size, c.batch_size, c.iterations_per_epoch)
+        batches = runtime.make_batches(data.dataset, data.indices, bs, seed,
                                        device=self.device)
-        channels_last = use_channels_last(c.channels_last, self.device, self.model)
+        channels_last = use_channels_last(c.channels_last, self.device, model)
         if channels_last:  # the pooled model keeps it; set_weights preserves the layout
-            self.model.to(memory_format=torch.channels_last)
+            model.to(memory_format=torch.channels_last)
         settings = LocalTrainSettings(
             lr=ins.lr if ins.lr is not None else round_lr(c.lr, c.lr_decay, self.run_round),
             epochs=c.local_epochs, momentum=c.momentum, weight_decay=c.weight_decay,
             grad_clip=c.grad_clip, iterations_per_epoch=c.iterations_per_epoch,
             optimizer=c.optimizer, nesterov=c.nesterov, betas=tuple(c.betas), eps=c.eps,
-            epoch_lr_decay=c.epoch_lr_decay, amp=c.amp, channels_last=channels_last,
+            # a str once loaded: the schema maps YAML's bare `off` (False) to "off"
+            epoch_lr_decay=c.epoch_lr_decay, amp=cast(str, c.amp), channels_last=channels_last,
         )
         terms = self.loss_terms() + self.strategy_terms(ins)
         with timers.stage("train"):
-            return train_local(self.model, batches, terms, settings, self.device,
+            return train_local(model, batches, terms, settings, self.device,
                                transform=self.batch_transform(), forward=self.forward(),
                                params=self.trainable_parameters())
 
@@ -363,10 +385,11 @@ class FederatedClient(NumPyClient):
         if self._fixed_data is None:
             data = runtime.load_bundle(self.cfg).test
         else:
-            plain = self.data.dataset.plain() if hasattr(self.data.dataset, "plain") \
-                else self.data.dataset
-            data = Subset(plain, self.data.indices.tolist())
-        rec = representation_record(self.model, data, self.device)
+            local = self.round_data()
+            plain = local.dataset.plain() if hasattr(local.dataset, "plain") \
+                else local.dataset
+            data = Subset(plain, local.indices.tolist())
+        rec = representation_record(self.round_model(), data, self.device)
         return {k[len("repr_"):]: v for k, v in rec.items()}
 
     def evaluate(self, parameters, config):
@@ -442,13 +465,13 @@ class FederatedClient(NumPyClient):
 
 class SignalClient(FederatedClient):
     """A method that exchanges feature signals with the server's SignalExchange
-    (``strategies/signal_exchange.py``): FedCCL (cluster signals), FedProto, FedProc, FPL
+    (``fedrcl_flwr/server/signal_exchange.py``): FedCCL (cluster signals), FedProto, FedProc, FPL
     and FedPCL (class prototypes). It reads what the server relayed
     (:meth:`load_signals`), embeds its data with the trained model
     (:meth:`embed_local_data`) and uploads signals built from it (:meth:`upload_signals`).
     Its ``client.params`` include ``feature`` (the tap) and ``embed_batch``."""
 
-    def load_signals(self, encoded: Optional[bytes]) -> Optional[tuple]:
+    def load_signals(self, encoded: bytes | None) -> tuple | None:
         """``(vectors, labels)`` tensors on the device of signals the server sent
         (``ins.signals_local`` / ``ins.signals_global``), or ``None`` when absent or
         empty (round one)."""
@@ -465,8 +488,9 @@ class SignalClient(FederatedClient):
         current model, un-augmented, in eval mode (the model's mode is restored)."""
         from fedrcl_flwr.representation import embed
 
-        feats, labels = embed(self.model, self.data.dataset, self.device,
-                              indices=self.data.indices, feature=self.p["feature"],
+        data = self.round_data()
+        feats, labels = embed(self.round_model(), data.dataset, self.device,
+                              indices=data.indices, feature=self.p["feature"],
                               batch_size=int(self.p["embed_batch"]))
         return feats.numpy(), labels.numpy()
 

@@ -55,7 +55,7 @@ class FedMLBClient(FederatedClient):
     @classmethod
     def check_config(cls, cfg, p) -> None:
         """Fail before the run when the configured model has no block interface."""
-        from fedrcl_flwr.runtime import probe_model
+        from fedrcl_flwr.run.runtime import probe_model
 
         model = probe_model(cfg)
         if model is not None and not has_blocks(model):

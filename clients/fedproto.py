@@ -9,7 +9,7 @@ where C̄^{(c)} is the global prototype of class c (loss term ``proto``;
 :func:`fedrcl_flwr.losses.baselines.fedproto_loss`). Samples of a class without a global
 prototype add zero; round one (no prototypes yet) is plain CE.
 
-Prototypes travel through the signal exchange (``strategies/signal_exchange.py``,
+Prototypes travel through the signal exchange (``fedrcl_flwr/server/signal_exchange.py``,
 ``global_mode: mean``, ``send_local: false``): after training the client embeds its data
 with the updated model (eval mode, no augmentation) and uploads one class-mean prototype
 per class it holds (the fit report's ``signals``); the server's global prototype of a class is

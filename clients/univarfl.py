@@ -55,11 +55,11 @@ class UniVarFLClient(FederatedClient):
         feat = p["feature"]
         if p["variant"] == "univarfl":
             he_kw = {} if p["eps"] < 0 else {"eps": float(p["eps"])}
-            var = lambda b: U.classifier_variance_loss(b.logits)  # noqa: E731
-            uni = lambda b: U.hyperspherical_energy(b.feats[feat], **he_kw)  # noqa: E731
+            var = lambda b: U.classifier_variance_loss(b.logits)  # noqa: E731 - one-liners
+            uni = lambda b: U.hyperspherical_energy(b.feats[feat], **he_kw)  # noqa: E731 - one-liners
         else:  # feduv
-            var = lambda b: U.feduv_std_loss(b.logits)  # noqa: E731
-            uni = lambda b: U.feduv_uniformity_loss(b.feats[feat])  # noqa: E731
+            var = lambda b: U.feduv_std_loss(b.logits)  # noqa: E731 - one-liners
+            uni = lambda b: U.feduv_uniformity_loss(b.feats[feat])  # noqa: E731 - one-liners
         return [cross_entropy_term(),
                 LossTerm("variance", var, weight=lam),
                 LossTerm("uniformity", uni, weight=float(p["mu"]), needs_features=True)]

@@ -30,8 +30,8 @@ memory format, decided in one place (no Flower here).
 from __future__ import annotations
 
 import contextlib
-from functools import lru_cache
-from typing import Any, Optional, Union
+from functools import cache
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,7 +43,7 @@ _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # ----------------------------------------------------------------------------- transfers
-def transfer_plan(device: Union[str, torch.device, None]) -> tuple[bool, bool]:
+def transfer_plan(device: str | torch.device | None) -> tuple[bool, bool]:
     """``(pin, non_blocking)`` for host tensors bound for ``device``: both true for a CUDA
     device (page-locked staging, asynchronous copy), both false otherwise (the CPU: the
     batch already is where it is used)."""
@@ -63,7 +63,7 @@ def gather_rows(source: torch.Tensor, index: torch.Tensor, pin: bool) -> torch.T
     return torch.index_select(source, 0, index, out=out)
 
 
-def to_device(t: torch.Tensor, device: Union[str, torch.device, None]) -> torch.Tensor:
+def to_device(t: torch.Tensor, device: str | torch.device | None) -> torch.Tensor:
     """``t`` on ``device`` without a host wait: ``non_blocking`` for a CUDA target
     (``t`` pinned or small), unchanged when it already is there."""
     if device is None:
@@ -75,7 +75,7 @@ def to_device(t: torch.Tensor, device: Union[str, torch.device, None]) -> torch.
 
 
 # ------------------------------------------------------------------------ mixed precision
-def amp_dtype(mode: str, device: Union[str, torch.device]) -> Optional[torch.dtype]:
+def amp_dtype(mode: str, device: str | torch.device) -> torch.dtype | None:
     """The autocast dtype of ``client.amp`` ``mode`` on ``device`` (``None`` for ``off``).
     ``fp16`` on anything but CUDA is a :class:`ConfigError`."""
     if mode not in AMP_MODES:
@@ -89,14 +89,14 @@ def amp_dtype(mode: str, device: Union[str, torch.device]) -> Optional[torch.dty
     return _AMP_DTYPES[mode]
 
 
-def forward_precision(device: Union[str, torch.device], dtype: Optional[torch.dtype]):
+def forward_precision(device: str | torch.device, dtype: torch.dtype | None):
     """Context of the model's forward pass: autocast to ``dtype`` (nothing when ``None``)."""
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
 
 
-def loss_precision(device: Union[str, torch.device], dtype: Optional[torch.dtype]):
+def loss_precision(device: str | torch.device, dtype: torch.dtype | None):
     """Context of the loss terms: autocast disabled when the forward used it, so the losses
     run in float32 on the float32 copies :func:`as_float32` makes (nothing when ``None``)."""
     if dtype is None:
@@ -116,7 +116,7 @@ def as_float32(obj: Any) -> Any:
     return obj
 
 
-def grad_scaler(mode: str, device: Union[str, torch.device]):
+def grad_scaler(mode: str, device: str | torch.device):
     """A new ``torch.amp.GradScaler`` for ``fp16`` (``None`` otherwise: bf16 has float32's
     exponent range and needs no loss scaling). ``training.train_local`` asks for one per
     call, i.e. a fresh scaler every client round, with ``GradScaler()``'s constants (init
@@ -139,7 +139,7 @@ def _has_conv2d(model: nn.Module) -> bool:
     return any(isinstance(m, nn.Conv2d) for m in model.modules())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _norm_keeps_channels_last(kind: type, device: str) -> bool:
     """Whether ``kind`` (a 2-D normalisation layer class) returns NHWC for NHWC input on
     ``device`` with this PyTorch build (a tiny probe, once per process)."""
@@ -155,7 +155,7 @@ def _norm_keeps_channels_last(kind: type, device: str) -> bool:
 _NORMS_2D = (nn.GroupNorm, nn.BatchNorm2d, nn.InstanceNorm2d)
 
 
-def use_channels_last(setting: Union[str, bool], device: Union[str, torch.device],
+def use_channels_last(setting: str | bool, device: str | torch.device,
                       model: nn.Module) -> bool:
     """Whether to train ``model`` on ``device`` in ``torch.channels_last``
     (``client.channels_last``; see the module docstring for ``auto``)."""

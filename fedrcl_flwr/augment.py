@@ -25,7 +25,7 @@ the device, and no host wait on an accelerator.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +60,7 @@ def pil_rotation_coefficients(angle: float, width: int, height: int) -> list[int
             _fix(d), _fix(e), _fix(f + d * 0.5 + e * 0.5)]
 
 
-def _angles(degrees: Union[torch.Tensor, Sequence[float]]) -> list[float]:
+def _angles(degrees: torch.Tensor | Sequence[float]) -> list[float]:
     """The angles as Python floats (Pillow's coefficients are computed in double precision
     on the host). The training loop's angles are drawn on the host, so reading them is no
     device synchronisation."""
@@ -69,7 +69,7 @@ def _angles(degrees: Union[torch.Tensor, Sequence[float]]) -> list[float]:
     return [float(v) for v in degrees]
 
 
-def rotate(x: torch.Tensor, degrees: Union[torch.Tensor, Sequence[float]]) -> torch.Tensor:
+def rotate(x: torch.Tensor, degrees: torch.Tensor | Sequence[float]) -> torch.Tensor:
     """Rotate every image of ``x`` (B, C, H, W), any dtype, by its own angle
     ``degrees[b]`` (counter-clockwise, about the image centre), as torchvision's
     ``F.rotate`` on a PIL image with ``RandomRotation``'s defaults (see
@@ -109,7 +109,7 @@ def draw_angles(b: int, max_degrees: float,
 
 
 def crop_flip(x: torch.Tensor, top: torch.Tensor, left: torch.Tensor,
-              flip: Optional[torch.Tensor], pad: int, fill: float = 0.0) -> torch.Tensor:
+              flip: torch.Tensor | None, pad: int, fill: float = 0.0) -> torch.Tensor:
     """Per-sample crop of ``x`` padded by ``pad`` on every side with ``fill``: sample b is
     the (H, W) window at row ``top[b]``, column ``left[b]`` of the padded image (offsets
     in [0, 2·pad]), mirrored left-right where ``flip[b]`` (``None``: no flip). Offsets and

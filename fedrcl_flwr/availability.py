@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -170,7 +170,7 @@ def per_client_values(spec: Any, num_clients: int, seed: int, salt: int) -> np.n
 
 
 def local_steps(size: int, local_epochs: int, batch_size: int,
-                iterations_per_epoch: Optional[int]) -> int:
+                iterations_per_epoch: int | None) -> int:
     """Optimisation steps of one local round on ``size`` samples, as
     ``training.train_local`` runs them."""
     from fedrcl_flwr.training import batch_size_for
@@ -189,7 +189,7 @@ class RoundOutcome:
     reporting: list
     dropped_out: list = field(default_factory=list)
     late: list = field(default_factory=list)
-    sim_round_time: Optional[float] = None
+    sim_round_time: float | None = None
 
     @property
     def dropped(self) -> list:
@@ -200,8 +200,8 @@ class Availability:
     """The dropout / straggler simulation of one run (pure: no state across rounds)."""
 
     def __init__(self, *, seed: int, num_clients: int, clients_per_round: int,
-                 dropout: Optional[np.ndarray] = None, speed: Optional[np.ndarray] = None,
-                 workload: Optional[np.ndarray] = None, deadline: Optional[float] = None,
+                 dropout: np.ndarray | None = None, speed: np.ndarray | None = None,
+                 workload: np.ndarray | None = None, deadline: float | None = None,
                  jitter: float = 0.0):
         self.seed = int(seed)
         self.num_clients = int(num_clients)
@@ -214,7 +214,7 @@ class Availability:
         self._counts: dict[int, tuple[int, int]] = {}  # round -> (dropped, late)
 
     @classmethod
-    def from_config(cls, cfg, sizes: Optional[list] = None) -> Optional["Availability"]:
+    def from_config(cls, cfg, sizes: list | None = None) -> Availability | None:
         """``None`` when availability is off. ``sizes``: each client's number of training
         samples (the workload of a straggler; default: equal workloads)."""
         if not enabled(cfg):
@@ -236,7 +236,7 @@ class Availability:
                    dropout=dropout, speed=speed, workload=workload,
                    deadline=av.stragglers.deadline, jitter=av.stragglers.jitter)
 
-    def times(self, rnd: int) -> Optional[np.ndarray]:
+    def times(self, rnd: int) -> np.ndarray | None:
         """Every client's simulated round time in round ``rnd`` (None: no stragglers)."""
         if self.speed is None:
             return None
@@ -272,7 +272,7 @@ class Availability:
     def totals(self, rnd: int) -> tuple[int, int]:
         """(dropped, late) summed over rounds 1..``rnd`` (rounds not seen in this process,
         e.g. before a resume, are recomputed from the seed)."""
-        from fedrcl_flwr.runtime import sample_partitions
+        from fedrcl_flwr.run.runtime import sample_partitions
 
         dropped = late = 0
         for t in range(1, int(rnd) + 1):

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from fedrcl_flwr.config import ConfigError, ExperimentConfig
-from fedrcl_flwr.preflight import (  # noqa: F401 - the checks' one home, re-exported
+from fedrcl_flwr.run.preflight import (  # noqa: F401 - the checks' one home, re-exported
     check_output_dir,
     check_output_file,
     check_plot_path,
@@ -79,7 +79,7 @@ def _load_resume(args):
     (more rounds, evaluation/output cadence, resources); anything else is refused, naming
     the keys: the records after the resume must belong to the same experiment."""
     from fedrcl_flwr.config import RESUME_MAY_CHANGE, resume_refusals
-    from fedrcl_flwr.run_files import CHECKPOINT_FILE, CONFIG_FILE
+    from fedrcl_flwr.run.run_files import CHECKPOINT_FILE, CONFIG_FILE
 
     run_dir = Path(args.resume).expanduser().resolve()
     cfg_file = run_dir / CONFIG_FILE
@@ -109,9 +109,9 @@ def _load_resume(args):
 
 def cmd_run(args) -> int:
     """``run EXPERIMENT.yaml`` / ``run --resume DIR``: the config, every check before the
-    run (:func:`fedrcl_flwr.preflight.before_run`), the run directory claimed, the
+    run (:func:`fedrcl_flwr.run.preflight.before_run`), the run directory claimed, the
     simulation, one line of result."""
-    from fedrcl_flwr.preflight import before_run
+    from fedrcl_flwr.run.preflight import before_run
     from fedrcl_flwr.runner import OutputLock, RunFailed
 
     cfg, out_dir = _run_config(args)
@@ -163,9 +163,8 @@ def _claim_run_dir(cfg: ExperimentConfig, out_dir: Path, *, overwrite: bool) -> 
     """With the lock held: clear an earlier run (``--overwrite``), mark the directory as
     the tool's run directory, write the resolved ``config.yaml``, say what runs."""
     from fedrcl_flwr.config import dump_config
-    from fedrcl_flwr.results import (clear_run_dir, ema_note, has_marker, shows_ema,
-                                     write_marker)
-    from fedrcl_flwr.run_files import CONFIG_FILE
+    from fedrcl_flwr.run.results import clear_run_dir, ema_note, has_marker, shows_ema, write_marker
+    from fedrcl_flwr.run.run_files import CONFIG_FILE
 
     if overwrite:
         try:
@@ -193,7 +192,7 @@ def _simulate(cfg: ExperimentConfig, out_dir: Path, args, lock, entry: Path) -> 
 
 def _result_text(cfg: ExperimentConfig, summary: dict) -> str:
     """``final accuracy 71.20%`` (and the reported metric when it is another)."""
-    from fedrcl_flwr.results import reported_value
+    from fedrcl_flwr.run.results import reported_value
 
     acc = summary.get("final_accuracy")
     text = f"final accuracy {100 * acc:.2f}%" if acc is not None else "no evaluated round"
@@ -206,8 +205,8 @@ def _result_text(cfg: ExperimentConfig, summary: dict) -> str:
 
 
 def cmd_report(args) -> int:
-    """``report DIR...``: mean +- std per method and setting (fedrcl_flwr.tables)."""
-    from fedrcl_flwr.tables import report
+    """``report DIR...``: mean +- std per method and setting (fedrcl_flwr.report.tables)."""
+    from fedrcl_flwr.report.tables import report
 
     print(report(args.dirs, args.format, args.metric, args.vs), end="")
     if args.format == "markdown":
@@ -217,7 +216,7 @@ def cmd_report(args) -> int:
 
 def cmd_plot(args) -> int:
     """``plot DIR...``: accuracy curves per method (mean +- std over seeds), per setting."""
-    from fedrcl_flwr.tables import client_plot_files, plot_files, plot_groups
+    from fedrcl_flwr.report.tables import client_plot_files, plot_files, plot_groups
 
     if not args.out.strip():
         raise ConfigError("--out must be a file stem, got an empty string")
@@ -231,8 +230,8 @@ def cmd_plot(args) -> int:
 
 def cmd_sweep(args) -> int:
     """``sweep SWEEP.yaml``: plan and validate every run, then run those not finished."""
-    from fedrcl_flwr.preflight import before_sweep
-    from fedrcl_flwr.sweep import format_plan, plan_sweep, run_sweep, take_over_earlier_runs
+    from fedrcl_flwr.run.preflight import before_sweep
+    from fedrcl_flwr.run.sweep import format_plan, plan_sweep, run_sweep, take_over_earlier_runs
 
     ncpu = os.cpu_count() or 1
     if not 1 <= args.jobs <= ncpu:
@@ -256,9 +255,13 @@ def cmd_partition(args) -> int:
     """``partition EXPERIMENT.yaml``: the clients' class counts (and domains) as a table,
     optionally a heatmap (``--plot``) and the split as a file (``--save``)."""
     from fedrcl_flwr.data.partition import save_split_file
-    from fedrcl_flwr.data.report import (class_counts, client_domains, format_counts_table,
-                                         plot_counts_heatmap)
-    from fedrcl_flwr.preflight import before_partition
+    from fedrcl_flwr.data.report import (
+        class_counts,
+        client_domains,
+        format_counts_table,
+        plot_counts_heatmap,
+    )
+    from fedrcl_flwr.run.preflight import before_partition
 
     if args.max_rows is not None and args.max_rows < 0:
         raise ConfigError(f"--max-rows must be >= 0, got {args.max_rows}")
@@ -285,7 +288,7 @@ def cmd_partition(args) -> int:
 
 def partition_title(cfg) -> str:
     """``name: N clients, <scheme and its parameter>`` for the partition heatmap."""
-    from fedrcl_flwr.catalog import PARTITION_SCHEMES
+    from fedrcl_flwr.config.catalog import PARTITION_SCHEMES
 
     p = cfg.partition
     what = PARTITION_SCHEMES.get(p.scheme, p.scheme)
@@ -297,8 +300,8 @@ def partition_title(cfg) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fedrcl_flwr.catalog import METRIC_NAMES
-    from fedrcl_flwr.tables import FORMATS
+    from fedrcl_flwr.config.catalog import METRIC_NAMES
+    from fedrcl_flwr.report.tables import FORMATS
 
     p = _Parser(prog="fedrcl-flwr", description=__doc__.splitlines()[0])
     p.add_argument("--verbose", action="store_true", help="show Flower/Ray logs")

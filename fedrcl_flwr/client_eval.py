@@ -46,7 +46,7 @@ import math
 
 import numpy as np
 
-from fedrcl_flwr.catalog import CLIENT_STAT_KEYS as STAT_KEYS
+from fedrcl_flwr.config.catalog import CLIENT_STAT_KEYS as STAT_KEYS
 from fedrcl_flwr.protocol import decode_client_eval, encode_client_eval
 
 HOLDOUT_SALT = 0x7E57
@@ -149,7 +149,7 @@ def finetune(model, dataset, indices: np.ndarray, cfg, run_round: int, client: i
 
     import torch
 
-    from fedrcl_flwr import runtime
+    from fedrcl_flwr.run import runtime
     from fedrcl_flwr.training import (
         LocalTrainSettings,
         batch_size_for,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -28,7 +27,7 @@ class ClientStateStore:
 
     def save(self, partition_id: int, name: str, state: dict, *, compact: bool = False) -> None:
         if not self.root.is_dir():
-            from fedrcl_flwr.results import write_marker
+            from fedrcl_flwr.run.results import write_marker
 
             self.root.mkdir(parents=True, exist_ok=True)
             write_marker(self.root, self.root.name)  # ours: `run --overwrite` may clear it
@@ -41,12 +40,12 @@ class ClientStateStore:
         torch.save(state, tmp)
         os.replace(tmp, path)
 
-    def load(self, partition_id: int, name: str, *, dtype: Optional[torch.dtype] = None
-             ) -> Optional[dict]:
+    def load(self, partition_id: int, name: str, *, dtype: torch.dtype | None = None
+             ) -> dict | None:
         path = self._path(partition_id, name)
         if not path.exists():
             return None
-        from fedrcl_flwr.checkpoint import safe_load
+        from fedrcl_flwr.run.checkpoint import safe_load
 
         state = safe_load(path, "client state file")
         if dtype is not None:

@@ -61,8 +61,6 @@ reference computes too.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
@@ -175,13 +173,13 @@ class _Geometry:
 class _Neighbours:
     """First neighbours of the rows of a :class:`_Geometry` and the distances needed later."""
 
-    def __init__(self, geo: _Geometry, block_size: Optional[int]):
+    def __init__(self, geo: _Geometry, block_size: int | None):
         self.geo = geo
         n = geo.n
         if block_size is None:
             block_size = _auto_block(np.dtype(geo.dtype).itemsize)
-        self.full: Optional[np.ndarray] = None  # all distances (single-product case)
-        self.sim: Optional[np.ndarray] = None  # or, for cosine, all similarities
+        self.full: np.ndarray | None = None  # all distances (single-product case)
+        self.sim: np.ndarray | None = None  # or, for cosine, all similarities
         if n <= block_size and geo.cosine:
             self._cosine_full()
         elif n <= block_size:
@@ -306,7 +304,7 @@ def _early_exit_threshold(nb: _Neighbours) -> float:
     return best
 
 
-def _components(nb: _Neighbours, min_sim: Optional[float]) -> tuple[np.ndarray, int]:
+def _components(nb: _Neighbours, min_sim: float | None) -> tuple[np.ndarray, int]:
     """Connected components of the first-neighbour graph (links whose distance times
     their adjacency count exceeds ``min_sim`` removed)."""
     kappa = nb.kappa
@@ -377,7 +375,7 @@ def _linked_entries(kappa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _refine(data: np.ndarray, labels: np.ndarray, req_clust: int, distance: str,
-            block_size: Optional[int]) -> np.ndarray:
+            block_size: int | None) -> np.ndarray:
     """Merge the clusters of ``labels`` one closest linked pair at a time (the reference's
     ``req_numclust``), ``#clusters - req_clust`` times."""
     cur = labels
@@ -396,14 +394,14 @@ def _refine(data: np.ndarray, labels: np.ndarray, req_clust: int, distance: str,
 
 
 def first_neighbours(x: np.ndarray, *, distance: str = "cosine",
-                     block_size: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+                     block_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """First neighbour κ(i) of every row of ``x`` (cast to float32) and d(i, κ(i))."""
     data = _check(x, distance)
     nb = _Neighbours(_Geometry(data, distance), _block_arg(block_size))
     return nb.kappa.astype(np.int64), nb.dmin
 
 
-def _block_arg(block_size: Optional[int]) -> Optional[int]:
+def _block_arg(block_size: int | None) -> int | None:
     if block_size is None:
         return None
     if int(block_size) < 1:
@@ -426,7 +424,7 @@ def _check(x, distance: str) -> np.ndarray:
 
 
 def finch(x: np.ndarray, *, distance: str = "cosine", ensure_early_exit: bool = True,
-          req_clust: Optional[int] = None, block_size: Optional[int] = None):
+          req_clust: int | None = None, block_size: int | None = None):
     """FINCH partitions of the rows of ``x``.
 
     Returns ``(partitions, num_clusters)``: an (N, P) int64 array, column 0 the finest

@@ -19,7 +19,7 @@ Flower's own functions write decode here, and the other way round.
 from __future__ import annotations
 
 import io
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.lib import format as npy_format

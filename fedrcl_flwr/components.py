@@ -26,8 +26,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from fedrcl_flwr.errors import ConfigError
 
@@ -43,10 +44,10 @@ class Rule:
     ok: Callable[[Any], bool]
     text: str
     bad: tuple = ()
-    model_check: Optional[Callable[[Any, Any], Optional[str]]] = None
+    model_check: Callable[[Any, Any], str | None] | None = None
 
 
-def between(lo: Optional[float] = None, hi: Optional[float] = None, *,
+def between(lo: float | None = None, hi: float | None = None, *,
             lo_open: bool = False, hi_open: bool = False, also: tuple = ()) -> Rule:
     """A number in [lo, hi] (open ends with ``lo_open`` / ``hi_open``); ``also`` lists
     sentinel values allowed outside it (e.g. ``-1`` = "use the schedule")."""
@@ -140,7 +141,7 @@ def type_text(default: Any) -> str:
 
 
 def resolve_params(section: str, owner: str, defaults: dict, rules: dict,
-                   given: Optional[dict]) -> dict:
+                   given: dict | None) -> dict:
     """``given`` merged over ``defaults`` with every value checked (type, finiteness,
     rule); unknown keys are an error. ``section`` is ``client.params`` / ``server.params``,
     ``owner`` names the component ("method 'fedrcl'")."""

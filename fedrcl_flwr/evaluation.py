@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import cast
 
 import numpy as np
 import torch
@@ -24,9 +25,9 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate_model(model: nn.Module, dataset: Dataset, device: torch.device, *,
-                   batch_size: int = 500, indices: Optional[np.ndarray] = None,
-                   groups: Optional[np.ndarray] = None,
-                   group_names: Optional[list] = None) -> EvalResult:
+                   batch_size: int = 500, indices: np.ndarray | None = None,
+                   groups: np.ndarray | None = None,
+                   group_names: list | None = None) -> EvalResult:
     """Mean cross-entropy and accuracy of ``model`` on ``dataset`` (un-augmented; only
     the samples ``indices`` when given).
 
@@ -38,7 +39,7 @@ def evaluate_model(model: nn.Module, dataset: Dataset, device: torch.device, *,
     until the end: one read-back per call.
     """
     model.eval()
-    idx = np.arange(len(dataset)) if indices is None else indices
+    idx = np.arange(len(cast(Sized, dataset))) if indices is None else indices
     loader = iterate_batches(dataset, idx, batch_size, device=device)
     dev = torch.device(device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
@@ -79,10 +80,10 @@ class EMATracker:
     trails a rising accuracy by about 1 / (1 - factor) evaluations (10 for 0.9): it is
     the number to compare with FedRCL's tables at their target rounds (``ema@ROUND``),
     not a running estimate of the current model (progress lines show it only for runs
-    that report it, :func:`fedrcl_flwr.results.shows_ema`).
+    that report it, :func:`fedrcl_flwr.run.results.shows_ema`).
     """
 
-    def __init__(self, factor: float = 0.9, value: Optional[float] = None):
+    def __init__(self, factor: float = 0.9, value: float | None = None):
         self.factor = factor
         self.value = value
 
@@ -106,7 +107,7 @@ def robust_accuracy(model: nn.Module, dataset: Dataset, device: torch.device, *,
 
     mean, std = dataset_pixel_stats(dataset)
 
-    n = len(dataset)
+    n = len(cast(Sized, dataset))  # our datasets are map-style, with a length
     idx = np.arange(n)
     if n > max_samples:
         idx = np.sort(np.random.default_rng(seed).choice(n, max_samples, replace=False))

@@ -28,7 +28,6 @@ effective rank and VCI). ``between="uniform"`` instead uses Papyan et al.'s clas
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 import torch
@@ -137,14 +136,14 @@ def class_covariance_traces(z, y, *, between: str = "frequency") -> dict:
             "trace_total": float(total)}
 
 
-def _rank_tol(s: torch.Tensor, shape, rtol: Optional[float]) -> float:
+def _rank_tol(s: torch.Tensor, shape, rtol: float | None) -> float:
     if s.numel() == 0:
         return 0.0
     r = rtol if rtol is not None else max(shape) * torch.finfo(torch.float64).eps
     return float(s.max()) * r
 
 
-def variability_collapse_index(z, y, *, rtol: Optional[float] = None,
+def variability_collapse_index(z, y, *, rtol: float | None = None,
                                between: str = "frequency") -> float:
     """Variability collapse index VCI = 1 − Tr(Σ_T⁺ Σ_B) / rank(Σ_B) (FedRCL Sec. 4.2,
     Xu & Liu 2023). Lower = better linear transferability.
@@ -180,7 +179,7 @@ def variability_collapse_index(z, y, *, rtol: Optional[float] = None,
     return 1.0 - trace / rank_b
 
 
-def deviation_bound(z, y, *, probs=None, logits=None, num_classes: Optional[int] = None,
+def deviation_bound(z, y, *, probs=None, logits=None, num_classes: int | None = None,
                     similarity: str = "cosine") -> torch.Tensor:
     """Sample-wise deviation bound D(x) of FedRCL Definition 1, Eq. (4), for every sample.
 
@@ -258,7 +257,7 @@ def _similarity_features(z: torch.Tensor, norms: torch.Tensor, similarity: str
 
 
 def representation_metrics(z, y, *, logits=None, probs=None,
-                           num_classes: Optional[int] = None) -> dict:
+                           num_classes: int | None = None) -> dict:
     """All FedRCL representation metrics of features z (N, D) with labels y (N,).
 
     Keys (plain floats): ``effective_rank`` (of the covariance, Definition 2),

@@ -41,8 +41,6 @@ correct.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 
@@ -51,7 +49,7 @@ def check_privacy_section(cfg, source: str) -> None:
     ranges by ``fedrcl_flwr.config.CONFIG_RULES``): the required keys of ``privacy.dp``,
     the accountant installed, a threshold given as a proportion at most 1."""
     from fedrcl_flwr.config import ConfigError
-    from fedrcl_flwr.extras import installed, pip_install
+    from fedrcl_flwr.config.extras import installed, pip_install
 
     dp = cfg.privacy.dp
     if dp is not None:
@@ -76,7 +74,7 @@ def integer_entries(model) -> list[str]:
     return [k for k, v in model.state_dict().items() if not torch.is_floating_point(v)]
 
 
-def check_privacy(cfg, method_cls, exchange: Optional[dict], get_model) -> None:
+def check_privacy(cfg, method_cls, exchange: dict | None, get_model) -> None:
     """Combinations of ``privacy`` with the method, strategy, model and federation that
     cannot be made correct (a ``ConfigError`` with the reason, one line). Called by
     ``fedrcl_flwr.app.validate`` with the method's class and signal-exchange settings."""

@@ -54,10 +54,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, TypeVar, Union, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
-Scalar = Union[bool, bytes, float, int, str]
+Scalar = bool | bytes | float | int | str
 
 # -------------------------------------------------------------------------- wire names
 RUN_ROUND = "run_round"
@@ -87,7 +88,7 @@ class ProtocolError(ValueError):
 
 
 def _as_number(entries: Mapping[str, Any], key: str, kind: type,
-               default: Optional[Any] = None) -> Any:
+               default: Any | None = None) -> Any:
     """``entries[key]`` as ``kind`` (``int`` or ``float``); ``default`` when absent."""
     value = entries.get(key, default)
     if value is None:
@@ -99,7 +100,7 @@ def _as_number(entries: Mapping[str, Any], key: str, kind: type,
         raise ProtocolError(f"'{key}' must be {what}, got {value!r}") from None
 
 
-def _as_bytes(entries: Mapping[str, Any], key: str) -> Optional[bytes]:
+def _as_bytes(entries: Mapping[str, Any], key: str) -> bytes | None:
     value = entries.get(key)
     if value is None or isinstance(value, bytes):
         return value
@@ -154,17 +155,17 @@ class FitInstructions:
     """Server -> client, with the global weights (Flower's ``FitIns.config``)."""
 
     run_round: int = 1
-    partition_id: Optional[int] = None  # None: the node's own partition (node config)
-    lr: Optional[float] = None  # None: the round's learning rate from the schedule
-    signals_local: Optional[bytes] = None  # encoded SignalSet (fedrcl_flwr.signals)
-    signals_global: Optional[bytes] = None
+    partition_id: int | None = None  # None: the node's own partition (node config)
+    lr: float | None = None  # None: the round's learning rate from the schedule
+    signals_local: bytes | None = None  # encoded SignalSet (fedrcl_flwr.signals)
+    signals_global: bytes | None = None
     strategy_entries: Mapping[str, Scalar] = field(default_factory=dict)
 
     @classmethod
     def build(cls, run_round: int, partition_id: int, *,
-              strategy: Optional[StrategyParams] = None,
-              signals: tuple[Optional[bytes], Optional[bytes]] = (None, None),
-              ) -> "FitInstructions":
+              strategy: StrategyParams | None = None,
+              signals: tuple[bytes | None, bytes | None] = (None, None),
+              ) -> FitInstructions:
         """What the server sends one client: the round, its partition, the signal
         exchange's ``(local, global)`` signals and the strategy's :class:`StrategyParams`."""
         return cls(run_round=int(run_round), partition_id=int(partition_id),
@@ -183,7 +184,7 @@ class FitInstructions:
         return config
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "FitInstructions":
+    def from_config(cls, config: Mapping[str, Any]) -> FitInstructions:
         """The instructions in a fit config; every entry that is not a protocol name is
         kept in ``strategy_entries`` (the strategy's fields, Flower's own entries)."""
         return cls(run_round=_as_number(config, RUN_ROUND, int, 1),
@@ -206,14 +207,14 @@ class FitReport:
     entries read as unknown: a partition id of -1, no training loss, no node."""
 
     partition_id: int = -1
-    train_loss: Optional[float] = None
-    steps: Optional[int] = None
-    fit_time_s: Optional[float] = None
-    node: Optional[str] = None
+    train_loss: float | None = None
+    steps: int | None = None
+    fit_time_s: float | None = None
+    node: str | None = None
     term_losses: dict[str, float] = field(default_factory=dict)  # LossTerm name -> mean
     local_repr: dict[str, float] = field(default_factory=dict)  # metric -> local model's
-    signals: Optional[Scalar] = None  # encoded SignalSet; validated by the SignalExchange
-    num_signals: Optional[int] = None
+    signals: Scalar | None = None  # encoded SignalSet; validated by the SignalExchange
+    num_signals: int | None = None
     method_metrics: dict[str, Scalar] = field(default_factory=dict)
 
     def to_metrics(self) -> dict[str, Scalar]:
@@ -236,7 +237,7 @@ class FitReport:
         return metrics
 
     @classmethod
-    def from_metrics(cls, metrics: Mapping[str, Any]) -> "FitReport":
+    def from_metrics(cls, metrics: Mapping[str, Any]) -> FitReport:
         """The report in a client's fit metrics (a :class:`ProtocolError` naming a
         malformed entry). Term losses keep numbers only; a ``node`` that is not text is
         unknown."""
@@ -275,8 +276,8 @@ class EvaluateInstructions:
     several; ``None``: the node's own)."""
 
     run_round: int = 0
-    partition_ids: Optional[tuple[int, ...]] = None
-    partition_id: Optional[int] = None  # a single partition (older servers / tests)
+    partition_ids: tuple[int, ...] | None = None
+    partition_id: int | None = None  # a single partition (older servers / tests)
 
     def to_config(self) -> dict[str, Scalar]:
         config: dict[str, Scalar] = {RUN_ROUND: self.run_round}
@@ -287,7 +288,7 @@ class EvaluateInstructions:
         return config
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> "EvaluateInstructions":
+    def from_config(cls, config: Mapping[str, Any]) -> EvaluateInstructions:
         text = config.get(PARTITION_IDS)
         try:
             ids = None if text is None else tuple(int(t) for t in str(text).split(",")
@@ -324,7 +325,7 @@ class EvaluateReport:
         return {CLIENT_EVAL: encode_client_eval(self.results)}
 
     @classmethod
-    def from_metrics(cls, metrics: Mapping[str, Any]) -> "EvaluateReport":
+    def from_metrics(cls, metrics: Mapping[str, Any]) -> EvaluateReport:
         """Malformed entries are left out (the server counts an empty report from a
         client with samples as a failure)."""
         return cls(decode_client_eval(metrics.get(CLIENT_EVAL)))

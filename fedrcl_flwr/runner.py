@@ -41,12 +41,12 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Optional
+from typing import IO, Any
 
 from fedrcl_flwr.config import ConfigError, ExperimentConfig
-from fedrcl_flwr.preflight import check_ray_address, check_resources  # noqa: F401 - re-exported
-from fedrcl_flwr.results import format_round_line, read_metrics, shows_ema
-from fedrcl_flwr.run_files import CONFIG_FILE, FLOWER_LOG, LOCK_FILE, RUN_LOG, SUMMARY_FILE
+from fedrcl_flwr.run.preflight import check_ray_address, check_resources  # noqa: F401 - re-exported
+from fedrcl_flwr.run.results import format_round_line, read_metrics, shows_ema
+from fedrcl_flwr.run.run_files import CONFIG_FILE, FLOWER_LOG, LOCK_FILE, RUN_LOG, SUMMARY_FILE
 
 
 class RunFailed(RuntimeError):
@@ -110,7 +110,7 @@ class Watchdog:
     (``HOME`` = the sweep's private home, set as ``FEDRCL_FLWR_SWEEP`` on every run it
     starts, each of which has its own watchdog for its Flower processes)."""
 
-    def __init__(self, home: Path, lock: Optional["OutputLock"] = None):
+    def __init__(self, home: Path, lock: OutputLock | None = None):
         self.home = Path(home)
         # the watchdog carries none of the markers, so no other watchdog stops it
         wenv = {k: v for k, v in os.environ.items() if k not in MARKER_VARS}
@@ -119,11 +119,13 @@ class Watchdog:
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, env=wenv, cwd="/",
             pass_fds=(lock.fd,) if lock is not None and lock.fd is not None else ())
+        assert self.proc.stdin is not None  # stdin=PIPE
+        self.pipe: IO[bytes] = self.proc.stdin
 
     def _tell(self, line: str) -> None:
         try:
-            self.proc.stdin.write((line + "\n").encode())
-            self.proc.stdin.flush()
+            self.pipe.write((line + "\n").encode())
+            self.pipe.flush()
         except (OSError, ValueError):
             pass
 
@@ -139,7 +141,7 @@ class Watchdog:
         """Close the pipe and wait while the watchdog tears down; ``True`` when it ended
         cleanly (exit 0, ``HOME`` gone)."""
         try:
-            self.proc.stdin.close()
+            self.pipe.close()
         except OSError:
             pass
         try:
@@ -164,11 +166,11 @@ class OutputLock:
 
     def __init__(self, out_dir: Path, what: str = "run"):
         self.path = Path(out_dir) / LOCK_FILE
-        self.fd: Optional[int] = None
+        self.fd: int | None = None
         self.what = what
 
     @staticmethod
-    def holder(out_dir: Path) -> Optional[str]:
+    def holder(out_dir: Path) -> str | None:
         """The PID holding ``out_dir``'s lock, or ``None`` when it is free (reads only)."""
         path = Path(out_dir) / LOCK_FILE
         try:
@@ -227,13 +229,13 @@ class LocalSuperLink:
     """A private simulation SuperLink on loopback, stopped by :meth:`stop` (or, if this
     process dies first, by its watchdog)."""
 
-    def __init__(self, log_path: Path, verbose: bool = False, lock: Optional[OutputLock] = None,
-                 ray_address: Optional[str] = None):
+    def __init__(self, log_path: Path, verbose: bool = False, lock: OutputLock | None = None,
+                 ray_address: str | None = None):
         self.home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
         self.port = free_port()
         self.log_path = log_path
         self.verbose = verbose
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: subprocess.Popen | None = None
         self.env = dict(os.environ)
         self.env["FLWR_HOME"] = str(self.home)
         self.env[RUN_VAR] = str(self.home)
@@ -405,14 +407,14 @@ def _one_line_error(text: str) -> str:
 def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
                               verbose: bool = False, poll_s: float = 0.25,
                               status_every_s: float = 1.0,
-                              lock: Optional[OutputLock] = None,
-                              dataset_entry: Optional[Path] = None) -> dict:
+                              lock: OutputLock | None = None,
+                              dataset_entry: Path | None = None) -> dict:
     """Run the experiment whose resolved config is ``out_dir/config.yaml``; return the
     summary. Raises :class:`RunFailed` when the run did not complete (one line; the
     details are in ``run.log``), including when it stays ``pending``/``starting`` longer
     than ``simulation.startup_timeout_s``. ``dataset_entry``: the dataset cache entry the
     CLI prepared (every Flower process then only opens it). The inputs were checked by
-    :func:`fedrcl_flwr.preflight.before_run`. The run's start-up, phase by phase, goes to
+    :func:`fedrcl_flwr.run.preflight.before_run`. The run's start-up, phase by phase, goes to
     ``flower.log`` (``fedrcl-flwr timing:`` lines).
 
     Steps (module docstring): a private SuperLink (:class:`LocalSuperLink`, its watchdog
@@ -455,7 +457,7 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
 
 
 def _submit(cfg: ExperimentConfig, link: LocalSuperLink, app: Path, out_dir: Path, *,
-            resume: bool, dataset_entry: Optional[Path]) -> int:
+            resume: bool, dataset_entry: Path | None) -> int:
     """Submit the run to ``link`` (``flwr run``, in this process) with its run config
     (``[tool.flwr.app.config]`` keys, written to the private home) and the federation
     sized from the experiment; returns the run id."""
@@ -507,8 +509,10 @@ class _RunFollower:
                 if status.startswith("finished"):
                     return status
                 self._check_started(status)
-            if self.link.proc.poll() is not None:
-                raise RunFailed(f"the SuperLink died (exit {self.link.proc.returncode}); "
+            link_proc = self.link.proc
+            assert link_proc is not None  # started before the run was submitted
+            if link_proc.poll() is not None:
+                raise RunFailed(f"the SuperLink died (exit {link_proc.returncode}); "
                                 f"see {self.link.log_path}")
             time.sleep(poll_s)
 
@@ -535,7 +539,7 @@ class _RunFollower:
                 f"flwr issue #7953); see {self.link.log_path}")
 
 
-def _mtime(path: Path) -> Optional[int]:
+def _mtime(path: Path) -> int | None:
     try:
         return path.stat().st_mtime_ns
     except OSError:

@@ -25,14 +25,14 @@ class SignalSet:
     counts: np.ndarray
 
     @classmethod
-    def empty(cls, dim: int = 0) -> "SignalSet":
+    def empty(cls, dim: int = 0) -> SignalSet:
         return cls(np.zeros((0, dim), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     @staticmethod
-    def concat(sets: list["SignalSet"]) -> "SignalSet":
+    def concat(sets: list[SignalSet]) -> SignalSet:
         sets = [s for s in sets if len(s)]
         if not sets:
             return SignalSet.empty()
@@ -48,7 +48,7 @@ def encode_signals(s: SignalSet) -> bytes:
     return buf.getvalue()
 
 
-def decode_signals(blob: bytes, *, dim: int | None = None, num_classes: int | None = None,
+def decode_signals(blob: object, *, dim: int | None = None, num_classes: int | None = None,
                    max_signals: int = 100_000, max_count: int = 10_000_000) -> SignalSet:
     """Parse and validate signal bytes; raise :class:`SignalError` naming the problem."""
     if not isinstance(blob, (bytes, bytearray)):

@@ -59,14 +59,15 @@ import os
 import re
 import secrets
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
-from fedrcl_flwr.run_files import MLRUNS_DIR, SUMMARY_FILE, WANDB_DIR
-from fedrcl_flwr.run_files import TENSORBOARD_DIR as TB_DIR
-from fedrcl_flwr.run_files import TRACKER_STATE_FILE as STATE_FILE
+from fedrcl_flwr.run.run_files import MLRUNS_DIR, SUMMARY_FILE, WANDB_DIR
+from fedrcl_flwr.run.run_files import TENSORBOARD_DIR as TB_DIR
+from fedrcl_flwr.run.run_files import TRACKER_STATE_FILE as STATE_FILE
 
-# each tracker is installed by the extra of its name (fedrcl_flwr/extras.py)
+# each tracker is installed by the extra of its name (fedrcl_flwr/config/extras.py)
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 SWEEP_TAG = "fedrcl_flwr.sweep"
 
@@ -86,7 +87,7 @@ def check_trackers(cfg, source: str) -> None:
     """``output.tracker`` names known trackers, each once, whose package is installed
     (a :class:`~fedrcl_flwr.config.ConfigError` naming the key and ``source``)."""
     from fedrcl_flwr.config import ConfigError
-    from fedrcl_flwr.extras import installed, pip_install
+    from fedrcl_flwr.config.extras import installed, pip_install
 
     raw = cfg.output.tracker
     for t in raw:
@@ -149,7 +150,8 @@ def _wandb_key_present() -> bool:
 
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
     try:
-        return netrc.netrc().authenticators(host) is not None
+        # netrc looks a None host up like any other (then its `default` entry)
+        return netrc.netrc().authenticators(host) is not None  # type: ignore[arg-type]
     except (OSError, netrc.NetrcParseError):
         return False
 
@@ -260,7 +262,7 @@ class TensorBoardBackend(Backend):
     def __init__(self, run_dir: Path, config_yaml: str, resume_after: int):
         from torch.utils.tensorboard import SummaryWriter
 
-        from fedrcl_flwr.results import write_marker
+        from fedrcl_flwr.run.results import write_marker
 
         kwargs = {"purge_step": resume_after + 1} if resume_after else {}
         tb_dir = Path(run_dir) / TB_DIR
@@ -302,7 +304,7 @@ class WandbBackend(Backend):
     def __init__(self, run_dir: Path, cfg, config: dict, previous: dict):
         import wandb
 
-        from fedrcl_flwr.results import write_marker
+        from fedrcl_flwr.run.results import write_marker
 
         self.run_dir = Path(run_dir)
         run_id = previous.get("id") or secrets.token_hex(6)  # W&B: [a-z0-9_-]
@@ -363,7 +365,7 @@ def _mlflow_experiment(client, name: str) -> str:
         return exp.experiment_id
 
 
-def mlflow_parent_run(client, experiment_id: str, group: str, *, create: bool) -> Optional[str]:
+def mlflow_parent_run(client, experiment_id: str, group: str, *, create: bool) -> str | None:
     """The id of the group's parent run (tag ``fedrcl_flwr.sweep`` = ``group``), created
     when absent and ``create``."""
     found = client.search_runs([experiment_id],
@@ -391,7 +393,7 @@ class MlflowBackend(Backend):
             self.client.update_run(self.run_id, status="RUNNING")
             return
         exp = _mlflow_experiment(self.client, cfg.output.tracker_project)
-        tags = {"fedrcl_flwr.run_dir": str(Path(run_dir).resolve())}
+        tags: dict[str, str | None] = {"fedrcl_flwr.run_dir": str(Path(run_dir).resolve())}
         if cfg.output.tracker_group:
             parent = mlflow_parent_run(self.client, exp, cfg.output.tracker_group,
                                        create=True)
@@ -504,7 +506,7 @@ class RunTracker:
                  for b in self.backends if not b.rewrites_after_resume}
         if not state:
             return
-        from fedrcl_flwr.results import atomic_write_text
+        from fedrcl_flwr.run.results import atomic_write_text
 
         old = read_state(self.run_dir)
         atomic_write_text(self.run_dir / STATE_FILE, json.dumps({**old, **state}, indent=2))
@@ -519,7 +521,7 @@ def read_state(run_dir: Path) -> dict:
 
 
 def open_tracker(cfg, run_dir: Path, config_path: Path, *, resume_after: int = 0,
-                 kept_records: Optional[list] = None) -> Optional[RunTracker]:
+                 kept_records: list | None = None) -> RunTracker | None:
     """The run's trackers (``None`` when ``output.tracker`` is empty). ``resume_after``:
     the checkpointed round a resumed run continues from (0: a new run); ``kept_records``:
     the records up to it (``metrics.jsonl`` as kept)."""

@@ -25,8 +25,9 @@ autocast with the loss terms in float32; ``channels_last`` feeds NHWC batches.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +43,7 @@ class Batch:
     x: torch.Tensor
     y: torch.Tensor
     logits: torch.Tensor
-    feats: Optional[dict]
+    feats: dict | None
     model: nn.Module
     extra: dict = field(default_factory=dict)
 
@@ -70,8 +71,8 @@ class LocalTrainSettings:
     epochs: int = 1
     momentum: float = 0.0
     weight_decay: float = 0.0
-    grad_clip: Optional[float] = None
-    iterations_per_epoch: Optional[int] = None
+    grad_clip: float | None = None
+    iterations_per_epoch: int | None = None
     optimizer: str = "sgd"  # sgd | adam | adamw (see make_optimizer)
     nesterov: bool = False  # sgd only, needs momentum > 0
     betas: tuple = (0.9, 0.999)  # adam / adamw
@@ -108,7 +109,8 @@ def make_optimizer(params, settings: LocalTrainSettings,
                                weight_decay=settings.weight_decay, **extra)
     if name in ("adam", "adamw"):
         cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
-        return cls(params, lr=settings.lr, betas=tuple(float(b) for b in settings.betas),
+        beta1, beta2 = settings.betas  # two values (rule client.betas)
+        return cls(params, lr=settings.lr, betas=(float(beta1), float(beta2)),
                    eps=settings.eps, weight_decay=settings.weight_decay, **extra)
     raise ValueError(f"client.optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
@@ -127,7 +129,7 @@ def round_lr(base_lr: float, decay: float, server_round: int) -> float:
 
 
 def batch_size_for(num_samples: int, batch_size: int,
-                   iterations_per_epoch: Optional[int]) -> int:
+                   iterations_per_epoch: int | None) -> int:
     """Batch size so an epoch is ``iterations_per_epoch`` steps (FedRCL: 10), if given."""
     if iterations_per_epoch:
         return max(1, math.ceil(num_samples / iterations_per_epoch))
@@ -141,9 +143,9 @@ def train_local(
     settings: LocalTrainSettings,
     device: torch.device,
     *,
-    transform: Optional[Callable[[torch.Tensor, torch.Tensor, nn.Module], tuple]] = None,
-    forward: Optional[Callable[[nn.Module, torch.Tensor, bool], tuple]] = None,
-    params: Optional[list] = None,
+    transform: Callable[[torch.Tensor, torch.Tensor, nn.Module], tuple] | None = None,
+    forward: Callable[[nn.Module, torch.Tensor, bool], tuple] | None = None,
+    params: list | None = None,
 ) -> TrainStats:
     """Run local optimisation (``settings.optimizer``) on ``model`` in place.
 
@@ -197,6 +199,7 @@ def train_local(
                     value = t.fn(batch)
                     sums.terms[t.name] += value.detach().double().reshape(())
                     total = t.weight * value if total is None else total + t.weight * value
+            assert total is not None  # active holds at least one term
             _optimiser_step(total, opt, scaler, params, settings.grad_clip, sums)
             sums.loss += total.detach().double().reshape(())
             step += 1
@@ -230,8 +233,8 @@ class _DeviceSums:
 
 def _forward_pass(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                   settings: LocalTrainSettings, dev: torch.device,
-                  amp_dtype: Optional[torch.dtype], need_feats: bool,
-                  transform: Optional[Callable], forward: Optional[Callable]) -> Batch:
+                  amp_dtype: torch.dtype | None, need_feats: bool,
+                  transform: Callable | None, forward: Callable | None) -> Batch:
     """One mini-batch on the device (channels-last when asked), through ``transform``
     and the forward pass (under autocast with ``amp_dtype``; logits and features back in
     float32): the :class:`Batch` the loss terms read."""
@@ -255,7 +258,7 @@ def _forward_pass(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
 
 
 def _optimiser_step(total: torch.Tensor, opt: torch.optim.Optimizer, scaler: Any,
-                    params: list, grad_clip: Optional[float], sums: _DeviceSums) -> None:
+                    params: list, grad_clip: float | None, sums: _DeviceSums) -> None:
     """Backward, gradient clipping (its norm added to ``sums``), optimiser step; with a
     loss ``scaler`` (fp16) scaled, unscaled before clipping, skipped on inf/NaN."""
     opt.zero_grad(set_to_none=True)

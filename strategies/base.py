@@ -3,7 +3,7 @@
 It owns the global model (NumPy arrays) and, per round:
 
 1. ``configure_fit`` samples *partition ids* with
-   :func:`fedrcl_flwr.runtime.sample_partitions` (seed and round only — the same for every
+   :func:`fedrcl_flwr.run.runtime.sample_partitions` (seed and round only — the same for every
    method and strategy; Flower node ids are random and are used only as execution slots)
    and sends each sampled client :meth:`weights_to_send` with its
    :class:`~fedrcl_flwr.protocol.FitInstructions` (:meth:`fit_instructions`: round,
@@ -63,15 +63,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.common import EvaluateIns, FitIns, FitRes, Parameters
 from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
-from fedrcl_flwr import timers
 from fedrcl_flwr.app.flower_private import ClientProxy
 from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
 from fedrcl_flwr.components import resolve_params
@@ -85,8 +85,9 @@ from fedrcl_flwr.protocol import (
     ProtocolError,
     StrategyParams,
 )
-from fedrcl_flwr.runtime import sample_partitions
-from strategies.aggregation import (
+from fedrcl_flwr.run import timers
+from fedrcl_flwr.run.runtime import sample_partitions
+from fedrcl_flwr.server.aggregation import (
     check_update,
     client_coefficients,
     entry_kinds,
@@ -200,18 +201,18 @@ class FederatedStrategy(Strategy):
         seed: int = 0,
         weighting: str = "uniform",
         eval_every: int = 1,
-        params: Optional[dict] = None,
-        evaluate_fn: Optional[Callable[[int, list], tuple[float, dict]]] = None,
-        on_record: Optional[Callable[[dict], None]] = None,
-        on_checkpoint: Optional[Callable[[int, dict], None]] = None,
+        params: dict | None = None,
+        evaluate_fn: Callable[[int, list], tuple[float, dict]] | None = None,
+        on_record: Callable[[dict], None] | None = None,
+        on_checkpoint: Callable[[int, dict], None] | None = None,
         max_consecutive_failed_rounds: int = 3,
-        expected_nodes: Optional[int] = None,
+        expected_nodes: int | None = None,
         node_wait_s: float = 120.0,
         round_offset: int = 0,
         exchange=None,
         overlap_evaluation: bool = False,
         availability=None,
-        per_client: Optional[tuple[int, str]] = None,
+        per_client: tuple[int, str] | None = None,
         privacy=None,
     ):
         super().__init__()
@@ -244,15 +245,15 @@ class FederatedStrategy(Strategy):
         """What the server keeps between and within rounds (besides the model)."""
         self.consecutive_empty = 0
         self.rounds_trained = 0  # rounds in which at least one client result was kept
-        self.first_client_error: Optional[str] = None
+        self.first_client_error: str | None = None
         self._fit_info: dict = {}
         self._avail_info: dict = {}
         self._sampled: list[int] = []  # the round's sampled partitions (all, with availability)
         self._sent: list[int] = []  # those sent the model to train
         self._round_start = time.time()
-        self._deferred: Optional[tuple] = None  # a round end awaiting per-client evaluation
-        self._round_end_executor: Optional[ThreadPoolExecutor] = None  # created on first use
-        self._round_end_pending: Optional[Future] = None
+        self._deferred: tuple | None = None  # a round end awaiting per-client evaluation
+        self._round_end_executor: ThreadPoolExecutor | None = None  # created on first use
+        self._round_end_pending: Future | None = None
 
     def _init_buffers(self) -> None:
         """Create each declared buffer (module doc): float64 per trainable parameter."""
@@ -274,7 +275,7 @@ class FederatedStrategy(Strategy):
                                 num_clients=self.num_clients)
 
     @classmethod
-    def resolve(cls, params: Optional[dict]) -> dict:
+    def resolve(cls, params: dict | None) -> dict:
         """``server.params`` merged over :attr:`defaults`, every value checked."""
         return resolve_params("server.params", f"strategy '{cls.name}'", cls.defaults,
                               cls.rules, params)
@@ -288,7 +289,7 @@ class FederatedStrategy(Strategy):
         """What clients start from (FedACG overrides: the look-ahead model)."""
         return self.weights
 
-    def client_params(self, run_round: int) -> Optional[StrategyParams]:
+    def client_params(self, run_round: int) -> StrategyParams | None:
         """The strategy's values every client receives in its fit instructions (a
         :class:`~fedrcl_flwr.protocol.StrategyParams` dataclass: FedACG's β, FedDyn's α);
         ``None``: nothing."""
@@ -304,7 +305,7 @@ class FederatedStrategy(Strategy):
         return []
 
     def server_update(self, run_round: int, average: list[np.ndarray],
-                      results: list[ClientResult]) -> Optional[dict]:
+                      results: list[ClientResult]) -> dict | None:
         """Turn the clients' ``average`` into the new global model ``self.weights``
         (FedAvg: take it). ``results`` are the round's kept client results (sorted by
         partition id); return metrics for the round's record (or ``None``)."""
@@ -339,7 +340,7 @@ class FederatedStrategy(Strategy):
             self.dp.accountant.load_state_dict(state["privacy_accountant"])
 
     # --------------------------------------------------------------- Strategy
-    def initialize_parameters(self, client_manager: ClientManager) -> Optional[Parameters]:
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return to_parameters(self.weights)
 
     def run_round(self, server_round: int) -> int:
@@ -559,7 +560,8 @@ class FederatedStrategy(Strategy):
                     run_round=rnd, partition_ids=tuple(group)).to_config()))
                 for slot, group in zip(slots, assign(pids, len(slots)))]
 
-    def aggregate_evaluate(self, server_round, results, failures):
+    def aggregate_evaluate(self, server_round: int, results: list,
+                           failures: list) -> tuple[float | None, dict]:
         """Adds the per-client statistics to the round's record, then ends the round."""
         from fedrcl_flwr.client_eval import summarize
 
@@ -600,7 +602,7 @@ class FederatedStrategy(Strategy):
             return None
         return record["test_loss"], {"accuracy": float(record.get("test_accuracy", 0.0))}
 
-    def _end_round(self, job) -> Optional[dict]:
+    def _end_round(self, job) -> dict | None:
         """Run the round end ``job`` now, or in the background thread (overlap)."""
         rnd = job[0]
         if self.overlap_evaluation and rnd < self.rounds:
@@ -614,12 +616,12 @@ class FederatedStrategy(Strategy):
         return self._round_end(*job)
 
     def _round_end(self, rnd: int, due: bool, state: dict, fit_info: dict,
-                   round_start: float) -> Optional[dict]:
+                   round_start: float) -> dict | None:
         """Evaluate the round's global model (``state["weights"]``), record it, then hand
         the round's state to ``on_checkpoint``."""
         record = None
         timers.server_event("round_end_start", round=rnd)
-        if due:
+        if due and self.evaluate_fn is not None:  # due only with an evaluate_fn
             loss, metrics = self.evaluate_fn(rnd, state["weights"])
             record = {"round": rnd, "test_loss": loss, **metrics, **fit_info,
                       "round_time_s": time.time() - round_start}

@@ -34,6 +34,7 @@ class FedACG(FederatedStrategy):
     name = "fedacg"
     defaults, rules = STRATEGIES.params(name)  # declared in strategies/__init__.py
     buffers = ("m_buf",)
+    m_buf: list  # the server momentum, one entry per model entry (set from ``buffers``)
 
     def lookahead(self) -> list[np.ndarray]:
         lam = float(self.p["lam"])

@@ -5,7 +5,7 @@ server momentum on the pseudo-gradient.
 
 Defaults: m = 0.4 (FedRCL's Table 5 setting), server lr η = 1. Momentum acts on trainable
 parameters only; buffers take the plain average and integer counters the max (see
-``strategies.aggregation``).
+``fedrcl_flwr.server.aggregation``).
 """
 
 from __future__ import annotations

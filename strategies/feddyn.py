@@ -6,7 +6,7 @@ Regularization", Algorithm 1):
 
 with m = ``federation.num_clients`` (all clients, not the sampled ones), P_t the clients
 whose results were kept this round and h^0 = 0, on trainable parameters; buffers are
-averaged and counters take the max (``strategies/aggregation.py``). The mean over P_t is
+averaged and counters take the max (``fedrcl_flwr/server/aggregation.py``). The mean over P_t is
 the configured ``server.weighting`` average (uniform, as the paper, by default); the
 h-update uses |P_t|·(mean − θ^{t−1}) for the sum, exact under uniform weighting.
 

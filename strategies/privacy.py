@@ -128,6 +128,9 @@ class CentralDP:
         :class:`AveragingStep`, then noise)."""
         self.step.secagg_active = int(secagg_active)
         np.random.seed()  # Flower's noise: from the OS, not from anything configured
-        params, _ = self.wrapper.aggregate_fit(server_round,
-                                               [(None, r.fit_res) for r in kept], [])
+        # Flower's DP wrappers read only the FitRes of each (proxy, FitRes) pair
+        results = [(None, r.fit_res) for r in kept]
+        params, _ = self.wrapper.aggregate_fit(server_round, results, [])  # type: ignore[arg-type]
+        if params is None:
+            raise RuntimeError(f"round {server_round}: the DP wrapper aggregated no result")
         return parameters_to_ndarrays(params)

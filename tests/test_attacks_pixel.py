@@ -119,7 +119,7 @@ def test_robust_accuracy_attacks_in_pixel_space():
 
 def test_fedccl_plus_training_examples_respect_pixel_budget(tiny):
     from clients.fedccl import FedCCLClient
-    from fedrcl_flwr.runtime import client_partitions, load_bundle
+    from fedrcl_flwr.run.runtime import client_partitions, load_bundle
 
     cfg = tiny(client={"method": "fedccl", "params": {"adversarial": True}})
     client = FedCCLClient(cfg)

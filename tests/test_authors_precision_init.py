@@ -24,7 +24,7 @@ TABLE_C = sorted((ROOT / "experiments" / "fedrcl").glob("tableC_*.yaml"))
 
 
 def _initial(path):
-    from fedrcl_flwr.runtime import new_model
+    from fedrcl_flwr.run.runtime import new_model
 
     cfg = load_config(path)
     probe = type("B", (), {"num_classes": 100, "in_channels": 3, "image_size": 32})

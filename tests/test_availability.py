@@ -13,8 +13,8 @@ from conftest import assert_run_refused
 
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.availability import Availability, local_steps, per_client_values
-from fedrcl_flwr.results import read_metrics
-from fedrcl_flwr.runtime import sample_partitions
+from fedrcl_flwr.run.results import read_metrics
+from fedrcl_flwr.run.runtime import sample_partitions
 
 DATA = Path(__file__).parent / "data"
 

@@ -10,11 +10,11 @@ import torch
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
 from clients import client_class
-from fedrcl_flwr import runtime
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.config import ConfigError
 from fedrcl_flwr.losses import baselines as B
-from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.run import runtime
+from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.training import Batch
 
 T = torch.tensor

@@ -32,7 +32,7 @@ def test_partition_quickstart_table_and_plot(tmp_path, capsys):
     # quickstart: 20000 samples, 100 clients, balanced Dirichlet(0.3): exactly 200 each
     assert [r[0] for r in rows] == [0, 1, 2, 3, 4]
     for r in rows:
-        client, size, n_classes, counts = r[0], r[1], r[2], r[3:]
+        size, n_classes, counts = r[1], r[2], r[3:]
         assert len(counts) == 10 and sum(counts) == size == 200
         assert n_classes == sum(c > 0 for c in counts)
     # α = 0.3: label skew, most clients miss some classes

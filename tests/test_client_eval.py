@@ -12,10 +12,11 @@ import pytest
 import yaml
 from conftest import assert_run_refused
 
-from fedrcl_flwr import client_eval, runtime
+from fedrcl_flwr import client_eval
 from fedrcl_flwr.app.inprocess import _Manager, evaluate_clients, run_inprocess
 from fedrcl_flwr.app.server_app import build_server
-from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.run import runtime
+from fedrcl_flwr.run.results import read_metrics
 
 DOMAINS = {"name": "synthetic", "synthetic": {
     "num_train": 800, "num_test": 300, "num_classes": 4, "image_size": 16, "channels": 3,

@@ -21,8 +21,8 @@ from fedrcl_flwr import cli, runner
 from fedrcl_flwr.app.validate import validate_components
 from fedrcl_flwr.components import type_violations
 from fedrcl_flwr.config import ConfigError, config_from_dict
+from fedrcl_flwr.server.signal_exchange import SignalExchange
 from strategies import STRATEGIES, strategy_class
-from strategies.signal_exchange import SignalExchange
 
 BASE = {
     "name": "contract",

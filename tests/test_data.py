@@ -16,7 +16,7 @@ from fedrcl_flwr.data.datasets import (
     load_dataset,
 )
 from fedrcl_flwr.data.synthetic import make_synthetic
-from fedrcl_flwr.runtime import make_batches, sample_partitions
+from fedrcl_flwr.run.runtime import make_batches, sample_partitions
 
 SMALL = {"num_train": 600, "num_test": 200, "num_classes": 4, "image_size": 16,
          "channels": 3, "subclusters": 2}

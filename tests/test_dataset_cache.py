@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedrcl_flwr import runtime
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.data import cache
 from fedrcl_flwr.data.datasets import DatasetError
+from fedrcl_flwr.run import runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -50,7 +50,7 @@ def _write_tls_material(d: Path) -> None:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
@@ -126,7 +126,7 @@ def loopback(tmp_path, request):
                       "--port", str(link_port), "--disable-runtime-dependency-installation"],
                      "superlink")
         _wait_health(link_port, link, ca=tls / "ca.crt" if secure else None)
-        for i, node_cfg in enumerate([f"partition-id=0 num-partitions=2",
+        for i, node_cfg in enumerate(["partition-id=0 num-partitions=2",
                                       f'partition-id=7 num-partitions=2 data-path="{npz}"']):
             if secure:
                 reg = _flwr(env, home, "supernode", "register", str(tls / f"node{i}.pub"),

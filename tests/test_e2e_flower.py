@@ -54,7 +54,7 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     import os
 
     from fedrcl_flwr.cli import _load
-    from fedrcl_flwr.runtime import prepare_dataset
+    from fedrcl_flwr.run.runtime import prepare_dataset
 
     cfg = _load(str(ROOT / "experiments" / "quickstart.yaml"),
                 [*SMALL, "federation.rounds=4"], None)

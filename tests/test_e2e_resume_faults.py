@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import leftover_procs
 
-from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.run.results import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.flwr

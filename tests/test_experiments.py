@@ -87,7 +87,7 @@ def test_experiment_is_valid(path):
 def _override_cases():
     cases = []
     for path in FILES:
-        for line, sets in _documented_overrides(path):
+        for _line, sets in _documented_overrides(path):
             cases.append(pytest.param(path, sets, id=f"{_rel(path)}::{' '.join(sets)}"))
     return cases
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedrcl_flwr.runtime import sample_partitions
+from fedrcl_flwr.run.runtime import sample_partitions
+from fedrcl_flwr.server.aggregation import client_coefficients, entry_kinds, weighted_average
 from strategies import strategy_class
-from strategies.aggregation import client_coefficients, entry_kinds, weighted_average
 from strategies.base import AllClientsFailed
 
 

@@ -64,6 +64,20 @@ def test_only_the_door_imports_flowers_non_public_api():
     assert not bad, "non-public Flower imports outside flower_private.py:\n" + "\n".join(bad)
 
 
+def test_no_flower_import_outside_app():
+    """The layering rule: Flower is imported by ``fedrcl_flwr/app/`` (and the Flower
+    classes in ``clients/`` and ``strategies/``) only; every other package of the core
+    (``config/``, ``run/``, ``report/``, ``server/``, ``data/``, ``models/``, ...) is plain
+    PyTorch/NumPy, so it can be read, tested and reused without Flower."""
+    core = ROOT / "fedrcl_flwr"
+    files = [p for p in core.rglob("*.py") if (core / "app") not in p.parents]
+    packages = {p.parent.name for p in files}
+    assert {"config", "run", "report", "server"} <= packages  # the walk sees the layers
+    bad = [f"{path.relative_to(ROOT)}:{line}: {module}" for path in files
+           for module, _, line in _flwr_imports(path)]
+    assert not bad, "Flower imported outside fedrcl_flwr/app/:\n" + "\n".join(bad)
+
+
 def test_the_in_process_grid_implements_flowers_grid_interface():
     from flwr.server import Grid
 

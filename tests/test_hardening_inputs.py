@@ -18,11 +18,11 @@ import pytest
 import torch
 import yaml
 
-from fedrcl_flwr.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.config import ConfigError, config_from_dict, load_config, read_yaml
 from fedrcl_flwr.data.datasets import DatasetError, load_dataset
-from fedrcl_flwr.results import format_round_line
+from fedrcl_flwr.run.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from fedrcl_flwr.run.results import format_round_line
 from fedrcl_flwr.runner import LOCK_FILE, OutputLock, toml_string
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -329,7 +329,7 @@ def test_finished_dir_is_not_overwritten_silently(tmp_path, capsys, left):
     assert "not created by fedrcl-flwr" in line and (out / left).read_text() == "old"
     # in one it created, --overwrite is accepted past that check (stopped here by a later
     # input check)
-    from fedrcl_flwr.results import write_marker
+    from fedrcl_flwr.run.results import write_marker
 
     write_marker(out, "run")
     rc, _, err = _cli(capsys, "run", _yaml(tmp_path), "--out", str(out), "--overwrite",
@@ -532,7 +532,7 @@ def test_resume_incompatibility_is_found_before_anything_changes(resumable, caps
 
 def test_run_where_no_client_ever_trained_fails_with_the_first_client_error(tmp_path):
     from fedrcl_flwr.app.inprocess import run_inprocess
-    from fedrcl_flwr.results import read_metrics
+    from fedrcl_flwr.run.results import read_metrics
     from strategies.base import AllClientsFailed
 
     cfg = config_from_dict(dict(
@@ -604,7 +604,7 @@ def test_partition_plot_into_a_directory(tmp_path, capsys):
 
 def test_internal_error_is_one_line_and_a_traceback_with_verbose(tmp_path, capsys,
                                                                  monkeypatch):
-    import fedrcl_flwr.runtime as rt
+    import fedrcl_flwr.run.runtime as rt
 
     def broken(cfg):
         raise ZeroDivisionError("internal bug")

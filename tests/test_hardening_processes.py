@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.runner import LOCK_FILE, OutputLock, procs_with
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import collections
 import copy
 import math
-import sys
 import traceback
 from pathlib import Path
 
@@ -28,12 +27,17 @@ import torch
 import torch.nn.functional as F
 
 from clients import CLIENTS, client_class
-from fedrcl_flwr import accel, runtime
-from fedrcl_flwr import cli
+from fedrcl_flwr import accel, cli
 from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.run import runtime
 from fedrcl_flwr.signals import SignalSet, encode_signals
-from fedrcl_flwr.training import (LocalTrainSettings, LossTerm, cross_entropy_term,
-                                  make_optimizer, train_local)
+from fedrcl_flwr.training import (
+    LocalTrainSettings,
+    LossTerm,
+    cross_entropy_term,
+    make_optimizer,
+    train_local,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUR_CODE = tuple(str(ROOT / d) for d in ("fedrcl_flwr", "clients", "strategies"))
@@ -201,7 +205,8 @@ def _counted_fits(tiny, tmp_path, variant, counter, **extra):
             client_class(cfg.client.method)(cfg, state_dir=state).fit(w0, _fit_config(1))
         client = client_class(cfg.client.method)(cfg, state_dir=state)
         out = {}
-        counts.append(counter.count(lambda: out.update(m=client.fit(w0, _fit_config(2))[2])))
+        counts.append(counter.count(lambda out=out, client=client, w0=w0: out.update(
+            m=client.fit(w0, _fit_config(2))[2])))
         steps.append(out["m"]["steps"])
     assert steps[1] == 2 * steps[0] > 0
     return counts, out["m"]
@@ -602,7 +607,8 @@ def test_channels_last_auto_is_for_cuda_conv_models_whose_norms_keep_nhwc(tiny, 
     assert accel.use_channels_last(True, "cpu", conv) is True
     assert accel.use_channels_last(False, "cuda", conv) is False
     for keeps in (True, False):  # the per-process probe of the norm layers, faked
-        monkeypatch.setattr(accel, "_norm_keeps_channels_last", lambda kind, dev: keeps)
+        monkeypatch.setattr(accel, "_norm_keeps_channels_last",
+                            lambda kind, dev, keeps=keeps: keeps)
         assert accel.use_channels_last("auto", "cuda", conv) is keeps
         assert accel.use_channels_last("auto", "cuda", mlp) is False
     with pytest.raises(ConfigError):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fedrcl_flwr.app.inprocess import run_inprocess
-from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.run.results import read_metrics
 
 
 def _strip(recs):
@@ -59,7 +59,7 @@ def test_faulty_clients_are_dropped_and_counted(tiny, tmp_path, mode):
                federation={"rounds": 3, "clients_per_round": 3, "num_clients": 8,
                            "max_consecutive_failed_rounds": 5})
     # only some partitions fail: those sampled in round 1 except the first
-    from fedrcl_flwr.runtime import sample_partitions
+    from fedrcl_flwr.run.runtime import sample_partitions
 
     bad = sample_partitions(cfg.seed, 1, 8, 3)[1:]
     cfg.client.params["partitions"] = bad
@@ -107,7 +107,7 @@ def test_overlapped_evaluation_equals_sequential(tiny, tmp_path, strategy):
     order, also when a resumed run continues one cut short."""
     import torch
 
-    from fedrcl_flwr.checkpoint import load_checkpoint
+    from fedrcl_flwr.run.checkpoint import load_checkpoint
 
     method = "feddyn" if strategy == "feddyn" else "fedrcl"
     cfg = tiny(server={"strategy": strategy}, federation={"rounds": 4, "eval_every": 2},

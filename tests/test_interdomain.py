@@ -13,8 +13,12 @@ import pytest
 
 from fedrcl_flwr.config import config_from_dict, load_config, read_yaml
 from fedrcl_flwr.data.partition import PartitionError, partition
-from fedrcl_flwr.data.report import (class_counts, client_domains, format_counts_table,
-                                     plot_counts_heatmap)
+from fedrcl_flwr.data.report import (
+    class_counts,
+    client_domains,
+    format_counts_table,
+    plot_counts_heatmap,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 10
@@ -197,7 +201,7 @@ def _check_bundle(bundle, num_clients):
 
 
 def test_synthetic_domains_via_config():
-    from fedrcl_flwr.runtime import client_partitions, load_bundle
+    from fedrcl_flwr.run.runtime import client_partitions, load_bundle
 
     base = {"dataset": {"name": "synthetic", "synthetic": {
         "num_train": 600, "num_test": 60, "num_classes": 4, "image_size": 8,

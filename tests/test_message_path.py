@@ -13,9 +13,9 @@ import pytest
 from flwr.client import NumPyClient
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedrcl_flwr import runtime, timers
 from fedrcl_flwr.codec import decode_arrays, encode_array, encode_arrays
-from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.run import runtime, timers
+from fedrcl_flwr.run.results import read_metrics
 
 ARRAYS = [np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32),
           np.array(7, dtype=np.int64), np.zeros((0, 3)), np.arange(12.0).reshape(3, 4).T,
@@ -63,7 +63,7 @@ def test_codec_refuses_what_it_cannot_read_safely():
 
 def test_weighted_average_is_the_formula_bit_for_bit():
     """The buffered product is the same IEEE arithmetic as ``c * w.astype(float64)``."""
-    from strategies.aggregation import client_coefficients, weighted_average
+    from fedrcl_flwr.server.aggregation import client_coefficients, weighted_average
 
     rng = np.random.default_rng(5)
     clients = [[rng.normal(size=(17, 5)).astype(np.float32),
@@ -94,10 +94,12 @@ def test_partitions_are_stored_beside_the_dataset_and_read_back(tiny, tmp_path,
     monkeypatch.setattr(partition, "partition", lambda *a, **k: calls.append(1) or real(
         *a, **k))
     try:
-        first = runtime.client_partitions(cfg)
+        # the entry is shared with other tests' splits of the same data: take this one's
         entry = runtime._dataset(cfg)[1]
-        stored = sorted(entry.glob("split-*.npz"))
-        assert calls and stored and cache.is_own_entry(entry)  # cleared with the entry
+        before = set(entry.glob("split-*.npz"))
+        first = runtime.client_partitions(cfg)
+        stored = sorted(set(entry.glob("split-*.npz")) - before)
+        assert calls and len(stored) == 1 and cache.is_own_entry(entry)  # cleared with it
         runtime.WORKER.clear()
         calls.clear()
         again = runtime.client_partitions(cfg)  # a new process: read, not drawn

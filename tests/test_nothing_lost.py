@@ -23,31 +23,30 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
-
-from fedrcl_flwr.cli import main
-from fedrcl_flwr.results import read_metrics
-from fedrcl_flwr.sweep import plan_sweep
-from fedrcl_flwr.runner import LOCK_FILE, OutputLock, procs_with
 from test_hardening_inputs import TINY
 from test_hardening_processes import _alive
+
+from fedrcl_flwr.cli import main
+from fedrcl_flwr.run.results import read_metrics
+from fedrcl_flwr.run.sweep import plan_sweep
+from fedrcl_flwr.runner import LOCK_FILE, OutputLock, procs_with
 
 ROOT = Path(__file__).resolve().parents[1]
 
 BASE = TINY  # a seconds-sized experiment on the embedded synthetic data
 
 
-def has_marker(directory, kind):  # the tool's run-directory marker (fedrcl_flwr.results)
-    from fedrcl_flwr.results import has_marker as has
+def has_marker(directory, kind):  # the tool's run-directory marker (fedrcl_flwr.run.results)
+    from fedrcl_flwr.run.results import has_marker as has
 
     return has(directory, kind)
 
 
 def write_marker(directory, kind):
-    from fedrcl_flwr.results import write_marker as write
+    from fedrcl_flwr.run.results import write_marker as write
 
     write(directory, kind)
 
@@ -315,9 +314,9 @@ def _calls(tree: ast.AST):
 
 def test_no_code_path_unpickles_or_bypasses_the_safe_loaders():
     """Scan the project's source: no call passes ``weights_only=False`` (tests included);
-    outside ``fedrcl_flwr/checkpoint.py`` nothing calls ``torch.load`` (every load goes
+    outside ``fedrcl_flwr/run/checkpoint.py`` nothing calls ``torch.load`` (every load goes
     through ``checkpoint.safe_load``); no ``pickle`` loads, ``allow_pickle=True``,
-    ``yaml.load``/``unsafe_load``/``safe_load`` outside ``config.py``'s hardened reader,
+    ``yaml.load``/``unsafe_load``/``safe_load`` outside ``config/loading.py``'s hardened reader,
     ``eval``/``exec``/``ast.literal_eval`` of data."""
     bad = []
     files = [p for d in ("fedrcl_flwr", "clients", "strategies", "benchmarks", "tests")
@@ -337,13 +336,13 @@ def test_no_code_path_unpickles_or_bypasses_the_safe_loaders():
                     bad.append(f"{where}: allow_pickle=True")
             if is_test:
                 continue
-            if owner == "torch" and name == "load" and rel != "fedrcl_flwr/checkpoint.py":
+            if owner == "torch" and name == "load" and rel != "fedrcl_flwr/run/checkpoint.py":
                 bad.append(f"{where}: torch.load outside checkpoint.safe_load")
             if owner in ("pickle", "cPickle", "dill", "joblib") and name in ("load", "loads"):
                 bad.append(f"{where}: {owner}.{name}")
             if owner == "yaml" and name in ("load", "unsafe_load", "full_load", "safe_load",
                                             "load_all", "safe_load_all") \
-                    and rel != "fedrcl_flwr/config.py":
+                    and rel != "fedrcl_flwr/config/loading.py":
                 bad.append(f"{where}: yaml.{name} outside the hardened reader")
             if (owner, name) in ((None, "eval"), (None, "exec"), ("ast", "literal_eval")):
                 bad.append(f"{where}: {name} of data")
@@ -429,7 +428,7 @@ def test_resume_refuses_changes_to_the_experiment(resumable, tmp_path, capsys, f
 
 def test_fewer_rounds_than_done_is_refused(resumable, capsys, flower):
     exp, run = resumable
-    from fedrcl_flwr.checkpoint import load_checkpoint, save_checkpoint
+    from fedrcl_flwr.run.checkpoint import load_checkpoint, save_checkpoint
 
     ck = load_checkpoint(run)
     ck["round"] = 2  # as if both rounds were done; the run goes to 2
@@ -635,7 +634,7 @@ def test_ray_address_of_something_else_is_refused_at_once(tmp_path, capsys, flow
 # ------------------------------------------------------- Bad 11: grid size and --jobs
 
 def test_huge_grids_and_more_jobs_than_cpus_are_refused(tmp_path, capsys):
-    from fedrcl_flwr.sweep import MAX_SWEEP_RUNS
+    from fedrcl_flwr.run.sweep import MAX_SWEEP_RUNS
 
     sw = _sweep(tmp_path, grid={"client.lr": [0.01 * (i + 1) for i in range(101)],
                                 "partition.alpha": [0.1 * (i + 1) for i in range(100)]})

@@ -13,9 +13,8 @@ from torch import nn
 from clients import CLIENTS
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.config import ConfigError
-from fedrcl_flwr.results import read_metrics
-from fedrcl_flwr.training import (LocalTrainSettings, cross_entropy_term, make_optimizer,
-                                  train_local)
+from fedrcl_flwr.run.results import read_metrics
+from fedrcl_flwr.training import LocalTrainSettings, cross_entropy_term, make_optimizer, train_local
 
 
 def _param(values):
@@ -122,7 +121,7 @@ def test_every_method_trains_with_adam(tiny, tmp_path, method):
                server={"strategy": "fedavg", **over.get("server", {})},
                federation={"rounds": 1, "num_clients": 4, "clients_per_round": 2},
                evaluation={"target_rounds": [1]})
-    from fedrcl_flwr.runtime import initial_model, load_bundle
+    from fedrcl_flwr.run.runtime import initial_model, load_bundle
 
     w0 = [p.detach().numpy().copy() for p in initial_model(cfg, load_bundle(cfg)).state_dict()
           .values()]

@@ -17,8 +17,8 @@ from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.config import DPConfig, PrivacyConfig
 from fedrcl_flwr.privacy import gaussian_epsilon
-from fedrcl_flwr.results import read_metrics
-from fedrcl_flwr.runtime import sample_partitions
+from fedrcl_flwr.run.results import read_metrics
+from fedrcl_flwr.run.runtime import sample_partitions
 
 pytest.importorskip("dp_accounting")
 
@@ -184,7 +184,7 @@ def test_run_records_epsilon_of_the_busiest_client_across_a_resume(tiny, tmp_pat
 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["dp_epsilon"] == recs[-1]["dp_epsilon"] and summary["dp_delta"] == delta
-    from fedrcl_flwr.tables import report
+    from fedrcl_flwr.report.tables import report
 
     assert f"ε≤{recs[-1]['dp_epsilon']:.2f}" in report([tmp_path / "run"])
 

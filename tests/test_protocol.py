@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedrcl_flwr import runtime
 from fedrcl_flwr.protocol import (
     EvaluateInstructions,
     EvaluateReport,
@@ -16,6 +15,7 @@ from fedrcl_flwr.protocol import (
     ProtocolError,
     StrategyParams,
 )
+from fedrcl_flwr.run import runtime
 from fedrcl_flwr.signals import SignalSet, encode_signals
 from strategies import STRATEGIES, strategy_class
 from strategies.base import FederatedStrategy

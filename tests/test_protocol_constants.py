@@ -171,7 +171,10 @@ def test_epoch_lr_decay_sets_lr_per_local_epoch():
     model.w = w
     model.forward = lambda x: w.expand(x.shape[0], 1)
     term = LossTerm("lin", lambda b: b.model.w.sum(), 1.0)
-    batches = lambda epoch: [(torch.zeros(1, 1), torch.zeros(1, dtype=torch.long))] * 2
+
+    def batches(epoch):
+        return [(torch.zeros(1, 1), torch.zeros(1, dtype=torch.long))] * 2
+
     s = LocalTrainSettings(lr=0.1, epochs=3, weight_decay=0.0, epoch_lr_decay=0.5)
     train_local(model, batches, [term], s, torch.device("cpu"))
     # 2 steps per epoch at 0.1, 0.05, 0.025
@@ -201,7 +204,7 @@ def test_client_passes_epoch_lr_decay(tiny, tmp_path, monkeypatch):
 
 
 def test_model_init_pytorch_default_vs_kaiming(tiny):
-    from fedrcl_flwr.runtime import initial_model, load_bundle
+    from fedrcl_flwr.run.runtime import initial_model, load_bundle
 
     own = tiny(model={"name": "resnet18_gn"})
     dflt = tiny(model={"name": "resnet18_gn", "init": "pytorch"})
@@ -221,8 +224,8 @@ def test_local_representation_metrics_on_the_trained_local_models(tiny, tmp_path
                                                                   monkeypatch):
     import fedrcl_flwr.representation as rep
     from fedrcl_flwr.app.inprocess import run_inprocess
-    from fedrcl_flwr.results import read_metrics
-    from fedrcl_flwr.runtime import sample_partitions
+    from fedrcl_flwr.run.results import read_metrics
+    from fedrcl_flwr.run.runtime import sample_partitions
 
     seen = []
     real = rep.representation_record

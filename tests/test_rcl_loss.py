@@ -44,7 +44,7 @@ def test_official_matches_reference(seed, setting):
     d = _case(seed)
     cfg = SETTINGS[setting]
     y = torch.from_numpy(d["labels"])
-    feats = [torch.from_numpy(d[f"pooled64_layer{l}"]).requires_grad_() for l in range(LEVELS)]
+    feats = [torch.from_numpy(d[f"pooled64_layer{lvl}"]).requires_grad_() for lvl in range(LEVELS)]
     total, info = rcl_loss(feats, y, **cfg, return_per_anchor=True)
     assert total.dtype == torch.float64
 
@@ -60,31 +60,31 @@ def test_official_matches_reference(seed, setting):
                                    d[f"{setting}__pen_per_anchor_f64"], rtol=0, atol=TOL)
 
     total.backward()
-    for l in range(LEVELS):
+    for lvl in range(LEVELS):
         # d/d(4-D input) of a spatial mean spreads g/HW over HW positions, so its norm
         # is ||g_pooled|| / sqrt(HW).
-        gnorm = feats[l].grad.norm().item() / math.sqrt(int(d[f"layer{l}_hw"]))
-        assert abs(gnorm - d[f"{setting}__gradnorm_layer{l}_f32"]) <= GRAD_TOL
+        gnorm = feats[lvl].grad.norm().item() / math.sqrt(int(d[f"layer{lvl}_hw"]))
+        assert abs(gnorm - d[f"{setting}__gradnorm_layer{lvl}_f32"]) <= GRAD_TOL
 
 
 def test_official_full_gradient_through_pooling():
     """Seed 0, S1: raw 4-D stage tensors -> adaptive_avg_pool2d -> loss; full gradient."""
     d = _case(0)
     y = torch.from_numpy(d["labels"])
-    maps = [torch.from_numpy(d[f"layer{l}"]).double().requires_grad_() for l in range(LEVELS)]
+    maps = [torch.from_numpy(d[f"layer{lvl}"]).double().requires_grad_() for lvl in range(LEVELS)]
     feats = [F.adaptive_avg_pool2d(m, 1).flatten(1) for m in maps]
     total = rcl_loss(feats, y, **SETTINGS["S1_default"])
     assert abs(total.item() - d["S1_default__rcl_total_f64"]) <= TOL
     total.backward()
-    for l in range(LEVELS):
-        np.testing.assert_allclose(maps[l].grad.numpy(), d[f"S1_default__grad_layer{l}_f32"],
+    for lvl in range(LEVELS):
+        np.testing.assert_allclose(maps[lvl].grad.numpy(), d[f"S1_default__grad_layer{lvl}_f32"],
                                    rtol=0, atol=GRAD_TOL)
 
 
 def test_official_float32_close_to_reference():
     d = _case(1)
     y = torch.from_numpy(d["labels"])
-    feats = [torch.from_numpy(d[f"pooled64_layer{l}"]).float() for l in range(LEVELS)]
+    feats = [torch.from_numpy(d[f"pooled64_layer{lvl}"]).float() for lvl in range(LEVELS)]
     total = rcl_loss(feats, y, **SETTINGS["S1_default"])
     assert total.dtype == torch.float32
     assert abs(total.item() - d["S1_default__rcl_total_f64"]) <= 1e-5
@@ -93,7 +93,7 @@ def test_official_float32_close_to_reference():
 def test_scl_loss_official_is_rcl_without_penalty():
     d = _case(2)
     y = torch.from_numpy(d["labels"])
-    feats = [torch.from_numpy(d[f"pooled64_layer{l}"]) for l in range(LEVELS)]
+    feats = [torch.from_numpy(d[f"pooled64_layer{lvl}"]) for lvl in range(LEVELS)]
     s = scl_loss(feats, y, tau=0.05, topk_pos=1, topk_neg=2)
     assert abs(s.item() - d["S1_default__scl_f64"]) <= TOL
     r = rcl_loss(feats, y, tau=0.05, beta=0.0)
@@ -212,7 +212,8 @@ def test_official_gradcheck_and_identical_features():
     y = torch.tensor([0, 0, 0, 1, 1, 2, 2])
     for kp, kn in [(1, 2), (2, 3), (3, 16)]:
         assert torch.autograd.gradcheck(
-            lambda a: rcl_loss(a, y, tau=0.3, lam=-0.5, beta=0.5, topk_pos=kp, topk_neg=kn),
+            lambda a, kp=kp, kn=kn: rcl_loss(a, y, tau=0.3, lam=-0.5, beta=0.5,
+                                             topk_pos=kp, topk_neg=kn),
             (f,))
     # a collapsed class (identical features) stays finite
     same = torch.ones(4, 3, requires_grad=True)

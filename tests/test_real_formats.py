@@ -478,5 +478,6 @@ def test_digit5_all_five_real_formats(tmp_path, monkeypatch, no_network):
     # the resize is the loader's antialiased bilinear: mean brightness is kept
     assert abs(imgs[: starts[1], 0].float().mean().item() - float(mx.mean())) < 2.0
 
+
 # (`fedrcl-flwr run` on these CIFAR-10 files through Flower's worker processes:
 # tests/test_privacy.py::test_simulation_with_secagg_client_dp_and_trackers)

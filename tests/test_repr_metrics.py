@@ -8,9 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedrcl_flwr.metrics import (class_covariance_traces, deviation_bound, effective_rank,
-                                 effective_rank_of_matrix, representation_metrics,
-                                 variability_collapse_index)
+from fedrcl_flwr.metrics import (
+    class_covariance_traces,
+    deviation_bound,
+    effective_rank,
+    effective_rank_of_matrix,
+    representation_metrics,
+    variability_collapse_index,
+)
 
 F64 = torch.float64
 SQ2 = math.sqrt(2.0)

@@ -7,7 +7,7 @@ import pytest
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.evaluation import EMATracker
-from fedrcl_flwr.results import RunRecorder, read_metrics, report_table
+from fedrcl_flwr.run.results import RunRecorder, read_metrics, report_table
 
 
 def test_ema_matches_the_papers_recursion():
@@ -86,7 +86,7 @@ def test_progress_shows_the_ema_only_for_runs_that_report_it(tmp_path, capsys,
     import yaml
 
     from fedrcl_flwr import runner
-    from fedrcl_flwr.results import format_round_line, reported_value, shows_ema
+    from fedrcl_flwr.run.results import format_round_line, reported_value, shows_ema
 
     rec = {"round": 30, "test_accuracy": 0.79, "ema_accuracy": 0.46, "num_clients": 5}
     assert "ema" not in format_round_line(rec, 30)
@@ -98,6 +98,7 @@ def test_progress_shows_the_ema_only_for_runs_that_report_it(tmp_path, capsys,
 
     monkeypatch.setattr(runner, "run_simulation_via_flower", lambda *a, **k: summary)
     from conftest import tiny_config
+
     from fedrcl_flwr.config import to_dict
 
     for metric, note, done in [

@@ -7,7 +7,7 @@ import pytest
 import torch
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 
-from fedrcl_flwr.runtime import get_weights, trainable_mask
+from fedrcl_flwr.run.runtime import get_weights, trainable_mask
 from strategies import STRATEGIES, strategy_class
 
 

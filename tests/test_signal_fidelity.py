@@ -10,8 +10,8 @@ import pytest
 from fedrcl_flwr.app.server_app import make_exchange
 from fedrcl_flwr.clustering import finch
 from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.server.signal_exchange import SignalExchange
 from fedrcl_flwr.signals import SignalSet
-from strategies.signal_exchange import SignalExchange
 
 
 def _differing_case():

@@ -6,13 +6,13 @@ import json
 
 import numpy as np
 import yaml
-
 from conftest import tiny_config
+
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.config import config_from_dict, dump_config
-from fedrcl_flwr.results import read_metrics
-from fedrcl_flwr.runtime import client_partitions, load_bundle
+from fedrcl_flwr.run.results import read_metrics
+from fedrcl_flwr.run.runtime import client_partitions, load_bundle
 
 
 def _yaml(tmp_path, **sections):
@@ -114,6 +114,7 @@ def _run_err(tmp_path, capsys, data):
 
 def test_scheme_file_needs_path(tmp_path):
     import pytest
+
     from fedrcl_flwr.config import ConfigError
 
     data = yaml.safe_load(_yaml(tmp_path)[1].read_text())

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fedrcl_flwr.config import ConfigError
-from fedrcl_flwr.results import RunRecorder, read_metrics
+from fedrcl_flwr.run.results import RunRecorder, read_metrics
 
 
 def _rec(rnd, acc, ema=None, dom=None):

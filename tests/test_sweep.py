@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.run.results import read_metrics
+from fedrcl_flwr.run.sweep import plan_sweep
 from fedrcl_flwr.runner import LOCK_FILE, procs_with
-from fedrcl_flwr.sweep import plan_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,7 +111,7 @@ def test_run_names_are_stable_when_the_sweep_grows(tmp_path):
     """Issue #25: names came from whatever varied, so adding one setting renamed every
     run and recomputed the finished ones. A name is the label / method, the seed and a
     hash of the run's own experiment: adding a setting, a method or a seed keeps them."""
-    from fedrcl_flwr.sweep import experiment_hash
+    from fedrcl_flwr.run.sweep import experiment_hash
 
     small = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"]}, seeds=[0])
     before = {r.name for r in plan_sweep(small, tmp_path / "o")[0]}
@@ -163,7 +163,7 @@ def test_a_regrown_sweep_takes_over_runs_named_the_old_way(tmp_path, capsys):
     text = capsys.readouterr().out
     assert f"method=fedavg_seed=0: holds run 1 (done), to be renamed {runs[0].name}" in text
     assert "2 other run directories" in text and old.exists()  # a dry run changes nothing
-    from fedrcl_flwr.sweep import take_over_earlier_runs
+    from fedrcl_flwr.run.sweep import take_over_earlier_runs
 
     lines = take_over_earlier_runs(runs, out)
     assert lines[0] == f"method=fedavg_seed=0: holds run 1 (done), renamed {runs[0].name}"
@@ -172,7 +172,7 @@ def test_a_regrown_sweep_takes_over_runs_named_the_old_way(tmp_path, capsys):
     assert (runs[0].out_dir / "metrics.jsonl").read_text().startswith('{"round": 3')
     assert (out / "_logs" / f"{runs[0].name}.log").read_text() == "the old log\n"
     assert stranger.exists() and unfinished.exists() and runs[1].state() == "new"
-    from fedrcl_flwr.sweep import check_existing
+    from fedrcl_flwr.run.sweep import check_existing
 
     check_existing(runs)  # the renamed directory holds the planned experiment
 
@@ -253,7 +253,7 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
 
     from fedrcl_flwr.app.inprocess import run_inprocess
     from fedrcl_flwr.config import dump_config, load_config
-    from fedrcl_flwr.results import write_marker
+    from fedrcl_flwr.run.results import write_marker
 
     # rounds of ~1.5 s on an idle CPU: the kill lands while b is part-way
     sw = _sweep(tmp_path, variants=[{"label": "a", "client.method": "fedavg"},
@@ -356,7 +356,7 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
     """What --dry-run does (plan + validate every run), and every run of a table sweep
     finds the paper's number for its row and column in its reference."""
     from fedrcl_flwr.config import to_dict
-    from fedrcl_flwr.tables import Group, Run, paper_value
+    from fedrcl_flwr.report.tables import Group, Run, paper_value
 
     assert main(["sweep", str(path), "--dry-run", "--out", "/nonexistent/sweep"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("runs -> /nonexistent/sweep")
@@ -418,7 +418,7 @@ def test_eta_comes_from_rounds_of_the_runs_in_flight():
     """Issue #25: 16 runs x 30 rounds, 2 at a time, ~20 s start-up and ~1 s rounds: the
     old estimate (elapsed / rounds done x rounds left) said 4 h 17 min after the first
     rounds; from the measured round time and overheads it is the sweep's real length."""
-    from fedrcl_flwr.sweep import SweepEta, _fmt_eta
+    from fedrcl_flwr.run.sweep import SweepEta, _fmt_eta
 
     timer = SweepEta(jobs=2)
     assert timer.eta([30, 30], [30] * 14) is None  # nothing measured yet: "?"

@@ -16,7 +16,7 @@ from clients.fedrcl import resolve_levels
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.config import load_config
 from fedrcl_flwr.models import MODELS, build_model
-from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.run.results import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 

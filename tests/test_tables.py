@@ -16,7 +16,7 @@ import yaml
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.config import check_reference, load_config
-from fedrcl_flwr.tables import build_table, method_label, metric_value, load_runs
+from fedrcl_flwr.report.tables import build_table, load_runs, method_label, metric_value
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -194,7 +194,7 @@ def test_report_resolves_method_defaults_without_importing_flower(tmp_path):
     ref = [{"source": "S", "metric": "final", "when": {"client.params": {"mu": 0.001}},
             "values": {"fedprox": 40.0}}]
     _run(tmp_path, "default_mu", "fedprox", 0.3, 0, final=0.3, reference=ref)
-    code = ("import sys; from fedrcl_flwr.tables import build_table; "
+    code = ("import sys; from fedrcl_flwr.report.tables import build_table; "
             f"groups, _ = build_table([{str(tmp_path)!r}]); "
             "print(groups[0].paper); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'flwr' "
@@ -275,7 +275,7 @@ def test_every_paper_yaml_is_found():
 
 @pytest.mark.parametrize("path", PAPER_YAMLS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_paper_yaml_has_a_reference_for_its_own_row(path):
-    from fedrcl_flwr.tables import Group, Run, paper_value
+    from fedrcl_flwr.report.tables import Group, Run, paper_value
 
     cfg = load_config(path)
     blocks = check_reference(cfg.reference, str(path))
@@ -407,7 +407,7 @@ def test_plot_clips_bands_shares_the_y_range_and_names_the_setting(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fedrcl_flwr.tables import curves_figure, group_runs
+    from fedrcl_flwr.report.tables import curves_figure, group_runs
 
     out = tmp_path / "s"
     same = [0.5, 0.8, 0.99]  # fedavg and fedprox identical: one would hide the other
@@ -461,6 +461,7 @@ def test_partition_heatmap_has_integer_client_ticks_and_alpha_in_its_title(tmp_p
                             titles.append(title), real(counts, path, title, domains)))
     exp = tmp_path / "exp.yaml"
     from conftest import tiny_config
+
     from fedrcl_flwr.config import to_dict
 
     exp.write_text(yaml.safe_dump(to_dict(tiny_config(tmp_path, partition={

@@ -10,11 +10,11 @@ import pytest
 
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.tracking import TB_DIR, scalars
 
 pytest.importorskip("tensorboard")
-from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402 - after importorskip
     EventAccumulator,
 )
 

@@ -14,7 +14,7 @@ import pytest
 
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.results import read_metrics
+from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.tracking import (
     STATE_FILE,
     flat_params,
@@ -209,7 +209,7 @@ def _asdict(cfg):
 
 def test_sweep_groups_its_runs(tiny, tmp_path, offline):
     """A sweep's runs: W&B group = the sweep's name; MLflow children of one parent run."""
-    from fedrcl_flwr.sweep import plan_sweep
+    from fedrcl_flwr.run.sweep import plan_sweep
 
     base = tmp_path / "base.yaml"
     base.write_text(QUICKSTART.read_text())

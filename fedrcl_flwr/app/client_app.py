@@ -15,13 +15,13 @@ from flwr.common import Context
 
 from clients import client_class
 from clients.base import LocalData
-from fedrcl_flwr import runtime, timers
 from fedrcl_flwr.app.common import (
     config_from_run_config,
     output_dir_from_run_config,
     quiet,
 )
-from fedrcl_flwr.run_files import CLIENT_STATE_DIR
+from fedrcl_flwr.run import runtime, timers
+from fedrcl_flwr.run.run_files import CLIENT_STATE_DIR
 
 
 def _device_data(path: str, cfg) -> LocalData:
@@ -88,7 +88,7 @@ def _build_client(context: Context):
 
 def timed(message, context, call_next):
     """ClientApp mod (the outermost): the message's timer record when ``FEDRCL_TIMERS``
-    is set (:mod:`fedrcl_flwr.timers`); otherwise the message goes straight on."""
+    is set (:mod:`fedrcl_flwr.run.timers`); otherwise the message goes straight on."""
     if not timers.enabled():
         return call_next(message, context)
     timers.begin(created_at=message.metadata.created_at, node=context.node_id)

@@ -35,7 +35,7 @@ def _load(path: str, overrides: str) -> ExperimentConfig:
     file rewritten since (another run in the same directory) is parsed again."""
     import hashlib
 
-    from fedrcl_flwr.runtime import WORKER
+    from fedrcl_flwr.run.runtime import WORKER
 
     p = resolve_experiment_path(path)
     try:
@@ -49,12 +49,12 @@ def _load(path: str, overrides: str) -> ExperimentConfig:
 
 def config_from_run_config(run_config: dict) -> ExperimentConfig:
     """The run's experiment; with a ``dataset-cache`` entry, this process's dataset is
-    that prepared entry (:func:`fedrcl_flwr.runtime.use_prepared_dataset`)."""
+    that prepared entry (:func:`fedrcl_flwr.run.runtime.use_prepared_dataset`)."""
     cfg = _load(str(run_config.get("experiment", "experiments/quickstart.yaml")),
                 str(run_config.get("overrides", "")))
     entry = str(run_config.get("dataset-cache", "") or "")
     if entry:
-        from fedrcl_flwr.runtime import use_prepared_dataset
+        from fedrcl_flwr.run.runtime import use_prepared_dataset
 
         use_prepared_dataset(cfg, entry)
     return cfg

@@ -24,8 +24,8 @@ import contextlib
 import io
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 from fedrcl_flwr.app import flower_private
 
@@ -44,7 +44,7 @@ def _flwr_home(home: Path) -> Iterator[None]:
 
 
 def submit(home: Path, app: Path, connection: str, run_config: Path,
-           federation_config: str) -> tuple[Optional[int], str]:
+           federation_config: str) -> tuple[int | None, str]:
     """Start a run (``flwr run`` in this process); returns ``(run id or None, output)``
     where the output is what ``flwr run`` printed (its error message when the run was not
     started). The default output format is used: Flower's JSON format writes to

@@ -31,8 +31,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 from flwr.common.constant import ErrorCode
 from flwr.server.client_proxy import ClientProxy
@@ -105,11 +106,11 @@ class PrivateSymbol:
     (``check(obj)`` returns what is wrong, or ``None``)."""
 
     path: str
-    check: Callable[[Any], Optional[str]]
+    check: Callable[[Any], str | None]
 
 
-def _parameters(*names: str) -> Callable[[Any], Optional[str]]:
-    def check(obj: Any) -> Optional[str]:
+def _parameters(*names: str) -> Callable[[Any], str | None]:
+    def check(obj: Any) -> str | None:
         have = set(inspect.signature(obj).parameters)
         missing = [n for n in names if n not in have]
         return f"no parameter(s) {missing} (has {sorted(have)})" if missing else None
@@ -117,16 +118,16 @@ def _parameters(*names: str) -> Callable[[Any], Optional[str]]:
     return check
 
 
-def _attributes(*names: str) -> Callable[[Any], Optional[str]]:
-    def check(obj: Any) -> Optional[str]:
+def _attributes(*names: str) -> Callable[[Any], str | None]:
+    def check(obj: Any) -> str | None:
         missing = [n for n in names if not hasattr(obj, n)]
         return f"no attribute(s) {missing}" if missing else None
 
     return check
 
 
-def _proto_fields(*names: str) -> Callable[[Any], Optional[str]]:
-    def check(obj: Any) -> Optional[str]:
+def _proto_fields(*names: str) -> Callable[[Any], str | None]:
+    def check(obj: Any) -> str | None:
         have = set(obj.DESCRIPTOR.fields_by_name)
         missing = [n for n in names if n not in have]
         return f"no field(s) {missing} (has {sorted(have)})" if missing else None
@@ -134,18 +135,18 @@ def _proto_fields(*names: str) -> Callable[[Any], Optional[str]]:
     return check
 
 
-def _all(*checks: Callable[[Any], Optional[str]]) -> Callable[[Any], Optional[str]]:
-    def check(obj: Any) -> Optional[str]:
+def _all(*checks: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    def check(obj: Any) -> str | None:
         return next((why for why in (c(obj) for c in checks) if why), None)
 
     return check
 
 
-def _settable_class_properties(*names: str) -> Callable[[Any], Optional[str]]:
+def _settable_class_properties(*names: str) -> Callable[[Any], str | None]:
     """Class-level properties with setters (defined on the metaclass), each backed by a
     ``_name`` class attribute."""
 
-    def check(obj: Any) -> Optional[str]:
+    def check(obj: Any) -> str | None:
         bad = [n for n in names if not (
             isinstance(getattr(type(obj), n, None), property)
             and getattr(type(obj), n).fset is not None and f"_{n}" in vars(obj))]
@@ -154,8 +155,8 @@ def _settable_class_properties(*names: str) -> Callable[[Any], Optional[str]]:
     return check
 
 
-def _int_attribute(name: str) -> Callable[[Any], Optional[str]]:
-    def check(obj: Any) -> Optional[str]:
+def _int_attribute(name: str) -> Callable[[Any], str | None]:
+    def check(obj: Any) -> str | None:
         value = getattr(obj, name, None)
         return None if isinstance(value, int) else f"{name} is {value!r}, not an int"
 
@@ -188,7 +189,7 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
 )
 
 
-def problem(symbol: PrivateSymbol) -> Optional[str]:
+def problem(symbol: PrivateSymbol) -> str | None:
     """What is wrong with ``symbol`` in the installed Flower (``None``: nothing)."""
     try:
         obj = load(symbol.path)

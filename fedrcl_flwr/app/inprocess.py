@@ -16,7 +16,7 @@ from flwr.server import Grid
 from clients import client_class
 from fedrcl_flwr.app.server_app import build_server
 from fedrcl_flwr.config import ExperimentConfig
-from fedrcl_flwr.run_files import CLIENT_STATE_DIR
+from fedrcl_flwr.run.run_files import CLIENT_STATE_DIR
 
 
 class _Slot:
@@ -163,11 +163,12 @@ def run_workflow_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool
     from fedrcl_flwr.app.flower_private import task_identity
     from fedrcl_flwr.app.server_app import EagerClientManager
     from fedrcl_flwr.app.validate import secagg_max_weight, secagg_workflow
-    from fedrcl_flwr.results import CONFIG_FILE
+    from fedrcl_flwr.run.results import CONFIG_FILE
 
     out_dir = Path(out_dir)
     strategy, rounds_left = build_server(cfg, out_dir, resume=resume)
-    run_config = {"experiment": str(out_dir / CONFIG_FILE), "output-dir": str(out_dir),
+    run_config: dict[str, bool | float | int | str] = {
+        "experiment": str(out_dir / CONFIG_FILE), "output-dir": str(out_dir),
                   "resume": "true" if resume else "false"}
     rounds = rounds_left if stop_after is None else min(stop_after, rounds_left)
     grid = InProcessGrid(run_config, cfg.federation.sampled_per_round())

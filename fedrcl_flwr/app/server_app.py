@@ -18,19 +18,19 @@ from flwr.server import (
     SimpleClientManager,
 )
 
-from fedrcl_flwr import runtime
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
-from fedrcl_flwr.checkpoint import load_checkpoint, save_checkpoint
 from fedrcl_flwr.config import ConfigError, dump_config
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
-from fedrcl_flwr.results import CONFIG_FILE, RunRecorder, format_round_line, shows_ema
+from fedrcl_flwr.run import runtime
+from fedrcl_flwr.run.checkpoint import load_checkpoint, save_checkpoint
+from fedrcl_flwr.run.results import CONFIG_FILE, RunRecorder, format_round_line, shows_ema
 from strategies import strategy_class
 
 
 def make_exchange(cfg, num_classes: int):
     """The signal exchange the client method needs (``None`` for most methods)."""
     from clients import client_class
-    from strategies.signal_exchange import SignalExchange
+    from fedrcl_flwr.server.signal_exchange import SignalExchange
 
     cls = client_class(cfg.client.method)
     settings = cls.exchange_settings(cls.resolve(cfg))
@@ -74,7 +74,7 @@ def check_resume(cfg, out_dir) -> None:
     """Can the run in ``out_dir`` continue under ``cfg``? A :class:`ConfigError` (exit 2)
     when the checkpoint is unreadable (truncated, foreign) or does not fit the configured
     model or strategy (e.g. a ``--set`` that changed the model). Reads only."""
-    from fedrcl_flwr.checkpoint import CheckpointError
+    from fedrcl_flwr.run.checkpoint import CheckpointError
 
     try:
         ckpt = load_checkpoint(out_dir)

@@ -12,15 +12,13 @@ key (and the file, when ``source`` is given).
 
 from __future__ import annotations
 
-from typing import Optional
-
 from clients import client_class
 from fedrcl_flwr.components import check_model_rules
 from fedrcl_flwr.config import ConfigError, ExperimentConfig
 from strategies import strategy_class
 
 
-def validate_components(cfg: ExperimentConfig, source: Optional[str] = None) -> None:
+def validate_components(cfg: ExperimentConfig, source: str | None = None) -> None:
     """Raise ConfigError if client.method/params or server.strategy/params are invalid."""
     try:
         _validate(cfg)
@@ -35,7 +33,7 @@ def _validate(cfg: ExperimentConfig) -> None:
     p = cls.resolve(cfg)
     scls = strategy_class(cfg.server.strategy)
     sp = scls.resolve(cfg.server.params)
-    from fedrcl_flwr.runtime import probe_model
+    from fedrcl_flwr.run.runtime import probe_model
 
     def get_model():  # built only when a value needs it
         return probe_model(cfg)
@@ -47,7 +45,7 @@ def _validate(cfg: ExperimentConfig) -> None:
                           f"client.method '{cls.method}', got {cfg.server.strategy!r}")
     settings = cls.exchange_settings(p)
     if settings is not None:
-        from strategies.signal_exchange import SignalExchange
+        from fedrcl_flwr.server.signal_exchange import SignalExchange
 
         SignalExchange({**settings, **cfg.server.signals})
     elif cfg.server.signals:
@@ -72,7 +70,7 @@ def secagg_max_weight(cfg: ExperimentConfig) -> float:
         return float(cfg.privacy.secagg_max_weight)
     if cfg.server.weighting == "uniform":
         return float(upload_weight(1, secagg=True, weighting="uniform"))
-    from fedrcl_flwr.runtime import client_partitions
+    from fedrcl_flwr.run.runtime import client_partitions
 
     return float(max(upload_weight(len(p), secagg=True, weighting=cfg.server.weighting)
                      for p in client_partitions(cfg)))

@@ -38,7 +38,7 @@ listed as ``foreign`` by ``cache ls`` and left alone by ``cache clear``.
 
 Simulations run by ``fedrcl-flwr run`` prepare the entry in the CLI before any Flower
 process exists and hand its path to the ServerApp and the ClientApps
-(:func:`fedrcl_flwr.runtime.use_prepared_dataset`), which then only open it. On a Ray
+(:func:`fedrcl_flwr.run.runtime.use_prepared_dataset`), which then only open it. On a Ray
 cluster across machines the cache directory must therefore be a path every node sees
 (a shared filesystem); a node without it stops with one error naming the host and the path.
 """
@@ -56,7 +56,6 @@ import time
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -68,10 +67,10 @@ META_HASH = "meta.sha256"
 ENV_VAR = "FEDRCL_FLWR_CACHE_DIR"
 _SPLITS = ("train", "test", "val")
 KEY_LEN = 32
-KEY_RE = re.compile(r"[0-9a-f]{%d}" % KEY_LEN)
-KEY_PREFIX_RE = re.compile(r"[0-9a-f]{1,%d}" % KEY_LEN)
+KEY_RE = re.compile(rf"[0-9a-f]{{{KEY_LEN}}}")
+KEY_PREFIX_RE = re.compile(rf"[0-9a-f]{{1,{KEY_LEN}}}")
 _ARRAY_RE = re.compile(r"(train|test|val)_(x|y|d)")
-_TEMP_RE = re.compile(r"\.(tmp|discard)-([0-9a-f]{%d})-[A-Za-z0-9_.-]+" % KEY_LEN)
+_TEMP_RE = re.compile(rf"\.(tmp|discard)-([0-9a-f]{{{KEY_LEN}}})-[A-Za-z0-9_.-]+")
 _MAX_META_BYTES = 1 << 20
 
 
@@ -84,8 +83,7 @@ class CacheForeign(Exception):
 
 
 # a client split stored beside an entry's arrays (load_partition), and one being written
-_SPLIT_RE = re.compile(r"split-[0-9a-f]{%d}\.npz|\.split-[0-9a-f]{%d}-\d+\.tmp"
-                       % (KEY_LEN, KEY_LEN))
+_SPLIT_RE = re.compile(rf"split-[0-9a-f]{{{KEY_LEN}}}\.npz|\.split-[0-9a-f]{{{KEY_LEN}}}-\d+\.tmp")
 
 
 def _own_file(name: str) -> bool:
@@ -129,7 +127,7 @@ def cache_dir(dataset_cfg) -> Path:
     return Path(given).expanduser().resolve() if given else default_cache_dir().resolve()
 
 
-def check_cache_dir(path: Path) -> Optional[str]:
+def check_cache_dir(path: Path) -> str | None:
     """Why ``path`` cannot hold the cache (``None`` when it can): it is not a directory,
     or neither it nor its nearest existing ancestor is writable."""
     p = Path(path)
@@ -149,7 +147,7 @@ def check_cache_dir(path: Path) -> Optional[str]:
 
 def _source_files(d) -> list[Path]:
     """The files (or roots of file trees) a dataset is read from."""
-    from fedrcl_flwr.catalog import TORCHVISION_CLASSES
+    from fedrcl_flwr.config.catalog import TORCHVISION_CLASSES
     from fedrcl_flwr.data.datasets import _torchvision_files
 
     root = Path(os.path.expanduser(d.root or "."))
@@ -271,7 +269,7 @@ def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _meta_problem(meta: dict) -> Optional[str]:
+def _meta_problem(meta: dict) -> str | None:
     """What is missing or mistyped in a ``meta.json`` whose hash matched (an entry of
     another version, or written by hand), or ``None``."""
     checks = {
@@ -478,7 +476,7 @@ def build_entry(root: Path, key: str, d, seed: int, settings: dict):
     return open_entry(final, d)
 
 
-def _synthetic_dict(d) -> Optional[dict]:
+def _synthetic_dict(d) -> dict | None:
     from dataclasses import asdict
 
     return asdict(d.synthetic) if d.name == "synthetic" else None
@@ -539,7 +537,7 @@ def _partition_code() -> list:
     return [hashlib.sha256(src).hexdigest(), torch.__version__, np.__version__]
 
 
-def _read_partition(path: Path, num_clients: int) -> Optional[list]:
+def _read_partition(path: Path, num_clients: int) -> list | None:
     """The split in ``path``, or ``None`` when it is absent, unreadable or inconsistent
     (wrong number of clients, offsets out of order, content not matching its hash)."""
     try:
@@ -613,7 +611,7 @@ def list_entries(root: Path) -> list[dict]:
     ``bytes``, ``created``, ``status``: ``ok``, ``corrupt: reason`` — the metadata, sizes
     and content hashes are checked — or ``foreign`` for anything the cache did not
     write, which is never removed). Temporary directories are not listed."""
-    out = []
+    out: list[dict] = []
     if not Path(root).is_dir():
         return out
     for entry in sorted(Path(root).iterdir()):
@@ -643,7 +641,7 @@ def list_entries(root: Path) -> list[dict]:
     return out
 
 
-def clear(root: Path, prefixes: Optional[list] = None) -> tuple[list[str], list[str]]:
+def clear(root: Path, prefixes: list | None = None) -> tuple[list[str], list[str]]:
     """Delete the entries whose key starts with one of ``prefixes`` (every entry when
     there are none) and, with no prefixes, leftover temporary directories — only what
     :func:`is_own_entry` proves the cache's own. Returns ``(deleted keys, foreign
@@ -653,7 +651,8 @@ def clear(root: Path, prefixes: Optional[list] = None) -> tuple[list[str], list[
     for p in prefixes:
         if not isinstance(p, str) or not KEY_PREFIX_RE.fullmatch(p):
             raise ValueError(f"not a cache key prefix: {p!r}")
-    removed, foreign = [], []
+    removed: list[str] = []
+    foreign: list[str] = []
     if not Path(root).is_dir():
         return removed, foreign
     for entry in sorted(Path(root).iterdir()):

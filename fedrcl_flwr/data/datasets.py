@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -27,8 +26,8 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from fedrcl_flwr.accel import gather_rows, to_device, transfer_plan
-from fedrcl_flwr.catalog import DATASET_NAMES, TORCHVISION_CLASSES
 from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.config.catalog import DATASET_NAMES, TORCHVISION_CLASSES
 
 
 class DatasetError(ConfigError):
@@ -65,10 +64,10 @@ class AugmentDraws:
     rotation angles in degrees, crop offsets (row ``top``, column ``left``) and the
     flip mask; ``None`` where that transform is off."""
 
-    angles: Optional[torch.Tensor] = None
-    top: Optional[torch.Tensor] = None
-    left: Optional[torch.Tensor] = None
-    flip: Optional[torch.Tensor] = None
+    angles: torch.Tensor | None = None
+    top: torch.Tensor | None = None
+    left: torch.Tensor | None = None
+    flip: torch.Tensor | None = None
 
 
 class ImageArrayDataset(Dataset):
@@ -81,7 +80,7 @@ class ImageArrayDataset(Dataset):
     """
 
     def __init__(self, images: torch.Tensor, labels: np.ndarray, mean, std,
-                 augment: Optional[AugmentSpec] = None):
+                 augment: AugmentSpec | None = None):
         self.images = images
         self.labels = np.asarray(labels, dtype=np.int64)
         self._labels_t = torch.as_tensor(self.labels)
@@ -102,7 +101,7 @@ class ImageArrayDataset(Dataset):
     def __len__(self) -> int:
         return int(self.images.shape[0])
 
-    def plain(self) -> "ImageArrayDataset":
+    def plain(self) -> ImageArrayDataset:
         """The same data without augmentation (for embedding / evaluation)."""
         return ImageArrayDataset(self.images, self.labels, self.mean.flatten(),
                                  self.std.flatten(), None)
@@ -115,7 +114,7 @@ class ImageArrayDataset(Dataset):
         x, y = self.get_batch(np.asarray([int(i)]))
         return x[0], int(y[0])
 
-    def draw_augment(self, b: int, generator: Optional[torch.Generator] = None
+    def draw_augment(self, b: int, generator: torch.Generator | None = None
                      ) -> AugmentDraws:
         """The random draws of a training batch of ``b`` samples, in this order (all from
         ``generator`` on the host): rotation angles (``torch.rand(b)``), then, with a crop,
@@ -148,7 +147,7 @@ class ImageArrayDataset(Dataset):
         aug = self.augment
         if draws.angles is not None:
             u8 = rotate(u8, draws.angles)
-        if aug is None or draws.top is None:
+        if aug is None or draws.top is None or draws.left is None:  # drawn together
             x = self._normalise(u8)
             if draws.flip is not None:
                 do = to_device(draws.flip, u8.device)
@@ -160,8 +159,8 @@ class ImageArrayDataset(Dataset):
         return crop_flip(self._normalise(u8), draws.top, draws.left, draws.flip,
                          aug.crop_pad)
 
-    def get_batch(self, idx, generator: Optional[torch.Generator] = None,
-                  device: Optional[torch.device] = None):
+    def get_batch(self, idx, generator: torch.Generator | None = None,
+                  device: torch.device | None = None):
         """Samples ``idx`` as ``(x, y)`` on ``device`` (default: the CPU).
 
         The ``uint8`` pixels and the labels are gathered on the host (into pinned memory
@@ -196,10 +195,10 @@ class DataBundle:
     num_classes: int
     in_channels: int
     image_size: int
-    train_domains: Optional[np.ndarray] = None
-    test_domains: Optional[np.ndarray] = None
+    train_domains: np.ndarray | None = None
+    test_domains: np.ndarray | None = None
     domain_names: list = field(default_factory=list)
-    val: Optional[ImageArrayDataset] = None
+    val: ImageArrayDataset | None = None
 
 
 # --------------------------------------------------------------------------------------
@@ -211,10 +210,10 @@ class DataBundle:
 class RawSplit:
     x: np.ndarray  # uint8 (N, H, W, C)
     y: np.ndarray  # int64 (N,)
-    d: Optional[np.ndarray] = None  # int64 domain ids
+    d: np.ndarray | None = None  # int64 domain ids
     # classes the source's own class list names (CIFAR's batches.meta: torchvision's
     # ``classes``, the FedRCL authors' K = len(class_to_idx)); None = from the labels
-    classes: Optional[int] = None
+    classes: int | None = None
 
 
 def _hwc(x, what: str = "images") -> np.ndarray:
@@ -287,7 +286,7 @@ def _int_labels(y, what: str) -> np.ndarray:
     return y.astype(np.int64)
 
 
-def available_memory() -> Optional[int]:
+def available_memory() -> int | None:
     """Bytes of memory available to a new allocation (``MemAvailable``), or ``None``."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -314,7 +313,7 @@ def _missing(name: str, root: Path, extra: str = "") -> DatasetError:
                         f"dataset.root at the directory that holds it")
 
 
-def _torchvision_files(name: str, root: Path) -> tuple[Path, list[tuple[str, Optional[str]]]]:
+def _torchvision_files(name: str, root: Path) -> tuple[Path, list[tuple[str, str | None]]]:
     """The folder and the ``(file name, MD5 or None)`` list that torchvision's class for
     ``name`` reads, taken from the class's own attributes (so they follow torchvision).
     ``None``: torchvision does not check that file's checksum when loading."""
@@ -461,7 +460,7 @@ def _torchvision_refusal(exc: Exception, name: str, root: Path, download: bool,
 _IMG_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
 
 
-def _read_images(files: list[Path], size: Optional[int]) -> np.ndarray:
+def _read_images(files: list[Path], size: int | None) -> np.ndarray:
     from PIL import Image
 
     out = []
@@ -470,10 +469,10 @@ def _read_images(files: list[Path], size: Optional[int]) -> np.ndarray:
                           f"{size}x{size} RGB uint8 each")
     for f in files:
         try:
-            with Image.open(f) as im:
-                im = im.convert("RGB")
+            with Image.open(f) as src:
+                im = src.convert("RGB")
                 if size is not None and im.size != (size, size):
-                    im = im.resize((size, size), Image.BILINEAR)
+                    im = im.resize((size, size), Image.Resampling.BILINEAR)
                 out.append(np.asarray(im, dtype=np.uint8))
         except (OSError, ValueError, SyntaxError) as exc:  # PIL's errors for a bad file
             raise DatasetError(f"{f}: not a readable image ({' '.join(str(exc).split())})"
@@ -496,7 +495,7 @@ def _class_tree(folder: Path) -> dict[str, list[Path]]:
     return classes
 
 
-def _imagefolder(root: Path, domains: list, image_size: Optional[int], test_fraction: float,
+def _imagefolder(root: Path, domains: list, image_size: int | None, test_fraction: float,
                  seed: int) -> tuple[RawSplit, RawSplit, list]:
     """``root/[domain/][train|test/]class/image``.
 
@@ -513,8 +512,8 @@ def _imagefolder(root: Path, domains: list, image_size: Optional[int], test_frac
         if not d.is_dir():
             raise DatasetError(f"domain folder {d} does not exist (dataset.domains lists "
                                f"{domains}; found {sorted(p.name for p in root.iterdir())})")
-    splits = {"train": ([], [], []), "test": ([], [], [])}
-    class_names: Optional[list] = None
+    splits: dict[str, tuple[list, list, list]] = {"train": ([], [], []), "test": ([], [], [])}
+    class_names: list | None = None
     for di, ddir in enumerate(domain_dirs):
         if (ddir / "train").is_dir() and (ddir / "test").is_dir():
             trees = {s: _class_tree(ddir / s) for s in ("train", "test")}
@@ -550,7 +549,7 @@ def _imagefolder(root: Path, domains: list, image_size: Optional[int], test_frac
     return out[0], out[1], list(domains) if domains else []
 
 
-def _tinyimagenet(root: Path, image_size: Optional[int]) -> tuple[RawSplit, RawSplit]:
+def _tinyimagenet(root: Path, image_size: int | None) -> tuple[RawSplit, RawSplit]:
     """Tiny-ImageNet-200 as distributed: ``train/<wnid>/images/*.JPEG`` and
     ``val/images`` + ``val/val_annotations.txt`` (used as the test set)."""
     base = root / "tiny-imagenet-200" if (root / "tiny-imagenet-200").is_dir() else root
@@ -648,7 +647,8 @@ def _digit5(root: Path, download: bool, domains: list,
     MNIST-M (not in torchvision) from ``root/synthdigits.npz`` / ``root/mnistm.npz``
     (x_train, y_train, x_test, y_test) or image folders ``root/<name>/{train,test}/<class>``."""
     names = list(domains) if domains else list(DIGIT5_DOMAINS)
-    trs, tes = [], []
+    trs: list[RawSplit] = []
+    tes: list[RawSplit] = []
     for di, name in enumerate(names):
         if name in ("mnist", "svhn", "usps"):
             tr, te = _torchvision(name, root, download, verify_md5)
@@ -714,8 +714,8 @@ def default_augment(name: str, image_size: int) -> AugmentSpec:
 
 
 def augment_spec(name: str, image_size: int, augment: bool, rotation: float = 0.0,
-                 crop_pad: Optional[int] = None, flip: Optional[bool] = None,
-                 pad_fill: str = "mean") -> Optional[AugmentSpec]:
+                 crop_pad: int | None = None, flip: bool | None = None,
+                 pad_fill: str = "mean") -> AugmentSpec | None:
     """The training augmentation of a dataset: its standard crop/flip
     (:func:`default_augment`; none for ``npz``) with ``dataset.rotation`` / ``crop_pad`` /
     ``flip`` / ``pad_fill`` applied; ``None`` when ``dataset.augment`` is off or nothing is
@@ -746,9 +746,11 @@ def normalisation(normalize, x: np.ndarray, what: str = "dataset"
     from fedrcl_flwr.config import normalize_constants
 
     try:
-        mean, std = normalize_constants(normalize, what, channels)
+        constants = normalize_constants(normalize, what, channels)
     except ConfigError as exc:
         raise DatasetError(str(exc)) from None
+    assert constants is not None  # None only for true / false, handled above
+    mean, std = constants
     return mean, std
 
 
@@ -760,13 +762,13 @@ def _channel_stats(x: np.ndarray) -> tuple[list, list]:
     return mean.tolist(), std.tolist()
 
 
-def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
+def load_dataset(name: str, *, root: str = "~/data", path: str | None = None,
                  download: bool = False, augment: bool = True, normalize: bool = True,
-                 image_size: Optional[int] = None, synthetic: Optional[dict] = None,
-                 seed: int = 0, val_fraction: float = 0.0, domains: Optional[list] = None,
+                 image_size: int | None = None, synthetic: dict | None = None,
+                 seed: int = 0, val_fraction: float = 0.0, domains: list | None = None,
                  test_fraction: float = 0.2, rotation: float = 0.0,
-                 crop_pad: Optional[int] = None, verify_md5: bool = True,
-                 flip: Optional[bool] = None, pad_fill: str = "mean") -> DataBundle:
+                 crop_pad: int | None = None, verify_md5: bool = True,
+                 flip: bool | None = None, pad_fill: str = "mean") -> DataBundle:
     """Load a dataset into a :class:`DataBundle` (see the module docstring).
     ``normalize``: ``True`` | ``False`` | ``{"mean": [...], "std": [...]}``.
 
@@ -807,11 +809,11 @@ def load_dataset(name: str, *, root: str = "~/data", path: Optional[str] = None,
     )
 
 
-def _read_source(name: str, root: str, *, path: Optional[str], download: bool,
-                 image_size: Optional[int], synthetic: Optional[dict], seed: int,
-                 domains: Optional[list], test_fraction: float, verify_md5: bool
-                 ) -> tuple[RawSplit, RawSplit, list, Optional[int]]:
-    """The train and test images of source ``name`` (:data:`~fedrcl_flwr.catalog.
+def _read_source(name: str, root: str, *, path: str | None, download: bool,
+                 image_size: int | None, synthetic: dict | None, seed: int,
+                 domains: list | None, test_fraction: float, verify_md5: bool
+                 ) -> tuple[RawSplit, RawSplit, list, int | None]:
+    """The train and test images of source ``name`` (:data:`~fedrcl_flwr.config.catalog.
     DATASETS`), its domain names, and the number of classes its own class list names
     (CIFAR's ``batches.meta``; ``None`` for the others)."""
     root_p = Path(os.path.expanduser(root or "."))
@@ -863,8 +865,8 @@ def _check_splits(name: str, tr: RawSplit, te: RawSplit) -> None:
                            "training set (no client could learn them)")
 
 
-def _num_classes(name: str, tr: RawSplit, te: RawSplit, synthetic: Optional[dict],
-                 class_list: Optional[int]) -> int:
+def _num_classes(name: str, tr: RawSplit, te: RawSplit, synthetic: dict | None,
+                 class_list: int | None) -> int:
     """The largest label + 1; synthetic: its ``num_classes``; CIFAR: the classes its
     ``batches.meta`` names (the authors' ``K``)."""
     num_classes = int(max(tr.y.max(), te.y.max() if len(te.y) else 0)) + 1
@@ -879,7 +881,7 @@ def _num_classes(name: str, tr: RawSplit, te: RawSplit, synthetic: Optional[dict
 
 
 def _hold_out_validation(tr: RawSplit, val_fraction: float, seed: int
-                         ) -> tuple[RawSplit, Optional[RawSplit]]:
+                         ) -> tuple[RawSplit, RawSplit | None]:
     """A seeded, stratified validation share of the training set (UniVarFL: 90/10):
     ``(training set without it, validation set)``; none when ``val_fraction`` is 0."""
     if val_fraction <= 0:
@@ -903,8 +905,8 @@ def _takes_device(get_batch) -> bool:
 
 
 def iterate_batches(dataset, indices, batch_size: int, *,
-                    generator: Optional[torch.Generator] = None,
-                    device: Optional[torch.device] = None):
+                    generator: torch.Generator | None = None,
+                    device: torch.device | None = None):
     """The project's one batch iterator: ``(x, y)`` batches of ``dataset[indices]``.
 
     Without ``generator``: in order and un-augmented (evaluation, embedding). With it

@@ -76,13 +76,12 @@ Impossible requests fail at once with a :class:`PartitionError` naming the numbe
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Optional
 
 import numpy as np
 import torch
 
-from fedrcl_flwr.catalog import GENERATORS, SCHEME_NAMES
 from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.config.catalog import GENERATORS, SCHEME_NAMES
 
 
 class PartitionError(ConfigError):
@@ -142,7 +141,7 @@ def authors_trainer_draws(n: int) -> None:
 
 
 def dirichlet_balanced(labels: np.ndarray, num_clients: int, alpha: float,
-                       seed: int, num_classes: Optional[int] = None,
+                       seed: int, num_classes: int | None = None,
                        trainer_draws: bool = True) -> list[np.ndarray]:
     """The FedRCL authors' balanced Dirichlet split (``datasets/cifar.py:
     cifar_dirichlet_balanced`` in skynbe/FedRCL, also in geehokim/FedACG), with the same
@@ -254,7 +253,7 @@ def authors_shards(labels: np.ndarray, num_clients: int, per_client: int,
 
 
 def authors_dirichlet_unbalanced(labels: np.ndarray, num_clients: int, alpha: float,
-                                 min_size: int, seed: int, num_classes: Optional[int] = None,
+                                 min_size: int, seed: int, num_classes: int | None = None,
                                  max_tries: int = 1000) -> list[np.ndarray]:
     """The FedRCL authors' ``cifar_dirichlet_unbalanced`` with its calls (NumPy's global
     generator seeded with ``seed``): per try, class ``k = 0 .. K-1`` in turn: shuffle its
@@ -341,7 +340,7 @@ def _domain_owners(dom_ids: np.ndarray, num_clients: int, per_client: int) -> di
 
 def by_domain(labels: np.ndarray, domains: np.ndarray, num_clients: int, per_client: int,
               balanced: bool, alpha: float, rng: np.random.Generator,
-              samples_per_class: Optional[int] = None) -> list[np.ndarray]:
+              samples_per_class: int | None = None) -> list[np.ndarray]:
     """Inter-domain split (FedCCL Sec. 3.1: ``P_i(x) != P_j(x)`` for every pair of clients).
 
     Owners: see the module docstring (round robin, ``m_d`` slots of domain *d*; a slot is
@@ -406,7 +405,7 @@ def _domain_class_pools(labels: np.ndarray, domains: np.ndarray, dom_ids: np.nda
 
 def _balanced_domain_draw(pools: dict, dom_ids: np.ndarray, classes: np.ndarray,
                           owners: dict, num_clients: int,
-                          samples_per_class: Optional[int]) -> list[list]:
+                          samples_per_class: int | None) -> list[list]:
     """:func:`by_domain`, ``balanced``: ``c`` samples of every used class per slot."""
     used = [int(c) for c in classes
             if all(len(pools[int(d), int(c)]) >= len(owners[int(d)]) for d in dom_ids)]
@@ -640,7 +639,7 @@ def save_split_file(parts, path) -> None:
     Path(path).expanduser().write_text(json.dumps(data) + "\n")
 
 
-def resolve_generator(scheme: str, balanced: bool, generator: Optional[str]) -> str:
+def resolve_generator(scheme: str, balanced: bool, generator: str | None) -> str:
     """The generator a split uses (``partition.generator``, see the module docstring):
     ``None`` is ``fedrcl`` for the balanced Dirichlet split and ``project`` otherwise. The
     balanced Dirichlet split exists only as the authors' algorithm (``fedrcl`` /
@@ -666,10 +665,10 @@ def resolve_generator(scheme: str, balanced: bool, generator: Optional[str]) -> 
 
 def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float = 0.3,
               balanced: bool = True, shards_per_client: int = 2, min_size: int = 10,
-              domains: Optional[np.ndarray] = None, domains_per_client: int = 1,
-              samples_per_class: Optional[int] = None, seed: int = 0,
-              path: Optional[str] = None, generator: Optional[str] = None,
-              num_classes: Optional[int] = None) -> list[np.ndarray]:
+              domains: np.ndarray | None = None, domains_per_client: int = 1,
+              samples_per_class: int | None = None, seed: int = 0,
+              path: str | None = None, generator: str | None = None,
+              num_classes: int | None = None) -> list[np.ndarray]:
     """Index arrays of ``num_clients`` clients (see the module docstring). ``generator``:
     ``project`` | ``fedrcl`` | ``fedrcl_labels`` | ``None`` (see :func:`resolve_generator`);
     ``num_classes``: the dataset's number of classes (the authors' ``K``; default

@@ -7,7 +7,6 @@ per domain) beside the heatmap."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -18,8 +17,8 @@ def class_counts(parts: list, labels: np.ndarray, num_classes: int) -> np.ndarra
     return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
 
 
-def client_domains(parts: list, domains: Optional[np.ndarray],
-                   names: Optional[list] = None) -> Optional[list]:
+def client_domains(parts: list, domains: np.ndarray | None,
+                   names: list | None = None) -> list | None:
     """Per client, the ``+``-joined names of the domains its samples come from (``None``
     for single-domain data). ``names[d]`` names domain id ``d`` (default ``domain<d>``)."""
     if domains is None:
@@ -33,8 +32,8 @@ def client_domains(parts: list, domains: Optional[np.ndarray],
     return ["+".join(name(int(d)) for d in np.unique(domains[p])) for p in parts]
 
 
-def format_counts_table(counts: np.ndarray, max_rows: Optional[int] = None,
-                        domains: Optional[list] = None) -> str:
+def format_counts_table(counts: np.ndarray, max_rows: int | None = None,
+                        domains: list | None = None) -> str:
     """Markdown table: one row per client (size and count per class) plus a summary;
     ``domains`` (from :func:`client_domains`) adds a column naming each client's domains."""
     n_clients, k = counts.shape
@@ -58,7 +57,7 @@ def format_counts_table(counts: np.ndarray, max_rows: Optional[int] = None,
 
 
 def plot_counts_heatmap(counts: np.ndarray, path: str | Path, title: str = "",
-                        domains: Optional[list] = None) -> None:
+                        domains: list | None = None) -> None:
     """Write :func:`counts_heatmap_figure` to ``path``."""
     import matplotlib.pyplot as plt
 
@@ -68,7 +67,7 @@ def plot_counts_heatmap(counts: np.ndarray, path: str | Path, title: str = "",
 
 
 def counts_heatmap_figure(counts: np.ndarray, title: str = "",
-                          domains: Optional[list] = None):
+                          domains: list | None = None):
     """Heatmap of samples per client (rows) and class (columns), ticks on whole client
     and class numbers; with ``domains`` (from :func:`client_domains`) rows are labelled
     ``client: domains`` and a strip on the left colours each row by its domain set."""

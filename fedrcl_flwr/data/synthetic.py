@@ -99,7 +99,7 @@ class _Banks:
         self.protos, self.distract, self.styles = protos, distract, styles
 
     @classmethod
-    def of(cls, protos: np.ndarray, distract: np.ndarray, styles: list) -> "_Banks":
+    def of(cls, protos: np.ndarray, distract: np.ndarray, styles: list) -> _Banks:
         k, s, c, size = protos.shape[0], protos.shape[1], protos.shape[2], protos.shape[3]
         flat_protos = protos.reshape(k * s, c, size, size)
         bank_p = torch.from_numpy(np.stack([np.roll(flat_protos, sh, axis=(2, 3))

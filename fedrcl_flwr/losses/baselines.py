@@ -19,7 +19,8 @@ order of float addition when some samples are left out (bit-identical when none 
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -266,8 +267,8 @@ def fpl_loss(z: torch.Tensor, y: torch.Tensor, cluster_protos: torch.Tensor,
 
 
 def fedpcl_loss(z: torch.Tensor, y: torch.Tensor, global_protos: torch.Tensor,
-                global_labels: torch.Tensor, local_protos: Optional[torch.Tensor] = None,
-                local_labels: Optional[torch.Tensor] = None, tau: float = 0.07
+                global_labels: torch.Tensor, local_protos: torch.Tensor | None = None,
+                local_labels: torch.Tensor | None = None, tau: float = 0.07
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FedPCL prototype-wise contrastive losses (Tan et al., NeurIPS 2022, "Federated
     Learning from Pre-Trained Models: A Contrastive Learning Approach", the prototype-wise
@@ -310,7 +311,7 @@ def fedpcl_loss(z: torch.Tensor, y: torch.Tensor, global_protos: torch.Tensor,
 
 # ---------------------------------------------------------------------------- FedDyn
 def feddyn_penalty(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor],
-                   grads: Optional[Sequence[torch.Tensor]], alpha: float) -> torch.Tensor:
+                   grads: Sequence[torch.Tensor] | None, alpha: float) -> torch.Tensor:
     """FedDyn dynamic regulariser (Acar et al., ICLR 2021, "Federated Learning Based on
     Dynamic Regularization", Algorithm 1):
 
@@ -322,4 +323,4 @@ def feddyn_penalty(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tenso
     out = 0.5 * alpha * prox
     if grads is not None:
         out = out - sum((p * g).sum() for p, g in zip(params, grads))
-    return out
+    return cast(torch.Tensor, out)  # a tensor: a model has parameters (sum of tensors)

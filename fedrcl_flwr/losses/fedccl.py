@@ -25,8 +25,6 @@ FPL's ``sum / B`` instead and ``form="supcon"`` the SupCon-style alternative
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -198,7 +196,7 @@ def _input_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return grad
 
 
-def _clamp(x: torch.Tensor, clamp: Optional[tuple[float, float]]) -> torch.Tensor:
+def _clamp(x: torch.Tensor, clamp: tuple[float, float] | None) -> torch.Tensor:
     return x if clamp is None else x.clamp(float(clamp[0]), float(clamp[1]))
 
 
@@ -233,7 +231,7 @@ def _pixel_mode(model, x, mean, std):
 
 
 def fgsm_attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float,
-                clamp: Optional[tuple[float, float]] = None, mean=None,
+                clamp: tuple[float, float] | None = None, mean=None,
                 std=None) -> torch.Tensor:
     """FGSM (Goodfellow et al., 2015): x + ε·sign(∇_x CE(f(x), y)), optionally clamped to
     ``clamp = (lo, hi)``. The model runs in eval mode (each module's mode restored after);
@@ -252,7 +250,7 @@ def fgsm_attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: floa
 
 
 def pgd_attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float,
-               step: float, steps: int, clamp: Optional[tuple[float, float]] = None,
+               step: float, steps: int, clamp: tuple[float, float] | None = None,
                random_start: bool = True, mean=None, std=None) -> torch.Tensor:
     """L∞ PGD (Madry et al., 2018), the inner max of FedCCL Eq. (19) used for Eq. (21):
     from x (+ U(−ε, ε) noise if ``random_start``), ``steps`` times

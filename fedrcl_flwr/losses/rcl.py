@@ -56,12 +56,12 @@ similarity matmul per level, then all levels are stacked and masked / mined at o
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
-Features = Union[torch.Tensor, Sequence[torch.Tensor]]
+Features = torch.Tensor | Sequence[torch.Tensor]
 
 _VARIANTS = ("official", "paper")
 
@@ -137,18 +137,21 @@ def _official(sim: torch.Tensor, same: torch.Tensor, eye: torch.Tensor, tau: flo
     if kp_eff == 1:                                                   # self is always a positive
         p = pos * inv_t                                               # (L, B, 1)
         # a single-class batch has no negative: lse([p, -inf, ...]) - p = 0, as p - p
-        rows = [torch.logsumexp(torch.cat([p, neg], -1), -1) - p[..., 0] for neg in candidates]
-        rows = rows[0] if len(rows) == 1 else torch.where(keep_top, rows[1], rows[0])
+        per_neg = [torch.logsumexp(torch.cat([p, neg], -1), -1) - p[..., 0]
+                   for neg in candidates]
+        rows = per_neg[0] if len(per_neg) == 1 else torch.where(keep_top, per_neg[1],
+                                                                 per_neg[0])
         scl = rows / kp
     else:
         valid = torch.isfinite(pos)
         p = torch.where(valid, pos, torch.zeros_like(pos)) * inv_t    # (L, B, kp')
-        rows = []
+        per_neg = []
         for neg in candidates:
             z = torch.cat([p.unsqueeze(-1),
                            neg.unsqueeze(-2).expand(L, B, kp_eff, neg.shape[-1])], -1)
-            rows.append(torch.logsumexp(z, -1) - p)
-        rows = rows[0] if len(rows) == 1 else torch.where(keep_top, rows[1], rows[0])
+            per_neg.append(torch.logsumexp(z, -1) - p)
+        rows = per_neg[0] if len(per_neg) == 1 else torch.where(keep_top, per_neg[1],
+                                                                 per_neg[0])
         scl = (rows * valid).sum(-1) / kp
 
     if beta == 0:

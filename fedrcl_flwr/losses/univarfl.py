@@ -23,8 +23,6 @@ The paper leaves three choices open; every one is a keyword here, and the defaul
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import torch
 import torch.nn.functional as F
 
@@ -75,7 +73,7 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0], -1) if x.dim() != 2 else x
 
 
-def _convention(unbiased: Union[bool, str]) -> bool:
+def _convention(unbiased: bool | str) -> bool:
     if isinstance(unbiased, str):
         key = unbiased.lower()
         if key in ("unbiased", "u", "n-1", "sample"):
@@ -86,7 +84,7 @@ def _convention(unbiased: Union[bool, str]) -> bool:
     return bool(unbiased)
 
 
-def variance_threshold(num_classes: int, *, unbiased: Union[bool, str] = True,
+def variance_threshold(num_classes: int, *, unbiased: bool | str = True,
                        dtype: torch.dtype = torch.float64, device=None) -> torch.Tensor:
     """Variance floor c of Eq. (2): mean over the columns A_j of I_D of Var(A_j).
 
@@ -100,8 +98,8 @@ def variance_threshold(num_classes: int, *, unbiased: Union[bool, str] = True,
 
 
 def classifier_variance_loss(logits: torch.Tensor, *,
-                             threshold: Union[None, float, str] = None,
-                             unbiased: Union[bool, str] = True) -> torch.Tensor:
+                             threshold: None | float | str = None,
+                             unbiased: bool | str = True) -> torch.Tensor:
     """Classifier variance regulariser L_V, Eq. (1) of UniVarFL.
 
     L_V = (1/D) Σ_j max(0, c − Var_batch(softmax(logits)_{:, j})),
@@ -183,10 +181,10 @@ def hyperspherical_energy(features: torch.Tensor, *, eps: float = DEFAULT_HE_EPS
 
 
 def univarfl_loss(logits: torch.Tensor, labels: torch.Tensor, features: torch.Tensor, *,
-                  mu: float = 0.5, lam: Optional[float] = None,
+                  mu: float = 0.5, lam: float | None = None,
                   eps: float = DEFAULT_HE_EPS, include_diagonal: bool = False,
-                  normalization: str = "n2", unbiased: Union[bool, str] = True,
-                  threshold: Union[None, float, str] = None,
+                  normalization: str = "n2", unbiased: bool | str = True,
+                  threshold: None | float | str = None,
                   return_terms: bool = False):
     """UniVarFL local objective, Eq. (4): L = L_CE + μ·L_HE + λ·L_V.
 
@@ -231,8 +229,8 @@ def feduv_gamma(num_classes: int, *, dtype: torch.dtype = torch.float64,
     return eye.std(dim=0, correction=correction).mean()
 
 
-def feduv_std_loss(logits: torch.Tensor, *, gamma: Optional[float] = None,
-                   unbiased: Union[bool, str] = True) -> torch.Tensor:
+def feduv_std_loss(logits: torch.Tensor, *, gamma: float | None = None,
+                   unbiased: bool | str = True) -> torch.Tensor:
     """FedUV std hinge: mean_j relu(γ − std_batch(softmax(logits))_j).
 
     ``gamma=None`` uses :func:`feduv_gamma` evaluated in the logits' dtype (FedUV evaluates
@@ -250,7 +248,7 @@ def feduv_std_loss(logits: torch.Tensor, *, gamma: Optional[float] = None,
     return F.relu(g - std).mean()
 
 
-def feduv_uniformity_loss(features: torch.Tensor, *, sigma: Optional[float] = None,
+def feduv_uniformity_loss(features: torch.Tensor, *, sigma: float | None = None,
                           detach_sigma: bool = False) -> torch.Tensor:
     """FedUV uniformity: mean over pairs i < j of exp(−‖p_i − p_j‖² / σ) on raw features.
 

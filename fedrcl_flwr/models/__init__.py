@@ -10,7 +10,7 @@ interface is :class:`fedrcl_flwr.models.interface.FeatureModel` (and, for FedMLB
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -74,7 +74,7 @@ def _timm_backbone(name: str, image_size: int) -> nn.Module:
     except ImportError:
         raise ValueError(f"model.params.backbone {name!r} needs the 'timm' package, which "
                          "is not installed: pip install timm") from None
-    kwargs = {"pretrained": False, "num_classes": 0}
+    kwargs: dict[str, Any] = {"pretrained": False, "num_classes": 0}
     if name.startswith("vit_"):
         kwargs["img_size"] = image_size  # plain ViTs fix their position grid at creation
     try:
@@ -138,7 +138,8 @@ def _resample_vit_pos_embed(state: dict, backbone: nn.Module) -> dict:
     except ImportError:  # pragma: no cover - only reached with timm backbones
         return state
     prefix = getattr(backbone, "num_prefix_tokens", 1)
-    grid = backbone.patch_embed.grid_size
+    patch_embed: Any = backbone.patch_embed  # a timm ViT's (has grid_size)
+    grid = patch_embed.grid_size
     state = dict(state)
     state["pos_embed"] = resample_abs_pos_embed(given, new_size=list(grid),
                                                 num_prefix_tokens=prefix)
@@ -169,7 +170,7 @@ def weights_source(name: str) -> tuple[str, str]:
         import torchvision
 
         where = torchvision.models.get_model_weights(name).DEFAULT.url
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - no torchvision / no such weights: the generic name
         pass
     cmd = (f"python -c \"import torch, torchvision; torch.save(torchvision.models.get_model("
            f"'{name}', weights='DEFAULT').state_dict(), '{name}.pth')\"")
@@ -188,7 +189,7 @@ def load_backbone_weights(backbone: nn.Module, weights: str, name: str = "") -> 
                     "that file")
         raise ValueError(f"model.params.weights: file not found: {path}{hint} (or "
                          "weights: null for a random initialisation)")
-    from fedrcl_flwr.checkpoint import CheckpointError, safe_load
+    from fedrcl_flwr.run.checkpoint import CheckpointError, safe_load
 
     try:
         obj = safe_load(path, "state_dict")
@@ -219,7 +220,7 @@ class BackboneMLP(nn.Module):
     levels = ("backbone", "penultimate")
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 224,
-                 backbone: str = "tiny_vit_5m", weights: Optional[str] = None,
+                 backbone: str = "tiny_vit_5m", weights: str | None = None,
                  freeze_backbone: bool = True, hidden: int = 128):
         super().__init__()
         if in_channels not in (1, 3):

@@ -11,6 +11,8 @@ Selected from YAML with ``model.params.projector: 256`` (or 512) on any register
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -19,17 +21,20 @@ class WithProjector(nn.Module):
     def __init__(self, encoder: nn.Module, num_classes: int, width: int = 256):
         super().__init__()
         self.encoder = encoder
-        in_dim = encoder.feature_dim
+        # a built model (checked against models.interface where it was built): its
+        # levels, fc and feature_dim are plain attributes, not Module.__getattr__'s types
+        enc: Any = encoder
+        in_dim = enc.feature_dim
         self.projector = nn.Sequential(
             nn.Linear(in_dim, width), nn.BatchNorm1d(width), nn.ReLU(inplace=True),
             nn.Linear(width, width), nn.BatchNorm1d(width), nn.ReLU(inplace=True))
         self.fc = nn.Linear(width, num_classes)
         self.feature_dim = width
         self.levels = tuple("encoder" if lv == "penultimate" else lv
-                            for lv in encoder.levels) + ("projector",)
+                            for lv in enc.levels) + ("projector",)
         # the encoder's own classifier is unused: freeze it so it neither trains nor
         # costs optimizer state (it still travels with the weights, unchanged)
-        for p in encoder.fc.parameters():
+        for p in enc.fc.parameters():
             p.requires_grad_(False)
 
     def forward(self, x: torch.Tensor, return_features: bool = False):

@@ -73,6 +73,11 @@ class ResNet18GN(nn.Module):
 
     levels = ("layer0", "layer1", "layer2", "layer3", "layer4")
     feature_dim = 512
+    # the four stages, set by name in __init__ (their state_dict keys)
+    layer1: nn.Sequential
+    layer2: nn.Sequential
+    layer3: nn.Sequential
+    layer4: nn.Sequential
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32,
                  *, groups: int = 2, stem: str = "auto"):
@@ -123,6 +128,7 @@ class ResNet18GN(nn.Module):
         logits = self.fc(z)
         if not return_features:
             return logits
+        assert taps is not None  # collected when return_features
         feats = {name: t.mean((2, 3)) for name, t in zip(self.levels, taps)}
         feats["penultimate"] = z
         return logits, feats

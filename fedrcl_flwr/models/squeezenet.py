@@ -88,7 +88,8 @@ class SqueezeNetGN(StagedNet):
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:  # every conv here has one
+                    nn.init.zeros_(m.bias)
 
     def _fire(self, j: int, x: torch.Tensor) -> torch.Tensor:
         """fire{j+2}, its bypass and the max-pool after it."""

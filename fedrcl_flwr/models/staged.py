@@ -19,6 +19,7 @@ class StagedNet(nn.Module):
     """Subclasses define ``levels``, ``stage(i, x)``, ``head(x)`` and ``fc``."""
 
     levels: tuple = ()
+    fc: nn.Module  # the final linear classifier (set by each subclass)
 
     def stage(self, i: int, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError

@@ -71,7 +71,8 @@ class VGG9GN(StagedNet):
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-                nn.init.zeros_(m.bias)
+                if m.bias is not None:  # every conv here has one
+                    nn.init.zeros_(m.bias)
 
     def stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
         return self.blocks[i](x)

@@ -33,13 +33,13 @@ def main(src: str) -> None:
     for seed in range(5):
         d = np.load(src_dir / f"rcl_case_seed{seed}.npz")
         keep = {"labels": d["labels"]}
-        for l in range(5):
-            x = d[f"layer{l}"].astype(np.float64)
-            keep[f"pooled64_layer{l}"] = x.mean(axis=(2, 3))
-            keep[f"layer{l}_hw"] = np.int64(x.shape[2] * x.shape[3])
+        for lvl in range(5):
+            x = d[f"layer{lvl}"].astype(np.float64)
+            keep[f"pooled64_layer{lvl}"] = x.mean(axis=(2, 3))
+            keep[f"layer{lvl}_hw"] = np.int64(x.shape[2] * x.shape[3])
             if seed == 0:
-                keep[f"layer{l}"] = d[f"layer{l}"]
-                keep[f"S1_default__grad_layer{l}_f32"] = d[f"S1_default__grad_layer{l}_f32"]
+                keep[f"layer{lvl}"] = d[f"layer{lvl}"]
+                keep[f"S1_default__grad_layer{lvl}_f32"] = d[f"S1_default__grad_layer{lvl}_f32"]
         for k in d.files:
             if k.endswith("_f64") and not k.startswith("cos_"):
                 keep[k] = d[k]

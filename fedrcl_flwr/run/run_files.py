@@ -15,7 +15,7 @@ A run directory (``fedrcl-flwr run --out DIR``)::
     tracker.json     the experiment trackers' run ids (resume)
     client_state/    per-client state across rounds (MOON, FedDyn, ...)
     tensorboard/     TensorBoard event files;  wandb/  W&B's local files
-    .fedrcl-flwr-dir the tool's marker (see fedrcl_flwr.results.write_marker)
+    .fedrcl-flwr-dir the tool's marker (see fedrcl_flwr.run.results.write_marker)
     .fedrcl-flwr.lock  the live run's lock (fedrcl_flwr.runner.OutputLock)
 
 A sweep's ``--out``: one run directory per run, plus ``_configs/<run>.yaml`` (each planned

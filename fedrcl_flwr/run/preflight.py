@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from fedrcl_flwr.config import (
     ConfigError,
@@ -33,7 +33,7 @@ from fedrcl_flwr.config import (
     config_from_dict,
     read_yaml,
 )
-from fedrcl_flwr.run_files import (
+from fedrcl_flwr.run.run_files import (
     LOCK_FILE,
     RESULT_FILES,
     RUN_SUBDIRS,
@@ -45,12 +45,12 @@ from fedrcl_flwr.run_files import (
 )
 
 if TYPE_CHECKING:  # only for annotations (the sweep imports this module)
-    from fedrcl_flwr.sweep import PlannedRun
+    from fedrcl_flwr.run.sweep import PlannedRun
 
 # ----------------------------------------------------------------------------- the config
 
 
-def load_experiment(path: str, sets: Optional[list[str]], out: Optional[str]
+def load_experiment(path: str, sets: list[str] | None, out: str | None
                     ) -> ExperimentConfig:
     """The experiment of ``path`` with the ``--set`` overrides and ``--out`` applied,
     every key checked, and the method's / strategy's parameters checked against their
@@ -72,7 +72,7 @@ def load_experiment(path: str, sets: Optional[list[str]], out: Optional[str]
     return cfg
 
 
-def check_components(cfg: ExperimentConfig, source: Optional[str] = None) -> None:
+def check_components(cfg: ExperimentConfig, source: str | None = None) -> None:
     """``client.method`` / ``server.strategy`` and their parameters against the declared
     contract (:func:`fedrcl_flwr.app.validate.validate_components`, which imports the
     method's Flower client: the app layer)."""
@@ -158,7 +158,7 @@ def check_run_dir(out_dir: Path, *, resume: bool, overwrite: bool) -> None:
     run, not holding an earlier run (unless ``overwrite``, in a directory the tool
     created, or ``resume``) and without links among the run's entries (a run writes only
     inside its directory). Reads only."""
-    from fedrcl_flwr.results import linked_run_entries, overwrite_problem
+    from fedrcl_flwr.run.results import linked_run_entries, overwrite_problem
     from fedrcl_flwr.runner import OutputLock
 
     check_output_dir(out_dir)
@@ -257,7 +257,7 @@ def check_ray_address(address: str, timeout: float = 3.0) -> None:
                           f"give the head's GCS address (HOST:6379 by default); {hint}")
 
 
-def _ray_gcs_problem(address: str, timeout: float) -> Optional[str]:
+def _ray_gcs_problem(address: str, timeout: float) -> str | None:
     """Why ``address`` is not a Ray head's GCS (``None`` when it answered Ray's
     ``NodeInfoGcsService.GetClusterId`` with a cluster id)."""
     import grpc
@@ -287,7 +287,7 @@ def prepare_data(cfg: ExperimentConfig, source: str) -> Path:
     """Build (or check) the experiment's dataset cache entry (``fedrcl_flwr.data.cache``);
     returns its path. Input problems are one :class:`ConfigError` naming ``source``."""
     from fedrcl_flwr.data import cache
-    from fedrcl_flwr.runtime import prepare_dataset, use_prepared_dataset
+    from fedrcl_flwr.run.runtime import prepare_dataset, use_prepared_dataset
 
     root = cache.cache_dir(cfg.dataset)
     why = cache.check_cache_dir(root)
@@ -310,10 +310,10 @@ def prepare_data(cfg: ExperimentConfig, source: str) -> Path:
 
 
 def check_split(cfg: ExperimentConfig, label: str) -> list:
-    """The clients' partitions (:func:`fedrcl_flwr.runtime.client_partitions`); an
+    """The clients' partitions (:func:`fedrcl_flwr.run.runtime.client_partitions`); an
     impossible split is one :class:`ConfigError` starting with ``label``."""
-    from fedrcl_flwr import runtime
     from fedrcl_flwr.data.partition import PartitionError
+    from fedrcl_flwr.run import runtime
 
     try:
         return runtime.client_partitions(cfg)
@@ -324,8 +324,8 @@ def check_split(cfg: ExperimentConfig, label: str) -> list:
 def check_model(cfg: ExperimentConfig, label: str, *, on_data: bool = False) -> None:
     """The configured model builds (``model.params`` keys, backbone, weights file: here,
     not in every Flower process): on the dataset's shapes with ``on_data`` (the dataset
-    is loaded), else at nominal shapes (:func:`fedrcl_flwr.runtime.probe_model`)."""
-    from fedrcl_flwr import runtime
+    is loaded), else at nominal shapes (:func:`fedrcl_flwr.run.runtime.probe_model`)."""
+    from fedrcl_flwr.run import runtime
 
     try:
         runtime.check_model(cfg, runtime.load_bundle(cfg) if on_data else None)
@@ -362,19 +362,19 @@ def before_sweep(runs: list[PlannedRun], out_dir: Path) -> None:
     """Everything ``sweep`` checks before it writes a file: its directory and every run
     directory (:func:`check_sweep_dir`), then the inputs of every run still to do — not
     finished, and not among the finished runs an earlier version of the sweep left under
-    another name (:func:`fedrcl_flwr.sweep.earlier_runs`) — (:func:`check_pending_runs`)."""
-    from fedrcl_flwr.sweep import earlier_runs
+    another name (:func:`fedrcl_flwr.run.sweep.earlier_runs`) — (:func:`check_pending_runs`)."""
+    from fedrcl_flwr.run.sweep import earlier_runs
 
     check_sweep_dir(runs, out_dir)
     check_pending_runs(runs, frozenset(earlier_runs(runs, out_dir)[0]))
 
 
-def before_partition(experiment: str, sets: Optional[list[str]], plot: Optional[str],
-                     save: Optional[str]) -> tuple[ExperimentConfig, Any, list]:
+def before_partition(experiment: str, sets: list[str] | None, plot: str | None,
+                     save: str | None) -> tuple[ExperimentConfig, Any, list]:
     """Everything ``partition`` checks before it prints or writes: the ``--plot`` and
     ``--save`` files, the config, the dataset and the split. Returns the config, the
     dataset and the clients' partitions."""
-    from fedrcl_flwr import runtime
+    from fedrcl_flwr.run import runtime
 
     if plot:
         check_plot_path(plot)
@@ -392,11 +392,11 @@ def before_partition(experiment: str, sets: Optional[list[str]], plot: Optional[
 
 def check_existing(runs: list[PlannedRun]) -> None:
     """A run directory that holds a different experiment
-    (:func:`fedrcl_flwr.sweep.experiment_hash`; e.g. edited by hand), or results without
+    (:func:`fedrcl_flwr.run.sweep.experiment_hash`; e.g. edited by hand), or results without
     the configuration that produced them, stops the sweep: nothing is overwritten or
     counted silently."""
-    from fedrcl_flwr.run_files import CONFIG_FILE
-    from fedrcl_flwr.sweep import experiment_hash
+    from fedrcl_flwr.run.run_files import CONFIG_FILE
+    from fedrcl_flwr.run.sweep import experiment_hash
 
     for run in runs:
         cfg_file = run.out_dir / CONFIG_FILE
@@ -426,7 +426,7 @@ def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
     they should be (:func:`_check_sweep_entries`); each run's files and directory too
     (:func:`_check_run_entries`: for a run that will start afresh over an earlier attempt,
     a directory ``run --overwrite`` may clear, carrying the tool's marker; see
-    :func:`fedrcl_flwr.results.overwrite_problem`)."""
+    :func:`fedrcl_flwr.run.results.overwrite_problem`)."""
     from fedrcl_flwr.runner import OutputLock
 
     check_output_dir(out_dir)
@@ -465,7 +465,7 @@ def _check_run_entries(run: PlannedRun, out_dir: Path) -> None:
     """Run ``run``'s files in the sweep (its planned config, its log) are regular files
     or absent; its directory is a real directory or absent and, for a run that will start
     afresh over an earlier attempt, one ``run --overwrite`` may clear."""
-    from fedrcl_flwr.results import overwrite_problem
+    from fedrcl_flwr.run.results import overwrite_problem
 
     for p in (sweep_config_path(out_dir, run.name), sweep_log_path(out_dir, run.name)):
         if p.is_symlink() or (p.exists() and not p.is_file()):
@@ -517,6 +517,6 @@ def _dataset_key(cfg: ExperimentConfig) -> Any:
 def _forget_datasets() -> None:
     """Drop the datasets and splits this process holds (the sweep's checks load them one
     by one; its runs load their own)."""
-    from fedrcl_flwr import runtime
+    from fedrcl_flwr.run import runtime
 
     runtime.WORKER.clear_datasets()

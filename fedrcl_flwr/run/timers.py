@@ -27,11 +27,10 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
 
 ENV_VAR = "FEDRCL_TIMERS"
 
-_DIR: Optional[str] = os.environ.get(ENV_VAR) or None
+_DIR: str | None = os.environ.get(ENV_VAR) or None
 _local = threading.local()  # the message this thread serves (``record`` of begin())
 
 
@@ -42,6 +41,7 @@ def enabled() -> bool:
 def _write(role: str, rec: dict) -> None:
     """One JSON line appended with one ``write`` (records of concurrent processes never
     interleave, and a killed process loses at most the line it was writing)."""
+    assert _DIR is not None  # callers write only when enabled()
     line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
     path = Path(_DIR) / f"{role}-{os.getpid()}.jsonl"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -119,7 +119,8 @@ def server_event(event: str, **fields) -> None:
 def read_records(directory: Path) -> tuple[list[dict], list[dict]]:
     """(client records, server events) written under ``directory``; a torn last line
     (a process killed while writing) is skipped."""
-    clients, server = [], []
+    clients: list[dict] = []
+    server: list[dict] = []
     for path in sorted(Path(directory).glob("*.jsonl")):
         out = clients if path.name.startswith("client-") else server
         for line in path.read_text().splitlines():

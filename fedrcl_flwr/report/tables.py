@@ -45,19 +45,19 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
-from fedrcl_flwr.catalog import (
+from fedrcl_flwr.config import ConfigError, check_reference
+from fedrcl_flwr.config.catalog import (
     PARTITION_SCHEMES,
     ema_round,
     is_report_metric,
     metric_choices,
 )
-from fedrcl_flwr.config import ConfigError, check_reference
-from fedrcl_flwr.results import LAST_K
-from fedrcl_flwr.run_files import CONFIG_FILE, METRICS_FILE, NOT_RUN_DIRS, SUMMARY_FILE
+from fedrcl_flwr.run.results import LAST_K
+from fedrcl_flwr.run.run_files import CONFIG_FILE, METRICS_FILE, NOT_RUN_DIRS, SUMMARY_FILE
 
 SKIP_DIRS = NOT_RUN_DIRS
 # config sections that do not change what a run computes (or that name it)
@@ -85,7 +85,7 @@ class Group:
     row: str = ""
     col: str = ""
     values: list = field(default_factory=list)  # per run, None = missing
-    paper: Optional[float] = None
+    paper: float | None = None
     source: str = ""
     what: str = ""  # what a labelled row is: method (what differs)
     flat: dict = field(default_factory=dict)  # its setting, dotted keys
@@ -109,12 +109,12 @@ class Group:
         return len(self.present)
 
     @property
-    def mean(self) -> Optional[float]:
+    def mean(self) -> float | None:
         p = self.present
         return sum(p) / len(p) if p else None
 
     @property
-    def std(self) -> Optional[float]:
+    def std(self) -> float | None:
         p = self.present
         if len(p) < 2:
             return None
@@ -122,7 +122,7 @@ class Group:
         return math.sqrt(sum((x - m) ** 2 for x in p) / (len(p) - 1))
 
     @property
-    def diff(self) -> Optional[float]:
+    def diff(self) -> float | None:
         return None if self.mean is None or self.paper is None else self.mean - self.paper
 
     @property
@@ -132,7 +132,7 @@ class Group:
                    for r in self.runs)
 
     @property
-    def epsilon(self) -> Optional[float]:
+    def epsilon(self) -> float | None:
         """The largest final ε of the group's runs under ``privacy.dp`` (``inf`` for
         noise 0); ``None`` without DP."""
         if not self.private:
@@ -162,7 +162,7 @@ def _read_text(path: Path, limit: int) -> str:
     return read_text_file(path, limit, "a run file")
 
 
-def _accuracy_problem(v: Any) -> Optional[str]:
+def _accuracy_problem(v: Any) -> str | None:
     """Why ``v`` is not an accuracy (a finite fraction in [0, 1], or null)."""
     if v is None:
         return None
@@ -173,7 +173,7 @@ def _accuracy_problem(v: Any) -> Optional[str]:
     return None
 
 
-def _round_problem(v: Any) -> Optional[str]:
+def _round_problem(v: Any) -> str | None:
     if not _is_number(v) or not math.isfinite(v) or v < 0 or v != int(v):
         return "must be a whole number >= 0"
     return None
@@ -277,7 +277,8 @@ def _dirs_below(d: Path) -> list[Path]:
     """Directories below ``d`` (links not followed), at most :data:`MAX_SCAN_DEPTH`
     levels deep, skipping the sweep's and runs' own sub-directories; a tree with more
     than :data:`MAX_SCAN_ENTRIES` entries is an error (``report /`` would scan a disk)."""
-    out, seen = [], 0
+    out: list[Path] = []
+    seen = 0
     for root, dirnames, filenames in os.walk(d, followlinks=False):
         depth = len(Path(root).relative_to(d).parts)
         seen += len(dirnames) + len(filenames)
@@ -357,7 +358,7 @@ def _last_round(run: Run) -> int:
     return int(run.summary.get("rounds") or 0)
 
 
-def metric_value(run: Run, metric: str) -> Optional[float]:
+def metric_value(run: Run, metric: str) -> float | None:
     """The run's value of ``metric`` as a fraction in [0, 1], or None (missing)."""
     s, ev = run.summary, _evaluated(run)
     if metric == "final":
@@ -380,6 +381,8 @@ def metric_value(run: Run, metric: str) -> Optional[float]:
         with_key = [r for r in run.records if _is_number(r.get(key))]
         return float(with_key[-1][key]) if with_key else None
     target = ema_round(metric)
+    if target is None:  # every other metric returned above
+        raise ValueError(f"unknown report metric {metric!r}")
     if _last_round(run) < target:
         return None  # never reached round R
     at = s.get("accuracy_at") or {}
@@ -394,7 +397,7 @@ def default_metric(runs: list[Run]) -> str:
     for run in runs:
         m = run.summary.get("report_metric")
         if is_report_metric(m, per_client=True):
-            return m
+            return str(m)
     for run in runs:
         blocks = check_reference(run.config.get("reference"), str(run.path / CONFIG_FILE))
         if blocks:
@@ -405,7 +408,7 @@ def default_metric(runs: list[Run]) -> str:
 # ----------------------------------------------------------------------------- grouping
 
 
-def method_label(config: dict, summary: Optional[dict] = None) -> str:
+def method_label(config: dict, summary: dict | None = None) -> str:
     summary = summary or {}
     method = (config.get("client") or {}).get("method") or summary.get("method") or "?"
     strategy = (config.get("server") or {}).get("strategy") or summary.get("strategy") \
@@ -563,10 +566,12 @@ def setting_title(groups: list[Group]) -> str:
     return ", ".join(parts)
 
 
-def _resolved_params(method: str, params: Any) -> Any:
+def _resolved_params(method: str | None, params: Any) -> Any:
     """``client.params`` merged over the method's declared defaults (the registry's
     declarations, ``clients/__init__.py``: no Flower client is imported); as written for
     an unknown method or invalid parameters."""
+    if method is None:  # no client.method in the run's config: nothing to resolve
+        return params or {}
     try:
         from clients import CLIENTS
         from fedrcl_flwr.components import resolve_params
@@ -596,7 +601,7 @@ def _when_matches(when: dict, config: dict) -> bool:
     return True
 
 
-def paper_value(group: Group, metric: str) -> tuple[Optional[float], str]:
+def paper_value(group: Group, metric: str) -> tuple[float | None, str]:
     """The paper's number (fraction) for this group and metric, and its source."""
     label = method_label(group.config, group.runs[0].summary)
     blocks = check_reference(group.config.get("reference"), str(group.runs[0].path))
@@ -608,7 +613,7 @@ def paper_value(group: Group, metric: str) -> tuple[Optional[float], str]:
     return None, ""
 
 
-def build_table(dirs: list, metric: Optional[str] = None) -> tuple[list[Group], str]:
+def build_table(dirs: list, metric: str | None = None) -> tuple[list[Group], str]:
     runs = load_runs(dirs)
     metric = check_metric(metric) if metric else default_metric(runs)
     groups = group_runs(runs)
@@ -631,12 +636,12 @@ class Paired:
         return len(self.diffs)
 
     @property
-    def mean(self) -> Optional[float]:
+    def mean(self) -> float | None:
         d = list(self.diffs.values())
         return sum(d) / len(d) if d else None
 
     @property
-    def std(self) -> Optional[float]:
+    def std(self) -> float | None:
         d = list(self.diffs.values())
         if len(d) < 2:
             return None
@@ -644,14 +649,15 @@ class Paired:
         return math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1))
 
     @property
-    def interval(self) -> Optional[tuple[float, float]]:
+    def interval(self) -> tuple[float, float] | None:
         """Two-sided :data:`CONFIDENCE` Student-t interval for the mean difference."""
-        if self.n < 2:
+        mean, std = self.mean, self.std
+        if self.n < 2 or mean is None or std is None:  # both set from 2 differences on
             return None
         from scipy.stats import t
 
-        half = float(t.ppf(0.5 + CONFIDENCE / 2, self.n - 1)) * self.std / math.sqrt(self.n)
-        return self.mean - half, self.mean + half
+        half = float(t.ppf(0.5 + CONFIDENCE / 2, self.n - 1)) * std / math.sqrt(self.n)
+        return mean - half, mean + half
 
 
 def find_row(groups: list[Group], name: str) -> str:
@@ -700,7 +706,7 @@ def _layout(groups: list[Group]):
     return rows, cols, cell, best, with_paper
 
 
-def _pct(v: Optional[float], signed: bool = False) -> str:
+def _pct(v: float | None, signed: bool = False) -> str:
     if v is None:
         return ""
     x = 100 * v
@@ -709,7 +715,7 @@ def _pct(v: Optional[float], signed: bool = False) -> str:
     return f"{x:+.2f}" if signed else f"{x:.2f}"
 
 
-def _ours(g: Optional[Group], best: Optional[float], bold: tuple[str, str],
+def _ours(g: Group | None, best: float | None, bold: tuple[str, str],
           pm: str) -> str:
     if g is None:
         return ""
@@ -806,7 +812,7 @@ def format_markdown(groups: list[Group], metric: str) -> str:
     return head + "\n".join(lines) + "\n" + note
 
 
-def format_csv(groups: list[Group], metric: str, pairs: Optional[list] = None,
+def format_csv(groups: list[Group], metric: str, pairs: list | None = None,
                vs: str = "") -> str:
     """One row per group; with ``--vs`` also the paired columns (empty for the reference
     row): ``vs, paired_n, paired_mean, paired_std, ci_low, ci_high, per_seed``."""
@@ -902,8 +908,8 @@ def format_paired_latex(pairs: list[Paired], vs: str, metric: str) -> str:
 FORMATS = {"markdown": format_markdown, "csv": format_csv, "latex": format_latex}
 
 
-def report(dirs: list, fmt: str = "markdown", metric: Optional[str] = None,
-           vs: Optional[str] = None) -> str:
+def report(dirs: list, fmt: str = "markdown", metric: str | None = None,
+           vs: str | None = None) -> str:
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     groups, metric = build_table(dirs, metric)

@@ -11,7 +11,7 @@ Policy for model entries (``kinds`` from :func:`entry_kinds`):
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

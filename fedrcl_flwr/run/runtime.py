@@ -15,7 +15,6 @@ import threading
 import warnings
 from collections import OrderedDict
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -26,8 +25,9 @@ from fedrcl_flwr.models import build_model
 
 
 def _key(obj) -> str:
-    return json.dumps(dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj,
-                      sort_keys=True, default=str)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = dataclasses.asdict(obj)
+    return json.dumps(obj, sort_keys=True, default=str)
 
 
 class WorkerCache:
@@ -61,7 +61,7 @@ class WorkerCache:
             self.prepared: dict = {}
             self.configs: OrderedDict = OrderedDict()
             self.probes: OrderedDict = OrderedDict()
-            self.node: Optional[str] = None
+            self.node: str | None = None
             self.models: tuple = (None, {})  # (model key, {slot: model})
             self.device_data: dict = {}
             self.clear_datasets()
@@ -221,12 +221,12 @@ def check_model(cfg: ExperimentConfig, bundle=None) -> None:
             return
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"model {cfg.model.name!r}: {exc}") from None
-    exc = _probe(cfg)[1]
-    if isinstance(exc, (ValueError, TypeError)):  # what new_model raises for bad input
-        raise ConfigError(f"model {cfg.model.name!r}: {exc}")
+    problem = _probe(cfg)[1]
+    if isinstance(problem, (ValueError, TypeError)):  # what new_model raises for bad input
+        raise ConfigError(f"model {cfg.model.name!r}: {problem}")
 
 
-def probe_model(cfg: ExperimentConfig) -> Optional[nn.Module]:
+def probe_model(cfg: ExperimentConfig) -> nn.Module | None:
     """The configured model at nominal input shapes, built without loading data, for
     checks before a run (its feature taps, its blocks); ``None`` when it cannot be built
     (a missing weights file, ...: reported where the model is really built). Its
@@ -253,7 +253,8 @@ def _build_probe(name: str, params_key: str, classes: int, channels: int, size: 
                                 image_size=size, params=json.loads(params_key))
     except Exception as exc:  # noqa: BLE001 - see probe_model
         return None, exc
-    model.probe_input_shape = (channels, size, size)
+    # a plain attribute; nn.Module.__getattr__'s declared type (Tensor | Module) is not it
+    model.probe_input_shape = (channels, size, size)  # type: ignore[assignment]
     return model.eval(), None
 
 
@@ -337,7 +338,7 @@ def sample_partitions(seed: int, server_round: int, num_clients: int, k: int) ->
 
 
 def make_batches(dataset, indices: np.ndarray, batch_size: int, seed: int,
-                 device: Optional[torch.device] = None):
+                 device: torch.device | None = None):
     """``batches(epoch)`` for :func:`fedrcl_flwr.training.train_local`: the shuffled,
     augmented batches of :func:`fedrcl_flwr.data.datasets.iterate_batches`, with a
     generator seeded with ``(seed, epoch)`` only (the permutation and the augmentation

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrcl_flwr.run_files import CHECKPOINT_FILE  # noqa: F401 - re-exported
+from fedrcl_flwr.run.run_files import CHECKPOINT_FILE  # noqa: F401 - re-exported
 
 
 class CheckpointError(ValueError):

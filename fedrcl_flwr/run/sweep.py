@@ -55,47 +55,55 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
 from fedrcl_flwr.config import (
+    MAX_NAME_BYTES,
     ConfigError,
     ExperimentConfig,
     _shorten,
     apply_overrides,
     config_from_dict,
     dump_config,
-    MAX_NAME_BYTES,
     name_problem,
     parse_override,
     read_yaml,
     to_dict,
 )
+
 # the sweep's checks before it writes anything live with every other pre-run check
-from fedrcl_flwr.preflight import (  # noqa: F401 - re-exported (the sweep's API)
+from fedrcl_flwr.run.preflight import (  # noqa: F401 - re-exported (the sweep's API)
     check_existing,
-    check_pending_runs as check_data,
     check_sweep_dir,
 )
-from fedrcl_flwr.results import (
+from fedrcl_flwr.run.results import (
     atomic_write_text,
     ema_note,
     read_metrics,
     shows_ema,
 )
-from fedrcl_flwr.run_files import (
+from fedrcl_flwr.run.run_files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
     SUMMARY_FILE,
-    SWEEP_CONFIGS_DIR as CONFIGS_DIR,
-    SWEEP_ENTRIES as RESERVED_NAMES,
-    SWEEP_LOGS_DIR as LOGS_DIR,
-    SWEEP_STATUS_FILE as STATUS_FILE,
     sweep_config_path,
     sweep_log_path,
+)
+from fedrcl_flwr.run.run_files import (
+    SWEEP_CONFIGS_DIR as CONFIGS_DIR,
+)
+from fedrcl_flwr.run.run_files import (
+    SWEEP_ENTRIES as RESERVED_NAMES,
+)
+from fedrcl_flwr.run.run_files import (
+    SWEEP_LOGS_DIR as LOGS_DIR,
+)
+from fedrcl_flwr.run.run_files import (
+    SWEEP_STATUS_FILE as STATUS_FILE,
 )
 
 SWEEP_KEYS = ("base", "grid", "seeds", "variants", "set", "name")
@@ -112,9 +120,22 @@ class PlannedRun:
     index: int
     name: str
     base: Path
-    overrides: list = field(default_factory=list)  # [(dotted key, value)]
-    cfg: Optional[ExperimentConfig] = None
-    out_dir: Optional[Path] = None
+    overrides: list  # [(dotted key, value)]
+    cfg: ExperimentConfig
+    placed_dir: Path | None = None  # the run's directory, set by _place_runs
+
+    @property
+    def out_dir(self) -> Path:
+        """The run's directory (``<sweep out>/<name>``); every run ``plan_sweep``
+        returns is placed."""
+        if self.placed_dir is None:
+            raise RuntimeError(f"sweep run {self.name!r} has no directory yet (_place_runs "
+                               "gives each planned run one)")
+        return self.placed_dir
+
+    @out_dir.setter
+    def out_dir(self, value: Path) -> None:
+        self.placed_dir = value
 
     def state(self) -> str:
         """``done``, ``resume`` (checkpoint present) or ``new``."""
@@ -146,7 +167,7 @@ def experiment_hash(cfg: ExperimentConfig) -> str:
     schema later, at its default, changes no name), without what only names, places or
     resources a run (``name``, ``label``, ``output``, ``simulation``, ``reference``,
     ``dataset.cache_dir``). ``client.params`` count as written."""
-    from fedrcl_flwr.tables import flatten_keys as flat
+    from fedrcl_flwr.report.tables import flatten_keys as flat
 
     skip = ("name", "label", "output", "simulation", "reference", "dataset.cache_dir")
     defaults = flat(to_dict(ExperimentConfig()))
@@ -163,7 +184,7 @@ def run_name(cfg: ExperimentConfig) -> str:
     optimizer other than fedavg), the seed and :func:`experiment_hash`. It depends on
     the run alone, never on what else the sweep plans: adding a setting, a method or a
     seed to a sweep leaves every earlier run's name, and so its results, in place."""
-    from fedrcl_flwr.tables import method_label
+    from fedrcl_flwr.report.tables import method_label
 
     what = cfg.label or method_label({"client": {"method": cfg.client.method},
                                       "server": {"strategy": cfg.server.strategy}})
@@ -184,7 +205,7 @@ def _mapping(value: Any, key: str, source: str) -> dict:
     return value
 
 
-def run_name_problem(name: Any, max_bytes: int = MAX_RUN_NAME_BYTES) -> Optional[str]:
+def run_name_problem(name: Any, max_bytes: int = MAX_RUN_NAME_BYTES) -> str | None:
     """Why ``name`` cannot name a run directory of a sweep (``None`` when it can): one
     safe path component (:func:`fedrcl_flwr.config.name_problem`), not hidden (no leading
     ``.``) and not one of the sweep's own names (``_configs``, ``_logs``,
@@ -224,7 +245,7 @@ class SweepSpec:
     grid: dict
     fixed: dict  # the file's ``set``
     variants: list[dict]
-    seeds: Optional[list[int]]
+    seeds: list[int] | None
     name: Any  # the sweep's name: ``name`` (named_in_file) or the file's stem
     named_in_file: bool
 
@@ -346,7 +367,7 @@ def _check_one_place_per_key(spec: SweepSpec) -> None:
                                   "would silently win); use one of them")
 
 
-def _cli_sets(spec: SweepSpec, sets: Optional[list[str]]) -> list[tuple[str, Any]]:
+def _cli_sets(spec: SweepSpec, sets: list[str] | None) -> list[tuple[str, Any]]:
     """The command line's ``--set`` overrides; a key the sweep varies is refused."""
     cli_sets = [parse_override(s) for s in (sets or [])]
     varying_keys = set(spec.grid) | {k for _, keys in spec.variant_keys() for k in keys}
@@ -397,7 +418,7 @@ def _expand(spec: SweepSpec, cli_sets: list, check_components: bool) -> list[Pla
                     where = f"{spec.src}: run {len(runs) + 1} ({what}; base {base.name})"
                     cfg = config_from_dict(data, where)
                     if check_components:
-                        from fedrcl_flwr.preflight import check_components as validate
+                        from fedrcl_flwr.run.preflight import check_components as validate
 
                         validate(cfg, where)
                     runs.append(PlannedRun(len(runs), run_name(cfg), base, ov, cfg))
@@ -510,7 +531,7 @@ def share_resources(cfg: ExperimentConfig, jobs: int, slot: int) -> dict:
     ``CUDA_VISIBLE_DEVICES`` when there are at least as many GPUs as jobs (otherwise the
     jobs share the GPUs, each client taking its ``simulation.num_gpus`` fraction).
     Returns the environment changes for the job."""
-    env = {}
+    env: dict[str, str] = {}
     if jobs <= 1:
         return env
     ncpu = os.cpu_count() or 1
@@ -564,11 +585,11 @@ class SweepEta:
         """A run ended ``seconds`` after its launch, having run ``rounds`` rounds."""
         self.finished.append((float(seconds), int(rounds)))
 
-    def round_s(self) -> Optional[float]:
+    def round_s(self) -> float | None:
         recent = self.rounds[-self.window:]
         return sum(recent) / len(recent) if recent else None
 
-    def eta(self, in_flight: list[int], queued: list[int]) -> Optional[float]:
+    def eta(self, in_flight: list[int], queued: list[int]) -> float | None:
         """``in_flight``: rounds left of each running run; ``queued``: rounds of each
         run not started yet."""
         if not in_flight and not queued:
@@ -590,7 +611,7 @@ class SweepEta:
         return max(work / self.jobs, max(in_flight, default=0) * r + end)
 
 
-def _fmt_eta(seconds: Optional[float]) -> str:
+def _fmt_eta(seconds: float | None) -> str:
     if seconds is None:
         return "?"
     seconds = int(max(seconds, 0))
@@ -718,7 +739,7 @@ class _SweepSession:
     def save_status(self) -> None:
         atomic_write_text(self.status_path, json.dumps(self.status, indent=2) + "\n")
 
-    def eta(self) -> Optional[float]:
+    def eta(self) -> float | None:
         return self.timer.eta([max(self.rounds_left[j.run.name], 0) for j in self.running],
                               [max(self.rounds_left[r.name], 0) for r in self.queue])
 
@@ -732,7 +753,7 @@ class _SweepSession:
             if job is not None:
                 self.running.append(job)
 
-    def _launch(self, run: PlannedRun) -> Optional[_Job]:
+    def _launch(self, run: PlannedRun) -> _Job | None:
         """Start ``run`` in the first free slot (``None``: not started, because a live
         run holds its directory: it counts as failed)."""
         from fedrcl_flwr.runner import OutputLock
@@ -907,7 +928,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _summary_value(run_dir: Path, key: str) -> Optional[float]:
+def _summary_value(run_dir: Path, key: str) -> float | None:
     """A number from a finished run's ``summary.json`` (``None`` if absent or unreadable:
     only shown on the progress line)."""
     try:
@@ -919,8 +940,8 @@ def _summary_value(run_dir: Path, key: str) -> Optional[float]:
 
 def _rounds_done(run: PlannedRun) -> int:
     """What a resume keeps: the rounds up to the checkpoint (read through the one safe
-    loader, :func:`fedrcl_flwr.checkpoint.load_checkpoint`: data only, never code)."""
-    from fedrcl_flwr.checkpoint import CheckpointError, load_checkpoint
+    loader, :func:`fedrcl_flwr.run.checkpoint.load_checkpoint`: data only, never code)."""
+    from fedrcl_flwr.run.checkpoint import CheckpointError, load_checkpoint
 
     if not read_metrics(run.out_dir) or not (run.out_dir / CHECKPOINT_FILE).is_file():
         return 0

@@ -31,7 +31,6 @@ Attached to *any* server-optimizer strategy (it does not touch the model update)
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 import numpy as np
 
@@ -59,7 +58,7 @@ class SignalExchange:
         self.num_classes = num_classes
         self.dim: int | None = None
         self.bank: dict[int, tuple[int, SignalSet]] = {}
-        self._round_cache: Optional[tuple[int, tuple[Optional[bytes], Optional[bytes]]]] = None
+        self._round_cache: tuple[int, tuple[bytes | None, bytes | None]] | None = None
         self.global_signals = SignalSet.empty()
         self.rejected = 0
 
@@ -101,14 +100,14 @@ class SignalExchange:
         return SignalSet(np.asarray(vecs, np.float32), np.asarray(labs, np.int64),
                          np.asarray(cnts, np.int64))
 
-    def _prepare(self, rnd: int) -> tuple[Optional[bytes], Optional[bytes]]:
+    def _prepare(self, rnd: int) -> tuple[bytes | None, bytes | None]:
         if self._round_cache and self._round_cache[0] == rnd:
             return self._round_cache[1]
         max_age = int(self.p["max_age"])
         self.bank = {pid: (r, s) for pid, (r, s) in self.bank.items() if rnd - r <= max_age}
         local = SignalSet.concat([s for _, (_, s) in sorted(self.bank.items())])
         self.global_signals = self.compute_global(local)
-        sent: tuple[Optional[bytes], Optional[bytes]] = (None, None)
+        sent: tuple[bytes | None, bytes | None] = (None, None)
         if len(local):
             sent = (encode_signals(local) if self.p["send_local"] else None,
                     encode_signals(self.global_signals))
@@ -116,7 +115,7 @@ class SignalExchange:
         return sent
 
     # ------------------------------------------------------------------ hooks
-    def signals_for_round(self, rnd: int) -> tuple[Optional[bytes], Optional[bytes]]:
+    def signals_for_round(self, rnd: int) -> tuple[bytes | None, bytes | None]:
         """``(local, global)`` encoded signals every client of round ``rnd`` receives
         (``FitInstructions.signals_local`` / ``signals_global``; ``None``: not sent)."""
         return self._prepare(rnd)

@@ -10,7 +10,7 @@ Files in a run directory:
 * ``model.pt``      - the final global model's state_dict
 * ``accuracy.png``  - test accuracy and EMA accuracy per round
 
-(every name a run or a sweep writes is declared in :mod:`fedrcl_flwr.run_files`)
+(every name a run or a sweep writes is declared in :mod:`fedrcl_flwr.run.run_files`)
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any
 
-from fedrcl_flwr.run_files import (  # noqa: F401 - the names' one home, re-exported
+from fedrcl_flwr.run.run_files import (  # noqa: F401 - the names' one home, re-exported
     CHECKPOINT_FILE,
     CONFIG_FILE,
     MARKER_FILE,
@@ -70,7 +71,7 @@ def _entries_of_run(out_dir: Path) -> tuple[list[Path], list[Path]]:
     return files, [out_dir / d for d in RUN_SUBDIRS]
 
 
-def overwrite_problem(out_dir: Path) -> Optional[str]:
+def overwrite_problem(out_dir: Path) -> str | None:
     """Why ``run --overwrite`` may not clear ``out_dir`` (``None`` when it may; reads
     only): the directory must carry the run marker (the tool created it), each run file
     present must be a regular file or a link (a link is removed, never its target) and
@@ -145,7 +146,7 @@ def shows_ema(report_metric: str) -> bool:
     round's accuracy by about 1 / (1 - evaluation.ema) rounds (10 for 0.9), so beside it
     on a line of a run that reports something else it only suggested a gap (issue #25);
     it is in ``metrics.jsonl`` and ``summary.json`` either way."""
-    from fedrcl_flwr.catalog import ema_round
+    from fedrcl_flwr.config.catalog import ema_round
 
     return ema_round(str(report_metric or "")) is not None
 
@@ -206,7 +207,7 @@ class RunRecorder:
     """Appends round records, writes the summary, plot and model at the end."""
 
     def __init__(self, out_dir: Path, *, method: str, strategy: str, rounds: int,
-                 target_rounds: Iterable[int] = (), start_time: Optional[float] = None,
+                 target_rounds: Iterable[int] = (), start_time: float | None = None,
                  elapsed_before: float = 0.0, report_metric: str = "final"):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -282,7 +283,7 @@ class RunRecorder:
         out.update(research_summary(self.records))
         return out
 
-    def finish(self, model_state: Optional[dict] = None, before_summary=None) -> dict:
+    def finish(self, model_state: dict | None = None, before_summary=None) -> dict:
         """Write the model, the plot and, last, ``summary.json`` (its appearance means
         every result of the run is on disk). ``before_summary(summary, plots)`` is called
         just before (the experiment trackers, ``fedrcl_flwr.tracking``)."""
@@ -323,9 +324,9 @@ def research_summary(records: list[dict]) -> dict:
     return out
 
 
-def reported_value(summary: dict, metric: str) -> Optional[float]:
+def reported_value(summary: dict, metric: str) -> float | None:
     """``summary.json``'s value of a report metric: final | best | last5 | ema@ROUND."""
-    from fedrcl_flwr.catalog import SUMMARY_METRICS, ema_round
+    from fedrcl_flwr.config.catalog import SUMMARY_METRICS, ema_round
 
     metric = str(metric or "final")
     target = ema_round(metric)
@@ -337,7 +338,7 @@ def reported_value(summary: dict, metric: str) -> Optional[float]:
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """The run's round records as far as they are well-formed (progress display and
-    resume bookkeeping; ``fedrcl_flwr.tables.read_records`` is the strict reader): stops
+    resume bookkeeping; ``fedrcl_flwr.report.tables.read_records`` is the strict reader): stops
     at a torn last line from a killed run, or at anything that is not a round record."""
     path = Path(run_dir) / METRICS_FILE
     try:

@@ -1,6 +1,6 @@
 """What the project knows by name, declared once: the datasets, the partition schemes and
 their generators, and the report metrics. The schema (:mod:`fedrcl_flwr.config`), the
-loaders (:mod:`fedrcl_flwr.data`), the CLI and the report (:mod:`fedrcl_flwr.tables`) all
+loaders (:mod:`fedrcl_flwr.data`), the CLI and the report (:mod:`fedrcl_flwr.report.tables`) all
 import these tables; nothing else lists the names (standard library only, so every layer
 can import it).
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 # ----------------------------------------------------------------------------- datasets
 
@@ -27,9 +27,9 @@ class DatasetInfo:
     scheme: domain``); ``torchvision``: the ``torchvision.datasets`` class that reads it
     (its file layout, checks and decoding), if any."""
 
-    channels: Optional[int] = 3
+    channels: int | None = 3
     domains: bool = False
-    torchvision: Optional[str] = None
+    torchvision: str | None = None
 
 
 # name -> what it is; the order is the order the error messages list them in
@@ -106,7 +106,7 @@ def is_report_metric(text: Any, per_client: bool = False) -> bool:
     return per_client and text in CLIENT_METRICS
 
 
-def ema_round(metric: str) -> Optional[int]:
+def ema_round(metric: str) -> int | None:
     """ROUND of ``ema@ROUND`` (``None`` for any other metric)."""
     m = _EMA_RE.fullmatch(str(metric))
     return int(m.group(1)) if m else None
