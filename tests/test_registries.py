@@ -18,7 +18,7 @@ import pytest
 
 from clients import CLIENTS
 from fedrcl_flwr.catalog import DATASET_NAMES, SCHEME_NAMES
-from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.data import datasets as data_readers
 from fedrcl_flwr.data.datasets import DatasetError
 from fedrcl_flwr.data.partition import PartitionError, partition
