@@ -50,12 +50,20 @@ def _section(path: Path, heading: str) -> str:
     text = path.read_text(encoding="utf-8")
     start = text.index(f"\n## {heading}")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end > 0 else len(text)]
+    return text[start : end if end > 0 else len(text)]
 
 
 def test_the_reference_pages_exist():
-    for name in ("index", "configuration", "cli", "datasets", "reproducing", "deployment",
-                 "performance", "research"):
+    for name in (
+        "index",
+        "configuration",
+        "cli",
+        "datasets",
+        "reproducing",
+        "deployment",
+        "performance",
+        "research",
+    ):
         assert (DOCS / f"{name}.md").is_file(), name
 
 
@@ -99,16 +107,14 @@ def test_cli_md_names_every_command_flag_and_choice():
 def _schema(cls) -> dict:
     out = {}
     for f in dataclasses.fields(cls):
-        default = (f.default_factory() if f.default_factory is not dataclasses.MISSING
-                   else f.default)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         out[f.name] = _schema(type(default)) if dataclasses.is_dataclass(default) else default
     return out
 
 
 def _documented_yaml() -> dict:
     text = (DOCS / "configuration.md").read_text(encoding="utf-8")
-    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S)
-              if b.startswith("name:")]
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if b.startswith("name:")]
     assert len(blocks) == 1, "configuration.md: one YAML block of every key, from name:"
     return yaml.safe_load(blocks[0])
 
@@ -154,8 +160,11 @@ def test_configuration_md_documents_optional_sections_keys():
         for name, hint in typing.get_type_hints(type(section)).items():
             for cls in typing.get_args(hint):
                 if dataclasses.is_dataclass(cls):
-                    missing += [f"{f.name}.{name}.{k.name}" for k in dataclasses.fields(cls)
-                                if not re.search(rf"\b{k.name}\b", text)]
+                    missing += [
+                        f"{f.name}.{name}.{k.name}"
+                        for k in dataclasses.fields(cls)
+                        if not re.search(rf"\b{k.name}\b", text)
+                    ]
     assert not missing, missing
 
 
@@ -164,18 +173,23 @@ def test_configuration_md_documents_every_parameter():
 
     page = DOCS / "configuration.md"
     missing = []
-    for registry, heading in ((CLIENTS, "Method parameters"),
-                              (STRATEGIES, "Server optimizer parameters")):
+    for registry, heading in (
+        (CLIENTS, "Method parameters"),
+        (STRATEGIES, "Server optimizer parameters"),
+    ):
         text = _section(page, heading)
         for name in sorted(registry.builtin):
             rows = re.search(rf"^\| `{re.escape(name)}` \|.*?(?=^\| `|\Z)", text, re.S | re.M)
             if rows is None:
                 missing.append(f"{registry.key} {name}: no table row")
                 continue
-            missing += [f"{registry.key} {name}: parameter {key}"
-                        for key in registry.declared(name).defaults
-                        if f"| `{key}` |" not in rows.group(0)]
+            missing += [
+                f"{registry.key} {name}: parameter {key}"
+                for key in registry.declared(name).defaults
+                if f"| `{key}` |" not in rows.group(0)
+            ]
     text = _section(page, "Signal exchange")
-    missing += [f"server.signals {key}" for key in SignalExchange.defaults
-                if f"| `{key}` |" not in text]
+    missing += [
+        f"server.signals {key}" for key in SignalExchange.defaults if f"| `{key}` |" not in text
+    ]
     assert not missing, missing

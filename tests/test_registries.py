@@ -18,10 +18,10 @@ import pytest
 
 from clients import CLIENTS
 from fedrcl_flwr.catalog import DATASET_NAMES, SCHEME_NAMES
-from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.data import datasets as data_readers
 from fedrcl_flwr.data.datasets import DatasetError
 from fedrcl_flwr.data.partition import PartitionError, partition
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.models import MODELS, build_model
 from fedrcl_flwr.models.interface import FeatureModel
 from strategies import STRATEGIES
@@ -39,11 +39,15 @@ def _classes_defined_in(package: str, base_name: str, attr: str) -> dict[str, st
         try:  # a class reads its declared parameters from the registry when it is defined
             module = importlib.import_module(f"{package}.{path.stem}")
         except ConfigError as exc:
-            pytest.fail(f"{package}/{path.name} is not registered in {package}/__init__.py "
-                        f"({exc})")
+            pytest.fail(f"{package}/{path.name} is not registered in {package}/__init__.py ({exc})")
         for cls in vars(module).values():
-            if (inspect.isclass(cls) and cls.__module__ == module.__name__
-                    and issubclass(cls, base) and cls is not base and attr in vars(cls)):
+            if (
+                inspect.isclass(cls)
+                and cls.__module__ == module.__name__
+                and issubclass(cls, base)
+                and cls is not base
+                and attr in vars(cls)
+            ):
                 found[getattr(cls, attr)] = f"{module.__name__}:{cls.__name__}"
     return found
 
@@ -57,17 +61,23 @@ def _test_doubles() -> set[str]:
 def test_every_client_file_is_registered_under_its_method():
     files = _classes_defined_in("clients", "FederatedClient", "method")
     files.pop("base", None)  # FederatedClient's own placeholder name
-    wrong = {m: t for m, t in files.items()
-             if m not in _test_doubles()
-             and (m not in CLIENTS.builtin or CLIENTS.declared(m).target != t)}
+    wrong = {
+        m: t
+        for m, t in files.items()
+        if m not in _test_doubles()
+        and (m not in CLIENTS.builtin or CLIENTS.declared(m).target != t)
+    }
     assert not wrong, f"client classes not registered in clients/__init__.py as: {wrong}"
     assert set(CLIENTS.builtin) <= set(files), set(CLIENTS.builtin) - set(files)
 
 
 def test_every_strategy_file_is_registered_under_its_name():
     files = _classes_defined_in("strategies", "FederatedStrategy", "name")
-    wrong = {n: t for n, t in files.items()
-             if n not in STRATEGIES.builtin or STRATEGIES.declared(n).target != t}
+    wrong = {
+        n: t
+        for n, t in files.items()
+        if n not in STRATEGIES.builtin or STRATEGIES.declared(n).target != t
+    }
     assert not wrong, f"strategy classes not registered in strategies/__init__.py as: {wrong}"
     assert set(STRATEGIES.builtin) <= set(files), set(STRATEGIES.builtin) - set(files)
 
@@ -75,8 +85,12 @@ def test_every_strategy_file_is_registered_under_its_name():
 def test_every_method_and_strategy_is_documented():
     text = (DOCS / "configuration.md").read_text(encoding="utf-8")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    missing = [f"{r.key} {n}" for r in (CLIENTS, STRATEGIES) for n in sorted(r.builtin)
-               if f"`{n}`" not in text or f"`{n}`" not in readme]
+    missing = [
+        f"{r.key} {n}"
+        for r in (CLIENTS, STRATEGIES)
+        for n in sorted(r.builtin)
+        if f"`{n}`" not in text or f"`{n}`" not in readme
+    ]
     assert not missing, missing
 
 
@@ -86,9 +100,17 @@ def test_every_dataset_of_the_catalog_has_a_reader(tmp_path):
     for name in DATASET_NAMES:
         try:
             tr, te, _, _ = data_readers._read_source(
-                name, str(tmp_path / "none"), path=str(tmp_path / "none.npz"), download=False,
-                image_size=8, synthetic={"num_train": 40, "num_test": 20, "image_size": 8},
-                seed=0, domains=[], test_fraction=0.2, verify_md5=True)
+                name,
+                str(tmp_path / "none"),
+                path=str(tmp_path / "none.npz"),
+                download=False,
+                image_size=8,
+                synthetic={"num_train": 40, "num_test": 20, "image_size": 8},
+                seed=0,
+                domains=[],
+                test_fraction=0.2,
+                verify_md5=True,
+            )
         except DatasetError as exc:
             assert "unknown dataset" not in str(exc), f"{name}: {exc}"
         else:
@@ -111,8 +133,17 @@ def test_every_partition_scheme_has_a_builder(tmp_path):
     split.write_text('{"0": [0, 1], "1": [2, 3], "2": [4, 5], "3": [6, 7]}')
     for scheme in SCHEME_NAMES:
         try:
-            parts = partition(labels, 4, scheme, alpha=1.0, min_size=1, domains=domains,
-                              path=str(split), seed=0, num_classes=4)
+            parts = partition(
+                labels,
+                4,
+                scheme,
+                alpha=1.0,
+                min_size=1,
+                domains=domains,
+                path=str(split),
+                seed=0,
+                num_classes=4,
+            )
         except PartitionError as exc:  # pragma: no cover - the failure message
             pytest.fail(f"partition.scheme {scheme}: {exc}")
         flat = np.concatenate(parts)
@@ -127,7 +158,8 @@ _MODEL_PARAMS = {"backbone_mlp": {"backbone": "resnet18"}}
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_model_builds_follows_the_interface_and_is_documented(name):
-    model = build_model(name, num_classes=3, in_channels=3, image_size=16,
-                        params=_MODEL_PARAMS.get(name))
+    model = build_model(
+        name, num_classes=3, in_channels=3, image_size=16, params=_MODEL_PARAMS.get(name)
+    )
     assert isinstance(model, FeatureModel)
     assert re.search(rf"\b{name}\b", (DOCS / "configuration.md").read_text(encoding="utf-8"))
