@@ -169,7 +169,7 @@ def test_configuration_md_documents_optional_sections_keys():
 
 
 def test_configuration_md_documents_every_parameter():
-    from strategies.signal_exchange import SignalExchange
+    from fedrcl_flwr.server.signal_exchange import SignalExchange
 
     page = DOCS / "configuration.md"
     missing = []

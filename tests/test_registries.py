@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from clients import CLIENTS
-from fedrcl_flwr.catalog import DATASET_NAMES, SCHEME_NAMES
+from fedrcl_flwr.config.catalog import DATASET_NAMES, SCHEME_NAMES
 from fedrcl_flwr.data import datasets as data_readers
 from fedrcl_flwr.data.datasets import DatasetError
 from fedrcl_flwr.data.partition import PartitionError, partition
