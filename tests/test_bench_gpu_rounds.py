@@ -1,6 +1,6 @@
 """``benchmarks/bench_gpu_rounds.py --tiny`` stays alive: its three modes (the sequential
 runner, Flower with one actor, Flower with two) run on the CPU and it prints the table.
-The GPU figures themselves are recorded in the README."""
+The GPU figures themselves are recorded in docs/performance.md."""
 
 import re
 import subprocess

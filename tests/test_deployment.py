@@ -39,7 +39,7 @@ def _wait_health(port, proc, timeout=60, ca=None):
 
 
 def _write_tls_material(d: Path) -> None:
-    """What the README's openssl / ssh-keygen commands produce: a CA, a server certificate
+    """What the openssl / ssh-keygen commands of docs/deployment.md produce: a CA, a server certificate
     for 127.0.0.1 signed by it, and one NIST P-384 key pair per SuperNode (OpenSSH private
     key, SSH public key)."""
     import datetime
@@ -84,7 +84,7 @@ def _write_tls_material(d: Path) -> None:
 def loopback(tmp_path, request):
     """A SuperLink and two SuperNodes on loopback. ``@pytest.mark.parametrize("loopback",
     ["secure"], indirect=True)`` runs them with TLS and SuperNode authentication, started
-    with the README's commands."""
+    with the commands of docs/deployment.md."""
     secure = getattr(request, "param", "insecure") == "secure"
     home = Path(tempfile.mkdtemp(prefix="fedrcl-deploy-home-"))
     env = dict(os.environ, FLWR_HOME=str(home), PYTHONWARNINGS="ignore")
