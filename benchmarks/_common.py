@@ -48,8 +48,13 @@ def run_cli_measuring(args: list[str], poll_s: float = 0.5) -> tuple[int, float,
     done = threading.Event()
 
     t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "fedrcl_flwr.cli", "run", *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedrcl_flwr.cli", "run", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def sample():
         while not done.is_set():

@@ -35,11 +35,14 @@ from fedrcl_flwr.run.results import read_metrics
 ROOT = Path(__file__).resolve().parents[1]
 
 SETTINGS = {
-    "quickstart cnn5 + fedacg": (ROOT / "experiments" / "quickstart.yaml",
-                                 ["server.strategy=fedacg"]),
-    "fedrcl resnet18-gn + fedadam": (ROOT / "experiments" / "quickstart.yaml",
-                                     ["server.strategy=fedadam", "model.name=resnet18_gn",
-                                      "dataset.synthetic.image_size=32"]),
+    "quickstart cnn5 + fedacg": (
+        ROOT / "experiments" / "quickstart.yaml",
+        ["server.strategy=fedacg"],
+    ),
+    "fedrcl resnet18-gn + fedadam": (
+        ROOT / "experiments" / "quickstart.yaml",
+        ["server.strategy=fedadam", "model.name=resnet18_gn", "dataset.synthetic.image_size=32"],
+    ),
 }
 
 
@@ -49,10 +52,15 @@ class _Proxy:  # what aggregate_fit needs from a ClientProxy
 
 def _fill_state(strategy) -> None:
     """One aggregation with a perturbed client update, so optimizer buffers are populated."""
-    weights = [w + np.float32(0.01) if np.issubdtype(w.dtype, np.floating) else w
-               for w in strategy.weights]
-    res = FitRes(status=Status(Code.OK, ""), parameters=ndarrays_to_parameters(weights),
-                 num_examples=10, metrics={"partition_id": 0})
+    weights = [
+        w + np.float32(0.01) if np.issubdtype(w.dtype, np.floating) else w for w in strategy.weights
+    ]
+    res = FitRes(
+        status=Status(Code.OK, ""),
+        parameters=ndarrays_to_parameters(weights),
+        num_examples=10,
+        metrics={"partition_id": 0},
+    )
     strategy.aggregate_fit(1, [(_Proxy(), res)], [])
 
 
@@ -64,8 +72,11 @@ def main() -> int:
     torch.set_num_threads(2)
     ratios = []
     for name, (exp, sets) in SETTINGS.items():
-        sets = sets + ["output.checkpoint_every=0", f"federation.rounds={args.rounds}",
-                       "client.device=cpu"]
+        sets = sets + [
+            "output.checkpoint_every=0",
+            f"federation.rounds={args.rounds}",
+            "client.device=cpu",
+        ]
         cfg = load_config(exp, sets)
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
@@ -74,17 +85,21 @@ def main() -> int:
             times = []
             for _ in range(args.repeats):
                 t0 = time.perf_counter()
-                save_checkpoint(out / "srv", {"round": 1, "strategy": strategy.state_dict(),
-                                              "ema": 0.5, "wall_time_s": 1.0})
+                save_checkpoint(
+                    out / "srv",
+                    {"round": 1, "strategy": strategy.state_dict(), "ema": 0.5, "wall_time_s": 1.0},
+                )
                 times.append(time.perf_counter() - t0)
             size = (out / "srv" / CHECKPOINT_FILE).stat().st_size
             run_inprocess(cfg, out / "run")
             round_s = statistics.median(r["round_time_s"] for r in read_metrics(out / "run"))
         save_s = statistics.median(times)
         ratios.append(save_s / round_s)
-        print(f"{name}: checkpoint {size / 2**20:.1f} MiB saved in {1000 * save_s:.0f} ms "
-              f"(median of {args.repeats}); round {round_s:.2f}s; "
-              f"overhead per round at checkpoint_every=1: {100 * save_s / round_s:.1f}%")
+        print(
+            f"{name}: checkpoint {size / 2**20:.1f} MiB saved in {1000 * save_s:.0f} ms "
+            f"(median of {args.repeats}); round {round_s:.2f}s; "
+            f"overhead per round at checkpoint_every=1: {100 * save_s / round_s:.1f}%"
+        )
     print(f"checkpoint overhead per round (worst setting): {max(ratios):.3f}x of a round")
     return 0
 

@@ -38,8 +38,9 @@ def run(code: Path, sets: list[str], env: dict) -> dict:
         for s in sets:
             args += ["--set", s]
         t0 = time.time()
-        proc = subprocess.Popen(args, cwd=code, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            args, cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         peak = 0
         while proc.poll() is None:
             peak = max(peak, memory_of_run_processes(proc.pid))
@@ -49,8 +50,7 @@ def run(code: Path, sets: list[str], env: dict) -> dict:
         if proc.returncode != 0:
             print(text[-3000:], file=sys.stderr)
             return {"rc": proc.returncode}
-        recs = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text()
-                .splitlines()]
+        recs = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     return {"rc": 0, "wall": wall, "peak": peak, "round1": recs[0]["round_time_s"]}
 
 
@@ -65,8 +65,15 @@ def main() -> int:
     print(f"code: {code}")
     for name, extra in SETTINGS.items():
         sets = [f"federation.rounds={args.rounds}", "output.checkpoint_every=0", *extra]
-        warm = [sys.executable, "-m", "fedrcl_flwr.cli", "partition",
-                str(code / "experiments" / "quickstart.yaml"), "--max-rows", "0"]
+        warm = [
+            sys.executable,
+            "-m",
+            "fedrcl_flwr.cli",
+            "partition",
+            str(code / "experiments" / "quickstart.yaml"),
+            "--max-rows",
+            "0",
+        ]
         for s in sets:
             warm += ["--set", s]
         subprocess.run(warm, cwd=code, env=env, capture_output=True)
@@ -74,8 +81,10 @@ def main() -> int:
         if r["rc"]:
             print(f"{name}: run failed (exit {r['rc']})")
             return 1
-        print(f"{name}: first round {r['round1']:.1f}s, peak PSS of all run processes "
-              f"{r['peak'] / 2**20:.0f} MiB, whole run {r['wall']:.1f}s")
+        print(
+            f"{name}: first round {r['round1']:.1f}s, peak PSS of all run processes "
+            f"{r['peak'] / 2**20:.0f} MiB, whole run {r['wall']:.1f}s"
+        )
     return 0
 
 

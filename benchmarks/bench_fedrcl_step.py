@@ -44,8 +44,9 @@ from fedrcl_flwr.training import (
 def _terms(method: str, levels: tuple) -> list:
     if method == "fedavg":
         return [cross_entropy_term()]
-    rcl = LossTerm("rcl", lambda b: rcl_loss([b.feats[lv] for lv in levels], b.y),
-                   needs_features=True)
+    rcl = LossTerm(
+        "rcl", lambda b: rcl_loss([b.feats[lv] for lv in levels], b.y), needs_features=True
+    )
     return [cross_entropy_term(), rcl]
 
 
@@ -88,7 +89,7 @@ def main() -> int:
         _, feats = models["fedrcl"](x, return_features=True)
     taps = [feats[lv].clone().requires_grad_() for lv in models["fedrcl"].levels]
     loss_ms = {}
-    for threads in (2, 1):   # tiny ops: with 2 threads a busy second core stalls each op
+    for threads in (2, 1):  # tiny ops: with 2 threads a busy second core stalls each op
         torch.set_num_threads(threads)
         ts = []
         for i in range(60):
@@ -103,15 +104,23 @@ def main() -> int:
     # each FedRCL step ran right next to a FedAvg step: the median of these paired ratios
     # is robust to load that drifts during the run (other processes on the machine)
     paired = statistics.median(r / a for r, a in zip(times["fedrcl"], times["fedavg"]))
-    print(f"batch {args.batch}, 32x32x3, ResNet-18-GN, CPU, {torch.get_num_threads()} threads, "
-          f"{args.steps} timed steps each after {args.warmup} warm-up")
+    print(
+        f"batch {args.batch}, 32x32x3, ResNet-18-GN, CPU, {torch.get_num_threads()} threads, "
+        f"{args.steps} timed steps each after {args.warmup} warm-up"
+    )
     for m in ("fedavg", "fedrcl"):
-        print(f"{m:>7}: median step {med[m] * 1e3:8.1f} ms  "
-              f"(min {min(times[m]) * 1e3:.1f}, max {max(times[m]) * 1e3:.1f})")
-    print(f"rcl_loss alone (5 levels, fwd+bwd): median {loss_ms[2]:.2f} ms with 2 threads, "
-          f"{loss_ms[1]:.2f} ms with 1 thread")
-    print(f"ratio of median step times: {med['fedrcl'] / med['fedavg']:.2f}x, "
-          f"of min step times: {min(times['fedrcl']) / min(times['fedavg']):.2f}x")
+        print(
+            f"{m:>7}: median step {med[m] * 1e3:8.1f} ms  "
+            f"(min {min(times[m]) * 1e3:.1f}, max {max(times[m]) * 1e3:.1f})"
+        )
+    print(
+        f"rcl_loss alone (5 levels, fwd+bwd): median {loss_ms[2]:.2f} ms with 2 threads, "
+        f"{loss_ms[1]:.2f} ms with 1 thread"
+    )
+    print(
+        f"ratio of median step times: {med['fedrcl'] / med['fedavg']:.2f}x, "
+        f"of min step times: {min(times['fedrcl']) / min(times['fedavg']):.2f}x"
+    )
     print(f"fedrcl vs fedavg step time ratio: {paired:.2f}x")
     return 0
 

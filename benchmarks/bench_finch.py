@@ -69,10 +69,14 @@ def main() -> int:
 
     p_ours, n_ours = ours()  # warm-up (BLAS threads, page cache)
     p_ref, n_ref = reference()
-    if list(n_ours) != list(n_ref) or p_ours.shape != np.shape(p_ref) or not np.array_equal(
-            canonical(p_ours), canonical(p_ref)):
-        print(f"partitions differ: ours {list(n_ours)} vs finch-clust {list(n_ref)}",
-              file=sys.stderr)
+    if (
+        list(n_ours) != list(n_ref)
+        or p_ours.shape != np.shape(p_ref)
+        or not np.array_equal(canonical(p_ours), canonical(p_ref))
+    ):
+        print(
+            f"partitions differ: ours {list(n_ours)} vs finch-clust {list(n_ref)}", file=sys.stderr
+        )
         return 1
     t_ours, t_ref = [], []
     for _ in range(args.repeats):
@@ -82,13 +86,16 @@ def main() -> int:
         t0 = time.perf_counter()
         ours()
         t_ours.append(time.perf_counter() - t0)
-    print(f"data: {args.n} x {args.dim} ReLU'd Gaussian mixture, distance={distance}, "
-          f"ensure_early_exit={ee}")
+    print(
+        f"data: {args.n} x {args.dim} ReLU'd Gaussian mixture, distance={distance}, "
+        f"ensure_early_exit={ee}"
+    )
     print(f"partitions identical up to relabelling: clusters per level {list(n_ours)}")
-    print(f"finch-clust 0.2.1 (exact sklearn distances, no pynndescent): "
-          f"min {min(t_ref):.3f}s  median {np.median(t_ref):.3f}s")
-    print(f"fedrcl_flwr.clustering.finch: min {min(t_ours):.3f}s  "
-          f"median {np.median(t_ours):.3f}s")
+    print(
+        f"finch-clust 0.2.1 (exact sklearn distances, no pynndescent): "
+        f"min {min(t_ref):.3f}s  median {np.median(t_ref):.3f}s"
+    )
+    print(f"fedrcl_flwr.clustering.finch: min {min(t_ours):.3f}s  median {np.median(t_ours):.3f}s")
     print(f"finch speed-up vs finch-clust: {min(t_ref) / min(t_ours):.1f}x")
     return 0
 

@@ -47,22 +47,35 @@ EXPERIMENT = ROOT / "experiments" / "fedrcl" / "table1_cifar100_a0.3.yaml"
 
 # the FedRCL CIFAR-100 setting on CIFAR-sized synthetic data (no download)
 FULL = [
-    "dataset.name=synthetic", "dataset.rotation=10", "dataset.crop_pad=4",
+    "dataset.name=synthetic",
+    "dataset.rotation=10",
+    "dataset.crop_pad=4",
     "dataset.synthetic={num_train: 50000, num_test: 10000, num_classes: 100, image_size: 32, "
     "channels: 3}",
-    "evaluation.report_metric=final", "evaluation.target_rounds=[]",
-    "output.checkpoint_every=0", "reference=null", "client.device=cuda",
+    "evaluation.report_metric=final",
+    "evaluation.target_rounds=[]",
+    "output.checkpoint_every=0",
+    "reference=null",
+    "client.device=cuda",
 ]
 # CI-sized: seconds on a CPU
 TINY = [
-    "dataset.name=synthetic", "dataset.rotation=10",
+    "dataset.name=synthetic",
+    "dataset.rotation=10",
     "dataset.synthetic={num_train: 200, num_test: 100, num_classes: 10, image_size: 16, "
     "channels: 3}",
-    "model.name=cnn5", "model.init=model", "federation.num_clients=4",
-    "federation.participation=null", "federation.clients_per_round=2",
-    "client.local_epochs=1", "client.iterations_per_epoch=2",
-    "evaluation.report_metric=final", "evaluation.target_rounds=[]",
-    "output.checkpoint_every=0", "reference=null", "client.device=cpu",
+    "model.name=cnn5",
+    "model.init=model",
+    "federation.num_clients=4",
+    "federation.participation=null",
+    "federation.clients_per_round=2",
+    "client.local_epochs=1",
+    "client.iterations_per_epoch=2",
+    "evaluation.report_metric=final",
+    "evaluation.target_rounds=[]",
+    "output.checkpoint_every=0",
+    "reference=null",
+    "client.device=cpu",
 ]
 
 
@@ -70,15 +83,21 @@ def modes(tiny: bool) -> list[tuple[str, list[str] | None]]:
     """``(label, simulation --set items)``; ``None`` = the sequential in-process runner."""
     if tiny:
         # the bare loop and one Flower mode: the script's whole path in CI time
-        return [("bare sequential loop (in-process)", None),
-                ("flower, 2 actors (1 CPU each)", ["simulation.num_cpus=1",
-                                                   "simulation.num_gpus=0",
-                                                   "simulation.init_num_cpus=2"])]
-    return [("bare sequential loop (in-process)", None),
-            ("flower, 1 actor per GPU (num_gpus=1)", ["simulation.num_cpus=1",
-                                                      "simulation.num_gpus=1"]),
-            ("flower, 5 actors at 0.2 GPU", ["simulation.num_cpus=1",
-                                             "simulation.num_gpus=0.2"])]
+        return [
+            ("bare sequential loop (in-process)", None),
+            (
+                "flower, 2 actors (1 CPU each)",
+                ["simulation.num_cpus=1", "simulation.num_gpus=0", "simulation.init_num_cpus=2"],
+            ),
+        ]
+    return [
+        ("bare sequential loop (in-process)", None),
+        (
+            "flower, 1 actor per GPU (num_gpus=1)",
+            ["simulation.num_cpus=1", "simulation.num_gpus=1"],
+        ),
+        ("flower, 5 actors at 0.2 GPU", ["simulation.num_cpus=1", "simulation.num_gpus=0.2"]),
+    ]
 
 
 def write_experiment(sets: list[str], path: Path) -> None:
@@ -91,8 +110,7 @@ def write_experiment(sets: list[str], path: Path) -> None:
 def run_mode(exp: Path, out: Path, sim: list[str] | None) -> tuple[int, float, str]:
     """One mode in a fresh process: (exit code, wall seconds, output tail)."""
     if sim is None:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--run-inprocess", str(exp),
-               str(out)]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--run-inprocess", str(exp), str(out)]
     else:
         cmd = [sys.executable, "-m", "fedrcl_flwr.cli", "run", str(exp), "--out", str(out)]
         for s in sim:
@@ -107,8 +125,9 @@ def round_times(out: Path) -> list[float]:
     path = out / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line)["round_time_s"] for line in path.read_text().splitlines()
-            if line.strip()]
+    return [
+        json.loads(line)["round_time_s"] for line in path.read_text().splitlines() if line.strip()
+    ]
 
 
 def inprocess_main(exp: str, out: str) -> int:
@@ -123,14 +142,21 @@ def inprocess_main(exp: str, out: str) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="CPU, CI-sized setting")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="rounds per mode (default: 6; --tiny: 2)")
-    ap.add_argument("--amp", choices=("off", "bf16", "fp16"), default="off",
-                    help="client.amp for the GPU runs")
-    ap.add_argument("--channels-last", choices=("auto", "true", "false"), default="auto",
-                    help="client.channels_last for the GPU runs")
-    ap.add_argument("--run-inprocess", nargs=2, metavar=("EXPERIMENT", "OUT"),
-                    help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="rounds per mode (default: 6; --tiny: 2)"
+    )
+    ap.add_argument(
+        "--amp", choices=("off", "bf16", "fp16"), default="off", help="client.amp for the GPU runs"
+    )
+    ap.add_argument(
+        "--channels-last",
+        choices=("auto", "true", "false"),
+        default="auto",
+        help="client.channels_last for the GPU runs",
+    )
+    ap.add_argument(
+        "--run-inprocess", nargs=2, metavar=("EXPERIMENT", "OUT"), help=argparse.SUPPRESS
+    )
     args = ap.parse_args(argv)
     if args.run_inprocess:
         return inprocess_main(*args.run_inprocess)
@@ -145,14 +171,22 @@ def main(argv=None) -> int:
         device = "CPU (--tiny)"
     else:
         if not torch.cuda.is_available():
-            print("bench_gpu_rounds: no CUDA GPU is visible on this machine; the GPU "
-                  "benchmark needs one (run with --tiny for the CPU-sized check)",
-                  file=sys.stderr)
+            print(
+                "bench_gpu_rounds: no CUDA GPU is visible on this machine; the GPU "
+                "benchmark needs one (run with --tiny for the CPU-sized check)",
+                file=sys.stderr,
+            )
             return 2
-        sets = [*FULL, f"federation.rounds={rounds}", f"client.amp={args.amp}",
-                f"client.channels_last={args.channels_last}"]
-        device = f"{torch.cuda.get_device_name(0)} (amp {args.amp}, channels_last " \
-                 f"{args.channels_last}), torch {torch.__version__}"
+        sets = [
+            *FULL,
+            f"federation.rounds={rounds}",
+            f"client.amp={args.amp}",
+            f"client.channels_last={args.channels_last}",
+        ]
+        device = (
+            f"{torch.cuda.get_device_name(0)} (amp {args.amp}, channels_last "
+            f"{args.channels_last}), torch {torch.__version__}"
+        )
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-gpu-rounds-") as tmp:
@@ -163,26 +197,33 @@ def main(argv=None) -> int:
             rc, wall, tail = run_mode(exp, out, sim)
             times = round_times(out)
             if rc != 0 or len(times) != rounds:
-                print(f"{label}: failed (exit {rc}, {len(times)}/{rounds} rounds)\n{tail}",
-                      file=sys.stderr)
+                print(
+                    f"{label}: failed (exit {rc}, {len(times)}/{rounds} rounds)\n{tail}",
+                    file=sys.stderr,
+                )
                 return 1
             steady = statistics.median(times[1:])
             rows.append((label, wall, times[0], steady, 3600.0 / steady, wall - sum(times)))
 
     print(f"FedRCL CIFAR-100 setting, {rounds} rounds per mode, on {device}")
-    head = (f"{'mode':38s} {'wall s':>8s} {'round 1 s':>10s} {'round s':>8s} "
-            f"{'rounds/h':>9s} {'outside s':>10s} {'vs bare':>8s}")
+    head = (
+        f"{'mode':38s} {'wall s':>8s} {'round 1 s':>10s} {'round s':>8s} "
+        f"{'rounds/h':>9s} {'outside s':>10s} {'vs bare':>8s}"
+    )
     print(head)
     print("-" * len(head))
     bare = rows[0][4]
     for label, wall, first, steady, per_hour, outside in rows:
-        print(f"{label:38s} {wall:8.1f} {first:10.2f} {steady:8.3f} {per_hour:9.0f} "
-              f"{outside:10.1f} {per_hour / bare:7.2f}x")
-    print("round s = median of rounds 2..R; rounds/h = 3600 / round s; outside s = wall "
-          "time not spent in rounds (start-up, teardown)")
+        print(
+            f"{label:38s} {wall:8.1f} {first:10.2f} {steady:8.3f} {per_hour:9.0f} "
+            f"{outside:10.1f} {per_hour / bare:7.2f}x"
+        )
+    print(
+        "round s = median of rounds 2..R; rounds/h = 3600 / round s; outside s = wall "
+        "time not spent in rounds (start-up, teardown)"
+    )
     # the last mode against the one before it (GPU: 5 actors vs 1 actor; --tiny: vs bare)
-    print(f"ratio {rows[-1][0]} / {rows[-2][0]}: {rows[-1][4] / rows[-2][4]:.2f}x rounds per "
-          "hour")
+    print(f"ratio {rows[-1][0]} / {rows[-2][0]}: {rows[-1][4] / rows[-2][4]:.2f}x rounds per hour")
     return 0
 
 

@@ -68,14 +68,31 @@ class Regime:
 
 REGIMES = {
     "quickstart": Regime("quickstart", [], [20, 5], whole_goals={20: 1.10, 5: 1.5}),
-    "big": Regime("big", [
-        "model.name=resnet18_gn", "dataset.synthetic.image_size=8",
-        "dataset.synthetic.num_test=200", "client.local_epochs=1",
-        "client.iterations_per_epoch=1"], [10], steady_goal=1.10),
-    "xdev": Regime("xdev", [
-        "federation.num_clients=1000", "federation.participation=0.05",
-        "dataset.synthetic.num_train=50000", "client.batch_size=10",
-        "client.local_epochs=1"], [10], steady_goal=0.60, overhead_goal_ms=25.0),
+    "big": Regime(
+        "big",
+        [
+            "model.name=resnet18_gn",
+            "dataset.synthetic.image_size=8",
+            "dataset.synthetic.num_test=200",
+            "client.local_epochs=1",
+            "client.iterations_per_epoch=1",
+        ],
+        [10],
+        steady_goal=1.10,
+    ),
+    "xdev": Regime(
+        "xdev",
+        [
+            "federation.num_clients=1000",
+            "federation.participation=0.05",
+            "dataset.synthetic.num_train=50000",
+            "client.batch_size=10",
+            "client.local_epochs=1",
+        ],
+        [10],
+        steady_goal=0.60,
+        overhead_goal_ms=25.0,
+    ),
 }
 
 INPROCESS = """
@@ -89,6 +106,7 @@ run_inprocess(cfg, Path(cfg.output_dir()))
 
 
 # ------------------------------------------------------------------ the machine's load
+
 
 def _busy_ticks() -> int:
     with open("/proc/stat") as fh:
@@ -121,9 +139,11 @@ class LoadWatch:
             return True
         needle = self.marker.encode()
         try:
-            return (needle in Path(f"/proc/{pid}/environ").read_bytes()
-                    or needle in Path(f"/proc/{pid}/cmdline").read_bytes()
-                    or self.marker in os.readlink(f"/proc/{pid}/cwd"))
+            return (
+                needle in Path(f"/proc/{pid}/environ").read_bytes()
+                or needle in Path(f"/proc/{pid}/cmdline").read_bytes()
+                or self.marker in os.readlink(f"/proc/{pid}/cwd")
+            )
         except OSError:
             return False
 
@@ -184,8 +204,9 @@ def timed_process(cmd: list[str], env: dict, watch: LoadWatch) -> dict:
     with watch:
         t_launch = time.time()
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=CODE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env)
+        proc = subprocess.Popen(
+            cmd, cwd=CODE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
         rounds, tail = [], []
         for line in proc.stdout:
             now = time.perf_counter() - t0
@@ -197,8 +218,14 @@ def timed_process(cmd: list[str], env: dict, watch: LoadWatch) -> dict:
         wall = time.perf_counter() - t0
     if proc.returncode != 0:
         print("".join(tail), file=sys.stderr)
-    out = {"rc": proc.returncode, "wall": wall, "rounds": rounds, "t_launch": t_launch,
-           "load": watch.describe(), "others": watch.others_cores}
+    out = {
+        "rc": proc.returncode,
+        "wall": wall,
+        "rounds": rounds,
+        "t_launch": t_launch,
+        "load": watch.describe(),
+        "others": watch.others_cores,
+    }
     if rounds:
         out["startup"] = rounds[0][0] - rounds[0][1]
     return out
@@ -215,16 +242,18 @@ def steady_round(out_dir: Path) -> float:
     return (float(b["wall_time_s"]) - float(a["wall_time_s"])) / (b["round"] - a["round"])
 
 
-def measure(regime: Regime, rounds: int, exp: Path, env: dict, work: Path,
-            marker: str, extra: list[str]) -> tuple[dict, dict, Path]:
+def measure(
+    regime: Regime, rounds: int, exp: Path, env: dict, work: Path, marker: str, extra: list[str]
+) -> tuple[dict, dict, Path]:
     sets = [f"federation.rounds={rounds}", "output.checkpoint_every=0", *regime.sets, *extra]
     out_a, out_b = work / f"{regime.name}-{rounds}-bare", work / f"{regime.name}-{rounds}-sim"
     timer_dir = work / f"{regime.name}-{rounds}-timers"
     for d in (out_a, out_b, timer_dir):
         shutil.rmtree(d, ignore_errors=True)
     timer_dir.mkdir(parents=True)
-    bare = timed_process([sys.executable, "-c", INPROCESS, str(exp), str(out_a), *sets],
-                         env, LoadWatch(marker))
+    bare = timed_process(
+        [sys.executable, "-c", INPROCESS, str(exp), str(out_a), *sets], env, LoadWatch(marker)
+    )
     bare["steady"] = steady_round(out_a)
     cli = [sys.executable, "-m", "fedrcl_flwr.cli", "run", str(exp), "--out", str(out_b)]
     for s in sets:
@@ -280,8 +309,7 @@ def breakdown(timer_dir: Path, first_round: int) -> dict | None:
             "train": st.get("train", 0.0),
             "encode": st.get("encode", 0.0) + c["t_exit"] - c["t_fit_end"],
         }
-        vals["fit_rest"] = fit - sum(st.get(k, 0.0) for k in ("data", "load", "train",
-                                                                 "encode"))
+        vals["fit_rest"] = fit - sum(st.get(k, 0.0) for k in ("data", "load", "train", "encode"))
         for k, v in vals.items():
             rows.setdefault(k, []).append(v)
     gaps = [c["dispatch"] for c in steady if "dispatch" in c]
@@ -313,17 +341,21 @@ def print_breakdown(b: dict, steady_s: float) -> float:
     """Print the table; return the per-client overhead (everything but training, ms)."""
     actors, k = b["actors"], b["per_round"]
     share = actors / k  # a per-round latency idles every actor: its actor-time per client
-    print(f"  per client message ({b['rounds']} steady rounds, {k:.0f} clients per round, "
-          f"{actors} actors), ms of actor time:")
+    print(
+        f"  per client message ({b['rounds']} steady rounds, {k:.0f} clients per round, "
+        f"{actors} actors), ms of actor time:"
+    )
     total = 0.0
     for label, key in STAGES:
         v = b.get(key, float("nan")) * 1000
         print(f"    {label:<52} {v:8.2f}")
         if key != "train" and v == v:
             total += v
-    per_round = [("SuperLink round trip in (sent -> first ClientApp)", "link_in"),
-                 ("SuperLink round trip out (last reply -> results)", "link_out"),
-                 ("server between rounds (aggregate, round end, configure)", "between")]
+    per_round = [
+        ("SuperLink round trip in (sent -> first ClientApp)", "link_in"),
+        ("SuperLink round trip out (last reply -> results)", "link_out"),
+        ("server between rounds (aggregate, round end, configure)", "between"),
+    ]
     for label, key in per_round:
         v = b[key] * 1000
         amort = v * share
@@ -333,8 +365,10 @@ def print_breakdown(b: dict, steady_s: float) -> float:
     train = b["train"] * 1000
     busy = (total + train) * k / actors / 1000
     print(f"    {'per-client overhead (everything but training)':<52} {total:8.2f}")
-    print(f"    accounted: {busy:.2f} s of actor time per actor and round vs steady round "
-          f"{steady_s:.2f} s")
+    print(
+        f"    accounted: {busy:.2f} s of actor time per actor and round vs steady round "
+        f"{steady_s:.2f} s"
+    )
     return total
 
 
@@ -389,7 +423,7 @@ def main(grid: Grid, context: Context) -> None:
              errors=sum(m.has_error() for m in replies))
 '''
 
-FLOOR_TOML = '''
+FLOOR_TOML = """
 [build-system]
 requires = ["setuptools>=68"]
 build-backend = "setuptools.build_meta"
@@ -411,11 +445,12 @@ out = ""
 per-round = 1
 rounds = 3
 payload-bytes = 0
-'''
+"""
 
 
-def measure_floor(nodes: int, per_round: int, rounds: int, payload: int, env: dict,
-                  work: Path, marker: str) -> dict:
+def measure_floor(
+    nodes: int, per_round: int, rounds: int, payload: int, env: dict, work: Path, marker: str
+) -> dict:
     """Flower's minimal simulation as a Flower user runs it: ``flower-superlink
     --simulation`` (the runner's flags and environment) and ``flwr run`` of a no-op app
     with ``nodes`` SuperNodes (one CPU per client) whose messages carry ``payload`` bytes
@@ -431,13 +466,20 @@ def measure_floor(nodes: int, per_round: int, rounds: int, payload: int, env: di
     port = free_port()
     (home / "config.toml").write_text(
         '[superlink]\ndefault = "local"\n\n'
-        f'[superlink.local]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+        f'[superlink.local]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
     out = work / "floor.jsonl"
     out.unlink(missing_ok=True)
-    fenv = {**env, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2", "RAY_prestart_worker_first_driver": "0",
-            "RAY_USAGE_STATS_ENABLED": "0", "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-            "PYTHONWARNINGS": "ignore"}
+    fenv = {
+        **env,
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",
+        "RAY_prestart_worker_first_driver": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+        "PYTHONWARNINGS": "ignore",
+    }
     fenv.pop("RAY_ADDRESS", None)
     bindir = Path(sys.executable).parent
     exe = lambda name: str(bindir / name) if (bindir / name).exists() else shutil.which(name)  # noqa: E731 - one-line lookup
@@ -448,23 +490,47 @@ def measure_floor(nodes: int, per_round: int, rounds: int, payload: int, env: di
         t_launch = time.time()
         try:
             link = subprocess.Popen(
-                [exe("flower-superlink"), "--simulation", "--insecure", "--host", "127.0.0.1",
-                 "--port", str(port), "--disable-runtime-dependency-installation"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=fenv,
-                start_new_session=True, cwd=str(home))
-            fed = f"num-supernodes={nodes} client-resources-num-cpus=1 " \
-                  "client-resources-num-gpus=0.0"
+                [
+                    exe("flower-superlink"),
+                    "--simulation",
+                    "--insecure",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--disable-runtime-dependency-installation",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=fenv,
+                start_new_session=True,
+                cwd=str(home),
+            )
+            fed = (
+                f"num-supernodes={nodes} client-resources-num-cpus=1 client-resources-num-gpus=0.0"
+            )
             cfg = f'out="{out}" per-round={per_round} rounds={rounds} payload-bytes={payload}'
             deadline = time.time() + 300
             while True:  # flwr run fails until the SuperLink answers
-                sub = subprocess.run([exe("flwr"), "run", str(app), "local",
-                                      "--federation-config", fed, "--run-config", cfg],
-                                     env=fenv, capture_output=True, text=True)
+                sub = subprocess.run(
+                    [
+                        exe("flwr"),
+                        "run",
+                        str(app),
+                        "local",
+                        "--federation-config",
+                        fed,
+                        "--run-config",
+                        cfg,
+                    ],
+                    env=fenv,
+                    capture_output=True,
+                    text=True,
+                )
                 if sub.returncode == 0 and "Successfully started run" in sub.stdout:
                     break
                 if time.time() > deadline:
-                    raise RuntimeError(f"flwr run failed: {sub.stdout[-500:]} "
-                                       f"{sub.stderr[-500:]}")
+                    raise RuntimeError(f"flwr run failed: {sub.stdout[-500:]} {sub.stderr[-500:]}")
                 time.sleep(0.1)
             while time.time() < deadline:
                 if out.exists():
@@ -477,14 +543,19 @@ def measure_floor(nodes: int, per_round: int, rounds: int, payload: int, env: di
     if len(recs) < rounds:
         return {"ok": False, "load": watch.describe(), "others": watch.others_cores}
     steady = [r["end"] - r["start"] for r in recs[2:]]
-    return {"ok": True, "startup": recs[0]["start"] - t_launch,
-            "round1": recs[0]["end"] - recs[0]["start"],
-            "noop_round": median(steady) if steady else float("nan"),
-            "errors": sum(r["errors"] for r in recs), "load": watch.describe(),
-            "others": watch.others_cores}
+    return {
+        "ok": True,
+        "startup": recs[0]["start"] - t_launch,
+        "round1": recs[0]["end"] - recs[0]["start"],
+        "noop_round": median(steady) if steady else float("nan"),
+        "errors": sum(r["errors"] for r in recs),
+        "load": watch.describe(),
+        "others": watch.others_cores,
+    }
 
 
 # ------------------------------------------------------------------------------ main
+
 
 def verdict(value: float, goal: float | None, quiet: bool) -> str:
     if goal is None or value != value:
@@ -497,33 +568,63 @@ def verdict(value: float, goal: float | None, quiet: bool) -> str:
 def describe(name: str, r: dict) -> str:
     if r["rc"] != 0 or not r["rounds"]:
         return f"  {name:<17} FAILED (exit {r['rc']})"
-    return (f"  {name:<17} whole {r['wall']:6.1f} s = start-up {r['startup']:5.1f} s + "
-            f"rounds and end {r['wall'] - r['startup']:5.1f} s; round 1 "
-            f"{r['rounds'][0][1]:.2f} s; steady {r['steady']:.3f} s/round  [{r['load']}]")
+    return (
+        f"  {name:<17} whole {r['wall']:6.1f} s = start-up {r['startup']:5.1f} s + "
+        f"rounds and end {r['wall'] - r['startup']:5.1f} s; round 1 "
+        f"{r['rounds'][0][1]:.2f} s; steady {r['steady']:.3f} s/round  [{r['load']}]"
+    )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--regime", action="append", default=[],
-                    help="quickstart, big, xdev or all (repeatable; default all)")
-    ap.add_argument("--rounds", type=int, nargs="+", default=None,
-                    help="rounds per run (several: one measurement each); default: "
-                         "quickstart 20 and 5, big 10, xdev 10")
-    ap.add_argument("--floor", action="store_true",
-                    help="also measure Flower's minimal simulation for each regime")
+    ap.add_argument(
+        "--regime",
+        action="append",
+        default=[],
+        help="quickstart, big, xdev or all (repeatable; default all)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="rounds per run (several: one measurement each); default: "
+        "quickstart 20 and 5, big 10, xdev 10",
+    )
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure Flower's minimal simulation for each regime",
+    )
     ap.add_argument("--experiment", default=str(ROOT / "experiments" / "quickstart.yaml"))
-    ap.add_argument("--quiet-cores", type=float, default=0.10,
-                    help="others' CPU (cores, mean over a run) above which the machine "
-                         "counts as busy and no goal is judged")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="an override added to every regime's experiment")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="measure each setting this many times; the run pair with the "
-                         "median steady ratio is reported")
-    ap.add_argument("--code", metavar="DIR",
-                    help="measure the runners of another checkout (e.g. a `git worktree` "
-                         "of an earlier commit): its fedrcl_flwr goes first on the path of "
-                         "every process; figures only (its runs have no stage timers)")
+    ap.add_argument(
+        "--quiet-cores",
+        type=float,
+        default=0.10,
+        help="others' CPU (cores, mean over a run) above which the machine "
+        "counts as busy and no goal is judged",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override added to every regime's experiment",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure each setting this many times; the run pair with the "
+        "median steady ratio is reported",
+    )
+    ap.add_argument(
+        "--code",
+        metavar="DIR",
+        help="measure the runners of another checkout (e.g. a `git worktree` "
+        "of an earlier commit): its fedrcl_flwr goes first on the path of "
+        "every process; figures only (its runs have no stage timers)",
+    )
     ap.add_argument("--keep", metavar="DIR", help="keep the runs' directories here")
     args = ap.parse_args()
     global CODE
@@ -532,8 +633,9 @@ def main() -> int:
         if not (CODE / "fedrcl_flwr").is_dir():
             ap.error(f"--code {CODE}: no fedrcl_flwr package there")
         if args.floor:
-            ap.error("--floor measures Flower's floor for this checkout's runs: leave it "
-                     "out with --code")
+            ap.error(
+                "--floor measures Flower's floor for this checkout's runs: leave it out with --code"
+            )
     names = args.regime or ["all"]
     if "all" in names:
         names = list(REGIMES)
@@ -541,8 +643,9 @@ def main() -> int:
     if bad:
         ap.error(f"unknown regime {bad[0]!r}: choose from {', '.join(REGIMES)} or all")
     exp = Path(args.experiment).resolve()
-    work = Path(args.keep).resolve() if args.keep else Path(
-        tempfile.mkdtemp(prefix="bench-regimes-"))
+    work = (
+        Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="bench-regimes-"))
+    )
     work.mkdir(parents=True, exist_ok=True)
     private_tmp = Path(tempfile.mkdtemp(prefix="bench-regimes-tmp-"))
     marker = str(private_tmp)
@@ -552,15 +655,18 @@ def main() -> int:
     env["TMPDIR"] = str(private_tmp)  # every process of ours names it (LoadWatch)
     os.environ["TMPDIR"] = str(private_tmp)
     tempfile.tempdir = None
-    print(f"machine: {os.cpu_count()} cores, 1-min load {os.getloadavg()[0]:.2f}; "
-          f"in-process runner with torch's default threads; Flower: one actor per core; "
-          f"code: {CODE}")
+    print(
+        f"machine: {os.cpu_count()} cores, 1-min load {os.getloadavg()[0]:.2f}; "
+        f"in-process runner with torch's default threads; Flower: one actor per core; "
+        f"code: {CODE}"
+    )
     failed = False
     try:
         for name in names:
             regime = REGIMES[name]
-            failed |= not run_regime(regime, args.rounds or regime.rounds, exp, env, work,
-                                     marker, args)
+            failed |= not run_regime(
+                regime, args.rounds or regime.rounds, exp, env, work, marker, args
+            )
     except KeyboardInterrupt:
         failed = True
     finally:
@@ -570,18 +676,34 @@ def main() -> int:
     return 1 if failed else 0
 
 
-def run_regime(regime: Regime, rounds_list: list[int], exp: Path, env: dict, work: Path,
-               marker: str, args) -> bool:
+def run_regime(
+    regime: Regime, rounds_list: list[int], exp: Path, env: dict, work: Path, marker: str, args
+) -> bool:
     base = ["output.checkpoint_every=0", *regime.sets, *args.set]
     t0 = time.perf_counter()
-    warm = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "partition", str(exp),
-                           "--max-rows", "0", *sum((["--set", s] for s in base), [])],
-                          cwd=CODE, env=env, capture_output=True, text=True)
+    warm = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedrcl_flwr.cli",
+            "partition",
+            str(exp),
+            "--max-rows",
+            "0",
+            *sum((["--set", s] for s in base), []),
+        ],
+        cwd=CODE,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if warm.returncode != 0:
         print(warm.stdout[-2000:], warm.stderr[-2000:], file=sys.stderr)
         return False
-    print(f"{regime.name}: dataset cache warm ({time.perf_counter() - t0:.1f} s, CLI "
-          f"process incl. imports); --set {' '.join(regime.sets) or '(none)'}")
+    print(
+        f"{regime.name}: dataset cache warm ({time.perf_counter() - t0:.1f} s, CLI "
+        f"process incl. imports); --set {' '.join(regime.sets) or '(none)'}"
+    )
     ok = True
     for rounds in rounds_list:
         trials = []
@@ -595,8 +717,11 @@ def run_regime(regime: Regime, rounds_list: list[int], exp: Path, env: dict, wor
         trials.sort(key=lambda t: (t[0] != t[0], t[0]))
         _, bare, sim, timer_dir = trials[(len(trials) - 1) // 2]
         if len(trials) > 1:
-            print(f"  {len(trials)} trials, steady sim/bare: "
-                  + ", ".join(f"{t[0]:.2f}" for t in trials) + " (median reported)")
+            print(
+                f"  {len(trials)} trials, steady sim/bare: "
+                + ", ".join(f"{t[0]:.2f}" for t in trials)
+                + " (median reported)"
+            )
         print(describe("in-process", bare))
         print(describe("fedrcl-flwr run", sim))
         if bare["rc"] or sim["rc"] or not bare["rounds"] or not sim["rounds"]:
@@ -607,37 +732,45 @@ def run_regime(regime: Regime, rounds_list: list[int], exp: Path, env: dict, wor
         if b is not None:
             over = print_breakdown(b, sim["steady"])
             if regime.overhead_goal_ms is not None:
-                print(f"  per-client overhead {over:.1f} ms"
-                      f"{verdict(over, regime.overhead_goal_ms, quiet)}")
+                print(
+                    f"  per-client overhead {over:.1f} ms"
+                    f"{verdict(over, regime.overhead_goal_ms, quiet)}"
+                )
         if args.floor:
             floor = measure_floor_for(regime, rounds, env, work, marker, exp, args.set)
             if floor.get("ok"):
                 extra = sim["startup"] - floor["startup"]
-                print(f"  Flower's floor (no-op apps, {floor['nodes']} SuperNodes, "
-                      f"{floor['per_round']} messages per round each carrying the model's "
-                      f"{floor['payload'] / 2**20:.1f} MiB there and back): start-up "
-                      f"{floor['startup']:.1f} s, round 1 {floor['round1']:.2f} s, no-op "
-                      f"round {floor['noop_round']:.3f} s  [{floor['load']}]")
+                print(
+                    f"  Flower's floor (no-op apps, {floor['nodes']} SuperNodes, "
+                    f"{floor['per_round']} messages per round each carrying the model's "
+                    f"{floor['payload'] / 2**20:.1f} MiB there and back): start-up "
+                    f"{floor['startup']:.1f} s, round 1 {floor['round1']:.2f} s, no-op "
+                    f"round {floor['noop_round']:.3f} s  [{floor['load']}]"
+                )
                 q = quiet and floor["others"] < args.quiet_cores
-                print(f"  start-up = Flower's floor + {extra:.1f} s"
-                      f"{verdict(extra, 3.0, q)}")
+                print(f"  start-up = Flower's floor + {extra:.1f} s{verdict(extra, 3.0, q)}")
             else:
                 print(f"  Flower's floor: FAILED [{floor.get('load', '')}]")
                 ok = False
         ratio = sim["steady"] / bare["steady"]
         whole = sim["wall"] / bare["wall"]
         head = f"{regime.name}, {rounds} rounds [{'quiet' if quiet else 'BUSY'} machine]: "
-        parts = [f"steady sim {sim['steady']:.3f} s vs bare {bare['steady']:.3f} s/round"
-                 f"{verdict(ratio, regime.steady_goal, quiet)}"]
+        parts = [
+            f"steady sim {sim['steady']:.3f} s vs bare {bare['steady']:.3f} s/round"
+            f"{verdict(ratio, regime.steady_goal, quiet)}"
+        ]
         if regime.whole_goals or rounds in regime.whole_goals:
-            parts.append(f"whole run sim/bare = {whole:.2f}"
-                         f"{verdict(whole, regime.whole_goals.get(rounds), quiet)}")
+            parts.append(
+                f"whole run sim/bare = {whole:.2f}"
+                f"{verdict(whole, regime.whole_goals.get(rounds), quiet)}"
+            )
         print(head + "; ".join(parts) + f"; steady sim/bare = {ratio:.2f}", flush=True)
     return ok
 
 
-def measure_floor_for(regime: Regime, rounds: int, env: dict, work: Path, marker: str,
-                      exp: Path, extra: list[str]) -> dict:
+def measure_floor_for(
+    regime: Regime, rounds: int, env: dict, work: Path, marker: str, exp: Path, extra: list[str]
+) -> dict:
     from fedrcl_flwr.cli import _load
     from fedrcl_flwr.run.runtime import get_weights, load_bundle, new_model
 

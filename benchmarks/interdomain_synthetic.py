@@ -26,8 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 YAML = ROOT / "experiments" / "fedccl" / "synthetic_interdomain_cpu.yaml"
-SPLITS = {"balanced": ["partition.balanced=true"],
-          "imbalanced": ["partition.balanced=false", "partition.alpha=0.5"]}
+SPLITS = {
+    "balanced": ["partition.balanced=true"],
+    "imbalanced": ["partition.balanced=false", "partition.alpha=0.5"],
+}
 METHODS = ("fedccl", "fedavg", "fedproto")
 SEEDS = (0, 1, 2)
 
@@ -45,8 +47,9 @@ def run(split: str, out: Path) -> None:
             d = out / f"{split}_{method}_s{seed}"
             if (d / "summary.json").exists():
                 continue
-            cfg = load_config(YAML, SPLITS[split] + [f"client.method={method}",
-                                                     f"seed={seed}", f"output.dir={d}"])
+            cfg = load_config(
+                YAML, SPLITS[split] + [f"client.method={method}", f"seed={seed}", f"output.dir={d}"]
+            )
             t0 = time.time()
             run_inprocess(cfg, d)
             sizes = [len(p) for p in client_partitions(cfg)]
@@ -54,26 +57,37 @@ def run(split: str, out: Path) -> None:
             s["client_sizes"] = sizes
             s["run_s"] = round(time.time() - t0, 1)
             (d / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
-            print(f"{split} {method} seed {seed}: last5 {100 * s['last5']:.2f}% sizes "
-                  f"{sizes} ({s['run_s']} s)", flush=True)
+            print(
+                f"{split} {method} seed {seed}: last5 {100 * s['last5']:.2f}% sizes "
+                f"{sizes} ({s['run_s']} s)",
+                flush=True,
+            )
 
 
 def table(out: Path) -> str:
-    lines = ["| split | method | last5 % (mean +- std) | per domain last5 % | client sizes "
-             "(seed 0) |", "|---|---|---|---|---|"]
+    lines = [
+        "| split | method | last5 % (mean +- std) | per domain last5 % | client sizes (seed 0) |",
+        "|---|---|---|---|---|",
+    ]
     for split in SPLITS:
         for method in METHODS:
-            ss = [json.loads((out / f"{split}_{method}_s{s}" / "summary.json").read_text())
-                  for s in SEEDS if (out / f"{split}_{method}_s{s}" / "summary.json").exists()]
+            ss = [
+                json.loads((out / f"{split}_{method}_s{s}" / "summary.json").read_text())
+                for s in SEEDS
+                if (out / f"{split}_{method}_s{s}" / "summary.json").exists()
+            ]
             if not ss:
                 continue
             v = 100 * np.array([s["last5"] for s in ss])
             doms = sorted(ss[0].get("last5_per_domain", {}))
-            per = ", ".join(f"{d} {100 * np.mean([s['last5_per_domain'][d] for s in ss]):.1f}"
-                            for d in doms)
+            per = ", ".join(
+                f"{d} {100 * np.mean([s['last5_per_domain'][d] for s in ss]):.1f}" for d in doms
+            )
             sd = v.std(ddof=1) if len(v) > 1 else 0.0
-            lines.append(f"| {split} | {method} | {v.mean():.2f} +- {sd:.2f} (n={len(v)}) | "
-                         f"{per} | {ss[0].get('client_sizes')} |")
+            lines.append(
+                f"| {split} | {method} | {v.mean():.2f} +- {sd:.2f} (n={len(v)}) | "
+                f"{per} | {ss[0].get('client_sizes')} |"
+            )
     return "\n".join(lines)
 
 
@@ -85,7 +99,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     if not args.table:
-        for split in (SPLITS if args.split == "both" else [args.split]):
+        for split in SPLITS if args.split == "both" else [args.split]:
             run(split, out)
     print(table(out))
 

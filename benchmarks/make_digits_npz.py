@@ -45,8 +45,10 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(out, **arrays)
-    print(f"{out}: {len(arrays['y_train'])} training and {len(arrays['y_test'])} test "
-          f"images, 8x8, 10 classes")
+    print(
+        f"{out}: {len(arrays['y_train'])} training and {len(arrays['y_test'])} test "
+        f"images, 8x8, 10 classes"
+    )
 
 
 if __name__ == "__main__":

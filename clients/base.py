@@ -102,29 +102,43 @@ class WireClient(Client):
 
     def get_parameters(self, ins: GetParametersIns) -> GetParametersRes:
         arrays = self.numpy_client.get_parameters(config=ins.config)
-        return GetParametersRes(status=self._ok(), parameters=Parameters(
-            tensors=encode_arrays(arrays), tensor_type=TENSOR_TYPE))
+        return GetParametersRes(
+            status=self._ok(),
+            parameters=Parameters(tensors=encode_arrays(arrays), tensor_type=TENSOR_TYPE),
+        )
 
     def fit(self, ins: FitIns) -> FitRes:
         out = self.numpy_client.fit(decode_arrays(ins.parameters.tensors), ins.config)
-        if not (len(out) == 3 and isinstance(out[0], list) and isinstance(out[1], int)
-                and isinstance(out[2], dict)):
-            raise TypeError(f"{type(self.numpy_client).__name__}.fit must return "
-                            "(list of arrays, int, dict)")
+        if not (
+            len(out) == 3
+            and isinstance(out[0], list)
+            and isinstance(out[1], int)
+            and isinstance(out[2], dict)
+        ):
+            raise TypeError(
+                f"{type(self.numpy_client).__name__}.fit must return (list of arrays, int, dict)"
+            )
         weights, num_examples, metrics = out
-        return FitRes(status=self._ok(), parameters=Parameters(
-            tensors=encode_arrays(weights), tensor_type=TENSOR_TYPE),
-            num_examples=num_examples, metrics=metrics)
+        return FitRes(
+            status=self._ok(),
+            parameters=Parameters(tensors=encode_arrays(weights), tensor_type=TENSOR_TYPE),
+            num_examples=num_examples,
+            metrics=metrics,
+        )
 
     def evaluate(self, ins: EvaluateIns) -> EvaluateRes:
         out = self.numpy_client.evaluate(decode_arrays(ins.parameters.tensors), ins.config)
-        if not (len(out) == 3 and isinstance(out[0], float) and isinstance(out[1], int)
-                and isinstance(out[2], dict)):
-            raise TypeError(f"{type(self.numpy_client).__name__}.evaluate must return "
-                            "(float, int, dict)")
+        if not (
+            len(out) == 3
+            and isinstance(out[0], float)
+            and isinstance(out[1], int)
+            and isinstance(out[2], dict)
+        ):
+            raise TypeError(
+                f"{type(self.numpy_client).__name__}.evaluate must return (float, int, dict)"
+            )
         loss, num_examples, metrics = out
-        return EvaluateRes(status=self._ok(), loss=loss, num_examples=num_examples,
-                           metrics=metrics)
+        return EvaluateRes(status=self._ok(), loss=loss, num_examples=num_examples, metrics=metrics)
 
 
 class FederatedClient(NumPyClient):
@@ -135,8 +149,14 @@ class FederatedClient(NumPyClient):
     rules: dict = {}  # parameter name -> fedrcl_flwr.components.Rule (allowed values)
     strategies: tuple | None = None  # the server strategies it needs (None: any)
 
-    def __init__(self, cfg: ExperimentConfig, *, local_data: LocalData | None = None,
-                 partition_id: int | None = None, state_dir: str | None = None):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        *,
+        local_data: LocalData | None = None,
+        partition_id: int | None = None,
+        state_dir: str | None = None,
+    ):
         self.cfg = cfg
         self.p = self.resolve(cfg)
         self._fixed_data = local_data
@@ -155,8 +175,9 @@ class FederatedClient(NumPyClient):
     @classmethod
     def resolve(cls, cfg: ExperimentConfig) -> dict:
         """``client.params`` merged over :attr:`defaults`, every value checked."""
-        return resolve_params("client.params", f"method '{cls.method}'", cls.defaults,
-                              cls.rules, cfg.client.params)
+        return resolve_params(
+            "client.params", f"method '{cls.method}'", cls.defaults, cls.rules, cfg.client.params
+        )
 
     @classmethod
     def exchange_settings(cls, p: dict) -> dict | None:
@@ -232,12 +253,16 @@ class FederatedClient(NumPyClient):
         if self._received is None or self._received[0] != id(self.global_weights):
             model, received = self.round_model(), self.global_weights
             if received is None:
-                raise RuntimeError(f"{type(self).__name__}: no received weights (fit() "
-                                   "stores them)")
+                raise RuntimeError(
+                    f"{type(self).__name__}: no received weights (fit() stores them)"
+                )
             keys = list(model.state_dict().keys())
             by_key = dict(zip(keys, received))
-            tensors = [runtime.constant_tensor(by_key[n], device=self.device)
-                       for n, p in model.named_parameters() if p.requires_grad]
+            tensors = [
+                runtime.constant_tensor(by_key[n], device=self.device)
+                for n, p in model.named_parameters()
+                if p.requires_grad
+            ]
             self._received = (id(self.global_weights), tensors)
         return self._received[1]
 
@@ -260,18 +285,20 @@ class FederatedClient(NumPyClient):
         bundle = runtime.load_bundle(self.cfg)
         parts = runtime.client_partitions(self.cfg)
         if not 0 <= partition_id < len(parts):
-            raise ValueError(f"partition id {partition_id} out of range "
-                             f"(num_clients={len(parts)})")
-        return LocalData(bundle.train, parts[partition_id], bundle.train_labels,
-                         bundle.num_classes)
+            raise ValueError(f"partition id {partition_id} out of range (num_clients={len(parts)})")
+        return LocalData(bundle.train, parts[partition_id], bundle.train_labels, bundle.num_classes)
 
     def local_data(self, partition_id: int) -> LocalData:
         """What the client trains on: :meth:`partition_data`, minus the local test share
         while per-client evaluation holds one out (``fedrcl_flwr/client_eval.py``)."""
         data = self.partition_data(partition_id)
         if client_eval.holds_out(self.cfg):
-            data = dataclasses.replace(data, indices=client_eval.training_indices(
-                self.cfg, self._data_id(partition_id), data.indices))
+            data = dataclasses.replace(
+                data,
+                indices=client_eval.training_indices(
+                    self.cfg, self._data_id(partition_id), data.indices
+                ),
+            )
         return data
 
     def _data_id(self, partition_id: int) -> int:
@@ -289,8 +316,9 @@ class FederatedClient(NumPyClient):
             d = self._fixed_data
             assert d is not None  # the bundle is None only for a client with fixed data
             x0, _ = d.dataset[int(d.indices[0])]
-            bundle = SimpleNamespace(num_classes=d.num_classes, in_channels=x0.shape[0],
-                                     image_size=x0.shape[-1])
+            bundle = SimpleNamespace(
+                num_classes=d.num_classes, in_channels=x0.shape[0], image_size=x0.shape[-1]
+            )
         return runtime.worker_model(self.cfg, bundle, self.device, slot=slot)
 
     def get_parameters(self, config):
@@ -305,15 +333,21 @@ class FederatedClient(NumPyClient):
         ins = FitInstructions.from_config(config)
         seed = self._start_round(ins, parameters)
         stats = self._train(ins, seed)
-        report = FitReport(partition_id=self.partition_id, train_loss=stats.loss,
-                           steps=stats.steps, fit_time_s=time.time() - t0,
-                           node=runtime.node_name(), term_losses=dict(stats.terms))
+        report = FitReport(
+            partition_id=self.partition_id,
+            train_loss=stats.loss,
+            steps=stats.steps,
+            fit_time_s=time.time() - t0,
+            node=runtime.node_name(),
+            term_losses=dict(stats.terms),
+        )
         every = self.cfg.evaluation.local_representation_every
         if every and self.run_round % every == 0:
             report.local_repr = self.local_representation()
         self.on_round_end(report)
-        weight = upload_weight(self.data.size, secagg=self.cfg.privacy.secagg,
-                               weighting=self.cfg.server.weighting)
+        weight = upload_weight(
+            self.data.size, secagg=self.cfg.privacy.secagg, weighting=self.cfg.server.weighting
+        )
         with timers.stage("encode"):
             weights = runtime.get_weights(self.model)
         timers.mark("t_fit_end")
@@ -327,8 +361,7 @@ class FederatedClient(NumPyClient):
         if self._fixed_data is not None:  # a real device: its own data, its own id
             pid = self.default_partition_id if self.default_partition_id is not None else 0
         else:  # simulation: the partition the server assigned this round
-            pid = ins.partition_id if ins.partition_id is not None \
-                else self.default_partition_id
+            pid = ins.partition_id if ins.partition_id is not None else self.default_partition_id
         self.partition_id = int(pid) if pid is not None else -1
         timers.note(round=self.run_round, partition=self.partition_id)
         with timers.stage("data"):
@@ -348,24 +381,38 @@ class FederatedClient(NumPyClient):
         c = self.cfg.client
         model, data = self.round_model(), self.round_data()
         bs = batch_size_for(data.size, c.batch_size, c.iterations_per_epoch)
-        batches = runtime.make_batches(data.dataset, data.indices, bs, seed,
-                                       device=self.device)
+        batches = runtime.make_batches(data.dataset, data.indices, bs, seed, device=self.device)
         channels_last = use_channels_last(c.channels_last, self.device, model)
         if channels_last:  # the pooled model keeps it; set_weights preserves the layout
             model.to(memory_format=torch.channels_last)
         settings = LocalTrainSettings(
             lr=ins.lr if ins.lr is not None else round_lr(c.lr, c.lr_decay, self.run_round),
-            epochs=c.local_epochs, momentum=c.momentum, weight_decay=c.weight_decay,
-            grad_clip=c.grad_clip, iterations_per_epoch=c.iterations_per_epoch,
-            optimizer=c.optimizer, nesterov=c.nesterov, betas=tuple(c.betas), eps=c.eps,
+            epochs=c.local_epochs,
+            momentum=c.momentum,
+            weight_decay=c.weight_decay,
+            grad_clip=c.grad_clip,
+            iterations_per_epoch=c.iterations_per_epoch,
+            optimizer=c.optimizer,
+            nesterov=c.nesterov,
+            betas=tuple(c.betas),
+            eps=c.eps,
             # a str once loaded: the schema maps YAML's bare `off` (False) to "off"
-            epoch_lr_decay=c.epoch_lr_decay, amp=cast(str, c.amp), channels_last=channels_last,
+            epoch_lr_decay=c.epoch_lr_decay,
+            amp=cast(str, c.amp),
+            channels_last=channels_last,
         )
         terms = self.loss_terms() + self.strategy_terms(ins)
         with timers.stage("train"):
-            return train_local(model, batches, terms, settings, self.device,
-                               transform=self.batch_transform(), forward=self.forward(),
-                               params=self.trainable_parameters())
+            return train_local(
+                model,
+                batches,
+                terms,
+                settings,
+                self.device,
+                transform=self.batch_transform(),
+                forward=self.forward(),
+                params=self.trainable_parameters(),
+            )
 
     def strategy_terms(self, ins: FitInstructions) -> list[LossTerm]:
         """Loss terms the configured server strategy adds to every method's objective,
@@ -386,11 +433,10 @@ class FederatedClient(NumPyClient):
             data = runtime.load_bundle(self.cfg).test
         else:
             local = self.round_data()
-            plain = local.dataset.plain() if hasattr(local.dataset, "plain") \
-                else local.dataset
+            plain = local.dataset.plain() if hasattr(local.dataset, "plain") else local.dataset
             data = Subset(plain, local.indices.tolist())
         rec = representation_record(self.round_model(), data, self.device)
-        return {k[len("repr_"):]: v for k, v in rec.items()}
+        return {k[len("repr_") :]: v for k, v in rec.items()}
 
     def evaluate(self, parameters, config):
         """Per-client evaluation (``evaluation.per_client``, ``fedrcl_flwr/client_eval.py``):
@@ -402,9 +448,14 @@ class FederatedClient(NumPyClient):
         ins = EvaluateInstructions.from_config(config)
         bundle = runtime.load_bundle(self.cfg) if self._fixed_data is None else None
         model = self._model()
-        report = EvaluateReport({self._data_id(pid): self._evaluate_partition(
-            model, bundle, parameters, pid, ins.run_round)
-            for pid in self._evaluated_partitions(ins)})
+        report = EvaluateReport(
+            {
+                self._data_id(pid): self._evaluate_partition(
+                    model, bundle, parameters, pid, ins.run_round
+                )
+                for pid in self._evaluated_partitions(ins)
+            }
+        )
         return float(report.mean_loss), int(report.num_samples), report.to_metrics()
 
     def _evaluated_partitions(self, ins: EvaluateInstructions) -> list[int]:
@@ -416,25 +467,39 @@ class FederatedClient(NumPyClient):
         pid = ins.partition_id if ins.partition_id is not None else self.default_partition_id
         return [int(pid) if pid is not None else -1]
 
-    def _evaluate_partition(self, model: torch.nn.Module, bundle, parameters, pid: int,
-                            run_round: int) -> tuple[int, int, float]:
+    def _evaluate_partition(
+        self, model: torch.nn.Module, bundle, parameters, pid: int, run_round: int
+    ) -> tuple[int, int, float]:
         """``(correct, samples, loss sum)`` of the global model ``parameters`` (fine-tuned
         first when ``finetune_steps``) on partition ``pid``'s local test data."""
         from fedrcl_flwr.evaluation import evaluate_model
 
         steps = self.cfg.evaluation.per_client.finetune_steps
         whole = self.partition_data(pid)
-        dataset, test_idx = client_eval.local_test(self.cfg, self._data_id(pid),
-                                                   whole.indices, whole.dataset, bundle)
+        dataset, test_idx = client_eval.local_test(
+            self.cfg, self._data_id(pid), whole.indices, whole.dataset, bundle
+        )
         runtime.set_weights(model, parameters)
         if steps:
             train = self.local_data(pid)
-            client_eval.finetune(model, train.dataset, train.indices, self.cfg,
-                                 run_round, self._data_id(pid), steps, self.device)
-        res = evaluate_model(model, dataset, self.device, indices=test_idx,
-                             batch_size=self.cfg.evaluation.batch_size)
-        return (int(round(res.accuracy * res.num_samples)), res.num_samples,
-                res.loss * res.num_samples)
+            client_eval.finetune(
+                model,
+                train.dataset,
+                train.indices,
+                self.cfg,
+                run_round,
+                self._data_id(pid),
+                steps,
+                self.device,
+            )
+        res = evaluate_model(
+            model, dataset, self.device, indices=test_idx, batch_size=self.cfg.evaluation.batch_size
+        )
+        return (
+            int(round(res.accuracy * res.num_samples)),
+            res.num_samples,
+            res.loss * res.num_samples,
+        )
 
     def frozen_model(self, weights=None, slot: str = "global") -> torch.nn.Module:
         """A second model instance from the process's model pool (one per ``slot``, see
@@ -462,7 +527,6 @@ class FederatedClient(NumPyClient):
         return self.state_store
 
 
-
 class SignalClient(FederatedClient):
     """A method that exchanges feature signals with the server's SignalExchange
     (``fedrcl_flwr/server/signal_exchange.py``): FedCCL (cluster signals), FedProto, FedProc, FPL
@@ -480,8 +544,10 @@ class SignalClient(FederatedClient):
         s = decode_signals(encoded)
         if not len(s):
             return None
-        return (torch.as_tensor(s.vectors, device=self.device),
-                torch.as_tensor(s.labels, device=self.device))
+        return (
+            torch.as_tensor(s.vectors, device=self.device),
+            torch.as_tensor(s.labels, device=self.device),
+        )
 
     def embed_local_data(self) -> tuple[np.ndarray, np.ndarray]:
         """Features (``feature``) and labels of the client's training data under the
@@ -489,9 +555,14 @@ class SignalClient(FederatedClient):
         from fedrcl_flwr.representation import embed
 
         data = self.round_data()
-        feats, labels = embed(self.round_model(), data.dataset, self.device,
-                              indices=data.indices, feature=self.p["feature"],
-                              batch_size=int(self.p["embed_batch"]))
+        feats, labels = embed(
+            self.round_model(),
+            data.dataset,
+            self.device,
+            indices=data.indices,
+            feature=self.p["feature"],
+            batch_size=int(self.p["embed_batch"]),
+        )
         return feats.numpy(), labels.numpy()
 
     @staticmethod

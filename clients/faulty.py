@@ -22,12 +22,15 @@ from fedrcl_flwr.components import Rule, non_negative, one_of
 class FaultyClient(FederatedClient):
     method = "faulty"
     defaults = {"mode": "raise", "partitions": [-1], "sleep_s": 30.0}
-    rules = {"mode": one_of("raise", "nan", "inf", "shape", "missing", "sleep"),
-             "partitions": Rule(lambda v: all(isinstance(k, int) and not isinstance(k, bool)
-                                              and k >= -1 for k in v),
-                                "must be a list of partition ids (or [-1] = all)",
-                                ([-2], ["a"])),
-             "sleep_s": non_negative()}
+    rules = {
+        "mode": one_of("raise", "nan", "inf", "shape", "missing", "sleep"),
+        "partitions": Rule(
+            lambda v: all(isinstance(k, int) and not isinstance(k, bool) and k >= -1 for k in v),
+            "must be a list of partition ids (or [-1] = all)",
+            ([-2], ["a"]),
+        ),
+        "sleep_s": non_negative(),
+    }
 
     def fit(self, parameters, config):
         weights, n, metrics = super().fit(parameters, config)
@@ -39,8 +42,10 @@ class FaultyClient(FederatedClient):
             raise RuntimeError(f"injected failure on partition {self.partition_id}")
         if mode in ("nan", "inf"):
             bad = np.nan if mode == "nan" else np.inf
-            weights = [w.astype(np.float32) * bad if np.issubdtype(w.dtype, np.floating)
-                       else w for w in weights]
+            weights = [
+                w.astype(np.float32) * bad if np.issubdtype(w.dtype, np.floating) else w
+                for w in weights
+            ]
         elif mode == "shape":
             weights = [np.zeros((3, 3), np.float32)] + weights[1:]
         elif mode == "missing":

@@ -45,17 +45,19 @@ class FedCCLClient(SignalClient):
 
     @classmethod
     def exchange_settings(cls, p: dict) -> dict:
-        out = {"global_mode": "mean" if p["global_signal"] == "mean" else "finch_mean",
-               "send_local": bool(p["use_local"])}
+        out = {
+            "global_mode": "mean" if p["global_signal"] == "mean" else "finch_mean",
+            "send_local": bool(p["use_local"]),
+        }
         if p["global_signal"] == "mean":  # Table 7 ablation: Eq. 12's plain average
             out["mean_weighting"] = "uniform"
         return out
 
     def on_round_start(self, ins):
-        self.local_signals = (self.load_signals(ins.signals_local)
-                              if self.p["use_local"] else None)
-        self.global_signals = (self.load_signals(ins.signals_global)
-                               if self.p["use_global"] else None)
+        self.local_signals = self.load_signals(ins.signals_local) if self.p["use_local"] else None
+        self.global_signals = (
+            self.load_signals(ins.signals_global) if self.p["use_global"] else None
+        )
 
     def loss_terms(self):
         from fedrcl_flwr.losses.fedccl import global_cluster_contrast, local_cluster_contrast
@@ -64,15 +66,24 @@ class FedCCLClient(SignalClient):
         tau, feat = float(self.p["tau"]), self.p["feature"]
         if self.local_signals is not None:
             sv, sl = self.local_signals
-            terms.append(LossTerm(
-                "local", lambda b: local_cluster_contrast(b.feats[feat], b.y, sv, sl, tau=tau),
-                weight=float(self.p["w_local"]), needs_features=True))
+            terms.append(
+                LossTerm(
+                    "local",
+                    lambda b: local_cluster_contrast(b.feats[feat], b.y, sv, sl, tau=tau),
+                    weight=float(self.p["w_local"]),
+                    needs_features=True,
+                )
+            )
         if self.global_signals is not None:
             gv, gl = self.global_signals
-            terms.append(LossTerm(
-                "global",
-                lambda b: global_cluster_contrast(b.feats[feat], b.y, gv, gl, tau=tau),
-                weight=float(self.p["w_global"]), needs_features=True))
+            terms.append(
+                LossTerm(
+                    "global",
+                    lambda b: global_cluster_contrast(b.feats[feat], b.y, gv, gl, tau=tau),
+                    weight=float(self.p["w_global"]),
+                    needs_features=True,
+                )
+            )
         return terms
 
     def batch_transform(self):
@@ -86,8 +97,16 @@ class FedCCLClient(SignalClient):
         mean, std = mean.to(self.device), std.to(self.device)
 
         def adversarial(x, y, model):
-            x_adv = pgd_attack(model, x, y, eps=float(p["eps"]), step=float(p["step"]),
-                               steps=int(p["steps"]), mean=mean, std=std)
+            x_adv = pgd_attack(
+                model,
+                x,
+                y,
+                eps=float(p["eps"]),
+                step=float(p["step"]),
+                steps=int(p["steps"]),
+                mean=mean,
+                std=std,
+            )
             return x_adv.detach(), y, {}
 
         return adversarial
@@ -95,11 +114,17 @@ class FedCCLClient(SignalClient):
     def on_round_end(self, report):
         feats, labels = self.embed_local_data()
         level = self.p["signal_level"]
-        s = class_cluster_signals(feats, labels, mode=self.p["local_signal"],
-                                  level=int(level) if level.isdigit() else level)
+        s = class_cluster_signals(
+            feats,
+            labels,
+            mode=self.p["local_signal"],
+            level=int(level) if level.isdigit() else level,
+        )
         self.upload_signals(report, s)
         used = report.method_metrics
-        used["used_local_signals"] = 0 if self.local_signals is None else int(
-            self.local_signals[0].shape[0])
-        used["used_global_signals"] = 0 if self.global_signals is None else int(
-            self.global_signals[0].shape[0])
+        used["used_local_signals"] = (
+            0 if self.local_signals is None else int(self.local_signals[0].shape[0])
+        )
+        used["used_global_signals"] = (
+            0 if self.global_signals is None else int(self.global_signals[0].shape[0])
+        )

@@ -28,5 +28,7 @@ class FedCLClient(FederatedClient):
             _, f2 = b.model(random_crop_flip(b.x, pad=pad), return_features=True)
             return sum(info_nce(b.feats[lv], f2[lv], tau) for lv in levels) / len(levels)
 
-        return [cross_entropy_term(),
-                LossTerm("cl", fn, weight=float(self.p["cl_weight"]), needs_features=True)]
+        return [
+            cross_entropy_term(),
+            LossTerm("cl", fn, weight=float(self.p["cl_weight"]), needs_features=True),
+        ]

@@ -28,6 +28,12 @@ class FedDecorrClient(FederatedClient):
         from fedrcl_flwr.losses.baselines import feddecorr_loss
 
         feat = self.p["feature"]
-        return [cross_entropy_term(),
-                LossTerm("decorr", lambda b: feddecorr_loss(b.feats[feat]),
-                         weight=float(self.p["beta"]), needs_features=True)]
+        return [
+            cross_entropy_term(),
+            LossTerm(
+                "decorr",
+                lambda b: feddecorr_loss(b.feats[feat]),
+                weight=float(self.p["beta"]),
+                needs_features=True,
+            ),
+        ]

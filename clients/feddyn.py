@@ -49,8 +49,9 @@ class FedDynClient(FederatedClient):
         state = self.persistent_state_store().load(self.partition_id, STATE_NAME)
         self.dyn_grads = None
         if state is not None:
-            self.dyn_grads = [state[n].to(self.device, torch.float32)
-                              for n, _ in self._named_trainable()]
+            self.dyn_grads = [
+                state[n].to(self.device, torch.float32) for n, _ in self._named_trainable()
+            ]
 
     def loss_terms(self):
         from fedrcl_flwr.losses.baselines import feddyn_penalty
@@ -69,7 +70,9 @@ class FedDynClient(FederatedClient):
         named = self._named_trainable()
         anchors = self.received_trainable()
         grads = self.dyn_grads or [torch.zeros_like(p) for _, p in named]
-        new = {n: (g - alpha * (p.detach() - a)).float().cpu()
-               for (n, p), a, g in zip(named, anchors, grads)}
+        new = {
+            n: (g - alpha * (p.detach() - a)).float().cpu()
+            for (n, p), a, g in zip(named, anchors, grads)
+        }
         self.persistent_state_store().save(self.partition_id, STATE_NAME, new)
         report.method_metrics["feddyn_state"] = int(self.dyn_grads is not None)

@@ -31,7 +31,6 @@ class FedLCClient(FederatedClient):
     def loss_terms(self):
         from fedrcl_flwr.losses.baselines import fedlc_loss
 
-        counts = torch.as_tensor(self.data.class_counts(), dtype=torch.float32,
-                                 device=self.device)
+        counts = torch.as_tensor(self.data.class_counts(), dtype=torch.float32, device=self.device)
         tau, absent = float(self.p["tau"]), self.p["absent"]
         return [LossTerm("lc", lambda b: fedlc_loss(b.logits, b.y, counts, tau, absent))]

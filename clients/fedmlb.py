@@ -62,7 +62,8 @@ class FedMLBClient(FederatedClient):
             raise ConfigError(
                 f"client.method 'fedmlb' needs a model split into blocks "
                 f"(model.block_forward / model.forward_from); model '{cfg.model.name}' "
-                f"has none (cnn4, cnn5, resnet18_gn and the Table C backbones do)")
+                f"has none (cnn4, cnn5, resnet18_gn and the Table C backbones do)"
+            )
 
     def on_round_start(self, ins):
         self.global_net = self.frozen_model()
@@ -83,8 +84,18 @@ class FedMLBClient(FederatedClient):
                 b.extra["mlb"] = fedmlb_branch_losses(b.logits, hybrid, b.y, temp)
             return b.extra["mlb"]
 
-        return [cross_entropy_term(),
-                LossTerm("mlb_ce", lambda b: branch_losses(b)[0],
-                         weight=float(self.p["lam1"]), needs_features=True),
-                LossTerm("mlb_kl", lambda b: branch_losses(b)[1],
-                         weight=float(self.p["lam2"]), needs_features=True)]
+        return [
+            cross_entropy_term(),
+            LossTerm(
+                "mlb_ce",
+                lambda b: branch_losses(b)[0],
+                weight=float(self.p["lam1"]),
+                needs_features=True,
+            ),
+            LossTerm(
+                "mlb_kl",
+                lambda b: branch_losses(b)[1],
+                weight=float(self.p["lam2"]),
+                needs_features=True,
+            ),
+        ]

@@ -57,9 +57,21 @@ class FedPCLClient(PrototypeClient):
                 b.extra["pcl"] = fedpcl_loss(b.feats[feat], b.y, gv, gl, lv, ll, tau)
             return b.extra["pcl"]
 
-        terms.append(LossTerm("pcl_global", lambda b: both(b)[0],
-                              weight=float(self.p["w_global"]), needs_features=True))
+        terms.append(
+            LossTerm(
+                "pcl_global",
+                lambda b: both(b)[0],
+                weight=float(self.p["w_global"]),
+                needs_features=True,
+            )
+        )
         if lv is not None:
-            terms.append(LossTerm("pcl_local", lambda b: both(b)[1],
-                                  weight=float(self.p["w_local"]), needs_features=True))
+            terms.append(
+                LossTerm(
+                    "pcl_local",
+                    lambda b: both(b)[1],
+                    weight=float(self.p["w_local"]),
+                    needs_features=True,
+                )
+            )
         return terms

@@ -54,9 +54,15 @@ class FedProcClient(PrototypeClient):
 
         pv, pl = self.global_protos
         feat, tau = self.p["feature"], float(self.p["tau"])
-        return [cross_entropy_term(1.0 - alpha),
-                LossTerm("proc", lambda b: fedproc_loss(b.feats[feat], b.y, pv, pl, tau),
-                         weight=alpha, needs_features=True)]
+        return [
+            cross_entropy_term(1.0 - alpha),
+            LossTerm(
+                "proc",
+                lambda b: fedproc_loss(b.feats[feat], b.y, pv, pl, tau),
+                weight=alpha,
+                needs_features=True,
+            ),
+        ]
 
     def on_round_end(self, report):
         report.method_metrics["fedproc_alpha"] = self.alpha()

@@ -39,9 +39,9 @@ from fedrcl_flwr.training import LossTerm, cross_entropy_term
 class PrototypeClient(SignalClient):
     """Clients that exchange class prototypes with the server's SignalExchange."""
 
-    global_mode = "mean"        # how the server builds the global prototypes
-    send_local = False          # whether it also relays the banked client prototypes
-    normalize_protos = False    # FedPCL: prototypes are means of L2-normalised features
+    global_mode = "mean"  # how the server builds the global prototypes
+    send_local = False  # whether it also relays the banked client prototypes
+    normalize_protos = False  # FedPCL: prototypes are means of L2-normalised features
 
     @classmethod
     def exchange_settings(cls, p: dict) -> dict:
@@ -49,16 +49,16 @@ class PrototypeClient(SignalClient):
 
     def on_round_start(self, ins):
         self.global_protos = self.load_signals(ins.signals_global)
-        self.local_protos = (self.load_signals(ins.signals_local) if self.send_local
-                             else None)
+        self.local_protos = self.load_signals(ins.signals_local) if self.send_local else None
 
     def on_round_end(self, report):
         feats, labels = self.embed_local_data()
         if self.normalize_protos:
             feats = feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
         self.upload_signals(report, class_cluster_signals(feats, labels, mode="mean"))
-        report.method_metrics["used_global_signals"] = 0 if self.global_protos is None \
-            else int(self.global_protos[0].shape[0])
+        report.method_metrics["used_global_signals"] = (
+            0 if self.global_protos is None else int(self.global_protos[0].shape[0])
+        )
 
 
 class FedProtoClient(PrototypeClient):
@@ -73,7 +73,12 @@ class FedProtoClient(PrototypeClient):
 
         pv, pl = self.global_protos
         feat, c = self.p["feature"], self.data.num_classes
-        terms.append(LossTerm(
-            "proto", lambda b: fedproto_loss(b.feats[feat], b.y, pv, pl, c),
-            weight=float(self.p["lam"]), needs_features=True))
+        terms.append(
+            LossTerm(
+                "proto",
+                lambda b: fedproto_loss(b.feats[feat], b.y, pv, pl, c),
+                weight=float(self.p["lam"]),
+                needs_features=True,
+            )
+        )
         return terms

@@ -31,5 +31,7 @@ class FedProxClient(FederatedClient):
 
     def loss_terms(self):
         mu = float(self.p["mu"])
-        return [cross_entropy_term(),
-                self.distance_to_received_term("prox", 0.5 * mu if self.p["halve"] else mu)]
+        return [
+            cross_entropy_term(),
+            self.distance_to_received_term("prox", 0.5 * mu if self.p["halve"] else mu),
+        ]

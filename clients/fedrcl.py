@@ -33,12 +33,23 @@ class FedRCLClient(FederatedClient):
 
         p = self.p
         return lambda feats, y: rcl_loss(
-            feats, y, tau=p["tau"], lam=p["lam"], beta=p["beta"], variant=p["variant"],
-            topk_pos=int(p["topk_pos"]), topk_neg=int(p["topk_neg"]))
+            feats,
+            y,
+            tau=p["tau"],
+            lam=p["lam"],
+            beta=p["beta"],
+            variant=p["variant"],
+            topk_pos=int(p["topk_pos"]),
+            topk_neg=int(p["topk_neg"]),
+        )
 
     def loss_terms(self):
         levels = resolve_levels(self.p["levels"], tuple(self.model.levels))
         contrast = self.contrast_fn()
-        term = LossTerm("rcl", lambda b: contrast([b.feats[lv] for lv in levels], b.y),
-                        weight=float(self.p["rcl_weight"]), needs_features=True)
+        term = LossTerm(
+            "rcl",
+            lambda b: contrast([b.feats[lv] for lv in levels], b.y),
+            weight=float(self.p["rcl_weight"]),
+            needs_features=True,
+        )
         return [cross_entropy_term(), term]

@@ -18,5 +18,10 @@ class FedSCLClient(FedRCLClient):
 
         p = self.p
         return lambda feats, y: scl_loss(
-            feats, y, tau=p["tau"], variant=p["variant"], topk_pos=int(p["topk_pos"]),
-            topk_neg=int(p["topk_neg"]))
+            feats,
+            y,
+            tau=p["tau"],
+            variant=p["variant"],
+            topk_pos=int(p["topk_pos"]),
+            topk_neg=int(p["topk_neg"]),
+        )

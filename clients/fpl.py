@@ -46,6 +46,12 @@ class FPLClient(PrototypeClient):
 
         pv, pl = self.global_protos
         feat, tau, c = self.p["feature"], float(self.p["tau"]), self.data.num_classes
-        terms.append(LossTerm("fpl", lambda b: fpl_loss(b.feats[feat], b.y, pv, pl, c, tau),
-                              weight=float(self.p["lam"]), needs_features=True))
+        terms.append(
+            LossTerm(
+                "fpl",
+                lambda b: fpl_loss(b.feats[feat], b.y, pv, pl, c, tau),
+                weight=float(self.p["lam"]),
+                needs_features=True,
+            )
+        )
         return terms

@@ -50,8 +50,9 @@ class MOONClient(FederatedClient):
         self.global_net = self.prev_net = None
         if float(self.p["mu"]) == 0.0:
             return
-        state = self.persistent_state_store().load(self.partition_id, STATE_NAME,
-                                                   dtype=torch.float32)
+        state = self.persistent_state_store().load(
+            self.partition_id, STATE_NAME, dtype=torch.float32
+        )
         if state is None:
             return
         self.global_net = self.frozen_model(slot="global")
@@ -72,13 +73,13 @@ class MOONClient(FederatedClient):
                 z_prev = prev(b.x, return_features=True)[1][feat]
             return moon_contrastive_loss(b.feats[feat], z_glob, z_prev, tau)
 
-        terms.append(LossTerm("moon", contrast, weight=float(self.p["mu"]),
-                              needs_features=True))
+        terms.append(LossTerm("moon", contrast, weight=float(self.p["mu"]), needs_features=True))
         return terms
 
     def on_round_end(self, report):
         report.method_metrics["moon_prev"] = int(self.prev_net is not None)
         if float(self.p["mu"]) == 0.0:
             return
-        self.persistent_state_store().save(self.partition_id, STATE_NAME,
-                                           dict(self.model.state_dict()), compact=True)
+        self.persistent_state_store().save(
+            self.partition_id, STATE_NAME, dict(self.model.state_dict()), compact=True
+        )

@@ -44,7 +44,8 @@ class UniVarFLClient(FederatedClient):
                 "client.method 'univarfl' needs model.params.projector (the paper's "
                 "two-layer projector: 256 on its CNN, 512 on ResNet-18; e.g. --set "
                 "model.params.projector=256), or model.params.projector: 0 to run "
-                "without one on purpose")
+                "without one on purpose"
+            )
 
     def loss_terms(self):
         from fedrcl_flwr.losses import univarfl as U
@@ -60,6 +61,8 @@ class UniVarFLClient(FederatedClient):
         else:  # feduv
             var = lambda b: U.feduv_std_loss(b.logits)  # noqa: E731 - one-liners
             uni = lambda b: U.feduv_uniformity_loss(b.feats[feat])  # noqa: E731 - one-liners
-        return [cross_entropy_term(),
-                LossTerm("variance", var, weight=lam),
-                LossTerm("uniformity", uni, weight=float(p["mu"]), needs_features=True)]
+        return [
+            cross_entropy_term(),
+            LossTerm("variance", var, weight=lam),
+            LossTerm("uniformity", uni, weight=float(p["mu"]), needs_features=True),
+        ]

@@ -58,8 +58,7 @@ def gather_rows(source: torch.Tensor, index: torch.Tensor, pin: bool) -> torch.T
     only read (it may be a read-only memory map)."""
     if not pin:
         return source[index]
-    out = torch.empty((int(index.shape[0]), *source.shape[1:]), dtype=source.dtype,
-                      pin_memory=True)
+    out = torch.empty((int(index.shape[0]), *source.shape[1:]), dtype=source.dtype, pin_memory=True)
     return torch.index_select(source, 0, index, out=out)
 
 
@@ -84,8 +83,10 @@ def amp_dtype(mode: str, device: str | torch.device) -> torch.dtype | None:
         return None
     dev = torch.device(device)
     if mode == "fp16" and dev.type != "cuda":
-        raise ConfigError(f"client.amp fp16 needs a CUDA device (the client runs on "
-                          f"{dev.type}); use client.amp bf16 or off")
+        raise ConfigError(
+            f"client.amp fp16 needs a CUDA device (the client runs on "
+            f"{dev.type}); use client.amp bf16 or off"
+        )
     return _AMP_DTYPES[mode]
 
 
@@ -127,8 +128,13 @@ def grad_scaler(mode: str, device: str | torch.device):
     (:func:`loss_precision`)."""
     if mode != "fp16":
         return None
-    return torch.amp.GradScaler(torch.device(device).type, init_scale=2.0 ** 16,
-                                growth_factor=2.0, backoff_factor=0.5, growth_interval=2000)
+    return torch.amp.GradScaler(
+        torch.device(device).type,
+        init_scale=2.0**16,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=2000,
+    )
 
 
 # --------------------------------------------------------------------------- memory format
@@ -155,8 +161,7 @@ def _norm_keeps_channels_last(kind: type, device: str) -> bool:
 _NORMS_2D = (nn.GroupNorm, nn.BatchNorm2d, nn.InstanceNorm2d)
 
 
-def use_channels_last(setting: str | bool, device: str | torch.device,
-                      model: nn.Module) -> bool:
+def use_channels_last(setting: str | bool, device: str | torch.device, model: nn.Module) -> bool:
     """Whether to train ``model`` on ``device`` in ``torch.channels_last``
     (``client.channels_last``; see the module docstring for ``auto``)."""
     if setting is True or setting is False:

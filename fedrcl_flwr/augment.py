@@ -56,8 +56,14 @@ def pil_rotation_coefficients(angle: float, width: int, height: int) -> list[int
     d, e = round(-math.sin(rad), 15), round(math.cos(rad), 15)
     c = a * -cx + b * -cy + 0.0 + cx
     f = d * -cx + e * -cy + 0.0 + cy
-    return [_fix(a), _fix(b), _fix(c + a * 0.5 + b * 0.5),
-            _fix(d), _fix(e), _fix(f + d * 0.5 + e * 0.5)]
+    return [
+        _fix(a),
+        _fix(b),
+        _fix(c + a * 0.5 + b * 0.5),
+        _fix(d),
+        _fix(e),
+        _fix(f + d * 0.5 + e * 0.5),
+    ]
 
 
 def _angles(degrees: torch.Tensor | Sequence[float]) -> list[float]:
@@ -81,8 +87,9 @@ def rotate(x: torch.Tensor, degrees: torch.Tensor | Sequence[float]) -> torch.Te
     if b == 0:
         return x
     dev = x.device
-    coef = to_device(torch.tensor([pil_rotation_coefficients(a, w, h) for a in angles],
-                                  dtype=torch.int64), dev)
+    coef = to_device(
+        torch.tensor([pil_rotation_coefficients(a, w, h) for a in angles], dtype=torch.int64), dev
+    )
     k = [coef[:, i, None, None] for i in range(6)]
     xs = torch.arange(w, device=dev, dtype=torch.int64)[None, None, :]
     ys = torch.arange(h, device=dev, dtype=torch.int64)[None, :, None]
@@ -94,22 +101,30 @@ def rotate(x: torch.Tensor, degrees: torch.Tensor | Sequence[float]) -> torch.Te
     return torch.where(inside[:, None], src, torch.zeros((), dtype=x.dtype, device=dev))
 
 
-def random_rotation(x: torch.Tensor, max_degrees: float,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
+def random_rotation(
+    x: torch.Tensor, max_degrees: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Per-sample rotation by an angle drawn uniformly from [−max_degrees, max_degrees]
     (torchvision ``RandomRotation(max_degrees)``; the FedRCL authors use 10 for CIFAR and
     Tiny-ImageNet, skynbe/FedRCL ``datasets/build.py: get_transform``)."""
     return rotate(x, draw_angles(x.shape[0], max_degrees, generator))
 
 
-def draw_angles(b: int, max_degrees: float,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def draw_angles(
+    b: int, max_degrees: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """``b`` angles uniform in [−max_degrees, max_degrees] (one ``torch.rand(b)``)."""
     return (torch.rand(b, generator=generator) * 2.0 - 1.0) * float(max_degrees)
 
 
-def crop_flip(x: torch.Tensor, top: torch.Tensor, left: torch.Tensor,
-              flip: torch.Tensor | None, pad: int, fill: float = 0.0) -> torch.Tensor:
+def crop_flip(
+    x: torch.Tensor,
+    top: torch.Tensor,
+    left: torch.Tensor,
+    flip: torch.Tensor | None,
+    pad: int,
+    fill: float = 0.0,
+) -> torch.Tensor:
     """Per-sample crop of ``x`` padded by ``pad`` on every side with ``fill``: sample b is
     the (H, W) window at row ``top[b]``, column ``left[b]`` of the padded image (offsets
     in [0, 2·pad]), mirrored left-right where ``flip[b]`` (``None``: no flip). Offsets and
@@ -126,8 +141,7 @@ def crop_flip(x: torch.Tensor, top: torch.Tensor, left: torch.Tensor,
     return out.permute(0, 3, 1, 2).contiguous()
 
 
-def draw_crop_flip(b: int, pad: int, flip: bool,
-                   generator: torch.Generator | None = None):
+def draw_crop_flip(b: int, pad: int, flip: bool, generator: torch.Generator | None = None):
     """The draws of :func:`random_crop_flip`, in its order: column offsets
     (``randint(0, 2·pad + 1, (b,))``), row offsets (the same), then flips
     (``rand(b) < 0.5``, only when ``flip``). Returns ``(top, left, flip mask or None)``."""
@@ -137,9 +151,13 @@ def draw_crop_flip(b: int, pad: int, flip: bool,
     return top, left, do
 
 
-def random_crop_flip(x: torch.Tensor, pad: int = 4, flip: bool = True,
-                     generator: torch.Generator | None = None,
-                     fill: float = 0.0) -> torch.Tensor:
+def random_crop_flip(
+    x: torch.Tensor,
+    pad: int = 4,
+    flip: bool = True,
+    generator: torch.Generator | None = None,
+    fill: float = 0.0,
+) -> torch.Tensor:
     """Per-sample random crop (padding ``pad`` filled with ``fill``) and horizontal flip,
     vectorised (torchvision ``RandomCrop(size, padding=pad)`` + ``RandomHorizontalFlip``)."""
     top, left, do = draw_crop_flip(x.shape[0], pad, flip, generator)

@@ -64,44 +64,50 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _check_spec(spec: Any, key: str, source: str, num_clients: int, dists: dict,
-                ok, what: str) -> None:
+def _check_spec(
+    spec: Any, key: str, source: str, num_clients: int, dists: dict, ok, what: str
+) -> None:
     """A number, a list of ``num_clients`` numbers or ``{distribution: ..., params}``;
     ``ok(value)`` checks each number (``what`` says the rule)."""
     if isinstance(spec, bool):
-        raise _cfg_error(source, f"'{key}' must be a number, a list or a mapping, got "
-                                 f"{spec!r}")
+        raise _cfg_error(source, f"'{key}' must be a number, a list or a mapping, got {spec!r}")
     if _num(spec):
         if not ok(spec):
             raise _cfg_error(source, f"'{key}' must be {what}, got {spec!r}")
         return
     if isinstance(spec, list):
         if len(spec) != num_clients:
-            raise _cfg_error(source, f"'{key}' lists {len(spec)} values but "
-                                     f"'federation.num_clients' is {num_clients} (one per "
-                                     "client)")
+            raise _cfg_error(
+                source,
+                f"'{key}' lists {len(spec)} values but "
+                f"'federation.num_clients' is {num_clients} (one per "
+                "client)",
+            )
         for i, v in enumerate(spec):
             if not _num(v) or not ok(v):
                 raise _cfg_error(source, f"'{key}[{i}]' must be {what}, got {v!r}")
         return
     if not isinstance(spec, dict):
-        raise _cfg_error(source, f"'{key}' must be a number, a list or a mapping, got "
-                                 f"{type(spec).__name__} ({spec!r})")
+        raise _cfg_error(
+            source,
+            f"'{key}' must be a number, a list or a mapping, got {type(spec).__name__} ({spec!r})",
+        )
     dist = spec.get("distribution")
     if dist not in dists:
-        raise _cfg_error(source, f"'{key}.distribution' must be one of "
-                                 f"{', '.join(dists)}, got {dist!r}")
+        raise _cfg_error(
+            source, f"'{key}.distribution' must be one of {', '.join(dists)}, got {dist!r}"
+        )
     allowed = ("distribution",) + dists[dist]
     for k in spec:
         if k not in allowed:
-            raise _cfg_error(source, f"unknown key '{key}.{k}' (allowed for {dist}: "
-                                     f"{', '.join(allowed)})")
+            raise _cfg_error(
+                source, f"unknown key '{key}.{k}' (allowed for {dist}: {', '.join(allowed)})"
+            )
     for k in dists[dist]:
         if k not in spec:
             raise _cfg_error(source, f"'{key}.{k}' is required for distribution {dist}")
         if not _num(spec[k]):
-            raise _cfg_error(source, f"'{key}.{k}' must be a finite number, got "
-                                     f"{spec[k]!r}")
+            raise _cfg_error(source, f"'{key}.{k}' must be a finite number, got {spec[k]!r}")
 
 
 def check_config(cfg, source: str) -> None:
@@ -111,32 +117,41 @@ def check_config(cfg, source: str) -> None:
     av = cfg.federation.availability
     n = cfg.federation.num_clients
     key = "federation.availability.dropout"
-    _check_spec(av.dropout, key, source, n, _DROPOUT_DISTS, lambda v: 0 <= v < 1,
-                "a probability in [0, 1)")
+    _check_spec(
+        av.dropout, key, source, n, _DROPOUT_DISTS, lambda v: 0 <= v < 1, "a probability in [0, 1)"
+    )
     if isinstance(av.dropout, dict):
         d = av.dropout
         if d["distribution"] == "uniform" and not 0 <= d["low"] <= d["high"] < 1:
-            raise _cfg_error(source, f"'{key}' uniform needs 0 <= low <= high < 1, got "
-                                     f"low={d['low']}, high={d['high']}")
+            raise _cfg_error(
+                source,
+                f"'{key}' uniform needs 0 <= low <= high < 1, got low={d['low']}, high={d['high']}",
+            )
         if d["distribution"] == "beta" and not (d["a"] > 0 and d["b"] > 0):
-            raise _cfg_error(source, f"'{key}' beta needs a > 0 and b > 0, got a={d['a']}, "
-                                     f"b={d['b']}")
+            raise _cfg_error(
+                source, f"'{key}' beta needs a > 0 and b > 0, got a={d['a']}, b={d['b']}"
+            )
     st = av.stragglers
     key = "federation.availability.stragglers"
     if st.speed is not None:
-        _check_spec(st.speed, f"{key}.speed", source, n, _SPEED_DISTS, lambda v: v > 0,
-                    "a speed factor > 0")
+        _check_spec(
+            st.speed, f"{key}.speed", source, n, _SPEED_DISTS, lambda v: v > 0, "a speed factor > 0"
+        )
         if isinstance(st.speed, dict):
             d = st.speed
             if d["distribution"] == "uniform" and not 0 < d["low"] <= d["high"]:
-                raise _cfg_error(source, f"'{key}.speed' uniform needs 0 < low <= high, "
-                                         f"got low={d['low']}, high={d['high']}")
+                raise _cfg_error(
+                    source,
+                    f"'{key}.speed' uniform needs 0 < low <= high, "
+                    f"got low={d['low']}, high={d['high']}",
+                )
             if d["distribution"] == "lognormal" and d["sigma"] < 0:
-                raise _cfg_error(source, f"'{key}.speed.sigma' must be >= 0, got "
-                                         f"{d['sigma']}")
+                raise _cfg_error(source, f"'{key}.speed.sigma' must be >= 0, got {d['sigma']}")
     if st.speed is None and (st.deadline is not None or st.jitter):
-        raise _cfg_error(source, f"'{key}.deadline' / '{key}.jitter' need '{key}.speed' "
-                                 "(the clients' speed factors)")
+        raise _cfg_error(
+            source,
+            f"'{key}.deadline' / '{key}.jitter' need '{key}.speed' (the clients' speed factors)",
+        )
 
 
 def enabled(cfg) -> bool:
@@ -169,8 +184,9 @@ def per_client_values(spec: Any, num_clients: int, seed: int, salt: int) -> np.n
     raise ValueError(f"unknown distribution {dist!r}")
 
 
-def local_steps(size: int, local_epochs: int, batch_size: int,
-                iterations_per_epoch: int | None) -> int:
+def local_steps(
+    size: int, local_epochs: int, batch_size: int, iterations_per_epoch: int | None
+) -> int:
     """Optimisation steps of one local round on ``size`` samples, as
     ``training.train_local`` runs them."""
     from fedrcl_flwr.training import batch_size_for
@@ -199,10 +215,18 @@ class RoundOutcome:
 class Availability:
     """The dropout / straggler simulation of one run (pure: no state across rounds)."""
 
-    def __init__(self, *, seed: int, num_clients: int, clients_per_round: int,
-                 dropout: np.ndarray | None = None, speed: np.ndarray | None = None,
-                 workload: np.ndarray | None = None, deadline: float | None = None,
-                 jitter: float = 0.0):
+    def __init__(
+        self,
+        *,
+        seed: int,
+        num_clients: int,
+        clients_per_round: int,
+        dropout: np.ndarray | None = None,
+        speed: np.ndarray | None = None,
+        workload: np.ndarray | None = None,
+        deadline: float | None = None,
+        jitter: float = 0.0,
+    ):
         self.seed = int(seed)
         self.num_clients = int(num_clients)
         self.clients_per_round = int(clients_per_round)
@@ -222,19 +246,33 @@ class Availability:
         fed, c = cfg.federation, cfg.client
         n = fed.num_clients
         av = fed.availability
-        dropout = per_client_values(av.dropout, n, cfg.seed, DROPOUT_CLIENT_SALT) \
-            if _any_dropout(av.dropout) else None
+        dropout = (
+            per_client_values(av.dropout, n, cfg.seed, DROPOUT_CLIENT_SALT)
+            if _any_dropout(av.dropout)
+            else None
+        )
         speed = workload = None
         if av.stragglers.speed is not None:
             speed = per_client_values(av.stragglers.speed, n, cfg.seed, SPEED_SALT)
             if sizes is not None:
-                steps = np.array([local_steps(int(s), c.local_epochs, c.batch_size,
-                                              c.iterations_per_epoch) for s in sizes],
-                                 dtype=np.float64)
+                steps = np.array(
+                    [
+                        local_steps(int(s), c.local_epochs, c.batch_size, c.iterations_per_epoch)
+                        for s in sizes
+                    ],
+                    dtype=np.float64,
+                )
                 workload = steps / steps.mean() if steps.mean() > 0 else np.ones(n)
-        return cls(seed=cfg.seed, num_clients=n, clients_per_round=fed.sampled_per_round(),
-                   dropout=dropout, speed=speed, workload=workload,
-                   deadline=av.stragglers.deadline, jitter=av.stragglers.jitter)
+        return cls(
+            seed=cfg.seed,
+            num_clients=n,
+            clients_per_round=fed.sampled_per_round(),
+            dropout=dropout,
+            speed=speed,
+            workload=workload,
+            deadline=av.stragglers.deadline,
+            jitter=av.stragglers.jitter,
+        )
 
     def times(self, rnd: int) -> np.ndarray | None:
         """Every client's simulated round time in round ``rnd`` (None: no stragglers)."""
@@ -243,7 +281,8 @@ class Availability:
         t = self.workload / self.speed
         if self.jitter:
             z = np.random.default_rng([self.seed, int(rnd), JITTER_SALT]).standard_normal(
-                self.num_clients)
+                self.num_clients
+            )
             t = t * np.exp(self.jitter * z)
         return t
 
@@ -254,7 +293,8 @@ class Availability:
         available = sampled
         if self.dropout is not None:
             u = np.random.default_rng([self.seed, int(rnd), DROPOUT_ROUND_SALT]).random(
-                self.num_clients)
+                self.num_clients
+            )
             out.dropped_out = [p for p in sampled if u[p] < self.dropout[p]]
             available = [p for p in sampled if u[p] >= self.dropout[p]]
         times = self.times(rnd)
@@ -277,8 +317,9 @@ class Availability:
         dropped = late = 0
         for t in range(1, int(rnd) + 1):
             if t not in self._counts:
-                self.round(t, sample_partitions(self.seed, t, self.num_clients,
-                                                self.clients_per_round))
+                self.round(
+                    t, sample_partitions(self.seed, t, self.num_clients, self.clients_per_round)
+                )
             d, lt = self._counts[t]
             dropped += d
             late += lt
@@ -287,9 +328,18 @@ class Availability:
     def record(self, rnd: int, outcome: RoundOutcome) -> dict:
         """The round's entries of ``metrics.jsonl``."""
         dropped_total, late_total = self.totals(rnd)
-        rec = {"dropped": len(outcome.dropped), "dropped_ids": outcome.dropped,
-               "dropped_total": dropped_total}
+        rec = {
+            "dropped": len(outcome.dropped),
+            "dropped_ids": outcome.dropped,
+            "dropped_total": dropped_total,
+        }
         if self.speed is not None:
-            rec.update({"late": len(outcome.late), "late_ids": sorted(outcome.late),
-                        "late_total": late_total, "sim_round_time": outcome.sim_round_time})
+            rec.update(
+                {
+                    "late": len(outcome.late),
+                    "late_ids": sorted(outcome.late),
+                    "late_total": late_total,
+                    "sim_round_time": outcome.sim_round_time,
+                }
+            )
         return rec

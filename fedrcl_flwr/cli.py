@@ -27,8 +27,10 @@ _load = load_experiment  # (name kept for callers of the earlier API: tests, ben
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # exit 2 with one line (argparse would add its usage lines)
-        print(f"fedrcl-flwr: error: {' '.join(str(message).split())} (see {self.prog} "
-              "--help)", file=sys.stderr)
+        print(
+            f"fedrcl-flwr: error: {' '.join(str(message).split())} (see {self.prog} --help)",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
 
@@ -38,8 +40,11 @@ def cmd_cache(args) -> int:
 
     if args.cache_dir is not None and not args.cache_dir.strip():
         raise ConfigError("--cache-dir must be a directory path, got an empty string")
-    root = Path(args.cache_dir).expanduser().resolve() if args.cache_dir \
+    root = (
+        Path(args.cache_dir).expanduser().resolve()
+        if args.cache_dir
         else cache.default_cache_dir().resolve()
+    )
     if root.exists() and not root.is_dir():
         raise ConfigError(f"--cache-dir {root} is not a directory")
     if args.action == "ls":
@@ -47,29 +52,43 @@ def cmd_cache(args) -> int:
             raise ConfigError("cache ls takes no keys")
         rows = cache.list_entries(root)
         ours = [r for r in rows if r["status"] != "foreign"]
-        print(f"dataset cache {root}: {len(ours)} entr{'y' if len(ours) == 1 else 'ies'}, "
-              f"{sum(r['bytes'] for r in ours) / 2**20:.1f} MiB")
+        print(
+            f"dataset cache {root}: {len(ours)} entr{'y' if len(ours) == 1 else 'ies'}, "
+            f"{sum(r['bytes'] for r in ours) / 2**20:.1f} MiB"
+        )
         for r in rows:
             st = r["settings"]
-            what = ", ".join(f"{k}={st[k]}" for k in ("image_size", "val_fraction", "seed")
-                             if st.get(k) not in (None, 0, 0.0))
-            created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])) \
-                if r["created"] else "?"
+            what = ", ".join(
+                f"{k}={st[k]}"
+                for k in ("image_size", "val_fraction", "seed")
+                if st.get(k) not in (None, 0, 0.0)
+            )
+            created = (
+                time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"]))
+                if r["created"]
+                else "?"
+            )
             key = r["key"][:12] if r["status"] != "foreign" else r["key"]
-            print(f"  {key}  {r['name']:<12} {r['bytes'] / 2**20:9.1f} MiB  "
-                  f"{created}  {r['status']}{'  ' + what if what else ''}")
+            print(
+                f"  {key}  {r['name']:<12} {r['bytes'] / 2**20:9.1f} MiB  "
+                f"{created}  {r['status']}{'  ' + what if what else ''}"
+            )
         return 0
     keys = [k.lower() for k in args.keys or []]
     for k in keys:
         if not cache.KEY_PREFIX_RE.fullmatch(k):
-            raise ConfigError(f"cache clear: {k!r} is not a key prefix (1 to "
-                              f"{cache.KEY_LEN} hexadecimal digits, as 'cache ls' shows; "
-                              "no prefix at all clears every entry)")
+            raise ConfigError(
+                f"cache clear: {k!r} is not a key prefix (1 to "
+                f"{cache.KEY_LEN} hexadecimal digits, as 'cache ls' shows; "
+                "no prefix at all clears every entry)"
+            )
     removed, foreign = cache.clear(root, keys)
     print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} from {root}")
     if foreign:
-        print(f"left {len(foreign)} item(s) that are not dataset cache entries in place: "
-              f"{', '.join(foreign[:10])}{' ...' if len(foreign) > 10 else ''}")
+        print(
+            f"left {len(foreign)} item(s) that are not dataset cache entries in place: "
+            f"{', '.join(foreign[:10])}{' ...' if len(foreign) > 10 else ''}"
+        )
     return 0
 
 
@@ -86,8 +105,10 @@ def _load_resume(args):
     if not cfg_file.is_file():
         raise ConfigError(f"--resume {run_dir}: no {CONFIG_FILE} there (not a run dir)")
     if not (run_dir / CHECKPOINT_FILE).is_file():
-        raise ConfigError(f"--resume {run_dir}: no {CHECKPOINT_FILE} there (start runs with "
-                          "output.checkpoint_every > 0 to be able to resume them)")
+        raise ConfigError(
+            f"--resume {run_dir}: no {CHECKPOINT_FILE} there (start runs with "
+            "output.checkpoint_every > 0 to be able to resume them)"
+        )
     recorded = load_experiment(str(cfg_file), [], str(run_dir))
     if args.experiment:
         cfg = load_experiment(args.experiment, args.set, str(run_dir))
@@ -97,13 +118,16 @@ def _load_resume(args):
         what = "--set"
     refused = resume_refusals(recorded, cfg)
     if refused:
-        shown = ", ".join(refused[:6]) + (f" and {len(refused) - 6} more" if len(refused) > 6
-                                         else "")
+        shown = ", ".join(refused[:6]) + (
+            f" and {len(refused) - 6} more" if len(refused) > 6 else ""
+        )
         allowed = ", ".join(RESUME_MAY_CHANGE)
-        raise ConfigError(f"--resume {run_dir}: {what} changes {shown}, which would make it "
-                          f"another experiment than the run it continues; only {allowed} "
-                          "may change on resume (start a new run with another --out "
-                          "instead)")
+        raise ConfigError(
+            f"--resume {run_dir}: {what} changes {shown}, which would make it "
+            f"another experiment than the run it continues; only {allowed} "
+            "may change on resume (start a new run with another --out "
+            "instead)"
+        )
     return cfg, run_dir
 
 
@@ -116,8 +140,7 @@ def cmd_run(args) -> int:
 
     cfg, out_dir = _run_config(args)
     source = args.resume or args.experiment
-    entry = before_run(cfg, source, out_dir, resume=bool(args.resume),
-                       overwrite=args.overwrite)
+    entry = before_run(cfg, source, out_dir, resume=bool(args.resume), overwrite=args.overwrite)
     _create_dir(out_dir)
     lock = OutputLock(out_dir)
     lock.acquire()
@@ -133,8 +156,9 @@ def cmd_run(args) -> int:
             return 1
     finally:
         lock.release(remove=completed)  # a completed run leaves no lock file behind
-    print(f"fedrcl-flwr: done in {time.time() - t0:.0f}s: {_result_text(cfg, summary)} -> "
-          f"{out_dir}")
+    print(
+        f"fedrcl-flwr: done in {time.time() - t0:.0f}s: {_result_text(cfg, summary)} -> {out_dir}"
+    )
     return 0
 
 
@@ -155,8 +179,9 @@ def _create_dir(out_dir: Path) -> None:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"output directory {out_dir}: cannot create it "
-                          f"({exc.strerror or exc})") from None
+        raise ConfigError(
+            f"output directory {out_dir}: cannot create it ({exc.strerror or exc})"
+        ) from None
 
 
 def _claim_run_dir(cfg: ExperimentConfig, out_dir: Path, *, overwrite: bool) -> None:
@@ -174,9 +199,12 @@ def _claim_run_dir(cfg: ExperimentConfig, out_dir: Path, *, overwrite: bool) -> 
     if not has_marker(out_dir, "run"):
         write_marker(out_dir, "run")  # the tool's run directory from now on
     dump_config(cfg, out_dir / CONFIG_FILE)
-    print(f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
-          f"{cfg.federation.num_clients} clients, {cfg.federation.sampled_per_round()} "
-          f"per round, {cfg.federation.rounds} rounds -> {out_dir}", flush=True)
+    print(
+        f"fedrcl-flwr: {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
+        f"{cfg.federation.num_clients} clients, {cfg.federation.sampled_per_round()} "
+        f"per round, {cfg.federation.rounds} rounds -> {out_dir}",
+        flush=True,
+    )
     metric = cfg.evaluation.report_metric
     if shows_ema(metric):
         print(f"fedrcl-flwr: {ema_note(cfg.evaluation.ema, metric)}", flush=True)
@@ -185,9 +213,9 @@ def _claim_run_dir(cfg: ExperimentConfig, out_dir: Path, *, overwrite: bool) -> 
 def _simulate(cfg: ExperimentConfig, out_dir: Path, args, lock, entry: Path) -> dict:
     from fedrcl_flwr import runner
 
-    return runner.run_simulation_via_flower(cfg, out_dir, resume=bool(args.resume),
-                                            verbose=args.verbose, lock=lock,
-                                            dataset_entry=entry)
+    return runner.run_simulation_via_flower(
+        cfg, out_dir, resume=bool(args.resume), verbose=args.verbose, lock=lock, dataset_entry=entry
+    )
 
 
 def _result_text(cfg: ExperimentConfig, summary: dict) -> str:
@@ -199,8 +227,9 @@ def _result_text(cfg: ExperimentConfig, summary: dict) -> str:
     metric = cfg.evaluation.report_metric
     if metric != "final":
         value = reported_value(summary, metric)
-        text += f", {metric} (reported) " + (f"{100 * value:.2f}%" if value is not None
-                                             else "missing")
+        text += f", {metric} (reported) " + (
+            f"{100 * value:.2f}%" if value is not None else "missing"
+        )
     return text
 
 
@@ -235,8 +264,9 @@ def cmd_sweep(args) -> int:
 
     ncpu = os.cpu_count() or 1
     if not 1 <= args.jobs <= ncpu:
-        raise ConfigError(f"--jobs must be between 1 and the {ncpu} CPUs of this machine, "
-                          f"got {args.jobs}")
+        raise ConfigError(
+            f"--jobs must be between 1 and the {ncpu} CPUs of this machine, got {args.jobs}"
+        )
     if args.out is not None and not args.out.strip():
         raise ConfigError("--out must be a directory path, got an empty string")
     runs, out_dir = plan_sweep(args.sweep, args.out, args.set)
@@ -273,15 +303,13 @@ def cmd_partition(args) -> int:
         try:
             plot_counts_heatmap(counts, args.plot, title=partition_title(cfg), domains=doms)
         except OSError as exc:
-            raise ConfigError(f"--plot {args.plot}: cannot write ({exc.strerror or exc})"
-                              ) from None
+            raise ConfigError(f"--plot {args.plot}: cannot write ({exc.strerror or exc})") from None
         print(f"heatmap written to {args.plot}")
     if args.save:
         try:
             save_split_file(parts, args.save)
         except OSError as exc:
-            raise ConfigError(f"--save {args.save}: cannot write ({exc.strerror or exc})"
-                              ) from None
+            raise ConfigError(f"--save {args.save}: cannot write ({exc.strerror or exc})") from None
         print(f"split written to {args.save} (use it with partition.scheme: file)")
     return 0
 
@@ -292,10 +320,12 @@ def partition_title(cfg) -> str:
 
     p = cfg.partition
     what = PARTITION_SCHEMES.get(p.scheme, p.scheme)
-    what += {"dirichlet": f" α={p.alpha:g}" + ("" if p.balanced else ", unbalanced"),
-             "shards": f" γ={p.shards_per_client}",
-             "domain": "" if p.balanced else f", imbalanced α={p.alpha:g}",
-             "file": f" {Path(str(p.path)).name}"}.get(p.scheme, "")
+    what += {
+        "dirichlet": f" α={p.alpha:g}" + ("" if p.balanced else ", unbalanced"),
+        "shards": f" γ={p.shards_per_client}",
+        "domain": "" if p.balanced else f", imbalanced α={p.alpha:g}",
+        "file": f" {Path(str(p.path)).name}",
+    }.get(p.scheme, "")
     return f"{cfg.name}: {cfg.federation.num_clients} clients, {what}"
 
 
@@ -308,54 +338,91 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="run an experiment as a Flower simulation")
     r.add_argument("experiment", nargs="?", help="experiment YAML")
-    r.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a config key (dotted), repeatable")
+    r.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config key (dotted), repeatable",
+    )
     r.add_argument("--out", help="output directory (overrides output.dir)")
     r.add_argument("--resume", metavar="DIR", help="continue the run in DIR")
-    r.add_argument("--overwrite", action="store_true",
-                   help="replace the results of an earlier run in the output directory")
-    r.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
-                   help="show Flower/Ray logs and internal tracebacks")
+    r.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results of an earlier run in the output directory",
+    )
+    r.add_argument(
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show Flower/Ray logs and internal tracebacks",
+    )
     r.set_defaults(func=cmd_run)
     rep = sub.add_parser("report", help="table (mean ± std over seeds) from run or sweep dirs")
     rep.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
     rep.add_argument("--format", default="markdown", choices=list(FORMATS))
-    rep.add_argument("--metric", default=None,
-                     help=" | ".join(METRIC_NAMES) + " (default: the runs' "
-                          "report_metric, else their paper reference's, else final)")
-    rep.add_argument("--vs", metavar="ROW",
-                     help="also compare every row with ROW (a row name, label or method) "
-                          "seed by seed: per-seed differences, mean ± std, 95%% t-interval")
+    rep.add_argument(
+        "--metric",
+        default=None,
+        help=" | ".join(METRIC_NAMES) + " (default: the runs' "
+        "report_metric, else their paper reference's, else final)",
+    )
+    rep.add_argument(
+        "--vs",
+        metavar="ROW",
+        help="also compare every row with ROW (a row name, label or method) "
+        "seed by seed: per-seed differences, mean ± std, 95%% t-interval",
+    )
     rep.set_defaults(func=cmd_report)
-    pl = sub.add_parser("plot", help="accuracy curves per method, mean ± std over seeds "
-                        "(and the per-client accuracy distribution, when recorded)")
+    pl = sub.add_parser(
+        "plot",
+        help="accuracy curves per method, mean ± std over seeds "
+        "(and the per-client accuracy distribution, when recorded)",
+    )
     pl.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
-    pl.add_argument("--out", default="accuracy_curves",
-                    help="output file stem (FILE.png and FILE.pdf are written)")
+    pl.add_argument(
+        "--out",
+        default="accuracy_curves",
+        help="output file stem (FILE.png and FILE.pdf are written)",
+    )
     pl.set_defaults(func=cmd_plot)
     sw = sub.add_parser("sweep", help="run a sweep file (settings x methods x seeds)")
     sw.add_argument("sweep", help="sweep YAML (base, grid, seeds, variants, set)")
     sw.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
     sw.add_argument("--dry-run", action="store_true", help="list the runs, run nothing")
     sw.add_argument("--out", help="directory of the runs (default runs/sweeps/<name>)")
-    sw.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="override a config key in every run, repeatable")
+    sw.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config key in every run, repeatable",
+    )
     sw.add_argument("--verbose", action="store_true", help="show Flower/Ray logs in run logs")
     sw.set_defaults(func=cmd_sweep)
     ca = sub.add_parser("cache", help="list or clear the dataset cache")
     ca.add_argument("action", choices=["ls", "clear"])
-    ca.add_argument("keys", nargs="*", metavar="KEY_PREFIX",
-                    help="clear only the entries whose key starts with one of these")
-    ca.add_argument("--cache-dir", help="the cache directory (default: $FEDRCL_FLWR_CACHE_DIR"
-                    ", else $XDG_CACHE_HOME/fedrcl-flwr or ~/.cache/fedrcl-flwr)")
+    ca.add_argument(
+        "keys",
+        nargs="*",
+        metavar="KEY_PREFIX",
+        help="clear only the entries whose key starts with one of these",
+    )
+    ca.add_argument(
+        "--cache-dir",
+        help="the cache directory (default: $FEDRCL_FLWR_CACHE_DIR"
+        ", else $XDG_CACHE_HOME/fedrcl-flwr or ~/.cache/fedrcl-flwr)",
+    )
     ca.set_defaults(func=cmd_cache)
     pa = sub.add_parser("partition", help="print / plot the client split of an experiment")
     pa.add_argument("experiment")
     pa.add_argument("--set", action="append", metavar="KEY=VALUE")
     pa.add_argument("--plot", metavar="FILE.png")
     pa.add_argument("--max-rows", type=int, default=None)
-    pa.add_argument("--save", metavar="FILE.json",
-                    help='write {"<client id>": [train indices]} (for partition.scheme: file)')
+    pa.add_argument(
+        "--save",
+        metavar="FILE.json",
+        help='write {"<client id>": [train indices]} (for partition.scheme: file)',
+    )
     pa.set_defaults(func=cmd_partition)
     return p
 
@@ -384,8 +451,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             raise
         one = " ".join(str(exc).split())[:500]
-        print(f"fedrcl-flwr: internal error: {type(exc).__name__}: {one} (run again with "
-              "--verbose for the traceback)", file=sys.stderr)
+        print(
+            f"fedrcl-flwr: internal error: {type(exc).__name__}: {one} (run again with "
+            "--verbose for the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

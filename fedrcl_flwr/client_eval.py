@@ -69,15 +69,24 @@ def check_config(cfg, source: str) -> None:
         return
     every = cfg.federation.eval_every
     if pc.every % every:
-        raise _cfg_error(source, f"'{key}.every' ({pc.every}) must be a multiple of "
-                                 f"'federation.eval_every' ({every}): client metrics go "
-                                 "into the evaluated rounds' records")
+        raise _cfg_error(
+            source,
+            f"'{key}.every' ({pc.every}) must be a multiple of "
+            f"'federation.eval_every' ({every}): client metrics go "
+            "into the evaluated rounds' records",
+        )
     if pc.local_test == "domain" and cfg.partition.scheme != "domain":
-        raise _cfg_error(source, f"'{key}.local_test' domain needs partition.scheme domain "
-                                 f"(got {cfg.partition.scheme}); use holdout")
+        raise _cfg_error(
+            source,
+            f"'{key}.local_test' domain needs partition.scheme domain "
+            f"(got {cfg.partition.scheme}); use holdout",
+        )
     if test_source(cfg) == "holdout" and pc.local_test_fraction <= 0:
-        raise _cfg_error(source, f"'{key}.local_test_fraction' must be > 0 for a held-out "
-                                 "local test share (local_test holdout)")
+        raise _cfg_error(
+            source,
+            f"'{key}.local_test_fraction' must be > 0 for a held-out "
+            "local test share (local_test holdout)",
+        )
 
 
 def enabled(cfg) -> bool:
@@ -101,8 +110,9 @@ def split_seed(cfg) -> int:
     return int(cfg.partition.seed if cfg.partition.seed is not None else cfg.seed)
 
 
-def holdout_split(indices: np.ndarray, fraction: float, seed: int,
-                  client: int) -> tuple[np.ndarray, np.ndarray]:
+def holdout_split(
+    indices: np.ndarray, fraction: float, seed: int, client: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``(train, test)`` of one client's ``indices`` (see the module doc): disjoint, their
     union is ``indices``, both in the order of ``indices``."""
     indices = np.asarray(indices)
@@ -119,21 +129,25 @@ def training_indices(cfg, client: int, indices: np.ndarray) -> np.ndarray:
     """What the client trains on: ``indices`` minus the held-out share when held out."""
     if not holds_out(cfg):
         return indices
-    return holdout_split(indices, cfg.evaluation.per_client.local_test_fraction,
-                         split_seed(cfg), client)[0]
+    return holdout_split(
+        indices, cfg.evaluation.per_client.local_test_fraction, split_seed(cfg), client
+    )[0]
 
 
 def local_test(cfg, client: int, indices: np.ndarray, train_dataset, bundle=None):
     """``(dataset, indices)`` of the client's local test data; ``indices`` is its whole
     partition (before the hold-out); ``bundle`` (the experiment's data) for ``domain``."""
     if test_source(cfg) == "holdout":
-        test = holdout_split(indices, cfg.evaluation.per_client.local_test_fraction,
-                             split_seed(cfg), client)[1]
+        test = holdout_split(
+            indices, cfg.evaluation.per_client.local_test_fraction, split_seed(cfg), client
+        )[1]
         return train_dataset, test
     if bundle is None or bundle.train_domains is None or bundle.test_domains is None:
-        raise ValueError("evaluation.per_client.local_test domain needs the experiment's "
-                         "dataset with domains (a real device with its own data: use "
-                         "local_test holdout)")
+        raise ValueError(
+            "evaluation.per_client.local_test domain needs the experiment's "
+            "dataset with domains (a real device with its own data: use "
+            "local_test holdout)"
+        )
     mine = np.unique(np.asarray(bundle.train_domains)[np.asarray(indices)])
     return bundle.test, np.flatnonzero(np.isin(np.asarray(bundle.test_domains), mine))
 
@@ -142,8 +156,9 @@ def due(every: int, rnd: int, rounds: int) -> bool:
     return every > 0 and (rnd % every == 0 or rnd == rounds)
 
 
-def finetune(model, dataset, indices: np.ndarray, cfg, run_round: int, client: int,
-             steps: int, device) -> None:
+def finetune(
+    model, dataset, indices: np.ndarray, cfg, run_round: int, client: int, steps: int, device
+) -> None:
     """``steps`` cross-entropy steps on ``dataset[indices]`` in place (module doc)."""
     import itertools
 
@@ -163,17 +178,24 @@ def finetune(model, dataset, indices: np.ndarray, cfg, run_round: int, client: i
     c = cfg.client
     bs = batch_size_for(len(indices), c.batch_size, c.iterations_per_epoch)
     seed = runtime.client_seed(cfg.seed, run_round, client) ^ FINETUNE_SALT
-    epoch_batches = runtime.make_batches(dataset, np.asarray(indices), bs, seed,
-                                         device=device)
+    epoch_batches = runtime.make_batches(dataset, np.asarray(indices), bs, seed, device=device)
 
     def batches(_epoch: int):  # one "epoch" of exactly `steps` steps, epochs chained
         return itertools.chain.from_iterable(epoch_batches(e) for e in itertools.count())
 
     settings = LocalTrainSettings(
-        lr=round_lr(c.lr, c.lr_decay, run_round), epochs=1, momentum=c.momentum,
-        weight_decay=c.weight_decay, grad_clip=c.grad_clip, iterations_per_epoch=steps,
-        optimizer=c.optimizer, nesterov=c.nesterov, betas=tuple(c.betas), eps=c.eps,
-        amp=c.amp)
+        lr=round_lr(c.lr, c.lr_decay, run_round),
+        epochs=1,
+        momentum=c.momentum,
+        weight_decay=c.weight_decay,
+        grad_clip=c.grad_clip,
+        iterations_per_epoch=steps,
+        optimizer=c.optimizer,
+        nesterov=c.nesterov,
+        betas=tuple(c.betas),
+        eps=c.eps,
+        amp=c.amp,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         train_local(model, batches, [cross_entropy_term()], settings, device)
@@ -198,14 +220,16 @@ def summarize(results: dict, failures: int = 0) -> dict:
         return rec
     a = np.sort(np.fromiter(acc.values(), dtype=np.float64))
     k = max(1, math.ceil(len(a) / 10))
-    rec.update({
-        "client_acc_mean": float(a.mean()),
-        "client_acc_std": float(a.std()),
-        "client_acc_worst10": float(a[:k].mean()),
-        "client_acc_best10": float(a[-k:].mean()),
-        "client_loss_mean": float(np.mean(loss)),
-        "client_accuracy": {str(p): float(v) for p, v in acc.items()},
-    })
+    rec.update(
+        {
+            "client_acc_mean": float(a.mean()),
+            "client_acc_std": float(a.std()),
+            "client_acc_worst10": float(a[:k].mean()),
+            "client_acc_best10": float(a[-k:].mean()),
+            "client_loss_mean": float(np.mean(loss)),
+            "client_accuracy": {str(p): float(v) for p, v in acc.items()},
+        }
+    )
     return rec
 
 

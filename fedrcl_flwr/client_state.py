@@ -32,16 +32,19 @@ class ClientStateStore:
             self.root.mkdir(parents=True, exist_ok=True)
             write_marker(self.root, self.root.name)  # ours: `run --overwrite` may clear it
         if compact:
-            state = {k: (v.half() if torch.is_tensor(v) and v.is_floating_point() else v)
-                     for k, v in state.items()}
+            state = {
+                k: (v.half() if torch.is_tensor(v) and v.is_floating_point() else v)
+                for k, v in state.items()
+            }
         state = {k: (v.detach().cpu() if torch.is_tensor(v) else v) for k, v in state.items()}
         path = self._path(partition_id, name)
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
         torch.save(state, tmp)
         os.replace(tmp, path)
 
-    def load(self, partition_id: int, name: str, *, dtype: torch.dtype | None = None
-             ) -> dict | None:
+    def load(
+        self, partition_id: int, name: str, *, dtype: torch.dtype | None = None
+    ) -> dict | None:
         path = self._path(partition_id, name)
         if not path.exists():
             return None
@@ -49,10 +52,11 @@ class ClientStateStore:
 
         state = safe_load(path, "client state file")
         if dtype is not None:
-            state = {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
-                     for k, v in state.items()}
+            state = {
+                k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
+                for k, v in state.items()
+            }
         return state
 
     def nbytes(self) -> int:
-        return sum(p.stat().st_size for p in self.root.glob("*.pt")) if self.root.exists() \
-            else 0
+        return sum(p.stat().st_size for p in self.root.glob("*.pt")) if self.root.exists() else 0

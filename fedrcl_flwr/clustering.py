@@ -119,7 +119,7 @@ class _Geometry:
             # float64 products -> float32 distances, slab by slab (stays in cache)
             out = np.empty(g.shape, dtype=self.dtype)
             for s in range(0, g.shape[0], _SLAB):
-                out[s:s + _SLAB] = self._finish(g[s:s + _SLAB], sq_a[s:s + _SLAB], sq_b)
+                out[s : s + _SLAB] = self._finish(g[s : s + _SLAB], sq_a[s : s + _SLAB], sq_b)
             return out
         g *= -2
         g += sq_a
@@ -145,12 +145,12 @@ class _Geometry:
         """Distances d(i[t], j[t])."""
         out = np.empty(len(i), dtype=self.dtype)
         for s in range(0, len(i), _PAIR_CHUNK):
-            ii, jj = i[s:s + _PAIR_CHUNK], j[s:s + _PAIR_CHUNK]
+            ii, jj = i[s : s + _PAIR_CHUNK], j[s : s + _PAIR_CHUNK]
             g = np.einsum("ij,ij->i", self.z[ii], self.z[jj])
             if self.cosine:
-                out[s:s + len(ii)] = self._finish(g, None, None)
+                out[s : s + len(ii)] = self._finish(g, None, None)
             else:
-                out[s:s + len(ii)] = self._finish(g, self.sq[ii], self.sq[jj])
+                out[s : s + len(ii)] = self._finish(g, self.sq[ii], self.sq[jj])
         return out
 
     def subset_max(self, idx: np.ndarray) -> float:
@@ -207,7 +207,7 @@ class _Neighbours:
         best = sim[np.arange(n), kappa]
         redo = np.flatnonzero(~((best > 0.5) & (best < 1)))
         for s in range(0, len(redo), 1024):
-            rows = redo[s:s + 1024]
+            rows = redo[s : s + 1024]
             d = geo._finish(sim[rows], None, None)
             d[np.arange(len(rows)), rows] = _DIAG
             kappa[rows] = d.argmin(axis=1)
@@ -261,12 +261,13 @@ def _update(best: np.ndarray, arg: np.ndarray, blk: np.ndarray, offset: int) -> 
     arg[upd] = am[upd] + offset
 
 
-def _update_columns(best: np.ndarray, arg: np.ndarray, blk: np.ndarray, offset: int,
-                    slab: int = 256) -> None:
+def _update_columns(
+    best: np.ndarray, arg: np.ndarray, blk: np.ndarray, offset: int, slab: int = 256
+) -> None:
     """Column-wise version of :func:`_update` (arg-min along axis 0 is slow in NumPy, so
     reduce slabs of rows with a min first and arg-min only the columns that improve)."""
     for s in range(0, blk.shape[0], slab):
-        part = blk[s:s + slab]
+        part = blk[s : s + slab]
         m = part.min(axis=0)
         upd = m < best
         if upd.any():
@@ -333,7 +334,8 @@ def _components(nb: _Neighbours, min_sim: float | None) -> tuple[np.ndarray, int
                 reps = sizes[k_]
                 rows = np.repeat(m_, reps)
                 pos = np.repeat(starts[k_], reps) + (
-                    np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps))
+                    np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps)
+                )
                 sib = order[pos]
                 ok = sib != rows
                 rows, sib = rows[ok], sib[ok]
@@ -374,8 +376,9 @@ def _linked_entries(kappa: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return key // n, key % n
 
 
-def _refine(data: np.ndarray, labels: np.ndarray, req_clust: int, distance: str,
-            block_size: int | None) -> np.ndarray:
+def _refine(
+    data: np.ndarray, labels: np.ndarray, req_clust: int, distance: str, block_size: int | None
+) -> np.ndarray:
     """Merge the clusters of ``labels`` one closest linked pair at a time (the reference's
     ``req_numclust``), ``#clusters - req_clust`` times."""
     cur = labels
@@ -393,8 +396,9 @@ def _refine(data: np.ndarray, labels: np.ndarray, req_clust: int, distance: str,
     return cur
 
 
-def first_neighbours(x: np.ndarray, *, distance: str = "cosine",
-                     block_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def first_neighbours(
+    x: np.ndarray, *, distance: str = "cosine", block_size: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """First neighbour κ(i) of every row of ``x`` (cast to float32) and d(i, κ(i))."""
     data = _check(x, distance)
     nb = _Neighbours(_Geometry(data, distance), _block_arg(block_size))
@@ -423,8 +427,14 @@ def _check(x, distance: str) -> np.ndarray:
     return data
 
 
-def finch(x: np.ndarray, *, distance: str = "cosine", ensure_early_exit: bool = True,
-          req_clust: int | None = None, block_size: int | None = None):
+def finch(
+    x: np.ndarray,
+    *,
+    distance: str = "cosine",
+    ensure_early_exit: bool = True,
+    req_clust: int | None = None,
+    block_size: int | None = None,
+):
     """FINCH partitions of the rows of ``x``.
 
     Returns ``(partitions, num_clusters)``: an (N, P) int64 array, column 0 the finest
@@ -481,4 +491,3 @@ def canonical_labels(parts) -> np.ndarray:
         rank[np.argsort(first)] = np.arange(len(first))
         out[:, c] = rank[inv.ravel()]
     return out
-

@@ -58,8 +58,9 @@ def decode_array(data: bytes) -> np.ndarray:
         raise ValueError("object arrays cannot be received (they would need pickle)")
     count = int(np.prod(shape, dtype=np.int64))
     if fh.tell() + count * dtype.itemsize != len(data):
-        raise ValueError(f".npy bytes of {len(data)} bytes do not hold a {dtype} array of "
-                         f"shape {shape}")
+        raise ValueError(
+            f".npy bytes of {len(data)} bytes do not hold a {dtype} array of shape {shape}"
+        )
     flat = np.frombuffer(data, dtype=dtype, count=count, offset=fh.tell())
     if fortran:
         return flat.reshape(shape[::-1]).transpose()

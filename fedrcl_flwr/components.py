@@ -47,8 +47,14 @@ class Rule:
     model_check: Callable[[Any, Any], str | None] | None = None
 
 
-def between(lo: float | None = None, hi: float | None = None, *,
-            lo_open: bool = False, hi_open: bool = False, also: tuple = ()) -> Rule:
+def between(
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    also: tuple = (),
+) -> Rule:
     """A number in [lo, hi] (open ends with ``lo_open`` / ``hi_open``); ``also`` lists
     sentinel values allowed outside it (e.g. ``-1`` = "use the schedule")."""
 
@@ -90,8 +96,7 @@ def at_least(lo: int) -> Rule:
 
 
 def one_of(*choices: str) -> Rule:
-    return Rule(lambda v: v in choices, f"must be one of {', '.join(choices)}",
-                ("no-such-choice",))
+    return Rule(lambda v: v in choices, f"must be one of {', '.join(choices)}", ("no-such-choice",))
 
 
 def with_text(rule: Rule, text: str) -> Rule:
@@ -133,15 +138,21 @@ def _typed(value: Any, default: Any) -> tuple[bool, Any]:
 
 
 def type_text(default: Any) -> str:
-    for tp, name in ((bool, "true or false"), (int, "a whole number"), (float, "a number"),
-                     (str, "a string"), (list, "a list")):
+    for tp, name in (
+        (bool, "true or false"),
+        (int, "a whole number"),
+        (float, "a number"),
+        (str, "a string"),
+        (list, "a list"),
+    ):
         if isinstance(default, tp):
             return name
     return type(default).__name__
 
 
-def resolve_params(section: str, owner: str, defaults: dict, rules: dict,
-                   given: dict | None) -> dict:
+def resolve_params(
+    section: str, owner: str, defaults: dict, rules: dict, given: dict | None
+) -> dict:
     """``given`` merged over ``defaults`` with every value checked (type, finiteness,
     rule); unknown keys are an error. ``section`` is ``client.params`` / ``server.params``,
     ``owner`` names the component ("method 'fedrcl'")."""
@@ -149,14 +160,17 @@ def resolve_params(section: str, owner: str, defaults: dict, rules: dict,
     unknown = sorted(set(given) - set(defaults))
     if unknown:
         allowed = ", ".join(sorted(defaults)) or "(none)"
-        raise ConfigError(f"{section}: unknown key(s) {', '.join(map(str, unknown))} for "
-                          f"{owner} (allowed: {allowed})")
+        raise ConfigError(
+            f"{section}: unknown key(s) {', '.join(map(str, unknown))} for "
+            f"{owner} (allowed: {allowed})"
+        )
     out = dict(defaults)
     for k, v in given.items():
         ok, v = _typed(v, defaults[k])
         if not ok:
-            raise ConfigError(f"{section}.{k} for {owner} must be {type_text(defaults[k])}, "
-                              f"got {v!r}")
+            raise ConfigError(
+                f"{section}.{k} for {owner} must be {type_text(defaults[k])}, got {v!r}"
+            )
         if not _finite(v):
             raise ConfigError(f"{section}.{k} for {owner} must be finite, got {v!r}")
         rule = rules.get(k)
@@ -166,8 +180,9 @@ def resolve_params(section: str, owner: str, defaults: dict, rules: dict,
     return out
 
 
-def check_model_rules(section: str, owner: str, rules: dict, params: dict,
-                      get_model: Callable[[], Any]) -> None:
+def check_model_rules(
+    section: str, owner: str, rules: dict, params: dict, get_model: Callable[[], Any]
+) -> None:
     """Run the rules that depend on the configured model (``model_check``)."""
     for k, rule in rules.items():
         if rule.model_check is not None:
@@ -211,12 +226,15 @@ def extra_components(key: str) -> dict[str, str]:
         entries = json.loads(text).get(key, {})
         ok = isinstance(entries, dict) and all(
             isinstance(k, str) and isinstance(v, str) and v.count(":") == 1
-            for k, v in entries.items())
+            for k, v in entries.items()
+        )
     except (ValueError, AttributeError):
         ok = False
     if not ok:
-        raise ConfigError(f"{EXTRA_COMPONENTS_ENV}: must be JSON {{\"{key}\": {{\"name\": "
-                          f"\"module:Class\"}}}}, got {text[:200]!r}")
+        raise ConfigError(
+            f'{EXTRA_COMPONENTS_ENV}: must be JSON {{"{key}": {{"name": '
+            f'"module:Class"}}}}, got {text[:200]!r}'
+        )
     return dict(entries)
 
 
@@ -254,14 +272,14 @@ class Registry(dict):
         """Add component ``name`` = ``"module:Class"`` in this process (a process a run
         starts needs :data:`EXTRA_COMPONENTS_ENV` too)."""
         if target.count(":") != 1:
-            raise ValueError(f"{self.key} '{name}': target must be 'module:Class', got "
-                             f"{target!r}")
+            raise ValueError(f"{self.key} '{name}': target must be 'module:Class', got {target!r}")
         self[name] = _declared(target)
 
     def declared(self, name: str) -> Declared:
         if name not in self:
-            raise ConfigError(f"'{self.key}' must be one of {', '.join(sorted(self))}, "
-                              f"got {name!r}")
+            raise ConfigError(
+                f"'{self.key}' must be one of {', '.join(sorted(self))}, got {name!r}"
+            )
         return self[name]
 
     def params(self, name: str) -> tuple[dict, dict]:
@@ -297,8 +315,7 @@ def feature_tap() -> Rule:
         taps = model_taps(model)
         return None if v in taps else f"unknown feature {v!r}; this model has {list(taps)}"
 
-    return Rule(lambda v: bool(v), "must name a feature of the model", ("no_such_feature",),
-                check)
+    return Rule(lambda v: bool(v), "must name a feature of the model", ("no_such_feature",), check)
 
 
 def resolve_levels(requested: list, model_levels: tuple) -> list[str]:
@@ -310,8 +327,10 @@ def resolve_levels(requested: list, model_levels: tuple) -> list[str]:
         return [model_levels[-1]]
     bad = [lv for lv in requested if lv not in model_levels]
     if bad:
-        raise ConfigError(f"client.params.levels: unknown level(s) {bad}; this model has "
-                          f"{list(model_levels)} (or use [all] / [last])")
+        raise ConfigError(
+            f"client.params.levels: unknown level(s) {bad}; this model has "
+            f"{list(model_levels)} (or use [all] / [last])"
+        )
     return list(requested)
 
 
@@ -328,9 +347,12 @@ def tap_levels() -> Rule:
             return str(exc).split(": ", 1)[1]
         return None
 
-    return Rule(lambda v: all(isinstance(x, str) and x for x in v),
-                "must be a list of level names, [all] or [last]", (["nonexistent"], [3]),
-                check)
+    return Rule(
+        lambda v: all(isinstance(x, str) and x for x in v),
+        "must be a list of level names, [all] or [last]",
+        (["nonexistent"], [3]),
+        check,
+    )
 
 
 # ------------------------------------------------------- rules about the model's blocks
@@ -340,8 +362,7 @@ def resolve_branches(req: list, n_blocks: int) -> list[int]:
         return list(range(n_blocks))
     bad = [k for k in req if not 0 <= k < n_blocks]
     if bad:
-        raise ConfigError(f"client.params.branches: {bad} not in [0, {n_blocks}) "
-                          f"(or use [all])")
+        raise ConfigError(f"client.params.branches: {bad} not in [0, {n_blocks}) (or use [all])")
     return sorted(set(req))
 
 
@@ -364,13 +385,18 @@ def block_indices() -> Rule:
             return str(exc).split(": ", 1)[1]
         return None
 
-    return Rule(lambda v: v == ["all"] or all(
-        isinstance(k, int) and not isinstance(k, bool) for k in v),
-        "must be [all] or a list of block indices", (["first"], [99], [-1]), check)
+    return Rule(
+        lambda v: v == ["all"] or all(isinstance(k, int) and not isinstance(k, bool) for k in v),
+        "must be [all] or a list of block indices",
+        (["first"], [99], [-1]),
+        check,
+    )
 
 
 def finch_level() -> Rule:
     """A level of a FINCH clustering: ``finest``, ``coarsest`` or an index (0, 1, ...)."""
-    return Rule(lambda v: v in ("finest", "coarsest") or v.isdigit(),
-                "must be finest, coarsest or a FINCH level index (0, 1, ...)",
-                ("middle", "-1"))
+    return Rule(
+        lambda v: v in ("finest", "coarsest") or v.isdigit(),
+        "must be finest, coarsest or a FINCH level index (0, 1, ...)",
+        ("middle", "-1"),
+    )

@@ -24,10 +24,16 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate_model(model: nn.Module, dataset: Dataset, device: torch.device, *,
-                   batch_size: int = 500, indices: np.ndarray | None = None,
-                   groups: np.ndarray | None = None,
-                   group_names: list | None = None) -> EvalResult:
+def evaluate_model(
+    model: nn.Module,
+    dataset: Dataset,
+    device: torch.device,
+    *,
+    batch_size: int = 500,
+    indices: np.ndarray | None = None,
+    groups: np.ndarray | None = None,
+    group_names: list | None = None,
+) -> EvalResult:
     """Mean cross-entropy and accuracy of ``model`` on ``dataset`` (un-augmented; only
     the samples ``indices`` when given).
 
@@ -55,8 +61,9 @@ def evaluate_model(model: nn.Module, dataset: Dataset, device: torch.device, *,
         if groups is not None:
             hits.append(hit)
     loss_total, correct_total = torch.stack([loss_sum, correct.double()]).tolist()
-    result = EvalResult(loss=loss_total / max(n, 1), accuracy=int(correct_total) / max(n, 1),
-                        num_samples=n)
+    result = EvalResult(
+        loss=loss_total / max(n, 1), accuracy=int(correct_total) / max(n, 1), num_samples=n
+    )
     if groups is not None:
         hit = torch.cat(hits).cpu().numpy() if hits else np.zeros(0, bool)
         names = group_names or [str(g) for g in sorted(set(groups.tolist()))]
@@ -95,9 +102,18 @@ class EMATracker:
         return self.value
 
 
-def robust_accuracy(model: nn.Module, dataset: Dataset, device: torch.device, *,
-                    eps: float, step: float, steps: int = 20, max_samples: int = 1000,
-                    batch_size: int = 250, seed: int = 0) -> dict:
+def robust_accuracy(
+    model: nn.Module,
+    dataset: Dataset,
+    device: torch.device,
+    *,
+    eps: float,
+    step: float,
+    steps: int = 20,
+    max_samples: int = 1000,
+    batch_size: int = 250,
+    seed: int = 0,
+) -> dict:
     """Clean, FGSM and PGD-``steps`` accuracy of ``model`` on up to ``max_samples``
     samples (FedCCL Table 8). The attacks work in [0, 1] **pixel space**: ``eps``/``step``
     are pixel units (8/255, 2/255 for the usual PGD-20), adversarial pixels are clamped to

@@ -102,7 +102,7 @@ def _class_stats(z: torch.Tensor, y: torch.Tensor, between: str):
     onehot = torch.zeros(z.shape[0], k, dtype=z.dtype)
     onehot[torch.arange(z.shape[0]), inverse] = 1.0
     counts_f = counts.to(z.dtype)
-    means = (onehot.t() @ z) / counts_f[:, None]                  # (K, D)
+    means = (onehot.t() @ z) / counts_f[:, None]  # (K, D)
     if between == "frequency":
         w = counts_f / counts_f.sum()
         center = z.mean(dim=0)
@@ -132,8 +132,7 @@ def class_covariance_traces(z, y, *, between: str = "frequency") -> dict:
         within = per_class.mean()
     btw = (w * ((means - center) ** 2).sum(dim=1)).sum()
     total = ((_centered(z)) ** 2).sum(dim=1).mean()
-    return {"trace_within": float(within), "trace_between": float(btw),
-            "trace_total": float(total)}
+    return {"trace_within": float(within), "trace_between": float(btw), "trace_total": float(total)}
 
 
 def _rank_tol(s: torch.Tensor, shape, rtol: float | None) -> float:
@@ -143,8 +142,9 @@ def _rank_tol(s: torch.Tensor, shape, rtol: float | None) -> float:
     return float(s.max()) * r
 
 
-def variability_collapse_index(z, y, *, rtol: float | None = None,
-                               between: str = "frequency") -> float:
+def variability_collapse_index(
+    z, y, *, rtol: float | None = None, between: str = "frequency"
+) -> float:
     """Variability collapse index VCI = 1 − Tr(Σ_T⁺ Σ_B) / rank(Σ_B) (FedRCL Sec. 4.2,
     Xu & Liu 2023). Lower = better linear transferability.
 
@@ -163,7 +163,7 @@ def variability_collapse_index(z, y, *, rtol: float | None = None,
     z, y = _z(z), _y(y)
     n = z.shape[0]
     _, _, _, means, w, center = _class_stats(z, y, between)
-    m = w.sqrt()[:, None] * (means - center)                      # Σ_B = mᵀ m
+    m = w.sqrt()[:, None] * (means - center)  # Σ_B = mᵀ m
     zc = _centered(z)
     _, s, vh = torch.linalg.svd(zc, full_matrices=False)
     keep = s > _rank_tol(s, zc.shape, rtol)
@@ -174,13 +174,14 @@ def variability_collapse_index(z, y, *, rtol: float | None = None,
     rank_b = int((sb > _rank_tol(scale, zc.shape, rtol)).sum())
     if rank_b == 0:
         return float("nan")
-    proj = (m @ vh[keep].t()) * (math.sqrt(n) / s[keep])          # m V S⁻¹ √N
-    trace = float((proj ** 2).sum())                              # Tr(m Σ_T⁺ mᵀ)
+    proj = (m @ vh[keep].t()) * (math.sqrt(n) / s[keep])  # m V S⁻¹ √N
+    trace = float((proj**2).sum())  # Tr(m Σ_T⁺ mᵀ)
     return 1.0 - trace / rank_b
 
 
-def deviation_bound(z, y, *, probs=None, logits=None, num_classes: int | None = None,
-                    similarity: str = "cosine") -> torch.Tensor:
+def deviation_bound(
+    z, y, *, probs=None, logits=None, num_classes: int | None = None, similarity: str = "cosine"
+) -> torch.Tensor:
     """Sample-wise deviation bound D(x) of FedRCL Definition 1, Eq. (4), for every sample.
 
         D(x) = (1 − P_r^(r)) Φ_r |O_r| S_r(x) / Σ_{j≠r} P_r^(j) Φ_j |O_j| S_j(x),  x ∈ O_r
@@ -221,21 +222,21 @@ def deviation_bound(z, y, *, probs=None, logits=None, num_classes: int | None = 
         raise ValueError("labels must lie in [0, num_classes)")
     onehot = torch.zeros(n, c, dtype=torch.float64)
     onehot[torch.arange(n), y] = 1.0
-    counts = onehot.sum(dim=0)                                     # |O_y|
+    counts = onehot.sum(dim=0)  # |O_y|
     present = counts > 0
     safe = counts.clamp_min(1.0)
     norms = z.norm(dim=1)
-    phi = (onehot.t() @ norms) / safe                              # Φ_y
+    phi = (onehot.t() @ norms) / safe  # Φ_y
     u = _similarity_features(z, norms, similarity)
-    class_mean_u = (onehot.t() @ u) / safe[:, None]                # (C, D)
-    s = u @ class_mean_u.t()                                       # S_y(x), (N, C)
+    class_mean_u = (onehot.t() @ u) / safe[:, None]  # (C, D)
+    s = u @ class_mean_u.t()  # S_y(x), (N, C)
     if probs is not None:
-        p_mat = (onehot.t() @ probs) / safe[:, None]               # P[y, z] = P_z^(y)
+        p_mat = (onehot.t() @ probs) / safe[:, None]  # P[y, z] = P_z^(y)
     else:
         p_mat = torch.full((c, c), 1.0 / c, dtype=torch.float64)
-    weight = phi * counts * present                                # Φ_j |O_j|
+    weight = phi * counts * present  # Φ_j |O_j|
     # term[x, j] = P_r^(j) Φ_j |O_j| S_j(x) with r = y_x
-    pr = p_mat[:, y].t()                                           # (N, C): P_r^(j) = P[j, r]
+    pr = p_mat[:, y].t()  # (N, C): P_r^(j) = P[j, r]
     terms = pr * weight[None, :] * s
     own = terms.gather(1, y[:, None]).squeeze(1)
     denom = terms.sum(dim=1) - own
@@ -244,8 +245,7 @@ def deviation_bound(z, y, *, probs=None, logits=None, num_classes: int | None = 
     return numer / denom
 
 
-def _similarity_features(z: torch.Tensor, norms: torch.Tensor, similarity: str
-                         ) -> torch.Tensor:
+def _similarity_features(z: torch.Tensor, norms: torch.Tensor, similarity: str) -> torch.Tensor:
     """The features whose inner products are S_y of :func:`deviation_bound`: normalised
     (``cosine``; a zero feature stays zero) or raw (``dot``)."""
     if similarity == "cosine":
@@ -256,8 +256,9 @@ def _similarity_features(z: torch.Tensor, norms: torch.Tensor, similarity: str
     raise ValueError(f"similarity must be 'cosine' or 'dot', got {similarity!r}")
 
 
-def representation_metrics(z, y, *, logits=None, probs=None,
-                           num_classes: int | None = None) -> dict:
+def representation_metrics(
+    z, y, *, logits=None, probs=None, num_classes: int | None = None
+) -> dict:
     """All FedRCL representation metrics of features z (N, D) with labels y (N,).
 
     Keys (plain floats): ``effective_rank`` (of the covariance, Definition 2),
@@ -280,6 +281,7 @@ def representation_metrics(z, y, *, logits=None, probs=None,
     finite = torch.isfinite(d)
     out["deviation_mean"] = float(d[finite].mean()) if finite.any() else float("nan")
     out["deviation_median"] = float(d[valid].median()) if valid.any() else float("nan")
-    out["deviation_frac_below_1"] = (float((d[valid] < 1).double().mean())
-                                     if valid.any() else float("nan"))
+    out["deviation_frac_below_1"] = (
+        float((d[valid] < 1).double().mean()) if valid.any() else float("nan")
+    )
     return out

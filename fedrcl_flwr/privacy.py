@@ -55,15 +55,20 @@ def check_privacy_section(cfg, source: str) -> None:
     if dp is not None:
         if dp.noise_multiplier is None or dp.clipping_norm is None:
             missing = "noise_multiplier" if dp.noise_multiplier is None else "clipping_norm"
-            raise ConfigError(f"{source}: 'privacy.dp.{missing}' is required when privacy.dp "
-                              "is set")
+            raise ConfigError(
+                f"{source}: 'privacy.dp.{missing}' is required when privacy.dp is set"
+            )
         if not installed("privacy"):
-            raise ConfigError(f"{source}: 'privacy.dp' needs the dp-accounting package for "
-                              f"its privacy accountant ({pip_install('privacy')})")
+            raise ConfigError(
+                f"{source}: 'privacy.dp' needs the dp-accounting package for "
+                f"its privacy accountant ({pip_install('privacy')})"
+            )
     p = cfg.privacy
     if isinstance(p.secagg_threshold, float) and p.secagg_threshold > 1:
-        raise ConfigError(f"{source}: 'privacy.secagg_threshold' as a proportion must be "
-                          f"<= 1, got {p.secagg_threshold!r}")
+        raise ConfigError(
+            f"{source}: 'privacy.secagg_threshold' as a proportion must be "
+            f"<= 1, got {p.secagg_threshold!r}"
+        )
 
 
 def integer_entries(model) -> list[str]:
@@ -85,15 +90,21 @@ def check_privacy(cfg, method_cls, exchange: dict | None, get_model) -> None:
         return
     what = "privacy.dp" if dp is not None else "privacy.secagg"
     if exchange is not None:
-        why = ("its clients upload feature signals (prototypes / cluster signals) besides "
-               "the model, which the server needs one by one (FedCCL clusters them with "
-               "FINCH, FedProto/FedProc/FPL/FedPCL build per-class prototypes) and which "
-               "travel in the fit metrics")
+        why = (
+            "its clients upload feature signals (prototypes / cluster signals) besides "
+            "the model, which the server needs one by one (FedCCL clusters them with "
+            "FINCH, FedProto/FedProc/FPL/FedPCL build per-class prototypes) and which "
+            "travel in the fit metrics"
+        )
         if dp is not None:
-            raise ConfigError(f"'{what}' cannot protect method '{method_cls.method}': {why}, "
-                              "outside Flower's clipping and noise")
-        raise ConfigError(f"'privacy.secagg' cannot be used with method "
-                          f"'{method_cls.method}': {why}, outside SecAgg+'s masked sum")
+            raise ConfigError(
+                f"'{what}' cannot protect method '{method_cls.method}': {why}, "
+                "outside Flower's clipping and noise"
+            )
+        raise ConfigError(
+            f"'privacy.secagg' cannot be used with method "
+            f"'{method_cls.method}': {why}, outside SecAgg+'s masked sum"
+        )
     model = get_model()
     ints = integer_entries(model) if model is not None else []
     if ints:
@@ -101,28 +112,34 @@ def check_privacy(cfg, method_cls, exchange: dict | None, get_model) -> None:
             f"'{what}' needs a model whose state is all floating point; model.name="
             f"{cfg.model.name} has integer buffers ({ints[0]}, ...: BatchNorm step counters) "
             "that Flower's clipping cannot scale and SecAgg+ cannot sum; use a "
-            "GroupNorm / norm-free model (cnn5, resnet18_gn, vgg9_gn, ...)")
+            "GroupNorm / norm-free model (cnn5, resnet18_gn, vgg9_gn, ...)"
+        )
     if dp is not None:
         if cfg.server.strategy == "feddyn" or method_cls.method == "feddyn":
             raise ConfigError(
                 "'privacy.dp' cannot be combined with FedDyn: FedDyn's server state h must "
                 "track the clients' own correction terms ∇L_k, which each client updates "
                 "from its unclipped, noise-free model (Acar et al. 2021, Alg. 1); clipping "
-                "and noising the uploads breaks that identity")
+                "and noising the uploads breaks that identity"
+            )
         if cfg.server.weighting != "uniform":
             raise ConfigError(
                 "'privacy.dp' needs server.weighting: uniform: Flower's noise std σ·C/n "
                 "covers an equally weighted average of n clipped updates; a sample-weighted "
-                f"one has a larger sensitivity (got server.weighting={cfg.server.weighting})")
+                f"one has a larger sensitivity (got server.weighting={cfg.server.weighting})"
+            )
         if secagg and dp.mode == "server":
             raise ConfigError(
                 "'privacy.dp.mode' server clips each client's update on the server, which "
                 "SecAgg+ hides (the server sees only the sum); use mode: client (each client "
-                "clips with fixedclipping_mod) with privacy.secagg")
+                "clips with fixedclipping_mod) with privacy.secagg"
+            )
     if secagg and cfg.federation.sampled_per_round() < 2:
-        raise ConfigError("'privacy.secagg' needs at least 2 clients per round (SecAgg+ "
-                          "masks each upload with its neighbours'; got "
-                          f"{cfg.federation.sampled_per_round()})")
+        raise ConfigError(
+            "'privacy.secagg' needs at least 2 clients per round (SecAgg+ "
+            "masks each upload with its neighbours'; got "
+            f"{cfg.federation.sampled_per_round()})"
+        )
 
 
 def noise_std(noise_multiplier: float, clipping_norm: float, num_sampled: int) -> float:
@@ -170,8 +187,11 @@ class PrivacyAccountant:
 
     def record(self) -> dict:
         """What each round's record carries."""
-        return {"dp_epsilon": self.epsilon(), "dp_delta": self.delta,
-                "dp_max_client_rounds": self.max_client_rounds}
+        return {
+            "dp_epsilon": self.epsilon(),
+            "dp_delta": self.delta,
+            "dp_max_client_rounds": self.max_client_rounds,
+        }
 
     def state_dict(self) -> dict:
         return {"rounds": self.rounds.copy(), "releases": self.releases}
@@ -179,7 +199,9 @@ class PrivacyAccountant:
     def load_state_dict(self, state: dict) -> None:
         rounds = np.asarray(state["rounds"], dtype=np.int64)
         if rounds.shape != self.rounds.shape:
-            raise ValueError(f"privacy accountant of {rounds.shape[0]} clients, the run has "
-                             f"{self.rounds.shape[0]}")
+            raise ValueError(
+                f"privacy accountant of {rounds.shape[0]} clients, the run has "
+                f"{self.rounds.shape[0]}"
+            )
         self.rounds = rounds.copy()
         self.releases = int(state["releases"])

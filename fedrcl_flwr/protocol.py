@@ -87,8 +87,7 @@ class ProtocolError(ValueError):
     """A message that does not follow the protocol (the entry is named)."""
 
 
-def _as_number(entries: Mapping[str, Any], key: str, kind: type,
-               default: Any | None = None) -> Any:
+def _as_number(entries: Mapping[str, Any], key: str, kind: type, default: Any | None = None) -> Any:
     """``entries[key]`` as ``kind`` (``int`` or ``float``); ``default`` when absent."""
     value = entries.get(key, default)
     if value is None:
@@ -130,20 +129,25 @@ class StrategyParams:
         values = {}
         for f in dataclasses.fields(cls):
             if f.name not in entries:
-                raise ProtocolError(f"the fit instructions lack '{f.name}' ({cls.__name__}: "
-                                    "is the configured server.strategy the one that sends it?)")
-            values[f.name] = _typed_field(cls.__name__, f.name, hints[f.name],
-                                          entries[f.name])
+                raise ProtocolError(
+                    f"the fit instructions lack '{f.name}' ({cls.__name__}: "
+                    "is the configured server.strategy the one that sends it?)"
+                )
+            values[f.name] = _typed_field(cls.__name__, f.name, hints[f.name], entries[f.name])
         return cls(**values)
 
 
 def _typed_field(owner: str, name: str, kind: Any, value: Any) -> Scalar:
-    ok = {float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str)}
+    ok = {
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        bool: lambda v: isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+    }
     if kind not in ok:
-        raise TypeError(f"{owner}.{name}: a strategy parameter must be float, int, bool or "
-                        f"str, not {kind!r}")
+        raise TypeError(
+            f"{owner}.{name}: a strategy parameter must be float, int, bool or str, not {kind!r}"
+        )
     if not ok[kind](value):
         raise ProtocolError(f"'{name}' ({owner}) must be {kind.__name__}, got {value!r}")
     return kind(value)
@@ -162,23 +166,35 @@ class FitInstructions:
     strategy_entries: Mapping[str, Scalar] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, run_round: int, partition_id: int, *,
-              strategy: StrategyParams | None = None,
-              signals: tuple[bytes | None, bytes | None] = (None, None),
-              ) -> FitInstructions:
+    def build(
+        cls,
+        run_round: int,
+        partition_id: int,
+        *,
+        strategy: StrategyParams | None = None,
+        signals: tuple[bytes | None, bytes | None] = (None, None),
+    ) -> FitInstructions:
         """What the server sends one client: the round, its partition, the signal
         exchange's ``(local, global)`` signals and the strategy's :class:`StrategyParams`."""
-        return cls(run_round=int(run_round), partition_id=int(partition_id),
-                   signals_local=signals[0], signals_global=signals[1],
-                   strategy_entries=strategy.to_entries() if strategy is not None else {})
+        return cls(
+            run_round=int(run_round),
+            partition_id=int(partition_id),
+            signals_local=signals[0],
+            signals_global=signals[1],
+            strategy_entries=strategy.to_entries() if strategy is not None else {},
+        )
 
     def to_config(self) -> dict[str, Scalar]:
         clash = sorted(set(self.strategy_entries) & set(FIT_INSTRUCTION_KEYS))
         if clash:
             raise ProtocolError(f"strategy entries reuse protocol names: {clash}")
         config: dict[str, Scalar] = {RUN_ROUND: self.run_round}
-        optional = ((PARTITION_ID, self.partition_id), (LR, self.lr),
-                    (SIGNALS_LOCAL, self.signals_local), (SIGNALS_GLOBAL, self.signals_global))
+        optional = (
+            (PARTITION_ID, self.partition_id),
+            (LR, self.lr),
+            (SIGNALS_LOCAL, self.signals_local),
+            (SIGNALS_GLOBAL, self.signals_global),
+        )
         config.update({k: v for k, v in optional if v is not None})
         config.update(self.strategy_entries)
         return config
@@ -187,13 +203,14 @@ class FitInstructions:
     def from_config(cls, config: Mapping[str, Any]) -> FitInstructions:
         """The instructions in a fit config; every entry that is not a protocol name is
         kept in ``strategy_entries`` (the strategy's fields, Flower's own entries)."""
-        return cls(run_round=_as_number(config, RUN_ROUND, int, 1),
-                   partition_id=_as_number(config, PARTITION_ID, int, None),
-                   lr=_as_number(config, LR, float),
-                   signals_local=_as_bytes(config, SIGNALS_LOCAL),
-                   signals_global=_as_bytes(config, SIGNALS_GLOBAL),
-                   strategy_entries={k: v for k, v in config.items()
-                                     if k not in FIT_INSTRUCTION_KEYS})
+        return cls(
+            run_round=_as_number(config, RUN_ROUND, int, 1),
+            partition_id=_as_number(config, PARTITION_ID, int, None),
+            lr=_as_number(config, LR, float),
+            signals_local=_as_bytes(config, SIGNALS_LOCAL),
+            signals_global=_as_bytes(config, SIGNALS_GLOBAL),
+            strategy_entries={k: v for k, v in config.items() if k not in FIT_INSTRUCTION_KEYS},
+        )
 
     def strategy_params(self, kind: type[P]) -> P:
         """The strategy's values, as the :class:`StrategyParams` subclass ``kind``."""
@@ -219,14 +236,22 @@ class FitReport:
 
     def to_metrics(self) -> dict[str, Scalar]:
         """Flower's fit metrics; a method metric may not reuse a protocol name/prefix."""
-        bad = sorted(k for k in self.method_metrics
-                     if k in FIT_REPORT_KEYS or k.startswith(FIT_REPORT_PREFIXES))
+        bad = sorted(
+            k
+            for k in self.method_metrics
+            if k in FIT_REPORT_KEYS or k.startswith(FIT_REPORT_PREFIXES)
+        )
         if bad:
-            raise ProtocolError(f"method metrics reuse protocol names: {bad} (see "
-                                "fedrcl_flwr/protocol.py)")
+            raise ProtocolError(
+                f"method metrics reuse protocol names: {bad} (see fedrcl_flwr/protocol.py)"
+            )
         metrics: dict[str, Scalar] = {PARTITION_ID: self.partition_id}
-        base = ((TRAIN_LOSS, self.train_loss), (STEPS, self.steps),
-                (FIT_TIME, self.fit_time_s), (NODE, self.node))
+        base = (
+            (TRAIN_LOSS, self.train_loss),
+            (STEPS, self.steps),
+            (FIT_TIME, self.fit_time_s),
+            (NODE, self.node),
+        )
         metrics.update({k: v for k, v in base if v is not None})
         metrics.update({TERM_LOSS_PREFIX + k: v for k, v in self.term_losses.items()})
         metrics.update({LOCAL_REPR_PREFIX + k: v for k, v in self.local_repr.items()})
@@ -241,20 +266,21 @@ class FitReport:
         """The report in a client's fit metrics (a :class:`ProtocolError` naming a
         malformed entry). Term losses keep numbers only; a ``node`` that is not text is
         unknown."""
-        report = cls(partition_id=_as_number(metrics, PARTITION_ID, int, -1),
-                     train_loss=_as_number(metrics, TRAIN_LOSS, float),
-                     steps=_as_number(metrics, STEPS, int, None),
-                     fit_time_s=_as_number(metrics, FIT_TIME, float),
-                     node=metrics[NODE] if isinstance(metrics.get(NODE), str) else None,
-                     signals=metrics.get(SIGNALS),
-                     num_signals=_as_number(metrics, NUM_SIGNALS, int, None))
+        report = cls(
+            partition_id=_as_number(metrics, PARTITION_ID, int, -1),
+            train_loss=_as_number(metrics, TRAIN_LOSS, float),
+            steps=_as_number(metrics, STEPS, int, None),
+            fit_time_s=_as_number(metrics, FIT_TIME, float),
+            node=metrics[NODE] if isinstance(metrics.get(NODE), str) else None,
+            signals=metrics.get(SIGNALS),
+            num_signals=_as_number(metrics, NUM_SIGNALS, int, None),
+        )
         for key, value in metrics.items():
             if key.startswith(TERM_LOSS_PREFIX):
                 if isinstance(value, (int, float)):
-                    report.term_losses[key[len(TERM_LOSS_PREFIX):]] = value
+                    report.term_losses[key[len(TERM_LOSS_PREFIX) :]] = value
             elif key.startswith(LOCAL_REPR_PREFIX):
-                report.local_repr[key[len(LOCAL_REPR_PREFIX):]] = \
-                    _as_number(metrics, key, float)
+                report.local_repr[key[len(LOCAL_REPR_PREFIX) :]] = _as_number(metrics, key, float)
             elif key not in FIT_REPORT_KEYS:
                 report.method_metrics[key] = value
         return report
@@ -291,13 +317,16 @@ class EvaluateInstructions:
     def from_config(cls, config: Mapping[str, Any]) -> EvaluateInstructions:
         text = config.get(PARTITION_IDS)
         try:
-            ids = None if text is None else tuple(int(t) for t in str(text).split(",")
-                                                  if t.strip())
+            ids = None if text is None else tuple(int(t) for t in str(text).split(",") if t.strip())
         except ValueError:
-            raise ProtocolError(f"'{PARTITION_IDS}' must be comma-separated whole "
-                                f"numbers, got {text!r}") from None
-        return cls(run_round=_as_number(config, RUN_ROUND, int, 0), partition_ids=ids,
-                   partition_id=_as_number(config, PARTITION_ID, int, None))
+            raise ProtocolError(
+                f"'{PARTITION_IDS}' must be comma-separated whole numbers, got {text!r}"
+            ) from None
+        return cls(
+            run_round=_as_number(config, RUN_ROUND, int, 0),
+            partition_ids=ids,
+            partition_id=_as_number(config, PARTITION_ID, int, None),
+        )
 
 
 # ------------------------------------------------------------------- evaluate report
@@ -333,8 +362,9 @@ class EvaluateReport:
 
 def encode_client_eval(results: Mapping[int, ClientEvalResult]) -> str:
     """``{partition id: (correct, samples, loss sum)}`` as the ``client_eval`` JSON."""
-    return json.dumps({str(int(k)): [int(c), int(n), float(s)]
-                       for k, (c, n, s) in sorted(results.items())})
+    return json.dumps(
+        {str(int(k)): [int(c), int(n), float(s)] for k, (c, n, s) in sorted(results.items())}
+    )
 
 
 def decode_client_eval(text: Any) -> dict[int, ClientEvalResult]:

@@ -11,8 +11,9 @@ from fedrcl_flwr.data.datasets import iterate_batches
 
 
 @torch.no_grad()
-def embed(model, dataset, device, *, indices=None, feature: str = "penultimate",
-          batch_size: int = 500) -> tuple[torch.Tensor, torch.Tensor]:
+def embed(
+    model, dataset, device, *, indices=None, feature: str = "penultimate", batch_size: int = 500
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The feature ``feature`` of ``dataset[indices]`` (all samples by default, in order,
     un-augmented) in eval mode, as float32 CPU tensors ``(features, labels)``; the model's
     train/eval mode is restored afterwards. The one embedding used by the signal methods
@@ -34,8 +35,9 @@ def embed(model, dataset, device, *, indices=None, feature: str = "penultimate",
     return torch.cat(feats).cpu(), torch.cat(labels).cpu()
 
 
-def representation_record(model, dataset, device, *, feature: str = "penultimate",
-                          max_samples: int = 2000, seed: int = 0) -> dict:
+def representation_record(
+    model, dataset, device, *, feature: str = "penultimate", max_samples: int = 2000, seed: int = 0
+) -> dict:
     """``{"repr_effective_rank": ..., "repr_vci": ..., ...}`` on up to ``max_samples``
     samples (a seeded subset of a larger dataset)."""
     from fedrcl_flwr.metrics import representation_metrics
@@ -45,5 +47,4 @@ def representation_record(model, dataset, device, *, feature: str = "penultimate
     if n > max_samples:
         idx = np.sort(np.random.default_rng(seed).choice(n, max_samples, replace=False))
     z, y = embed(model, dataset, device, indices=idx, feature=feature)
-    return {f"repr_{k}": float(v)
-            for k, v in representation_metrics(z.double(), y).items()}
+    return {f"repr_{k}": float(v) for k, v in representation_metrics(z.double(), y).items()}

@@ -59,7 +59,8 @@ def find_app_dir() -> Path:
     if not (root / "pyproject.toml").exists():
         raise RunFailed(
             f"cannot find the Flower app (pyproject.toml) next to {root}; install the "
-            "project in editable mode: pip install -e .")
+            "project in editable mode: pip install -e ."
+        )
     return root
 
 
@@ -81,8 +82,11 @@ def _bin(name: str) -> str:
 
 def federation_config(cfg: ExperimentConfig) -> str:
     s = cfg.simulation
-    items = [f"num-supernodes={cfg.supernodes()}", f"client-resources-num-cpus={int(s.num_cpus)}",
-             f"client-resources-num-gpus={float(s.num_gpus)}"]
+    items = [
+        f"num-supernodes={cfg.supernodes()}",
+        f"client-resources-num-cpus={int(s.num_cpus)}",
+        f"client-resources-num-gpus={float(s.num_gpus)}",
+    ]
     if s.ray_address:  # an existing cluster: its resources are what they are
         return " ".join(items)
     if s.init_num_cpus:
@@ -116,9 +120,14 @@ class Watchdog:
         wenv = {k: v for k, v in os.environ.items() if k not in MARKER_VARS}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fedrcl_flwr.runner", "watch", str(self.home)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, env=wenv, cwd="/",
-            pass_fds=(lock.fd,) if lock is not None and lock.fd is not None else ())
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env=wenv,
+            cwd="/",
+            pass_fds=(lock.fd,) if lock is not None and lock.fd is not None else (),
+        )
         assert self.proc.stdin is not None  # stdin=PIPE
         self.pipe: IO[bytes] = self.proc.stdin
 
@@ -195,9 +204,11 @@ class OutputLock:
             except OSError:
                 os.close(fd)
                 pid = self.holder(self.path.parent) or "?"
-                raise ConfigError(f"output directory {self.path.parent} is in use by "
-                                  f"another {self.what} (PID {pid}); wait for it to end or "
-                                  "choose another --out") from None
+                raise ConfigError(
+                    f"output directory {self.path.parent} is in use by "
+                    f"another {self.what} (PID {pid}); wait for it to end or "
+                    "choose another --out"
+                ) from None
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -229,8 +240,13 @@ class LocalSuperLink:
     """A private simulation SuperLink on loopback, stopped by :meth:`stop` (or, if this
     process dies first, by its watchdog)."""
 
-    def __init__(self, log_path: Path, verbose: bool = False, lock: OutputLock | None = None,
-                 ray_address: str | None = None):
+    def __init__(
+        self,
+        log_path: Path,
+        verbose: bool = False,
+        lock: OutputLock | None = None,
+        ray_address: str | None = None,
+    ):
         self.home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
         self.port = free_port()
         self.log_path = log_path
@@ -257,7 +273,8 @@ class LocalSuperLink:
             self.env["PYTHONWARNINGS"] = "ignore"
         (self.home / "config.toml").write_text(
             '[superlink]\ndefault = "local"\n\n'
-            f'[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
+            f'[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
         if lock is not None:
             lock.note(str(self.home))
         # the watchdog first: from here on, nothing of the run can outlive this process
@@ -266,26 +283,39 @@ class LocalSuperLink:
     def start(self, timeout: float = 60.0) -> None:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [_bin("flower-superlink"), "--simulation", "--insecure", "--host", "127.0.0.1",
-             "--port", str(self.port), "--disable-runtime-dependency-installation"],
-            stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-            start_new_session=True, cwd=str(self.home))
+            [
+                _bin("flower-superlink"),
+                "--simulation",
+                "--insecure",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--disable-runtime-dependency-installation",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+            cwd=str(self.home),
+        )
         self.watchdog.watch_group(self.proc.pid)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RunFailed(f"flower-superlink exited with code {self.proc.returncode}; "
-                                f"see {self.log_path}")
+                raise RunFailed(
+                    f"flower-superlink exited with code {self.proc.returncode}; see {self.log_path}"
+                )
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health",
-                                            timeout=2) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
                     if r.status == 200:
                         return
             except OSError:
                 pass
             time.sleep(0.1)
-        raise RunFailed(f"flower-superlink did not become healthy in {timeout:.0f}s; "
-                        f"see {self.log_path}")
+        raise RunFailed(
+            f"flower-superlink did not become healthy in {timeout:.0f}s; see {self.log_path}"
+        )
 
     @property
     def address(self) -> str:
@@ -345,9 +375,11 @@ def procs_with(marker: str) -> list[int]:
         if pid_dir.name == me:
             continue
         try:
-            hit = (needle in (pid_dir / "environ").read_bytes()
-                   or needle in (pid_dir / "cmdline").read_bytes()
-                   or marker in os.readlink(pid_dir / "cwd"))
+            hit = (
+                needle in (pid_dir / "environ").read_bytes()
+                or needle in (pid_dir / "cmdline").read_bytes()
+                or marker in os.readlink(pid_dir / "cwd")
+            )
             if hit:
                 pids.append(int(pid_dir.name))
         except (OSError, ValueError):
@@ -397,18 +429,24 @@ def _one_line_error(text: str) -> str:
     rows = [r for r in text.splitlines() if r.strip()]
     starts = [i for i, r in enumerate(rows) if "Traceback" in r]
     if starts:
-        block = rows[starts[-1] + 1:]
+        block = rows[starts[-1] + 1 :]
         for r in block:
             if not r.startswith((" ", "\t")) and ":" in r:
                 return " ".join(r.split())[:600]
     return " ".join(rows[-1].split())[:600] if rows else "(no log)"
 
 
-def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
-                              verbose: bool = False, poll_s: float = 0.25,
-                              status_every_s: float = 1.0,
-                              lock: OutputLock | None = None,
-                              dataset_entry: Path | None = None) -> dict:
+def run_simulation_via_flower(
+    cfg: ExperimentConfig,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    verbose: bool = False,
+    poll_s: float = 0.25,
+    status_every_s: float = 1.0,
+    lock: OutputLock | None = None,
+    dataset_entry: Path | None = None,
+) -> dict:
     """Run the experiment whose resolved config is ``out_dir/config.yaml``; return the
     summary. Raises :class:`RunFailed` when the run did not complete (one line; the
     details are in ``run.log``), including when it stays ``pending``/``starting`` longer
@@ -425,8 +463,9 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
     t0 = time.time()
     app = find_app_dir()
     out_dir = out_dir.resolve()
-    link = LocalSuperLink(out_dir / FLOWER_LOG, verbose=verbose, lock=lock,
-                          ray_address=cfg.simulation.ray_address)
+    link = LocalSuperLink(
+        out_dir / FLOWER_LOG, verbose=verbose, lock=lock, ray_address=cfg.simulation.ray_address
+    )
     printed = len(read_metrics(out_dir)) if resume else 0
     control = None
     timing = [("watchdog", time.time() - t0)]
@@ -442,8 +481,9 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
         logs = control.logs(run_id)
         (out_dir / RUN_LOG).write_text(logs)
         if status != "finished:completed":
-            raise RunFailed(f"{_one_line_error(logs)} (status "
-                            f"'{status}'; details in {out_dir / RUN_LOG})")
+            raise RunFailed(
+                f"{_one_line_error(logs)} (status '{status}'; details in {out_dir / RUN_LOG})"
+            )
     finally:
         if control is not None:
             control.close()
@@ -456,8 +496,15 @@ def run_simulation_via_flower(cfg: ExperimentConfig, out_dir: Path, *, resume: b
     return json.loads(summary_path.read_text())
 
 
-def _submit(cfg: ExperimentConfig, link: LocalSuperLink, app: Path, out_dir: Path, *,
-            resume: bool, dataset_entry: Path | None) -> int:
+def _submit(
+    cfg: ExperimentConfig,
+    link: LocalSuperLink,
+    app: Path,
+    out_dir: Path,
+    *,
+    resume: bool,
+    dataset_entry: Path | None,
+) -> int:
     """Submit the run to ``link`` (``flwr run``, in this process) with its run config
     (``[tool.flwr.app.config]`` keys, written to the private home) and the federation
     sized from the experiment; returns the run id."""
@@ -470,7 +517,8 @@ def _submit(cfg: ExperimentConfig, link: LocalSuperLink, app: Path, out_dir: Pat
         f"output-dir = {toml_string(str(out_dir))}\n"
         f"resume = {toml_string('true' if resume else 'false')}\n"
         f"expected-nodes = {int(nodes)}\n"
-        f"dataset-cache = {toml_string(str(dataset_entry or ''))}\n")
+        f"dataset-cache = {toml_string(str(dataset_entry or ''))}\n"
+    )
     run_id, output = submit(link.home, app, "local", run_config, federation_config(cfg))
     if run_id is None:
         raise RunFailed(f"flwr run failed to submit the run: {_one_line_error(output)}")
@@ -483,8 +531,17 @@ class _RunFollower:
     a failed run can look like a submitted one), gives up on a run that never starts
     (``simulation.startup_timeout_s``, flwr issue #7953) or a SuperLink that died."""
 
-    def __init__(self, cfg: ExperimentConfig, out_dir: Path, link: LocalSuperLink,
-                 control: Any, run_id: int, printed: int, timing: list, t0: float):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        out_dir: Path,
+        link: LocalSuperLink,
+        control: Any,
+        run_id: int,
+        printed: int,
+        timing: list,
+        t0: float,
+    ):
         self.cfg, self.out_dir, self.link = cfg, out_dir, link
         self.control, self.run_id = control, run_id
         self.printed = printed  # round records printed (or kept from before a resume)
@@ -512,19 +569,28 @@ class _RunFollower:
             link_proc = self.link.proc
             assert link_proc is not None  # started before the run was submitted
             if link_proc.poll() is not None:
-                raise RunFailed(f"the SuperLink died (exit {link_proc.returncode}); "
-                                f"see {self.link.log_path}")
+                raise RunFailed(
+                    f"the SuperLink died (exit {link_proc.returncode}); see {self.link.log_path}"
+                )
             time.sleep(poll_s)
 
     def _print_new_rounds(self) -> None:
         recs = read_metrics(self.out_dir)
         if len(recs) > self.printed and len(self.timing) < 4:
             first = recs[self.printed]
-            self.timing.append(("first round started", time.time() - self.t0
-                                - float(first.get("round_time_s", 0.0))))
-        for rec in recs[self.printed:]:
-            print(format_round_line(rec, self.cfg.federation.rounds,
-                                    shows_ema(self.cfg.evaluation.report_metric)), flush=True)
+            self.timing.append(
+                (
+                    "first round started",
+                    time.time() - self.t0 - float(first.get("round_time_s", 0.0)),
+                )
+            )
+        for rec in recs[self.printed :]:
+            print(
+                format_round_line(
+                    rec, self.cfg.federation.rounds, shows_ema(self.cfg.evaluation.report_metric)
+                ),
+                flush=True,
+            )
         self.started = self.started or len(recs) > self.printed
         self.printed = max(self.printed, len(recs))
 
@@ -536,7 +602,8 @@ class _RunFollower:
                 f"run {self.run_id} did not start: still '{status or 'unknown'}' after "
                 f"{waited:.0f}s (simulation.startup_timeout_s="
                 f"{self.cfg.simulation.startup_timeout_s:g}; a known Flower problem, "
-                f"flwr issue #7953); see {self.link.log_path}")
+                f"flwr issue #7953); see {self.link.log_path}"
+            )
 
 
 def _mtime(path: Path) -> int | None:
@@ -550,8 +617,9 @@ def _log_timing(log_path: Path, timing: list) -> None:
     """Append the run's phases (seconds since the runner started) to ``flower.log``."""
     try:
         with open(log_path, "a") as fh:
-            fh.write("fedrcl-flwr timing: " + ", ".join(f"{name} {t:.2f}s"
-                                                        for name, t in timing) + "\n")
+            fh.write(
+                "fedrcl-flwr timing: " + ", ".join(f"{name} {t:.2f}s" for name, t in timing) + "\n"
+            )
     except OSError:
         pass
 

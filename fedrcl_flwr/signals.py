@@ -36,20 +36,32 @@ class SignalSet:
         sets = [s for s in sets if len(s)]
         if not sets:
             return SignalSet.empty()
-        return SignalSet(np.concatenate([s.vectors for s in sets]).astype(np.float32),
-                         np.concatenate([s.labels for s in sets]).astype(np.int64),
-                         np.concatenate([s.counts for s in sets]).astype(np.int64))
+        return SignalSet(
+            np.concatenate([s.vectors for s in sets]).astype(np.float32),
+            np.concatenate([s.labels for s in sets]).astype(np.int64),
+            np.concatenate([s.counts for s in sets]).astype(np.int64),
+        )
 
 
 def encode_signals(s: SignalSet) -> bytes:
     buf = io.BytesIO()
-    np.savez(buf, vectors=np.asarray(s.vectors, np.float32),
-             labels=np.asarray(s.labels, np.int64), counts=np.asarray(s.counts, np.int64))
+    np.savez(
+        buf,
+        vectors=np.asarray(s.vectors, np.float32),
+        labels=np.asarray(s.labels, np.int64),
+        counts=np.asarray(s.counts, np.int64),
+    )
     return buf.getvalue()
 
 
-def decode_signals(blob: object, *, dim: int | None = None, num_classes: int | None = None,
-                   max_signals: int = 100_000, max_count: int = 10_000_000) -> SignalSet:
+def decode_signals(
+    blob: object,
+    *,
+    dim: int | None = None,
+    num_classes: int | None = None,
+    max_signals: int = 100_000,
+    max_count: int = 10_000_000,
+) -> SignalSet:
     """Parse and validate signal bytes; raise :class:`SignalError` naming the problem."""
     if not isinstance(blob, (bytes, bytearray)):
         raise SignalError(f"signals must be bytes, got {type(blob).__name__}")
@@ -73,12 +85,17 @@ def decode_signals(blob: object, *, dim: int | None = None, num_classes: int | N
         raise SignalError(f"absurd signal counts (min {counts.min()}, max {counts.max()})")
     if num_classes is not None and k and (labels.min() < 0 or labels.max() >= num_classes):
         raise SignalError(f"signal labels outside [0, {num_classes})")
-    return SignalSet(vectors.astype(np.float32), labels.astype(np.int64),
-                     counts.astype(np.int64))
+    return SignalSet(vectors.astype(np.float32), labels.astype(np.int64), counts.astype(np.int64))
 
 
-def class_cluster_signals(features: np.ndarray, labels: np.ndarray, *, level: str = "coarsest",
-                          mode: str = "cluster", distance: str = "cosine") -> SignalSet:
+def class_cluster_signals(
+    features: np.ndarray,
+    labels: np.ndarray,
+    *,
+    level: str = "coarsest",
+    mode: str = "cluster",
+    distance: str = "cosine",
+) -> SignalSet:
     """Per-class signals of a set of embeddings.
 
     ``mode="cluster"`` (FedCCL Eqs. 8-10): FINCH per class, the means of the clusters of
@@ -114,5 +131,8 @@ def class_cluster_signals(features: np.ndarray, labels: np.ndarray, *, level: st
             cnts.append(int(m.sum()))
     if not vecs:
         return SignalSet.empty(features.shape[1] if features.ndim == 2 else 0)
-    return SignalSet(np.concatenate(vecs).astype(np.float32), np.asarray(labs, np.int64),
-                     np.asarray(cnts, np.int64))
+    return SignalSet(
+        np.concatenate(vecs).astype(np.float32),
+        np.asarray(labs, np.int64),
+        np.asarray(cnts, np.int64),
+    )

@@ -92,14 +92,18 @@ def check_trackers(cfg, source: str) -> None:
     raw = cfg.output.tracker
     for t in raw:
         if t not in TRACKERS:
-            raise ConfigError(f"{source}: 'output.tracker' must list trackers among "
-                              f"{', '.join(TRACKERS)}, got {t!r}")
+            raise ConfigError(
+                f"{source}: 'output.tracker' must list trackers among "
+                f"{', '.join(TRACKERS)}, got {t!r}"
+            )
     if len(set(raw)) != len(raw):
         raise ConfigError(f"{source}: 'output.tracker' lists a tracker twice: {raw}")
     for t in enabled_trackers(cfg):
         if not installed(t):
-            raise ConfigError(f"{source}: 'output.tracker' includes {t} but the {t} package "
-                              f"is not installed ({pip_install(t)}, or remove it)")
+            raise ConfigError(
+                f"{source}: 'output.tracker' includes {t} but the {t} package "
+                f"is not installed ({pip_install(t)}, or remove it)"
+            )
 
 
 def mlflow_uri(default_dir: Path) -> str:
@@ -120,11 +124,16 @@ def check_tracker_environment(cfg) -> None:
     from fedrcl_flwr.config import ConfigError
 
     names = enabled_trackers(cfg)
-    if "wandb" in names and os.environ.get("WANDB_MODE", "").lower() not in (
-            "offline", "disabled", "dryrun") and not _wandb_key_present():
-        raise ConfigError("output.tracker includes wandb in online mode but no W&B API key "
-                          "is set (run `wandb login` or set WANDB_API_KEY; or "
-                          "WANDB_MODE=offline to log locally and `wandb sync` later)")
+    if (
+        "wandb" in names
+        and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun")
+        and not _wandb_key_present()
+    ):
+        raise ConfigError(
+            "output.tracker includes wandb in online mode but no W&B API key "
+            "is set (run `wandb login` or set WANDB_API_KEY; or "
+            "WANDB_MODE=offline to log locally and `wandb sync` later)"
+        )
     if "mlflow" in names:
         uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
         if uri.startswith(("http://", "https://")):
@@ -137,9 +146,11 @@ def check_tracker_environment(cfg) -> None:
                 with socket.create_connection((u.hostname, port), timeout=3):
                     pass
             except OSError as exc:
-                raise ConfigError(f"output.tracker includes mlflow but the tracking server "
-                                  f"MLFLOW_TRACKING_URI={uri} does not answer "
-                                  f"({exc.strerror or exc})") from None
+                raise ConfigError(
+                    f"output.tracker includes mlflow but the tracking server "
+                    f"MLFLOW_TRACKING_URI={uri} does not answer "
+                    f"({exc.strerror or exc})"
+                ) from None
 
 
 def _wandb_key_present() -> bool:
@@ -175,7 +186,7 @@ def _tag(key: str) -> str:
     if key.startswith("dp_"):
         return f"privacy/{key}"
     if key.startswith("client_acc_"):  # per-client evaluation (client_eval.py)
-        return f"client_accuracy/{key[len('client_acc_'):]}"
+        return f"client_accuracy/{key[len('client_acc_') :]}"
     return f"round/{key}"
 
 
@@ -247,8 +258,7 @@ class Backend:
     def log_round(self, step: int, values: dict[str, float]) -> None:
         raise NotImplementedError
 
-    def log_results(self, summary: dict, values: dict[str, float],
-                    files: list[Path]) -> None:
+    def log_results(self, summary: dict, values: dict[str, float], files: list[Path]) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -282,16 +292,16 @@ class TensorBoardBackend(Backend):
 
     def log_results(self, summary, values, files):
         step = int(summary.get("rounds") or 0)
-        self.writer.add_text("summary", "```json\n" + json.dumps(summary, indent=2) +
-                             "\n```", step)
+        self.writer.add_text("summary", "```json\n" + json.dumps(summary, indent=2) + "\n```", step)
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
         for path in files:
             if path.suffix == ".png":
                 import matplotlib.image as mpimg
 
-                self.writer.add_image(f"plots/{path.stem}", mpimg.imread(str(path)), step,
-                                      dataformats="HWC")
+                self.writer.add_image(
+                    f"plots/{path.stem}", mpimg.imread(str(path)), step, dataformats="HWC"
+                )
         self.writer.flush()
 
     def close(self):
@@ -311,12 +321,25 @@ class WandbBackend(Backend):
         if not (self.run_dir / WANDB_DIR).exists():  # ours: `run --overwrite` may clear it
             (self.run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
             write_marker(self.run_dir / WANDB_DIR, WANDB_DIR)
-        settings = wandb.Settings(silent=True, console="off", x_disable_stats=True,
-                                  disable_git=True, save_code=False,
-                                  x_save_requirements=False, x_disable_machine_info=True)
-        self.run = wandb.init(project=cfg.output.tracker_project, name=self.run_dir.name,
-                              group=cfg.output.tracker_group, id=run_id, resume="allow",
-                              dir=str(self.run_dir), config=config, settings=settings)
+        settings = wandb.Settings(
+            silent=True,
+            console="off",
+            x_disable_stats=True,
+            disable_git=True,
+            save_code=False,
+            x_save_requirements=False,
+            x_disable_machine_info=True,
+        )
+        self.run = wandb.init(
+            project=cfg.output.tracker_project,
+            name=self.run_dir.name,
+            group=cfg.output.tracker_group,
+            id=run_id,
+            resume="allow",
+            dir=str(self.run_dir),
+            config=config,
+            settings=settings,
+        )
         self.id = run_id
 
     def state(self):
@@ -368,9 +391,9 @@ def _mlflow_experiment(client, name: str) -> str:
 def mlflow_parent_run(client, experiment_id: str, group: str, *, create: bool) -> str | None:
     """The id of the group's parent run (tag ``fedrcl_flwr.sweep`` = ``group``), created
     when absent and ``create``."""
-    found = client.search_runs([experiment_id],
-                               filter_string=f"tags.`{SWEEP_TAG}` = '{group}'",
-                               max_results=1)
+    found = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{SWEEP_TAG}` = '{group}'", max_results=1
+    )
     if found:
         return found[0].info.run_id
     if not create:
@@ -395,15 +418,16 @@ class MlflowBackend(Backend):
         exp = _mlflow_experiment(self.client, cfg.output.tracker_project)
         tags: dict[str, str | None] = {"fedrcl_flwr.run_dir": str(Path(run_dir).resolve())}
         if cfg.output.tracker_group:
-            parent = mlflow_parent_run(self.client, exp, cfg.output.tracker_group,
-                                       create=True)
+            parent = mlflow_parent_run(self.client, exp, cfg.output.tracker_group, create=True)
             tags["mlflow.parentRunId"] = parent
-        self.run_id = self.client.create_run(exp, run_name=Path(run_dir).name,
-                                             tags=tags).info.run_id
-        params = [Param(mlflow_key(k), str(v)[: self.PARAM_LIMIT])
-                  for k, v in flat_params(config).items()]
+        self.run_id = self.client.create_run(
+            exp, run_name=Path(run_dir).name, tags=tags
+        ).info.run_id
+        params = [
+            Param(mlflow_key(k), str(v)[: self.PARAM_LIMIT]) for k, v in flat_params(config).items()
+        ]
         for i in range(0, len(params), 100):  # MLflow takes 100 parameters per batch
-            self.client.log_batch(self.run_id, params=params[i:i + 100])
+            self.client.log_batch(self.run_id, params=params[i : i + 100])
         self.client.log_artifact(self.run_id, str(config_path))
 
     def state(self):
@@ -417,7 +441,7 @@ class MlflowBackend(Backend):
         now = int(time.time() * 1000)
         metrics = [Metric(mlflow_key(k), float(v), now, step) for k, v in values.items()]
         for i in range(0, len(metrics), 1000):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
 
     def log_round(self, step, values):
         self._metrics(values, step)
@@ -426,8 +450,9 @@ class MlflowBackend(Backend):
         self._metrics(values, int(summary.get("rounds") or 0))
         self.client.log_dict(self.run_id, summary, SUMMARY_FILE)
         for path in files:
-            self.client.log_artifact(self.run_id, str(path),
-                                     "plots" if path.suffix == ".png" else None)
+            self.client.log_artifact(
+                self.run_id, str(path), "plots" if path.suffix == ".png" else None
+            )
 
     def close(self):
         self.client.set_terminated(self.run_id)
@@ -440,8 +465,7 @@ class RunTracker:
     """Feeds every backend the run's records (:meth:`log`), checkpoints (:meth:`flush`)
     and results (:meth:`finish`); keeps ``tracker.json`` (ids and last round sent)."""
 
-    def __init__(self, run_dir: Path, backends: list[Backend], sent: dict,
-                 defer: bool):
+    def __init__(self, run_dir: Path, backends: list[Backend], sent: dict, defer: bool):
         self.run_dir = Path(run_dir)
         self.backends = backends
         self.sent = {b.name: int(sent.get(b.name, 0)) for b in backends}
@@ -455,9 +479,13 @@ class RunTracker:
             except Exception as exc:  # noqa: BLE001 - a mirror must not stop the run
                 self.backends.remove(b)
                 one = " ".join(str(exc).split())[:300]
-                print(f"[fedrcl-flwr] tracker {b.name} failed while {what} and is dropped "
-                      f"for the rest of the run ({type(exc).__name__}: {one}); "
-                      "metrics.jsonl is complete", file=sys.stderr, flush=True)
+                print(
+                    f"[fedrcl-flwr] tracker {b.name} failed while {what} and is dropped "
+                    f"for the rest of the run ({type(exc).__name__}: {one}); "
+                    "metrics.jsonl is complete",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _send(self, records: Iterable[dict], rewriting: bool) -> None:
         for rec in records:
@@ -468,6 +496,7 @@ class RunTracker:
                 if b.rewrites_after_resume == rewriting and step > self.sent[b.name]:
                     b.log_round(step, values)
                     self.sent[b.name] = step
+
             self._each(f"logging round {step}", one)
 
     def log(self, record: dict) -> None:
@@ -502,8 +531,11 @@ class RunTracker:
         self.backends = []
 
     def save_state(self) -> None:
-        state = {b.name: {**b.state(), "last_round": self.sent[b.name]}
-                 for b in self.backends if not b.rewrites_after_resume}
+        state = {
+            b.name: {**b.state(), "last_round": self.sent[b.name]}
+            for b in self.backends
+            if not b.rewrites_after_resume
+        }
         if not state:
             return
         from fedrcl_flwr.run.results import atomic_write_text
@@ -520,8 +552,14 @@ def read_state(run_dir: Path) -> dict:
         return {}
 
 
-def open_tracker(cfg, run_dir: Path, config_path: Path, *, resume_after: int = 0,
-                 kept_records: list | None = None) -> RunTracker | None:
+def open_tracker(
+    cfg,
+    run_dir: Path,
+    config_path: Path,
+    *,
+    resume_after: int = 0,
+    kept_records: list | None = None,
+) -> RunTracker | None:
     """The run's trackers (``None`` when ``output.tracker`` is empty). ``resume_after``:
     the checkpointed round a resumed run continues from (0: a new run); ``kept_records``:
     the records up to it (``metrics.jsonl`` as kept)."""
@@ -540,15 +578,14 @@ def open_tracker(cfg, run_dir: Path, config_path: Path, *, resume_after: int = 0
         elif name == "wandb":
             backends.append(WandbBackend(run_dir, cfg, config, previous.get("wandb", {})))
         elif name == "mlflow":
-            backends.append(MlflowBackend(run_dir, cfg, config, Path(config_path),
-                                          previous.get("mlflow", {})))
-    sent = {k: int(v.get("last_round", 0)) for k, v in previous.items()
-            if isinstance(v, dict)}
+            backends.append(
+                MlflowBackend(run_dir, cfg, config, Path(config_path), previous.get("mlflow", {}))
+            )
+    sent = {k: int(v.get("last_round", 0)) for k, v in previous.items() if isinstance(v, dict)}
     for b in backends:
         if b.rewrites_after_resume:
             sent[b.name] = resume_after
-    tracker = RunTracker(run_dir, backends, sent,
-                         defer=bool(cfg.output.checkpoint_every))
+    tracker = RunTracker(run_dir, backends, sent, defer=bool(cfg.output.checkpoint_every))
     if resume_after and kept_records:
         tracker.catch_up([r for r in kept_records if int(r["round"]) <= resume_after])
     else:
@@ -567,7 +604,6 @@ def prepare_sweep_group(cfgs: list, sweep_out: Path) -> dict:
     if not os.environ.get("MLFLOW_TRACKING_URI"):
         env["MLFLOW_TRACKING_URI"] = uri
     client = _mlflow_client(uri)
-    for project, group in sorted({(c.output.tracker_project, c.output.tracker_group)
-                                  for c in ml}):
+    for project, group in sorted({(c.output.tracker_project, c.output.tracker_group) for c in ml}):
         mlflow_parent_run(client, _mlflow_experiment(client, project), group, create=True)
     return env

@@ -84,8 +84,9 @@ class LocalTrainSettings:
     channels_last: bool = False  # feed NHWC batches (the model is converted by the caller)
 
 
-def make_optimizer(params, settings: LocalTrainSettings,
-                   fused: bool = False) -> torch.optim.Optimizer:
+def make_optimizer(
+    params, settings: LocalTrainSettings, fused: bool = False
+) -> torch.optim.Optimizer:
     """A fresh optimiser (no state carried between rounds) for ``settings.optimizer``:
 
     * ``sgd`` — ``torch.optim.SGD(lr, momentum, nesterov, weight_decay)`` (L2 added to the
@@ -104,14 +105,25 @@ def make_optimizer(params, settings: LocalTrainSettings,
     if name == "sgd":
         if settings.nesterov and settings.momentum <= 0:
             raise ValueError("client.nesterov needs client.momentum > 0")
-        return torch.optim.SGD(params, lr=settings.lr, momentum=settings.momentum,
-                               nesterov=bool(settings.nesterov),
-                               weight_decay=settings.weight_decay, **extra)
+        return torch.optim.SGD(
+            params,
+            lr=settings.lr,
+            momentum=settings.momentum,
+            nesterov=bool(settings.nesterov),
+            weight_decay=settings.weight_decay,
+            **extra,
+        )
     if name in ("adam", "adamw"):
         cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
         beta1, beta2 = settings.betas  # two values (rule client.betas)
-        return cls(params, lr=settings.lr, betas=(float(beta1), float(beta2)),
-                   eps=settings.eps, weight_decay=settings.weight_decay, **extra)
+        return cls(
+            params,
+            lr=settings.lr,
+            betas=(float(beta1), float(beta2)),
+            eps=settings.eps,
+            weight_decay=settings.weight_decay,
+            **extra,
+        )
     raise ValueError(f"client.optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 
@@ -128,8 +140,7 @@ def round_lr(base_lr: float, decay: float, server_round: int) -> float:
     return base_lr * decay ** max(server_round - 1, 0)
 
 
-def batch_size_for(num_samples: int, batch_size: int,
-                   iterations_per_epoch: int | None) -> int:
+def batch_size_for(num_samples: int, batch_size: int, iterations_per_epoch: int | None) -> int:
     """Batch size so an epoch is ``iterations_per_epoch`` steps (FedRCL: 10), if given."""
     if iterations_per_epoch:
         return max(1, math.ceil(num_samples / iterations_per_epoch))
@@ -187,12 +198,13 @@ def train_local(
     step = 0
     for epoch in range(settings.epochs):
         for group in opt.param_groups:
-            group["lr"] = settings.lr * settings.epoch_lr_decay ** epoch
+            group["lr"] = settings.lr * settings.epoch_lr_decay**epoch
         for i, (x, y) in enumerate(batches(epoch)):
             if settings.iterations_per_epoch and i >= settings.iterations_per_epoch:
                 break
-            batch = _forward_pass(model, x, y, settings, dev, amp_dtype, need_feats,
-                                  transform, forward)
+            batch = _forward_pass(
+                model, x, y, settings, dev, amp_dtype, need_feats, transform, forward
+            )
             total = None
             with accel.loss_precision(dev, amp_dtype):
                 for t in active:
@@ -224,17 +236,25 @@ class _DeviceSums:
         if steps:
             # the one read-back of the call: every sum at once
             loss, norm, count, *term_values = torch.stack(
-                [self.loss, self.norm, self.norm_count, *self.terms.values()]).tolist()
+                [self.loss, self.norm, self.norm_count, *self.terms.values()]
+            ).tolist()
             stats.loss = loss / steps
             stats.grad_norm = norm / (max(count, 1.0) if per_finite_norm else steps)
             stats.terms = {k: v / steps for k, v in zip(self.terms, term_values)}
         return stats
 
 
-def _forward_pass(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                  settings: LocalTrainSettings, dev: torch.device,
-                  amp_dtype: torch.dtype | None, need_feats: bool,
-                  transform: Callable | None, forward: Callable | None) -> Batch:
+def _forward_pass(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    settings: LocalTrainSettings,
+    dev: torch.device,
+    amp_dtype: torch.dtype | None,
+    need_feats: bool,
+    transform: Callable | None,
+    forward: Callable | None,
+) -> Batch:
     """One mini-batch on the device (channels-last when asked), through ``transform``
     and the forward pass (under autocast with ``amp_dtype``; logits and features back in
     float32): the :class:`Batch` the loss terms read."""
@@ -257,8 +277,14 @@ def _forward_pass(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     return Batch(x=x, y=y, logits=logits, feats=feats, model=model, extra=extra)
 
 
-def _optimiser_step(total: torch.Tensor, opt: torch.optim.Optimizer, scaler: Any,
-                    params: list, grad_clip: float | None, sums: _DeviceSums) -> None:
+def _optimiser_step(
+    total: torch.Tensor,
+    opt: torch.optim.Optimizer,
+    scaler: Any,
+    params: list,
+    grad_clip: float | None,
+    sums: _DeviceSums,
+) -> None:
     """Backward, gradient clipping (its norm added to ``sums``), optimiser step; with a
     loss ``scaler`` (fp16) scaled, unscaled before clipping, skipped on inf/NaN."""
     opt.zero_grad(set_to_none=True)

@@ -160,8 +160,13 @@ def client_statistics(kept: list[ClientResult]) -> dict:
     where the clients ran (``client_nodes``), the mean of each local-model representation
     metric (``local_repr_*``, NaN-aware) and of each loss term (``train_loss_<term>``),
     and the local effective rank per client."""
-    info: dict = {"train_loss": float(np.mean([
-        r.report.train_loss if r.report.train_loss is not None else np.nan for r in kept]))}
+    info: dict = {
+        "train_loss": float(
+            np.mean(
+                [r.report.train_loss if r.report.train_loss is not None else np.nan for r in kept]
+            )
+        )
+    }
     nodes: dict = {}
     for r in kept:
         if r.report.node is not None:
@@ -170,15 +175,18 @@ def client_statistics(kept: list[ClientResult]) -> dict:
         info["client_nodes"] = dict(sorted(nodes.items()))
     for name in sorted({k for r in kept for k in r.report.local_repr}):
         vals = [float(r.report.local_repr[name]) for r in kept if name in r.report.local_repr]
-        info[LOCAL_REPR_PREFIX + name] = float(np.nanmean(vals)) \
-            if np.isfinite(vals).any() else float("nan")
+        info[LOCAL_REPR_PREFIX + name] = (
+            float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+        )
     for name in sorted({k for r in kept for k in r.report.term_losses}):
         vals = [r.report.term_losses[name] for r in kept if name in r.report.term_losses]
         info[f"train_{TERM_LOSS_PREFIX}{name}"] = float(np.mean(vals))
     if "effective_rank" in {k for r in kept for k in r.report.local_repr}:
         info[f"{LOCAL_REPR_PREFIX}effective_rank_per_client"] = {
             str(r.partition_id): float(r.report.local_repr["effective_rank"])
-            for r in kept if "effective_rank" in r.report.local_repr}
+            for r in kept
+            if "effective_rank" in r.report.local_repr
+        }
     return info
 
 
@@ -259,8 +267,14 @@ class FederatedStrategy(Strategy):
         """Create each declared buffer (module doc): float64 per trainable parameter."""
         for b in self.buffers:
             fill = self.buffer_fill(b)
-            setattr(self, b, [np.full(w.shape, fill, np.float64) if k == "param" else None
-                              for w, k in zip(self.weights, self.kinds)])
+            setattr(
+                self,
+                b,
+                [
+                    np.full(w.shape, fill, np.float64) if k == "param" else None
+                    for w, k in zip(self.weights, self.kinds)
+                ],
+            )
 
     def _init_privacy(self, privacy) -> None:
         """``privacy`` (a ``fedrcl_flwr.config.PrivacyConfig``; off by default): central
@@ -271,14 +285,16 @@ class FederatedStrategy(Strategy):
         if privacy is not None and privacy.dp is not None:
             from strategies.privacy import CentralDP
 
-            self.dp = CentralDP(self, privacy.dp, num_sampled=self.clients_per_round,
-                                num_clients=self.num_clients)
+            self.dp = CentralDP(
+                self, privacy.dp, num_sampled=self.clients_per_round, num_clients=self.num_clients
+            )
 
     @classmethod
     def resolve(cls, params: dict | None) -> dict:
         """``server.params`` merged over :attr:`defaults`, every value checked."""
-        return resolve_params("server.params", f"strategy '{cls.name}'", cls.defaults,
-                              cls.rules, params)
+        return resolve_params(
+            "server.params", f"strategy '{cls.name}'", cls.defaults, cls.rules, params
+        )
 
     def buffer_fill(self, name: str) -> float:
         """Initial value of every entry of the declared buffer ``name`` (default 0)."""
@@ -296,16 +312,16 @@ class FederatedStrategy(Strategy):
         return None
 
     @classmethod
-    def client_loss_terms(cls, client: FederatedClient,
-                          ins: FitInstructions) -> list[LossTerm]:
+    def client_loss_terms(cls, client: FederatedClient, ins: FitInstructions) -> list[LossTerm]:
         """Runs on the client: the ``LossTerm``s this strategy adds to every method's
         objective, built from the client (``clients/base.py``: ``received_trainable``,
         ``distance_to_received_term``) and its fit instructions (FedACG's
         β·Σ‖w − w̃‖²); default none."""
         return []
 
-    def server_update(self, run_round: int, average: list[np.ndarray],
-                      results: list[ClientResult]) -> dict | None:
+    def server_update(
+        self, run_round: int, average: list[np.ndarray], results: list[ClientResult]
+    ) -> dict | None:
         """Turn the clients' ``average`` into the new global model ``self.weights``
         (FedAvg: take it). ``results`` are the round's kept client results (sorted by
         partition id); return metrics for the round's record (or ``None``)."""
@@ -313,11 +329,13 @@ class FederatedStrategy(Strategy):
         return None
 
     def state_dict(self) -> dict:
-        state = {"weights": copy_arrays(self.weights),
-                 "consecutive_empty": self.consecutive_empty,
-                 "rounds_trained": self.rounds_trained,
-                 "first_client_error": self.first_client_error,
-                 "buffers": {b: copy_arrays(getattr(self, b)) for b in self.buffers}}
+        state = {
+            "weights": copy_arrays(self.weights),
+            "consecutive_empty": self.consecutive_empty,
+            "rounds_trained": self.rounds_trained,
+            "first_client_error": self.first_client_error,
+            "buffers": {b: copy_arrays(getattr(self, b)) for b in self.buffers},
+        }
         if self.exchange is not None:
             state["exchange"] = self.exchange.state_dict()
         if self.dp is not None:
@@ -335,8 +353,10 @@ class FederatedStrategy(Strategy):
             self.exchange.load_state_dict(state["exchange"])
         if self.dp is not None:
             if "privacy_accountant" not in state:
-                raise ValueError("privacy.dp is set but the checkpoint has no privacy "
-                                 "accountant (the run started without privacy.dp)")
+                raise ValueError(
+                    "privacy.dp is set but the checkpoint has no privacy "
+                    "accountant (the run started without privacy.dp)"
+                )
             self.dp.accountant.load_state_dict(state["privacy_accountant"])
 
     # --------------------------------------------------------------- Strategy
@@ -355,8 +375,9 @@ class FederatedStrategy(Strategy):
             raise RuntimeError("no client nodes connected")
         return [proxy for _, proxy in nodes]
 
-    def configure_fit(self, server_round: int, parameters: Parameters,
-                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
         self._round_start = time.time()
         timers.server_event("configure", round=self.run_round(server_round))
         send = to_parameters(self.weights_to_send(self.run_round(server_round)))
@@ -364,8 +385,9 @@ class FederatedStrategy(Strategy):
             return self.dp.configure_fit(server_round, send, client_manager)
         return self.sample_clients(server_round, send, client_manager)
 
-    def sample_clients(self, server_round: int, send: Parameters,
-                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+    def sample_clients(
+        self, server_round: int, send: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
         """The round's partitions on the connected nodes, each with ``send`` and its fit
         config."""
         rnd = self.run_round(server_round)
@@ -376,25 +398,40 @@ class FederatedStrategy(Strategy):
             self._avail_info = self.availability.record(rnd, outcome)
             pids = outcome.reporting
             if not pids:
-                log.warning("round %d: every sampled client dropped out or was late; "
-                            "global model unchanged", rnd)
+                log.warning(
+                    "round %d: every sampled client dropped out or was late; "
+                    "global model unchanged",
+                    rnd,
+                )
         out = []
         if pids:
             slots = self._slots(client_manager, len(pids))
             if len(slots) < len(pids):
-                log.warning("round %d: only %d client nodes for %d sampled partitions; "
-                            "training the first %d", rnd, len(slots), len(pids), len(slots))
+                log.warning(
+                    "round %d: only %d client nodes for %d sampled partitions; "
+                    "training the first %d",
+                    rnd,
+                    len(slots),
+                    len(pids),
+                    len(slots),
+                )
                 pids = pids[: len(slots)]
-            out = [(slot, FitIns(send, self.fit_instructions(rnd, pid).to_config()))
-                   for slot, pid in zip(slots, pids)]
+            out = [
+                (slot, FitIns(send, self.fit_instructions(rnd, pid).to_config()))
+                for slot, pid in zip(slots, pids)
+            ]
         self._sent = pids  # the clients whose data may enter this round's release
         self._sampled = pids if self.availability is None else sampled
         timers.server_event("sent", round=rnd, clients=len(out))
         # the round's record when aggregate_fit is not called (Flower skips it when there
         # are no instructions; SecAgg+ halts below 2 reporting clients): nothing trained
-        self._fit_info = {"num_clients": 0, "failures": 0,
-                          "model_bytes_down": self.model_bytes * len(self._sampled),
-                          "model_bytes_up": 0, **self._avail_info}
+        self._fit_info = {
+            "num_clients": 0,
+            "failures": 0,
+            "model_bytes_down": self.model_bytes * len(self._sampled),
+            "model_bytes_up": 0,
+            **self._avail_info,
+        }
         if self.dp is not None:
             self._fit_info.update(self.dp.accountant.record())
         return out
@@ -402,10 +439,14 @@ class FederatedStrategy(Strategy):
     def fit_instructions(self, run_round: int, partition_id: int) -> FitInstructions:
         """What one sampled client is told besides the weights: the round, its
         partition, the signal exchange's signals and :meth:`client_params`."""
-        signals = self.exchange.signals_for_round(run_round) if self.exchange is not None \
+        signals = (
+            self.exchange.signals_for_round(run_round)
+            if self.exchange is not None
             else (None, None)
-        return FitInstructions.build(run_round, partition_id, signals=signals,
-                                     strategy=self.client_params(run_round))
+        )
+        return FitInstructions.build(
+            run_round, partition_id, signals=signals, strategy=self.client_params(run_round)
+        )
 
     def aggregate_fit(self, server_round: int, results, failures):
         """The round's new global model from the clients' results, in named steps: screen
@@ -414,10 +455,8 @@ class FederatedStrategy(Strategy):
         and the kept results to :meth:`server_update`, and record the round's client
         statistics (:func:`client_statistics`)."""
         rnd = self.run_round(server_round)
-        timers.server_event("results", round=rnd, results=len(results),
-                            failures=len(failures))
-        reasons = [f"client error: {self._note_error(client_error_line(f))}"
-                   for f in failures]
+        timers.server_event("results", round=rnd, results=len(results), failures=len(failures))
+        reasons = [f"client error: {self._note_error(client_error_line(f))}" for f in failures]
         kept = self._screen(results, reasons)
         if self.secagg and len(kept) < len(results):
             kept = self._discard_secagg_sum(rnd, kept, len(results), reasons)
@@ -473,29 +512,37 @@ class FederatedStrategy(Strategy):
             kept.append(ClientResult(pid, arrays, report, res))
         return kept
 
-    def _discard_secagg_sum(self, rnd: int, kept: list[ClientResult], received: int,
-                            reasons: list[str]) -> list[ClientResult]:
+    def _discard_secagg_sum(
+        self, rnd: int, kept: list[ClientResult], received: int, reasons: list[str]
+    ) -> list[ClientResult]:
         """SecAgg+: an unusable result is inside the masked sum every result holds, so a
         round with one is discarded whole."""
-        log.warning("round %d: SecAgg+: %d result(s) unusable, and a result cannot be "
-                    "taken out of the masked sum: the round's aggregate is discarded",
-                    rnd, received - len(kept))
+        log.warning(
+            "round %d: SecAgg+: %d result(s) unusable, and a result cannot be "
+            "taken out of the masked sum: the round's aggregate is discarded",
+            rnd,
+            received - len(kept),
+        )
         reasons += [f"partition {r.partition_id}: in a discarded SecAgg+ sum" for r in kept]
         return []
 
     def _round_info(self, rnd: int, kept: list[ClientResult], failures: int) -> dict:
         """The round's record so far: clients kept and failed, bytes moved, ε, and the
         signal exchange's ingest of the kept uploads."""
-        info = {"num_clients": len(kept), "failures": failures,
-                "model_bytes_down": self.model_bytes * len(self._sampled),
-                "model_bytes_up": self.model_bytes * len(kept), **self._avail_info}
+        info = {
+            "num_clients": len(kept),
+            "failures": failures,
+            "model_bytes_down": self.model_bytes * len(self._sampled),
+            "model_bytes_up": self.model_bytes * len(kept),
+            **self._avail_info,
+        }
         if self.dp is not None:  # ε so far (updated in _average when this round releases)
             info.update(self.dp.accountant.record())
         if self.exchange is not None:
-            info["signal_bytes_down"] = (self.exchange.bytes_down_per_client(rnd)
-                                         * len(self._sampled))
-            info.update(self.exchange.ingest(rnd, [(r.partition_id, r.report)
-                                                   for r in kept]))
+            info["signal_bytes_down"] = self.exchange.bytes_down_per_client(rnd) * len(
+                self._sampled
+            )
+            info.update(self.exchange.ingest(rnd, [(r.partition_id, r.report) for r in kept]))
         return info
 
     def _empty_round(self, rnd: int, info: dict):
@@ -503,11 +550,15 @@ class FederatedStrategy(Strategy):
         ``max_consecutive_failed_rounds`` such rounds, or at the last round when no
         client ever trained."""
         self.consecutive_empty += 1
-        log.warning("round %d: every client failed; global model unchanged "
-                    "(%d consecutive empty rounds)", rnd, self.consecutive_empty)
+        log.warning(
+            "round %d: every client failed; global model unchanged (%d consecutive empty rounds)",
+            rnd,
+            self.consecutive_empty,
+        )
         self._fit_info = info
-        first = f"; first client error: {self.first_client_error}" \
-            if self.first_client_error else ""
+        first = (
+            f"; first client error: {self.first_client_error}" if self.first_client_error else ""
+        )
         too_many = self.consecutive_empty >= self.max_failed
         never = rnd >= self.rounds and self.rounds_trained == 0
         if too_many or never:
@@ -516,7 +567,8 @@ class FederatedStrategy(Strategy):
             raise AllClientsFailed(
                 f"aborting: {self.consecutive_empty} consecutive rounds in which every "
                 f"client failed (federation.max_consecutive_failed_rounds="
-                f"{self.max_failed}){first}")
+                f"{self.max_failed}){first}"
+            )
         if never:
             raise AllClientsFailed(f"no client trained in any of the {rnd} rounds{first}")
         return to_parameters(self.weights), {}
@@ -526,22 +578,28 @@ class FederatedStrategy(Strategy):
         release is accounted in ``info``), SecAgg+'s unmasked average, or the uniform /
         sample-weighted average (``server.weighting``)."""
         if self.dp is not None:  # Flower's wrapper: clip (server mode), average, noise
-            average = self.dp.aggregate(server_round, kept,
-                                        secagg_active=len(kept) if self.secagg else 0)
+            average = self.dp.aggregate(
+                server_round, kept, secagg_active=len(kept) if self.secagg else 0
+            )
             self.dp.accountant.record_release(self._sent)
             info.update(self.dp.accountant.record())
             return average
         if self.secagg:  # every result holds the same unmasked SecAgg+ average
-            return [np.asarray(a).astype(np.asarray(w).dtype)
-                    for a, w in zip(kept[0].weights, self.weights)]
+            return [
+                np.asarray(a).astype(np.asarray(w).dtype)
+                for a, w in zip(kept[0].weights, self.weights)
+            ]
         coefs = client_coefficients([r.num_examples for r in kept], self.weighting)
         return weighted_average([r.weights for r in kept], coefs, self.kinds)
 
     def _client_eval_due(self, rnd: int) -> bool:
         from fedrcl_flwr.client_eval import due
 
-        return self.per_client is not None and self.evaluate_fn is not None and \
-            due(self.per_client[0], rnd, self.rounds)
+        return (
+            self.per_client is not None
+            and self.evaluate_fn is not None
+            and due(self.per_client[0], rnd, self.rounds)
+        )
 
     def configure_evaluate(self, server_round, parameters, client_manager):
         """Per-client evaluation when due (``fedrcl_flwr/client_eval.py``): the round's
@@ -552,16 +610,23 @@ class FederatedStrategy(Strategy):
         rnd = self.run_round(server_round)
         if self._deferred is None or not self._client_eval_due(rnd):
             return []
-        pids = list(range(self.num_clients)) if self.per_client[1] == "all" \
-            else list(self._sampled)
+        pids = list(range(self.num_clients)) if self.per_client[1] == "all" else list(self._sampled)
         slots = self._slots(client_manager, len(pids))
         send = to_parameters(self._deferred[2]["weights"])
-        return [(slot, EvaluateIns(send, EvaluateInstructions(
-                    run_round=rnd, partition_ids=tuple(group)).to_config()))
-                for slot, group in zip(slots, assign(pids, len(slots)))]
+        return [
+            (
+                slot,
+                EvaluateIns(
+                    send,
+                    EvaluateInstructions(run_round=rnd, partition_ids=tuple(group)).to_config(),
+                ),
+            )
+            for slot, group in zip(slots, assign(pids, len(slots)))
+        ]
 
-    def aggregate_evaluate(self, server_round: int, results: list,
-                           failures: list) -> tuple[float | None, dict]:
+    def aggregate_evaluate(
+        self, server_round: int, results: list, failures: list
+    ) -> tuple[float | None, dict]:
         """Adds the per-client statistics to the round's record, then ends the round."""
         from fedrcl_flwr.client_eval import summarize
 
@@ -575,9 +640,12 @@ class FederatedStrategy(Strategy):
                 bad += 1
             per.update(got)
         if failures:
-            log.warning("round %d: %d per-client evaluation(s) failed (%s)",
-                        self.run_round(server_round), len(failures),
-                        client_error_line(failures[0]))
+            log.warning(
+                "round %d: %d per-client evaluation(s) failed (%s)",
+                self.run_round(server_round),
+                len(failures),
+                client_error_line(failures[0]),
+            )
         stats = summarize(per, bad)
         rnd, due, state, info, start = self._deferred
         self._deferred = None
@@ -610,21 +678,28 @@ class FederatedStrategy(Strategy):
 
             if self._round_end_executor is None:
                 self._round_end_executor = ThreadPoolExecutor(
-                    1, thread_name_prefix="fedrcl-round-end")
+                    1, thread_name_prefix="fedrcl-round-end"
+                )
             self._round_end_pending = self._round_end_executor.submit(self._round_end, *job)
             return None  # Flower's own history only; the run's record comes from the thread
         return self._round_end(*job)
 
-    def _round_end(self, rnd: int, due: bool, state: dict, fit_info: dict,
-                   round_start: float) -> dict | None:
+    def _round_end(
+        self, rnd: int, due: bool, state: dict, fit_info: dict, round_start: float
+    ) -> dict | None:
         """Evaluate the round's global model (``state["weights"]``), record it, then hand
         the round's state to ``on_checkpoint``."""
         record = None
         timers.server_event("round_end_start", round=rnd)
         if due and self.evaluate_fn is not None:  # due only with an evaluate_fn
             loss, metrics = self.evaluate_fn(rnd, state["weights"])
-            record = {"round": rnd, "test_loss": loss, **metrics, **fit_info,
-                      "round_time_s": time.time() - round_start}
+            record = {
+                "round": rnd,
+                "test_loss": loss,
+                **metrics,
+                **fit_info,
+                "round_time_s": time.time() - round_start,
+            }
             if self.on_record is not None:
                 self.on_record(record)
         if self.on_checkpoint is not None:

@@ -38,8 +38,10 @@ class FedACG(FederatedStrategy):
 
     def lookahead(self) -> list[np.ndarray]:
         lam = float(self.p["lam"])
-        return [(w.astype(np.float64) + lam * m).astype(w.dtype) if m is not None else w
-                for w, m in zip(self.weights, self.m_buf)]
+        return [
+            (w.astype(np.float64) + lam * m).astype(w.dtype) if m is not None else w
+            for w, m in zip(self.weights, self.m_buf)
+        ]
 
     def weights_to_send(self, run_round):
         return self.lookahead()
@@ -62,4 +64,3 @@ class FedACG(FederatedStrategy):
                 delta = average[j].astype(np.float64) - sent[j].astype(np.float64)
                 self.m_buf[j] = lam * self.m_buf[j] + delta
         self.weights = average
-

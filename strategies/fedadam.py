@@ -37,8 +37,12 @@ class FedAdam(FederatedStrategy):
 
     def server_update(self, run_round, average, results):
         p = self.p
-        b1, b2, tau, lr = float(p["beta1"]), float(p["beta2"]), float(p["tau"]), \
-            float(p["server_lr"])
+        b1, b2, tau, lr = (
+            float(p["beta1"]),
+            float(p["beta2"]),
+            float(p["tau"]),
+            float(p["server_lr"]),
+        )
         new = []
         for j, (w, a, kind) in enumerate(zip(self.weights, average, self.kinds)):
             if kind != "param":
@@ -50,4 +54,3 @@ class FedAdam(FederatedStrategy):
             self.v[j] = b2 * self.v[j] + (1 - b2) * delta * delta
             new.append((w64 + lr * self.m[j] / (np.sqrt(self.v[j]) + tau)).astype(w.dtype))
         self.weights = new
-

@@ -32,4 +32,3 @@ class FedAvgM(FederatedStrategy):
             self.m_buf[j] = m * self.m_buf[j] + delta
             new.append((w.astype(np.float64) + lr * self.m_buf[j]).astype(w.dtype))
         self.weights = new
-

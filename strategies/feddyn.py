@@ -56,5 +56,5 @@ class FedDyn(FederatedStrategy):
             self.h[j] = self.h[j] - alpha * frac * (avg - prev[j].astype(np.float64))
             new.append((avg - self.h[j] / alpha).astype(average[j].dtype))
         self.weights = new
-        h_norm = float(np.sqrt(sum(float((h ** 2).sum()) for h in self.h if h is not None)))
+        h_norm = float(np.sqrt(sum(float((h**2).sum()) for h in self.h if h is not None)))
         return {"feddyn_h_norm": h_norm}

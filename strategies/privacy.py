@@ -73,8 +73,10 @@ class AveragingStep(Strategy):
             for _, res in results:
                 for t, w, s in zip(total, parameters_to_ndarrays(res.parameters), sent):
                     t += np.asarray(w, np.float64) - s
-        out = [(s + t / self.num_sampled).astype(ref.dtype)
-               for s, t, ref in zip(sent, total, self.sent)]
+        out = [
+            (s + t / self.num_sampled).astype(ref.dtype)
+            for s, t, ref in zip(sent, total, self.sent)
+        ]
         return ndarrays_to_parameters(out), {}
 
     def configure_evaluate(self, server_round, parameters, client_manager):
@@ -97,11 +99,17 @@ class CentralDP:
         self.noise_multiplier = float(dp_cfg.noise_multiplier)
         self.step = AveragingStep(num_sampled)
         self.step.owner = owner
-        wrapper = (DifferentialPrivacyServerSideFixedClipping if self.mode == "server"
-                   else DifferentialPrivacyClientSideFixedClipping)
-        self.wrapper = wrapper(self.step, noise_multiplier=self.noise_multiplier,
-                               clipping_norm=self.clipping_norm,
-                               num_sampled_clients=int(num_sampled))
+        wrapper = (
+            DifferentialPrivacyServerSideFixedClipping
+            if self.mode == "server"
+            else DifferentialPrivacyClientSideFixedClipping
+        )
+        self.wrapper = wrapper(
+            self.step,
+            noise_multiplier=self.noise_multiplier,
+            clipping_norm=self.clipping_norm,
+            num_sampled_clients=int(num_sampled),
+        )
         self.accountant = PrivacyAccountant(self.noise_multiplier, dp_cfg.delta, num_clients)
         self.std = noise_std(self.noise_multiplier, self.clipping_norm, num_sampled)
 
@@ -114,12 +122,16 @@ class CentralDP:
         rounding of the client's ``w_sent + clipped update``."""
         if self.mode != "client":
             return None
-        sq = sum(float(np.sum((np.asarray(w, np.float64) - s.astype(np.float64)) ** 2))
-                 for w, s in zip(arrays, self.step.sent))
+        sq = sum(
+            float(np.sum((np.asarray(w, np.float64) - s.astype(np.float64)) ** 2))
+            for w, s in zip(arrays, self.step.sent)
+        )
         norm = float(np.sqrt(sq))
         if norm > self.clipping_norm * (1 + 1e-3) + 1e-6:
-            return (f"update norm {norm:.4g} exceeds privacy.dp.clipping_norm "
-                    f"{self.clipping_norm:g}: the client did not clip (no fixedclipping_mod)")
+            return (
+                f"update norm {norm:.4g} exceeds privacy.dp.clipping_norm "
+                f"{self.clipping_norm:g}: the client did not clip (no fixedclipping_mod)"
+            )
         return None
 
     def aggregate(self, server_round: int, kept: list, secagg_active: int = 0) -> list:

@@ -90,10 +90,8 @@ def test_robust_accuracy_attacks_in_pixel_space():
 
     rng = np.random.default_rng(0)
     imgs = torch.from_numpy(rng.integers(0, 256, (12, 3, 5, 5), dtype=np.uint8))
-    ds = ImageArrayDataset(imgs, np.zeros(12, dtype=np.int64), MEAN.tolist(), STD.tolist(),
-                           None)
-    assert all(torch.allclose(a.flatten(), b) for a, b in zip(dataset_pixel_stats(ds),
-                                                              (MEAN, STD)))
+    ds = ImageArrayDataset(imgs, np.zeros(12, dtype=np.int64), MEAN.tolist(), STD.tolist(), None)
+    assert all(torch.allclose(a.flatten(), b) for a, b in zip(dataset_pixel_stats(ds), (MEAN, STD)))
     seen = []
 
     class Spy(Linear2):
@@ -102,8 +100,9 @@ def test_robust_accuracy_attacks_in_pixel_space():
             return super().forward(x)
 
     model = Spy(0.01 * torch.randn(3, 5, 5, generator=torch.Generator().manual_seed(3)))
-    out = robust_accuracy(model, ds, torch.device("cpu"), eps=EPS, step=STEP, steps=20,
-                          batch_size=12)
+    out = robust_accuracy(
+        model, ds, torch.device("cpu"), eps=EPS, step=STEP, steps=20, batch_size=12
+    )
     clean_pix = imgs.float() / 255
     for x in seen:  # every input the model saw is within the pixel ball and in [0, 1]
         p = _pixels(x)

@@ -44,7 +44,9 @@ def test_table_c_models_start_as_the_authors_models(path):
         if cfg.model.name == "vgg9_gn":
             # theirs: m.weight.data.normal_(0, math.sqrt(2. / n)); m.bias.data.zero_()
             assert float(w.std()) == pytest.approx(math.sqrt(2.0 / n), rel=0.06)
-            assert float(w.mean()) == pytest.approx(0.0, abs=3 * math.sqrt(2.0 / n / w.numel()) + 1e-4)
+            assert float(w.mean()) == pytest.approx(
+                0.0, abs=3 * math.sqrt(2.0 / n / w.numel()) + 1e-4
+            )
             assert torch.count_nonzero(conv.bias) == 0
         else:
             # no init in their MobileNet / ShuffleNet / SqueezeNet: PyTorch's default,
@@ -72,8 +74,12 @@ def test_fp16_is_a_fresh_grad_scaler_every_client_round(tiny, tmp_path, monkeypa
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             created.append(self)
-            self.start = (self._init_scale, self._growth_interval, self._growth_factor,
-                          self._backoff_factor)
+            self.start = (
+                self._init_scale,
+                self._growth_interval,
+                self._growth_factor,
+                self._backoff_factor,
+            )
 
         def scale(self, outputs):
             scaled.append(id(self))
@@ -86,12 +92,15 @@ def test_fp16_is_a_fresh_grad_scaler_every_client_round(tiny, tmp_path, monkeypa
 
     monkeypatch.setattr(accel, "amp_dtype", cpu_fp16)
     monkeypatch.setattr(torch.amp, "GradScaler", Recording)
-    cfg = tiny(federation={"rounds": 2}, model={"name": "cnn4"},
-               client={"amp": "fp16", "device": "auto", "batch_size": 50})
+    cfg = tiny(
+        federation={"rounds": 2},
+        model={"name": "cnn4"},
+        client={"amp": "fp16", "device": "auto", "batch_size": 50},
+    )
     run_inprocess(cfg, tmp_path / "run")
     # 2 rounds x 2 clients = 4 client rounds, one new scaler each, never reused
     assert len(created) == 4 and len({id(s) for s in created}) == 4
-    assert all(s.start == (2.0 ** 16, 2000, 2.0, 0.5) for s in created)  # GradScaler()
+    assert all(s.start == (2.0**16, 2000, 2.0, 0.5) for s in created)  # GradScaler()
     # every step of a client round scaled its loss with that round's scaler
     per = [scaled.count(id(s)) for s in created]
     assert min(per) >= 2 and sum(per) == len(scaled)

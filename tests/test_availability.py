@@ -20,8 +20,7 @@ DATA = Path(__file__).parent / "data"
 
 
 def _strip(recs):
-    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")}
-            for r in recs]
+    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")} for r in recs]
 
 
 def _avail(tiny, **availability):
@@ -42,8 +41,7 @@ def test_dropout_draws_are_the_documented_ones(tiny):
         assert out.reporting == [i for i in sampled if u[i] >= p[i]]
         assert out.late == [] and out.sim_round_time is None
         # independent of the other sampled clients
-        assert av.round(rnd, [sampled[0]]).dropped_out == [
-            i for i in sampled[:1] if u[i] < p[i]]
+        assert av.round(rnd, [sampled[0]]).dropped_out == [i for i in sampled[:1] if u[i] < p[i]]
 
 
 def test_fixed_dropout_rate(tiny):
@@ -54,19 +52,22 @@ def test_fixed_dropout_rate(tiny):
 
 
 def test_per_client_distributions(tiny):
-    u = per_client_values({"distribution": "uniform", "low": 0.1, "high": 0.4}, 1000, 7,
-                          0xD20C)
+    u = per_client_values({"distribution": "uniform", "low": 0.1, "high": 0.4}, 1000, 7, 0xD20C)
     assert np.array_equal(u, np.random.default_rng([7, 0xD20C]).uniform(0.1, 0.4, 1000))
     assert 0.1 <= u.min() and u.max() < 0.4 and len(set(u.tolist())) == 1000
     b = per_client_values({"distribution": "beta", "a": 2, "b": 6}, 20000, 7, 0xD20C)
     assert b.mean() == pytest.approx(0.25, abs=0.01)
     s = per_client_values({"distribution": "lognormal", "sigma": 0.5}, 20001, 3, 0x5BEED)
     assert np.median(s) == pytest.approx(1.0, abs=0.03)
-    assert np.array_equal(s, np.exp(0.5 * np.random.default_rng([3, 0x5BEED])
-                                    .standard_normal(20001)))
+    assert np.array_equal(
+        s, np.exp(0.5 * np.random.default_rng([3, 0x5BEED]).standard_normal(20001))
+    )
     # a client's probability depends on the seed only (not on the round)
-    cfg = tiny(federation={"availability": {
-        "dropout": {"distribution": "uniform", "low": 0.0, "high": 0.9}}})
+    cfg = tiny(
+        federation={
+            "availability": {"dropout": {"distribution": "uniform", "low": 0.0, "high": 0.9}}
+        }
+    )
     av = Availability.from_config(cfg)
     assert np.array_equal(av.dropout, np.random.default_rng([0, 0xD20C]).uniform(0, 0.9, 8))
 
@@ -75,9 +76,13 @@ def test_stragglers_closed_form(tiny):
     """Equal workloads (iterations_per_epoch): client i's time is 1 / s_i; those above the
     deadline are late in every round they are sampled and available."""
     speed = [1.0, 0.5, 0.25, 2.0, 1.0, 0.8, 0.6, 4.0]
-    cfg = tiny(client={"iterations_per_epoch": 3},
-               federation={"clients_per_round": 4, "availability": {
-                   "stragglers": {"speed": speed, "deadline": 1.5}}})
+    cfg = tiny(
+        client={"iterations_per_epoch": 3},
+        federation={
+            "clients_per_round": 4,
+            "availability": {"stragglers": {"speed": speed, "deadline": 1.5}},
+        },
+    )
     av = Availability.from_config(cfg, sizes=[100, 40, 100, 70, 100, 100, 100, 100])
     for rnd in range(1, 11):
         sampled = sample_partitions(0, rnd, 8, 4)
@@ -94,8 +99,10 @@ def test_stragglers_closed_form(tiny):
 def test_straggler_workloads_follow_local_steps(tiny):
     """Without iterations_per_epoch a client's workload is its local steps (epochs x
     ceil(n / batch)) over the mean; with jitter times get exp(jitter z) per round."""
-    cfg = tiny(client={"batch_size": 32, "local_epochs": 2},
-               federation={"availability": {"stragglers": {"speed": 1.0, "jitter": 0.2}}})
+    cfg = tiny(
+        client={"batch_size": 32, "local_epochs": 2},
+        federation={"availability": {"stragglers": {"speed": 1.0, "jitter": 0.2}}},
+    )
     sizes = [32, 64, 65, 100, 10, 0, 200, 96]
     steps = np.array([2 * math.ceil(n / 32) for n in sizes], dtype=float)
     assert [local_steps(n, 2, 32, None) for n in sizes] == steps.tolist()
@@ -111,18 +118,25 @@ def test_straggler_workloads_follow_local_steps(tiny):
 # ------------------------------------------------------------------ runs
 
 
-AVAIL = {"dropout": {"distribution": "uniform", "low": 0.2, "high": 0.7},
-         "stragglers": {"speed": {"distribution": "lognormal", "sigma": 0.6},
-                        "deadline": 1.6, "jitter": 0.1}}
+AVAIL = {
+    "dropout": {"distribution": "uniform", "low": 0.2, "high": 0.7},
+    "stragglers": {
+        "speed": {"distribution": "lognormal", "sigma": 0.6},
+        "deadline": 1.6,
+        "jitter": 0.1,
+    },
+}
 
 
 def test_runs_are_reproducible_and_resume_safe(tiny, tmp_path):
     """A run killed after round 2 and resumed drops exactly the clients of an
     uninterrupted run (and ends with the same metrics), also with the ServerApp's
     overlapped round end and per-client evaluation."""
-    cfg = tiny(federation={"rounds": 4, "clients_per_round": 4, "availability": AVAIL},
-               evaluation={"target_rounds": [2], "per_client": {"every": 2}},
-               output={"checkpoint_every": 1})
+    cfg = tiny(
+        federation={"rounds": 4, "clients_per_round": 4, "availability": AVAIL},
+        evaluation={"target_rounds": [2], "per_client": {"every": 2}},
+        output={"checkpoint_every": 1},
+    )
     run_inprocess(cfg, tmp_path / "full")
     run_inprocess(cfg, tmp_path / "cut", stop_after=2, overlap_evaluation=True)
     run_inprocess(cfg, tmp_path / "cut", resume=True, overlap_evaluation=True)
@@ -146,8 +160,9 @@ def test_round_nobody_reports_keeps_the_model(tiny, tmp_path):
     and is recorded (not counted as a failure: the run goes on)."""
     p = [0.99] * 8
     p[3] = 0.0
-    cfg = tiny(federation={"rounds": 4, "max_consecutive_failed_rounds": 1,
-                           "availability": {"dropout": p}})
+    cfg = tiny(
+        federation={"rounds": 4, "max_consecutive_failed_rounds": 1, "availability": {"dropout": p}}
+    )
     run_inprocess(cfg, tmp_path / "run")
     recs = read_metrics(tmp_path / "run")
     assert [r["round"] for r in recs] == [1, 2, 3, 4]
@@ -161,14 +176,22 @@ def test_round_nobody_reports_keeps_the_model(tiny, tmp_path):
     assert any(r["num_clients"] == 1 for r in recs)  # partition 3 always reports
 
 
-@pytest.mark.parametrize("method,strategy", [
-    ("fedavg", "fedadam"), ("fedrcl", "fedacg"), ("feddyn", "feddyn"), ("fedccl", "fedavgm"),
-])
+@pytest.mark.parametrize(
+    "method,strategy",
+    [
+        ("fedavg", "fedadam"),
+        ("fedrcl", "fedacg"),
+        ("feddyn", "feddyn"),
+        ("fedccl", "fedavgm"),
+    ],
+)
 def test_composes_with_methods_and_server_optimizers(tiny, tmp_path, method, strategy):
-    cfg = tiny(client={"method": method}, server={"strategy": strategy},
-               federation={"rounds": 2, "clients_per_round": 3, "availability": AVAIL},
-               evaluation={"target_rounds": [2], "per_client": {"every": 1,
-                                                                "finetune_steps": 1}})
+    cfg = tiny(
+        client={"method": method},
+        server={"strategy": strategy},
+        federation={"rounds": 2, "clients_per_round": 3, "availability": AVAIL},
+        evaluation={"target_rounds": [2], "per_client": {"every": 1, "finetune_steps": 1}},
+    )
     run_inprocess(cfg, tmp_path / "run")
     recs = read_metrics(tmp_path / "run")
     assert len(recs) == 2
@@ -177,10 +200,14 @@ def test_composes_with_methods_and_server_optimizers(tiny, tmp_path, method, str
         assert r["client_acc_n"] == 3 and 0 <= r["client_acc_mean"] <= 1
 
 
-@pytest.mark.parametrize("privacy", [
-    {"dp": {"mode": "server", "noise_multiplier": 1.0, "clipping_norm": 0.05}},
-    {"secagg": True, "dp": {"mode": "client", "noise_multiplier": 0.0, "clipping_norm": 0.05}},
-], ids=["dp-server", "secagg-dp-client"])
+@pytest.mark.parametrize(
+    "privacy",
+    [
+        {"dp": {"mode": "server", "noise_multiplier": 1.0, "clipping_norm": 0.05}},
+        {"secagg": True, "dp": {"mode": "client", "noise_multiplier": 0.0, "clipping_norm": 0.05}},
+    ],
+    ids=["dp-server", "secagg-dp-client"],
+)
 def test_composes_with_privacy(tiny, tmp_path, privacy):
     """Dropout with central DP and with SecAgg+ (Flower's workflow and the real ClientApp
     in process, per-client evaluation included): the privacy accountant counts the clients
@@ -189,10 +216,11 @@ def test_composes_with_privacy(tiny, tmp_path, privacy):
     from fedrcl_flwr.privacy import gaussian_epsilon
 
     p = [0.99, 0.99, 0.99, 0.0, 0.0, 0.0, 0.0, 0.0]  # clients 0-2 always drop out
-    cfg = tiny(federation={"rounds": 3, "clients_per_round": 4,
-                           "availability": {"dropout": p}},
-               evaluation={"target_rounds": [2], "per_client": {"every": 3}},
-               privacy=privacy)
+    cfg = tiny(
+        federation={"rounds": 3, "clients_per_round": 4, "availability": {"dropout": p}},
+        evaluation={"target_rounds": [2], "per_client": {"every": 3}},
+        privacy=privacy,
+    )
     run_inprocess(cfg, tmp_path / "run")
     recs = read_metrics(tmp_path / "run")
     av = Availability.from_config(cfg)
@@ -206,7 +234,8 @@ def test_composes_with_privacy(tiny, tmp_path, privacy):
         sigma = privacy["dp"]["noise_multiplier"]
         if sigma:
             assert rec["dp_epsilon"] == pytest.approx(
-                gaussian_epsilon(sigma, counts.max(), rec["dp_delta"]))
+                gaussian_epsilon(sigma, counts.max(), rec["dp_delta"])
+            )
         assert rec["dropped"] == 4 - len(ids)
     if privacy.get("secagg"):  # SecAgg+ needs 2 reporting clients
         assert [r["num_clients"] for r in recs] == [0, 0, 4]
@@ -220,16 +249,31 @@ def test_both_features_off_change_no_number(tiny, tmp_path):
     """Defaults: the records are those of the code before these two features (same keys; the
     numbers within float tolerance: another BLAS may round differently)."""
     before = json.loads((DATA / "metrics_features_off.json").read_text())
-    easy = {"name": "synthetic", "synthetic": {
-        "num_train": 800, "num_test": 300, "num_classes": 4, "image_size": 16, "channels": 3,
-        "subclusters": 2, "noise": 0.3, "class_weight": 3.0, "distractor_strength": 0.2}}
-    kinds = {"fedavg": {}, "fedrcl_fedacg": {"client": {"method": "fedrcl"},
-                                             "server": {"strategy": "fedacg"}}}
+    easy = {
+        "name": "synthetic",
+        "synthetic": {
+            "num_train": 800,
+            "num_test": 300,
+            "num_classes": 4,
+            "image_size": 16,
+            "channels": 3,
+            "subclusters": 2,
+            "noise": 0.3,
+            "class_weight": 3.0,
+            "distractor_strength": 0.2,
+        },
+    }
+    kinds = {
+        "fedavg": {},
+        "fedrcl_fedacg": {"client": {"method": "fedrcl"}, "server": {"strategy": "fedacg"}},
+    }
     for name, kw in kinds.items():
         cfg = tiny(dataset=easy, **kw)
         run_inprocess(cfg, tmp_path / name)
-        now = [{k: v for k, v in r.items() if k != "client_nodes"}
-               for r in _strip(read_metrics(tmp_path / name))]
+        now = [
+            {k: v for k, v in r.items() if k != "client_nodes"}
+            for r in _strip(read_metrics(tmp_path / name))
+        ]
         assert [sorted(r) for r in now] == [sorted(r) for r in before[name]]
         assert len(now) == 3
         for a, b in zip(now, before[name]):
@@ -245,29 +289,49 @@ def test_both_features_off_change_no_number(tiny, tmp_path):
 # ------------------------------------------------------------------ up-front checks
 
 
-@pytest.mark.parametrize("override,message", [
-    ("federation.availability.dropout=1.0",
-     "'federation.availability.dropout' must be a probability in [0, 1)"),
-    ("federation.availability.dropout=[0.1, 0.2]",
-     "'federation.availability.dropout' lists 2 values but 'federation.num_clients' is 10"),
-    ("federation.availability.dropout={distribution: normal}",
-     "'federation.availability.dropout.distribution' must be one of uniform, beta"),
-    ("federation.availability.dropout={distribution: uniform, low: 0.5, high: 0.2}",
-     "uniform needs 0 <= low <= high < 1"),
-    ("federation.availability.dropout={distribution: beta, a: 1, b: 1, c: 1}",
-     "unknown key 'federation.availability.dropout.c'"),
-    ("federation.availability.dropout=many", "'federation.availability.dropout' must be"),
-    ("federation.availability.stragglers={deadline: 2}",
-     "need 'federation.availability.stragglers.speed'"),
-    ("federation.availability.stragglers={speed: 0}",
-     "'federation.availability.stragglers.speed' must be a speed factor > 0"),
-    ("federation.availability.stragglers={speed: {distribution: lognormal}}",
-     "'federation.availability.stragglers.speed.sigma' is required"),
-    ("federation.availability.stragglers={speed: 1, deadline: -1}",
-     "'federation.availability.stragglers.deadline' must be > 0"),
-    ("federation.availability.late=1", "unknown key 'federation.availability.late'"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (
+            "federation.availability.dropout=1.0",
+            "'federation.availability.dropout' must be a probability in [0, 1)",
+        ),
+        (
+            "federation.availability.dropout=[0.1, 0.2]",
+            "'federation.availability.dropout' lists 2 values but 'federation.num_clients' is 10",
+        ),
+        (
+            "federation.availability.dropout={distribution: normal}",
+            "'federation.availability.dropout.distribution' must be one of uniform, beta",
+        ),
+        (
+            "federation.availability.dropout={distribution: uniform, low: 0.5, high: 0.2}",
+            "uniform needs 0 <= low <= high < 1",
+        ),
+        (
+            "federation.availability.dropout={distribution: beta, a: 1, b: 1, c: 1}",
+            "unknown key 'federation.availability.dropout.c'",
+        ),
+        ("federation.availability.dropout=many", "'federation.availability.dropout' must be"),
+        (
+            "federation.availability.stragglers={deadline: 2}",
+            "need 'federation.availability.stragglers.speed'",
+        ),
+        (
+            "federation.availability.stragglers={speed: 0}",
+            "'federation.availability.stragglers.speed' must be a speed factor > 0",
+        ),
+        (
+            "federation.availability.stragglers={speed: {distribution: lognormal}}",
+            "'federation.availability.stragglers.speed.sigma' is required",
+        ),
+        (
+            "federation.availability.stragglers={speed: 1, deadline: -1}",
+            "'federation.availability.stragglers.deadline' must be > 0",
+        ),
+        ("federation.availability.late=1", "unknown key 'federation.availability.late'"),
+    ],
+)
 def test_bad_values_stop_before_the_run(tmp_path, capsys, override, message):
-    experiment = {"federation": {"num_clients": 10},
-                  "dataset": {"synthetic": {"num_train": 100}}}
+    experiment = {"federation": {"num_clients": 10}, "dataset": {"synthetic": {"num_train": 100}}}
     assert_run_refused(tmp_path, capsys, experiment, override, message)

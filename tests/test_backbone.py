@@ -34,8 +34,11 @@ def test_forward_shapes_and_interface():
     assert feats["hidden"] is feats["penultimate"]  # the paper's decision-making layer
     assert m.feature_dim == 128 and m.fc.in_features == 128
     # exactly two linear layers after the backbone: 512 -> 128 -> 10
-    head = [mod for n, mod in m.named_modules() if isinstance(mod, torch.nn.Linear)
-            and not n.startswith("backbone")]
+    head = [
+        mod
+        for n, mod in m.named_modules()
+        if isinstance(mod, torch.nn.Linear) and not n.startswith("backbone")
+    ]
     assert [(x.in_features, x.out_features) for x in head] == [(512, 128), (128, 10)]
     # penultimate is the input of fc and equals relu(mlp1(backbone))
     assert torch.allclose(m.fc(feats["penultimate"]), logits, atol=1e-6)
@@ -43,15 +46,25 @@ def test_forward_shapes_and_interface():
 
 
 def test_hidden_width_and_other_torchvision_backbone():
-    m = build_model("backbone_mlp", num_classes=7, in_channels=3, image_size=32,
-                    params={"backbone": "mobilenet_v3_small", "hidden": 64})
+    m = build_model(
+        "backbone_mlp",
+        num_classes=7,
+        in_channels=3,
+        image_size=32,
+        params={"backbone": "mobilenet_v3_small", "hidden": 64},
+    )
     logits, feats = m(torch.randn(2, 3, 32, 32), return_features=True)
     assert logits.shape == (2, 7) and feats["penultimate"].shape == (2, 64)
 
 
 def test_single_channel_input():
-    m = build_model("backbone_mlp", num_classes=10, in_channels=1, image_size=32,
-                    params={"backbone": "resnet18"})
+    m = build_model(
+        "backbone_mlp",
+        num_classes=10,
+        in_channels=1,
+        image_size=32,
+        params={"backbone": "resnet18"},
+    )
     assert m(torch.randn(2, 1, 32, 32)).shape == (2, 10)
 
 
@@ -126,8 +139,13 @@ def test_missing_weights_file_is_one_clear_error(tmp_path):
 def test_vit_tiny_is_192_wide_with_the_paper_head():
     pytest.importorskip("timm")
     torch.manual_seed(0)
-    m = build_model("backbone_mlp", num_classes=10, in_channels=3, image_size=32,
-                    params={"backbone": "vit_tiny"})
+    m = build_model(
+        "backbone_mlp",
+        num_classes=10,
+        in_channels=3,
+        image_size=32,
+        params={"backbone": "vit_tiny"},
+    )
     logits, feats = m(torch.randn(2, 3, 32, 32), return_features=True)
     assert m.backbone_dim == 192 and feats["backbone"].shape == (2, 192)
     assert (m.mlp1.in_features, m.mlp1.out_features) == (192, 128)
@@ -141,8 +159,13 @@ def test_vit_tiny_is_192_wide_with_the_paper_head():
 def test_vit_tiny_missing_weights_names_the_hub_file(tmp_path):
     pytest.importorskip("timm")
     with pytest.raises(ValueError) as err:
-        build_model("backbone_mlp", num_classes=10, in_channels=3, image_size=32,
-                    params={"backbone": "vit_tiny", "weights": str(tmp_path / "v.pth")})
+        build_model(
+            "backbone_mlp",
+            num_classes=10,
+            in_channels=3,
+            image_size=32,
+            params={"backbone": "vit_tiny", "weights": str(tmp_path / "v.pth")},
+        )
     msg = str(err.value)
     assert "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k" in msg
     assert "timm.create_model('vit_tiny_patch16_224', pretrained=True)" in msg
@@ -155,8 +178,13 @@ def test_vit_tiny_weights_round_trip(tmp_path):
     src = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=1000)
     path = tmp_path / "vit_tiny_patch16_224.pth"
     torch.save(src.state_dict(), path)  # a full 224-px classifier checkpoint
-    m = build_model("backbone_mlp", num_classes=10, in_channels=3, image_size=32,
-                    params={"backbone": "vit_tiny", "weights": str(path)})
+    m = build_model(
+        "backbone_mlp",
+        num_classes=10,
+        in_channels=3,
+        image_size=32,
+        params={"backbone": "vit_tiny", "weights": str(path)},
+    )
     assert torch.equal(m.backbone.blocks[0].attn.qkv.weight, src.blocks[0].attn.qkv.weight)
     assert m.backbone.pos_embed.shape[1] == 1 + (32 // 16) ** 2  # resampled grid
 

@@ -34,7 +34,11 @@ def _one_thread():
 def test_fedprox_client_term():
     class Stub(client_class("fedprox")):
         def __init__(self):  # no data needed: only the term wiring is checked
-            self.p, self.device, self._received = {"mu": 0.1, "halve": True}, torch.device("cpu"), None
+            self.p, self.device, self._received = (
+                {"mu": 0.1, "halve": True},
+                torch.device("cpu"),
+                None,
+            )
 
     c = Stub()
     c.model = torch.nn.Linear(2, 1)
@@ -50,8 +54,8 @@ def test_fedprox_client_term():
 
 def test_moon_contrastive_loss():
     z = T([[1.0, 0.0], [0.0, 2.0]])
-    zg = T([[3.0, 0.0], [1.0, 0.0]])   # cos: 1, 0
-    zp = T([[0.0, 1.0], [0.0, 5.0]])   # cos: 0, 1
+    zg = T([[3.0, 0.0], [1.0, 0.0]])  # cos: 1, 0
+    zp = T([[0.0, 1.0], [0.0, 5.0]])  # cos: 0, 1
     want = (math.log(1 + math.exp(-2)) + math.log(1 + math.exp(2))) / 2  # τ = 0.5
     assert float(B.moon_contrastive_loss(z, zg, zp, tau=0.5)) == close(want, rel=1e-6)
 
@@ -71,8 +75,8 @@ def test_fedlc_calibrated_ce_absent_classes():
 
 
 def test_fedntd_not_true_distillation():
-    local = T([[5.0, 0.0, 0.0]])               # not-true (classes 1, 2): uniform
-    glob = T([[-7.0, math.log(3.0), 0.0]])     # not-true: (3/4, 1/4)
+    local = T([[5.0, 0.0, 0.0]])  # not-true (classes 1, 2): uniform
+    glob = T([[-7.0, math.log(3.0), 0.0]])  # not-true: (3/4, 1/4)
     want = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.5)
     assert float(B.fedntd_loss(local, glob, T([0]), T=1.0)) == close(want, rel=1e-6)
     # τ = 2: softmax(log3/2, 0) = (√3, 1)/(√3+1), times τ²
@@ -84,7 +88,7 @@ def test_fedntd_not_true_distillation():
 def test_feddecorr_official_normalisation():
     # perfectly correlated columns: ẑ = (-1, 0, 1) in both, ẑᵀẑ off-diagonal = 2
     z = T([[1.0, 2.0], [2.0, 4.0], [3.0, 6.0]])
-    assert float(B.feddecorr_loss(z)) == close(2.0 ** 2 / 3, rel=1e-6)  # mean(4, 4) / N
+    assert float(B.feddecorr_loss(z)) == close(2.0**2 / 3, rel=1e-6)  # mean(4, 4) / N
     # uncorrelated columns: 0
     z0 = T([[1.0, 1.0], [-1.0, 1.0], [1.0, -1.0], [-1.0, -1.0]])
     assert float(B.feddecorr_loss(z0)) == close(0.0, abs=1e-7)
@@ -132,8 +136,8 @@ def test_fpl_cluster_contrast_plus_unbiased_prototype():
     protos = T([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])  # two clusters of class 0, one of 1
     labels = T([0, 0, 1])
     e = math.e
-    info = -math.log((e + 1) / (e + 1 + 1 / e))        # cos 1, 0 positive; -1 negative
-    mse = (0.5 ** 2 + 0.5 ** 2) / 2                    # unbiased prototype (0.5, 0.5)
+    info = -math.log((e + 1) / (e + 1 + 1 / e))  # cos 1, 0 positive; -1 negative
+    mse = (0.5**2 + 0.5**2) / 2  # unbiased prototype (0.5, 0.5)
     got = B.fpl_loss(z, T([0]), protos, labels, num_classes=2, tau=1.0)
     assert float(got) == close(info + mse, rel=1e-6)
     # a sample without prototypes is left out of the mean
@@ -143,8 +147,15 @@ def test_fpl_cluster_contrast_plus_unbiased_prototype():
 
 def test_fedpcl_global_and_local_prototype_contrast():
     z = T([[3.0, 0.0]])  # normalised to (1, 0)
-    lg, lp = B.fedpcl_loss(z, T([0]), T([[1.0, 0.0], [0.0, 1.0]]), T([0, 1]),
-                           T([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]), T([0, 0, 1]), tau=1.0)
+    lg, lp = B.fedpcl_loss(
+        z,
+        T([0]),
+        T([[1.0, 0.0], [0.0, 1.0]]),
+        T([0, 1]),
+        T([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]),
+        T([0, 0, 1]),
+        tau=1.0,
+    )
     assert float(lg) == close(math.log(1 + math.exp(-1)), rel=1e-6)
     want = 0.5 * (math.log(1 + math.exp(-2)) + math.log(1 + math.exp(-1)))
     assert float(lp) == close(want, rel=1e-6)
@@ -160,9 +171,15 @@ def test_feddyn_penalty():
 
 # ------------------------------------------------------------- FedDyn server rule
 def _res(arrays, pid):
-    return (None, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(
-        [np.asarray(a, np.float32) for a in arrays]), 10,
-        {"partition_id": pid, "train_loss": 0.5}))
+    return (
+        None,
+        FitRes(
+            Status(Code.OK, ""),
+            ndarrays_to_parameters([np.asarray(a, np.float32) for a in arrays]),
+            10,
+            {"partition_id": pid, "train_loss": 0.5},
+        ),
+    )
 
 
 def test_feddyn_server_two_rounds_by_hand():
@@ -170,8 +187,12 @@ def test_feddyn_server_two_rounds_by_hand():
 
     st = strategy_class("feddyn")(
         initial_weights=[np.zeros(2, np.float32), np.zeros(1, np.float32)],
-        trainable=[True, False], num_clients=4, clients_per_round=2, rounds=2,
-        params={"alpha": 0.1})
+        trainable=[True, False],
+        num_clients=4,
+        clients_per_round=2,
+        rounds=2,
+        params={"alpha": 0.1},
+    )
     # round 1: θ⁰ = 0; clients (1,2), (3,4) -> mean (2,3), Σ(θ_k − θ⁰) = (4,6)
     # h¹ = −0.1·(1/4)·(4,6) = (−0.1, −0.15);  θ¹ = (2,3) + h¹·(−1/0.1) = (3, 4.5)
     st.aggregate_fit(1, [_res([[1, 2], [2]], 0), _res([[3, 4], [4]], 1)], [])
@@ -185,8 +206,12 @@ def test_feddyn_server_two_rounds_by_hand():
     state = st.state_dict()
     st2 = strategy_class("feddyn")(
         initial_weights=[np.zeros(2, np.float32), np.zeros(1, np.float32)],
-        trainable=[True, False], num_clients=4, clients_per_round=2, rounds=2,
-        params={"alpha": 0.1})
+        trainable=[True, False],
+        num_clients=4,
+        clients_per_round=2,
+        rounds=2,
+        params={"alpha": 0.1},
+    )
     st2.load_state_dict(state)
     assert st2.h[0] == close([-0.15, -0.2])
 
@@ -197,14 +222,22 @@ def test_feddyn_alpha_is_one_server_key_sent_to_clients(tiny):
 
     # α is server.params.alpha only; the client has no alpha key and needs FedDyn's server
     with pytest.raises(ConfigError, match=r"client.params: unknown key\(s\) alpha"):
-        validate_components(tiny(client={"method": "feddyn", "params": {"alpha": 0.1}},
-                                 server={"strategy": "feddyn"}))
+        validate_components(
+            tiny(
+                client={"method": "feddyn", "params": {"alpha": 0.1}}, server={"strategy": "feddyn"}
+            )
+        )
     with pytest.raises(ConfigError, match="'server.strategy' must be feddyn"):
         validate_components(tiny(client={"method": "feddyn"}))
     validate_components(tiny(client={"method": "feddyn"}, server={"strategy": "feddyn"}))
-    st = strategy_class("feddyn")(initial_weights=[np.zeros(2, np.float32)],
-                                  trainable=[True], num_clients=4, clients_per_round=2,
-                                  rounds=2, params={"alpha": 0.03})
+    st = strategy_class("feddyn")(
+        initial_weights=[np.zeros(2, np.float32)],
+        trainable=[True],
+        num_clients=4,
+        clients_per_round=2,
+        rounds=2,
+        params={"alpha": 0.03},
+    )
 
     class M:
         def wait_for(self, n, timeout=0):
@@ -218,8 +251,10 @@ def test_feddyn_alpha_is_one_server_key_sent_to_clients(tiny):
 
 
 # ----------------------------------------------------------- models / helpers
-@pytest.mark.parametrize("name,shape", [("cnn4", (2, 1, 28, 28)), ("cnn5", (2, 3, 32, 32)),
-                                        ("resnet18_gn", (2, 3, 16, 16))])
+@pytest.mark.parametrize(
+    "name,shape",
+    [("cnn4", (2, 1, 28, 28)), ("cnn5", (2, 3, 32, 32)), ("resnet18_gn", (2, 3, 16, 16))],
+)
 def test_block_interface_reproduces_forward(name, shape):
     from fedrcl_flwr.models import build_model
 
@@ -239,8 +274,7 @@ def test_block_interface_reproduces_forward(name, shape):
 def test_fedmlb_needs_block_model(tiny):
     from fedrcl_flwr.app.validate import validate_components
 
-    cfg = tiny(client={"method": "fedmlb"}, model={"name": "cnn5", "params": {
-        "projector": 16}})
+    cfg = tiny(client={"method": "fedmlb"}, model={"name": "cnn5", "params": {"projector": 16}})
     with pytest.raises(ConfigError, match="block_forward"):
         validate_components(cfg)
     validate_components(tiny(client={"method": "fedmlb"}))
@@ -306,8 +340,9 @@ def test_feddyn_gradient_state_update(tiny, tmp_path):
     # ∇L_k(θ_k^1) = 0 − α(θ_k^1 − θ^0)
     for n, a0, a1 in zip(names, w0, w1):
         assert np.allclose(g[n].numpy(), -0.1 * (a1 - a0), atol=1e-7)
-    w2, _, m2 = _client(cfg, str(state)).fit(w1, {"run_round": 2, "partition_id": 2,
-                                                  "feddyn_alpha": 0.1})
+    w2, _, m2 = _client(cfg, str(state)).fit(
+        w1, {"run_round": 2, "partition_id": 2, "feddyn_alpha": 0.1}
+    )
     assert m2["feddyn_state"] == 1 and math.isfinite(m2["loss_dyn"])
     g2 = torch.load(state / "feddyn_grad_2.pt", weights_only=True)
     n = names[0]
@@ -319,8 +354,10 @@ def test_feddyn_gradient_state_update(tiny, tmp_path):
 # method -> (loss terms expected in the last round's record, config overrides)
 E2E = {
     "fedprox": (["ce", "prox"], {}),
-    "moon": (["ce", "moon"], {"federation": {"num_clients": 2, "clients_per_round": 2},
-                              "client": {"batch_size": 100}}),
+    "moon": (
+        ["ce", "moon"],
+        {"federation": {"num_clients": 2, "clients_per_round": 2}, "client": {"batch_size": 100}},
+    ),
     "fedlc": (["lc"], {}),
     "fedntd": (["ce", "ntd"], {}),
     "feddecorr": (["ce", "decorr"], {}),
@@ -330,9 +367,14 @@ E2E = {
     "fedproto": (["ce", "proto"], {}),
     "fpl": (["ce", "fpl"], {}),
     "fedpcl": (["ce", "pcl_global", "pcl_local"], {}),
-    "feddyn": (["ce", "dyn"], {"federation": {"num_clients": 2, "clients_per_round": 2},
-                               "client": {"batch_size": 100},
-                               "server": {"strategy": "feddyn"}}),
+    "feddyn": (
+        ["ce", "dyn"],
+        {
+            "federation": {"num_clients": 2, "clients_per_round": 2},
+            "client": {"batch_size": 100},
+            "server": {"strategy": "feddyn"},
+        },
+    ),
 }
 
 
@@ -349,8 +391,7 @@ def _run(tiny, tmp_path, method, strategy=None, **over):
 
 def _check(recs, st, terms):
     assert len(recs) == 2 and all(r["failures"] == 0 for r in recs)
-    assert all(math.isfinite(r["train_loss"]) and math.isfinite(r["test_loss"])
-               for r in recs)
+    assert all(math.isfinite(r["train_loss"]) and math.isfinite(r["test_loss"]) for r in recs)
     for t in terms:
         assert math.isfinite(recs[-1][f"train_loss_{t}"]), t
     assert all(np.all(np.isfinite(w)) for w in st.weights if w.dtype.kind == "f")
@@ -374,8 +415,9 @@ def test_method_runs_two_rounds_in_process(tiny, tmp_path, method):
         assert recs[-1]["signal_bytes_down"] > 0
 
 
-@pytest.mark.parametrize("method,strategy", [("fedmlb", "fedacg"), ("fedproto", "fedadam"),
-                                             ("moon", "fedacg")])
+@pytest.mark.parametrize(
+    "method,strategy", [("fedmlb", "fedacg"), ("fedproto", "fedadam"), ("moon", "fedacg")]
+)
 def test_baseline_combines_with_server_optimizers(tiny, tmp_path, method, strategy):
     terms, over = E2E[method]
     _, st, recs = _run(tiny, tmp_path, method, strategy, **over)
@@ -397,8 +439,7 @@ def test_fedmlb_trains_through_its_forward_hook_without_patching_the_model(tiny)
     model.eval()
     logits, feats = block_forward(model, x, True)
     assert torch.allclose(logits, model(x), atol=1e-5)  # the model's own function
-    assert len(feats[MAPS_KEY]) == 4 and torch.equal(feats[MAPS_KEY][-1],
-                                                      feats["penultimate"])
+    assert len(feats[MAPS_KEY]) == 4 and torch.equal(feats[MAPS_KEY][-1], feats["penultimate"])
 
 
 @pytest.mark.parametrize("training", [True, False])

@@ -15,12 +15,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.flwr
 def test_bench_gpu_rounds_tiny_runs_the_bare_loop_and_flower():
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu_rounds.py"),
-                          "--tiny"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_gpu_rounds.py"), "--tiny"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     rows = [ln for ln in res.stdout.splitlines() if re.search(r"\d+\.\d\dx$", ln)]
     assert [r.split("  ")[0] for r in rows] == [
-        "bare sequential loop (in-process)", "flower, 2 actors (1 CPU each)"]
+        "bare sequential loop (in-process)",
+        "flower, 2 actors (1 CPU each)",
+    ]
     per_hour = [float(r.split()[-3]) for r in rows]
     assert all(v > 0 for v in per_hour) and rows[0].endswith("1.00x")
     assert re.search(r"^ratio .*: \d+\.\d\dx rounds per hour$", res.stdout, re.M)

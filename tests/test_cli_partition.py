@@ -38,8 +38,11 @@ def test_partition_quickstart_table_and_plot(tmp_path, capsys):
     # α = 0.3: label skew, most clients miss some classes
     assert sum(r[2] < 10 for r in rows) >= 3
     assert "| ... 95 more clients |" in out
-    summary = re.search(r"100 clients, 20000 samples; size min/mean/max 200/200.0/200; "
-                        r"classes per client mean (\d+\.\d+)", out)
+    summary = re.search(
+        r"100 clients, 20000 samples; size min/mean/max 200/200.0/200; "
+        r"classes per client mean (\d+\.\d+)",
+        out,
+    )
     assert summary, out
     assert 1.0 < float(summary.group(1)) < 9.0
     assert f"heatmap written to {png}" in out
@@ -53,9 +56,20 @@ def test_partition_quickstart_table_and_plot(tmp_path, capsys):
 def test_partition_with_overrides_and_no_plot(tmp_path, capsys):
     # 600 samples, 60 per class; 10 clients x 1 shard of 60 label-sorted samples: each
     # client holds exactly one class, all of it
-    rc = main(["partition", QUICKSTART, "--set", "dataset.synthetic.num_train=600",
-               "--set", "federation.num_clients=10", "--set", "partition.scheme=shards",
-               "--set", "partition.shards_per_client=1"])
+    rc = main(
+        [
+            "partition",
+            QUICKSTART,
+            "--set",
+            "dataset.synthetic.num_train=600",
+            "--set",
+            "federation.num_clients=10",
+            "--set",
+            "partition.scheme=shards",
+            "--set",
+            "partition.shards_per_client=1",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     rows = _client_rows(out)
@@ -83,8 +97,18 @@ def test_bad_override_is_one_line_exit_2(capsys):
 
 def test_impossible_partition_is_one_line_exit_2(capsys):
     # 100 clients x 10 shards = 1000 shards, but only 500 training samples
-    rc = main(["partition", QUICKSTART, "--set", "dataset.synthetic.num_train=500",
-               "--set", "partition.scheme=shards", "--set", "partition.shards_per_client=10"])
+    rc = main(
+        [
+            "partition",
+            QUICKSTART,
+            "--set",
+            "dataset.synthetic.num_train=500",
+            "--set",
+            "partition.scheme=shards",
+            "--set",
+            "partition.shards_per_client=10",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 2
     lines = err.strip().splitlines()
@@ -100,9 +124,21 @@ def test_missing_experiment_file_exit_2(tmp_path, capsys):
 
 
 def test_bad_override_as_a_process_has_no_traceback():
-    r = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "partition", QUICKSTART,
-                        "--set", "partition.alpha=-1"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedrcl_flwr.cli",
+            "partition",
+            QUICKSTART,
+            "--set",
+            "partition.alpha=-1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()

@@ -18,16 +18,31 @@ from fedrcl_flwr.app.server_app import build_server
 from fedrcl_flwr.run import runtime
 from fedrcl_flwr.run.results import read_metrics
 
-DOMAINS = {"name": "synthetic", "synthetic": {
-    "num_train": 800, "num_test": 300, "num_classes": 4, "image_size": 16, "channels": 3,
-    "subclusters": 2, "num_domains": 2}}
+DOMAINS = {
+    "name": "synthetic",
+    "synthetic": {
+        "num_train": 800,
+        "num_test": 300,
+        "num_classes": 4,
+        "image_size": 16,
+        "channels": 3,
+        "subclusters": 2,
+        "num_domains": 2,
+    },
+}
 CLIENT_KEYS = ("client_acc_", "client_loss_mean", "client_eval_failures", "client_accuracy")
 
 
 def _global(recs):
     """Records without times and without the per-client keys."""
-    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")
-             and not k.startswith(CLIENT_KEYS)} for r in recs]
+    return [
+        {
+            k: v
+            for k, v in r.items()
+            if k not in ("wall_time_s", "round_time_s") and not k.startswith(CLIENT_KEYS)
+        }
+        for r in recs
+    ]
 
 
 # ----------------------------------------------------------------- closed forms
@@ -88,13 +103,13 @@ def test_training_data_only_changes_when_held_out(tiny):
 
     off = tiny()
     parts = runtime.client_partitions(off)
-    assert all(np.array_equal(FedAvgClient(off).local_data(p).indices, parts[p])
-               for p in range(8))
+    assert all(np.array_equal(FedAvgClient(off).local_data(p).indices, parts[p]) for p in range(8))
     # the fraction alone does nothing while every = 0
     unused = tiny(evaluation={"per_client": {"every": 0, "local_test_fraction": 0.5}})
     assert np.array_equal(FedAvgClient(unused).local_data(2).indices, parts[2])
-    on = tiny(evaluation={"target_rounds": [2], "per_client": {"every": 1,
-                                                                "local_test_fraction": 0.3}})
+    on = tiny(
+        evaluation={"target_rounds": [2], "per_client": {"every": 1, "local_test_fraction": 0.3}}
+    )
     for p in range(8):
         train, _ = _reference_holdout(list(parts[p]), 0.3, 0, p)
         assert FedAvgClient(on).local_data(p).indices.tolist() == train
@@ -120,11 +135,15 @@ def _constant_class0_weights(cfg):
 def test_per_client_accuracy_of_a_constant_model(tiny, tmp_path, source, clients):
     """A model that always says class 0 has, on each client, the share of class 0 in that
     client's local test data; the statistics follow in closed form."""
-    extra = {"dataset": DOMAINS, "partition": {"scheme": "domain"}} if source == "domain" \
-        else {}
-    cfg = tiny(evaluation={"target_rounds": [2], "per_client": {
-        "every": 1, "local_test_fraction": 0.25, "clients": clients}},
-        federation={"rounds": 1}, **extra)
+    extra = {"dataset": DOMAINS, "partition": {"scheme": "domain"}} if source == "domain" else {}
+    cfg = tiny(
+        evaluation={
+            "target_rounds": [2],
+            "per_client": {"every": 1, "local_test_fraction": 0.25, "clients": clients},
+        },
+        federation={"rounds": 1},
+        **extra,
+    )
     strategy, _ = build_server(cfg, tmp_path / "run")
     strategy.weights = _constant_class0_weights(cfg)
     strategy._sampled = [1, 6]
@@ -138,7 +157,7 @@ def test_per_client_accuracy_of_a_constant_model(tiny, tmp_path, source, clients
     bundle = runtime.load_bundle(cfg)
     parts = runtime.client_partitions(cfg)
     want = {}
-    for pid in (range(8) if clients == "all" else [1, 6]):
+    for pid in range(8) if clients == "all" else [1, 6]:
         if source == "holdout":
             _, test = _reference_holdout(list(parts[pid]), 0.25, 0, pid)
             labels = bundle.train_labels[test]
@@ -186,11 +205,20 @@ def test_global_metrics_identical_with_domain_test_data(tiny, tmp_path):
     """Local test data from the domain's test set leaves training alone: every global
     number equals the run without per-client evaluation (also through the ServerApp's
     overlapped round end, and with local adaptation and every client evaluated)."""
-    common = dict(dataset=DOMAINS, partition={"scheme": "domain"}, client={"method": "fedrcl"},
-                  federation={"rounds": 3, "eval_every": 1})
+    common = dict(
+        dataset=DOMAINS,
+        partition={"scheme": "domain"},
+        client={"method": "fedrcl"},
+        federation={"rounds": 3, "eval_every": 1},
+    )
     off = tiny(**common)
-    on = tiny(**common, evaluation={"target_rounds": [2], "per_client": {
-        "every": 1, "finetune_steps": 2, "clients": "all"}})
+    on = tiny(
+        **common,
+        evaluation={
+            "target_rounds": [2],
+            "per_client": {"every": 1, "finetune_steps": 2, "clients": "all"},
+        },
+    )
     run_inprocess(off, tmp_path / "off")
     run_inprocess(on, tmp_path / "on", overlap_evaluation=True)
     a, b = read_metrics(tmp_path / "off"), read_metrics(tmp_path / "on")
@@ -206,13 +234,16 @@ def test_held_out_share_is_the_only_change_to_training(tiny, tmp_path):
     evaluation whose split file holds those training indices."""
     from fedrcl_flwr.data.partition import save_split_file
 
-    on = tiny(evaluation={"target_rounds": [2], "per_client": {
-        "every": 2, "local_test_fraction": 0.3}}, federation={"rounds": 4, "eval_every": 2})
+    on = tiny(
+        evaluation={"target_rounds": [2], "per_client": {"every": 2, "local_test_fraction": 0.3}},
+        federation={"rounds": 4, "eval_every": 2},
+    )
     parts = runtime.client_partitions(on)
     split = tmp_path / "train_only.json"
     save_split_file([client_eval.training_indices(on, p, parts[p]) for p in range(8)], split)
-    off = tiny(partition={"scheme": "file", "path": str(split)},
-               federation={"rounds": 4, "eval_every": 2})
+    off = tiny(
+        partition={"scheme": "file", "path": str(split)}, federation={"rounds": 4, "eval_every": 2}
+    )
     run_inprocess(on, tmp_path / "on")
     run_inprocess(off, tmp_path / "off")
     a, b = read_metrics(tmp_path / "on"), read_metrics(tmp_path / "off")
@@ -224,8 +255,9 @@ def test_held_out_share_is_the_only_change_to_training(tiny, tmp_path):
 def test_missing_evaluation_replies_do_not_lose_the_record(tiny, tmp_path):
     """Every client's evaluation fails: the round's record is still written, with the
     failures counted and no statistics."""
-    cfg = tiny(evaluation={"target_rounds": [2], "per_client": {"every": 1}},
-               federation={"rounds": 2})
+    cfg = tiny(
+        evaluation={"target_rounds": [2], "per_client": {"every": 1}}, federation={"rounds": 2}
+    )
     strategy, _ = build_server(cfg, tmp_path / "run")
     strategy._sampled, strategy._fit_info = [0, 1], {}
     strategy.evaluate(1, None)
@@ -245,8 +277,9 @@ def _fake_run(path, method, seed, client_accs):
     path.mkdir(parents=True)
     cfg = {"seed": seed, "client": {"method": method}, "server": {"strategy": "fedavg"}}
     (path / "config.yaml").write_text(yaml.safe_dump(cfg))
-    s = client_eval.summarize({i: (int(round(100 * a)), 100, 0.0)
-                               for i, a in enumerate(client_accs)})
+    s = client_eval.summarize(
+        {i: (int(round(100 * a)), 100, 0.0) for i, a in enumerate(client_accs)}
+    )
     rec = {"round": 5, "test_accuracy": 0.5, "ema_accuracy": 0.5, "test_loss": 1.0, **s}
     (path / "metrics.jsonl").write_text(json.dumps(rec) + "\n")
 
@@ -261,8 +294,7 @@ def test_report_and_plot_read_client_metrics(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| fedavg | 20.00 ± 14.14 (n=2) |" in out, out
     assert "| fedrcl | **60.00 (n=1)** |" in out, out
-    assert main(["report", str(tmp_path), "--metric", "client_mean",
-                 "--format", "csv"]) == 0
+    assert main(["report", str(tmp_path), "--metric", "client_mean", "--format", "csv"]) == 0
     assert "fedavg,,client_mean,2,0,50.00,0.00" in capsys.readouterr().out
     assert main(["report", str(tmp_path), "--metric", "client_median"]) == 2
     assert "client_worst10" in capsys.readouterr().err
@@ -278,8 +310,11 @@ def test_tracker_tags(tiny, tmp_path):
     under ``client_accuracy/...``; the per-client mapping stays in metrics.jsonl."""
     from fedrcl_flwr.tracking import scalars
 
-    rec = {"round": 2, "test_accuracy": 0.5,
-           **client_eval.summarize({0: (1, 4, 0.0), 1: (3, 4, 0.0)})}
+    rec = {
+        "round": 2,
+        "test_accuracy": 0.5,
+        **client_eval.summarize({0: (1, 4, 0.0), 1: (3, 4, 0.0)}),
+    }
     tags = scalars(rec)
     assert tags["client_accuracy/mean"] == 0.5 and tags["client_accuracy/worst10"] == 0.25
     assert tags["client_accuracy/best10"] == 0.75 and tags["client_accuracy/n"] == 2
@@ -289,25 +324,39 @@ def test_tracker_tags(tiny, tmp_path):
 # ------------------------------------------------------------------ up-front checks
 
 
-@pytest.mark.parametrize("override,message", [
-    ("evaluation.per_client.every=-1", "'evaluation.per_client.every' must be >= 0"),
-    ("evaluation.per_client={every: 4, local_test_fraction: 1.5}",
-     "'evaluation.per_client.local_test_fraction' must be in [0, 1)"),
-    ("evaluation.per_client={every: 4, local_test_fraction: 0}",
-     "'evaluation.per_client.local_test_fraction' must be > 0"),
-    ("evaluation.per_client={every: 4, local_test: domain}",
-     "'evaluation.per_client.local_test' domain needs partition.scheme domain"),
-    ("evaluation.per_client={every: 4, clients: few}",
-     "'evaluation.per_client.clients' must be sampled or all"),
-    ("evaluation.per_client={every: 4, finetune_steps: -1}",
-     "'evaluation.per_client.finetune_steps' must be >= 0"),
-    ("evaluation.per_client={every: 4, steps: 1}",
-     "unknown key 'evaluation.per_client.steps'"),
-    ("evaluation.per_client.every=3", "must be a multiple of 'federation.eval_every' (2)"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("evaluation.per_client.every=-1", "'evaluation.per_client.every' must be >= 0"),
+        (
+            "evaluation.per_client={every: 4, local_test_fraction: 1.5}",
+            "'evaluation.per_client.local_test_fraction' must be in [0, 1)",
+        ),
+        (
+            "evaluation.per_client={every: 4, local_test_fraction: 0}",
+            "'evaluation.per_client.local_test_fraction' must be > 0",
+        ),
+        (
+            "evaluation.per_client={every: 4, local_test: domain}",
+            "'evaluation.per_client.local_test' domain needs partition.scheme domain",
+        ),
+        (
+            "evaluation.per_client={every: 4, clients: few}",
+            "'evaluation.per_client.clients' must be sampled or all",
+        ),
+        (
+            "evaluation.per_client={every: 4, finetune_steps: -1}",
+            "'evaluation.per_client.finetune_steps' must be >= 0",
+        ),
+        ("evaluation.per_client={every: 4, steps: 1}", "unknown key 'evaluation.per_client.steps'"),
+        ("evaluation.per_client.every=3", "must be a multiple of 'federation.eval_every' (2)"),
+    ],
+)
 def test_bad_values_stop_before_the_run(tmp_path, capsys, override, message):
-    experiment = {"federation": {"eval_every": 2, "num_clients": 10},
-                  "dataset": {"synthetic": {"num_train": 100}}}
+    experiment = {
+        "federation": {"eval_every": 2, "num_clients": 10},
+        "dataset": {"synthetic": {"num_train": 100}},
+    }
     assert_run_refused(tmp_path, capsys, experiment, override, message)
 
 
@@ -317,15 +366,17 @@ def test_a_device_holds_out_and_evaluates_its_own_data(tiny):
     from clients.base import LocalData
     from clients.fedavg import FedAvgClient
 
-    cfg = tiny(evaluation={"target_rounds": [2], "per_client": {"every": 1,
-                                                                "local_test_fraction": 0.5}})
+    cfg = tiny(
+        evaluation={"target_rounds": [2], "per_client": {"every": 1, "local_test_fraction": 0.5}}
+    )
     bundle = runtime.load_bundle(cfg)
     own = LocalData(bundle.train, np.arange(40), bundle.train_labels, bundle.num_classes)
     client = FedAvgClient(cfg, local_data=own, partition_id=3)
     train, test = _reference_holdout(list(range(40)), 0.5, 0, 3)
     assert client.local_data(0).indices.tolist() == train
-    _, n, metrics = client.evaluate(_constant_class0_weights(cfg),
-                                    {"run_round": 1, "partition_ids": "0,1"})
+    _, n, metrics = client.evaluate(
+        _constant_class0_weights(cfg), {"run_round": 1, "partition_ids": "0,1"}
+    )
     got = client_eval.decode(metrics["client_eval"])
     assert list(got) == [3] and n == len(test) == 20
     assert got[3][0] == int(np.sum(bundle.train_labels[test] == 0))

@@ -34,8 +34,15 @@ def test_quickstart_loads():
 def test_overrides_apply_and_parse_yaml_scalars(tmp_path):
     p = tmp_path / "e.yaml"
     p.write_text("name: x\nclient: {lr: 0.1}\n")
-    cfg = load_config(p, ["client.lr=0.05", "partition.balanced=false",
-                          "evaluation.target_rounds=[10, 20]", "dataset.image_size=null"])
+    cfg = load_config(
+        p,
+        [
+            "client.lr=0.05",
+            "partition.balanced=false",
+            "evaluation.target_rounds=[10, 20]",
+            "dataset.image_size=null",
+        ],
+    )
     assert cfg.client.lr == 0.05
     assert cfg.partition.balanced is False
     assert cfg.evaluation.target_rounds == [10, 20]
@@ -113,21 +120,30 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "fedrcl_flwr.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["run", "experiments/quickstart.yaml", "--set", "partition.alpha=0"], "partition.alpha"),
-    (["run", "experiments/quickstart.yaml", "--set", "client.method=nope"], "client.method"),
-    (["run", "experiments/quickstart.yaml", "--set", "server.strategy=nope"],
-     "server.strategy"),
-    (["run", "experiments/quickstart.yaml", "--set", "client.params={mu: 1}"],
-     "client.params"),
-    (["run", "does/not/exist.yaml"], "not found"),
-    (["run", "experiments/quickstart.yaml", "--set", "oops"], "key=value"),
-    (["report", "/nonexistent/run"], "summary.json"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["run", "experiments/quickstart.yaml", "--set", "partition.alpha=0"], "partition.alpha"),
+        (["run", "experiments/quickstart.yaml", "--set", "client.method=nope"], "client.method"),
+        (
+            ["run", "experiments/quickstart.yaml", "--set", "server.strategy=nope"],
+            "server.strategy",
+        ),
+        (["run", "experiments/quickstart.yaml", "--set", "client.params={mu: 1}"], "client.params"),
+        (["run", "does/not/exist.yaml"], "not found"),
+        (["run", "experiments/quickstart.yaml", "--set", "oops"], "key=value"),
+        (["report", "/nonexistent/run"], "summary.json"),
+    ],
+)
 def test_cli_bad_input_exit_2_without_traceback(args, needle):
     res = _cli(*args)
     assert res.returncode == 2, res.stderr
@@ -139,8 +155,11 @@ def test_cli_bad_input_exit_2_without_traceback(args, needle):
 def _rule_cases():
     from fedrcl_flwr.config import CONFIG_RULES
 
-    return [pytest.param(key, bad, id=f"{key}={bad!r}"[:60])
-            for key, rule in CONFIG_RULES.items() for bad in rule.bad]
+    return [
+        pytest.param(key, bad, id=f"{key}={bad!r}"[:60])
+        for key, rule in CONFIG_RULES.items()
+        for bad in rule.bad
+    ]
 
 
 def _with(key: str, value) -> dict:

@@ -26,11 +26,12 @@ from strategies import STRATEGIES, strategy_class
 
 BASE = {
     "name": "contract",
-    "dataset": {"name": "synthetic", "synthetic": {
-        "num_train": 200, "num_test": 50, "num_classes": 4, "image_size": 16}},
+    "dataset": {
+        "name": "synthetic",
+        "synthetic": {"num_train": 200, "num_test": 50, "num_classes": 4, "image_size": 16},
+    },
     "model": {"name": "cnn5"},
-    "federation": {"num_clients": 4, "rounds": 1, "participation": None,
-                   "clients_per_round": 2},
+    "federation": {"num_clients": 4, "rounds": 1, "participation": None, "clients_per_round": 2},
     "client": {"method": "fedavg", "device": "cpu"},
     "server": {"strategy": "fedavg"},
 }
@@ -72,8 +73,9 @@ def _cases():
     for section, name, cls in _components():
         for key in sorted(cls.defaults):
             for bad in _bad_values(cls, key):
-                cases.append(pytest.param(section, name, key, bad,
-                                          id=f"{section}:{name}.{key}={_yaml(bad)}"))
+                cases.append(
+                    pytest.param(section, name, key, bad, id=f"{section}:{name}.{key}={_yaml(bad)}")
+                )
     return cases
 
 
@@ -92,9 +94,11 @@ def test_every_parameter_declares_its_allowed_values(section, name, cls):
         assert _bad_values(cls, key), key
 
 
-@pytest.mark.parametrize("registry,load", [(CLIENTS, client_class),
-                                           (STRATEGIES, strategy_class)],
-                         ids=["client.method", "server.strategy"])
+@pytest.mark.parametrize(
+    "registry,load",
+    [(CLIENTS, client_class), (STRATEGIES, strategy_class)],
+    ids=["client.method", "server.strategy"],
+)
 def test_every_class_takes_the_parameters_its_registry_declares(registry, load):
     """A component's parameters are declared once, with its registration: the class's
     ``defaults`` / ``rules`` are its registry entry's (a class that forgot to take them
@@ -120,13 +124,11 @@ def no_flower(monkeypatch):
 
 
 @pytest.mark.parametrize("section,name,key,bad", _cases())
-def test_bad_value_stops_the_cli_with_exit_2(tmp_path, capsys, no_flower, section, name,
-                                             key, bad):
+def test_bad_value_stops_the_cli_with_exit_2(tmp_path, capsys, no_flower, section, name, key, bad):
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(_config(section, name)))
     out = tmp_path / "out"
-    rc = cli.main(["run", str(path), "--set", f"{section}.{key}={_yaml(bad)}",
-                   "--out", str(out)])
+    rc = cli.main(["run", str(path), "--set", f"{section}.{key}={_yaml(bad)}", "--out", str(out)])
     err = capsys.readouterr().err.strip()
     assert rc == 2, err
     assert len(err.splitlines()) == 1, err
@@ -136,38 +138,60 @@ def test_bad_value_stops_the_cli_with_exit_2(tmp_path, capsys, no_flower, sectio
 
 def test_messages_say_what_is_allowed(tiny):
     cases = [
-        ({"client": {"method": "fedccl", "params": {"local_signal": "clusters"}}},
-         "client.params.local_signal for method 'fedccl' must be one of cluster, mean"),
-        ({"client": {"method": "fedrcl", "params": {"tau": 0}}},
-         "client.params.tau for method 'fedrcl' must be > 0, got 0.0"),
-        ({"client": {"method": "fedrcl", "params": {"levels": ["nonexistent"]}}},
-         "unknown level(s) ['nonexistent']; this model has ['conv1', 'conv2', 'fc1', "
-         "'penultimate']"),
-        ({"client": {"method": "fedprox", "params": {"mu": -1}}},
-         "client.params.mu for method 'fedprox' must be >= 0, got -1.0"),
-        ({"server": {"strategy": "fedavgm", "params": {"momentum": -5}}},
-         "server.params.momentum for strategy 'fedavgm' must be in [0, 1), got -5.0"),
-        ({"server": {"strategy": "fedadam", "params": {"server_lr": math.nan}}},
-         "server.params.server_lr for strategy 'fedadam' must be finite, got nan"),
-        ({"client": {"method": "fedmlb", "params": {"branches": [7]}}},
-         "client.params.branches for method 'fedmlb': [7] not in [0, 4)"),
-        ({"client": {"method": "univarfl", "params": {"feature": "projecter"}}},
-         "unknown feature 'projecter'"),
-        ({"client": {"method": "fedproc", "params": {"alpha": 1.5}}},
-         "must be in [0.0, 1.0] (or -1.0), got 1.5"),
-        ({"client": {"method": "fedccl"}, "server": {"signals": {"max_age": 0}}},
-         "server.signals.max_age for the signal exchange must be >= 1, got 0"),
+        (
+            {"client": {"method": "fedccl", "params": {"local_signal": "clusters"}}},
+            "client.params.local_signal for method 'fedccl' must be one of cluster, mean",
+        ),
+        (
+            {"client": {"method": "fedrcl", "params": {"tau": 0}}},
+            "client.params.tau for method 'fedrcl' must be > 0, got 0.0",
+        ),
+        (
+            {"client": {"method": "fedrcl", "params": {"levels": ["nonexistent"]}}},
+            "unknown level(s) ['nonexistent']; this model has ['conv1', 'conv2', 'fc1', "
+            "'penultimate']",
+        ),
+        (
+            {"client": {"method": "fedprox", "params": {"mu": -1}}},
+            "client.params.mu for method 'fedprox' must be >= 0, got -1.0",
+        ),
+        (
+            {"server": {"strategy": "fedavgm", "params": {"momentum": -5}}},
+            "server.params.momentum for strategy 'fedavgm' must be in [0, 1), got -5.0",
+        ),
+        (
+            {"server": {"strategy": "fedadam", "params": {"server_lr": math.nan}}},
+            "server.params.server_lr for strategy 'fedadam' must be finite, got nan",
+        ),
+        (
+            {"client": {"method": "fedmlb", "params": {"branches": [7]}}},
+            "client.params.branches for method 'fedmlb': [7] not in [0, 4)",
+        ),
+        (
+            {"client": {"method": "univarfl", "params": {"feature": "projecter"}}},
+            "unknown feature 'projecter'",
+        ),
+        (
+            {"client": {"method": "fedproc", "params": {"alpha": 1.5}}},
+            "must be in [0.0, 1.0] (or -1.0), got 1.5",
+        ),
+        (
+            {"client": {"method": "fedccl"}, "server": {"signals": {"max_age": 0}}},
+            "server.signals.max_age for the signal exchange must be >= 1, got 0",
+        ),
     ]
     for sections, message in cases:
         with pytest.raises(ConfigError) as exc:
             validate_components(tiny(**sections))
         assert message in str(exc.value), str(exc.value)
     # sentinels and boundary values that are allowed
-    for sections in ({"client": {"method": "fedproc", "params": {"alpha": -1}}},
-                     {"client": {"method": "fedproc", "params": {"alpha": 1}}},
-                     {"client": {"method": "fedrcl", "params": {"levels": ["last"]}}},
-                     {"client": {"method": "fedmlb", "params": {"branches": [0, 3]}}},
-                     {"server": {"strategy": "fedavgm", "params": {"momentum": 0}}}):
+    for sections in (
+        {"client": {"method": "fedproc", "params": {"alpha": -1}}},
+        {"client": {"method": "fedproc", "params": {"alpha": 1}}},
+        {"client": {"method": "fedrcl", "params": {"levels": ["last"]}}},
+        {"client": {"method": "fedmlb", "params": {"branches": [0, 3]}}},
+        {"server": {"strategy": "fedavgm", "params": {"momentum": 0}}},
+    ):
         validate_components(tiny(**sections))
 
 
@@ -193,8 +217,9 @@ def test_univarfl_without_its_projector_is_refused_in_one_line(tmp_path, capsys,
     assert len(err.splitlines()) == 1 and "model.params.projector" in err, err
     assert str(path) in err and not out.exists()
     for width in (256, 0):
-        cfg = config_from_dict({**data, "model": {"name": "cnn5",
-                                                  "params": {"projector": width}}}, "x")
+        cfg = config_from_dict(
+            {**data, "model": {"name": "cnn5", "params": {"projector": width}}}, "x"
+        )
         validate_components(cfg)
 
 
@@ -209,14 +234,24 @@ def test_faulty_is_a_test_double_registered_by_the_tests_only(monkeypatch):
     from fedrcl_flwr.components import EXTRA_COMPONENTS_ENV, extra_components
 
     assert "faulty" not in CLIENTS.builtin and client_class("faulty").method == "faulty"
-    probe = ("from clients import CLIENTS, client_class; print(sorted(set(CLIENTS) - "
-             "CLIENTS.builtin), 'faulty' in CLIENTS.builtin); "
-             "print(client_class('faulty').__name__ if 'faulty' in CLIENTS else '-')")
+    probe = (
+        "from clients import CLIENTS, client_class; print(sorted(set(CLIENTS) - "
+        "CLIENTS.builtin), 'faulty' in CLIENTS.builtin); "
+        "print(client_class('faulty').__name__ if 'faulty' in CLIENTS else '-')"
+    )
     env = {k: v for k, v in os.environ.items() if k != EXTRA_COMPONENTS_ENV}
     root = Path(__file__).resolve().parents[1]
-    out = [subprocess.run([sys.executable, "-c", probe], env=e, capture_output=True,
-                          text=True, check=True, cwd=root).stdout
-           for e in (env, {**env, EXTRA_COMPONENTS_ENV: os.environ[EXTRA_COMPONENTS_ENV]})]
+    out = [
+        subprocess.run(
+            [sys.executable, "-c", probe],
+            env=e,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=root,
+        ).stdout
+        for e in (env, {**env, EXTRA_COMPONENTS_ENV: os.environ[EXTRA_COMPONENTS_ENV]})
+    ]
     assert out == ["[] False\n-\n", "['faulty'] False\nFaultyClient\n"]
     monkeypatch.setenv(EXTRA_COMPONENTS_ENV, "{not json")
     with pytest.raises(ConfigError, match=EXTRA_COMPONENTS_ENV):

@@ -18,9 +18,14 @@ from fedrcl_flwr.data.datasets import (
 from fedrcl_flwr.data.synthetic import make_synthetic
 from fedrcl_flwr.run.runtime import make_batches, sample_partitions
 
-SMALL = {"num_train": 600, "num_test": 200, "num_classes": 4, "image_size": 16,
-         "channels": 3, "subclusters": 2}
-
+SMALL = {
+    "num_train": 600,
+    "num_test": 200,
+    "num_classes": 4,
+    "image_size": 16,
+    "channels": 3,
+    "subclusters": 2,
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +71,9 @@ def test_synthetic_does_not_touch_global_rngs():
 
 @pytest.mark.parametrize("channels", [1, 3])
 def test_synthetic_shapes_dtypes_and_class_balance(channels):
-    xtr, ytr, dtr, xte, yte, dte = _syn(num_train=400, num_test=120, num_classes=4,
-                                        image_size=12, channels=channels)
+    xtr, ytr, dtr, xte, yte, dte = _syn(
+        num_train=400, num_test=120, num_classes=4, image_size=12, channels=channels
+    )
     assert xtr.shape == (400, 12, 12, channels) and xtr.dtype == np.uint8
     assert xte.shape == (120, 12, 12, channels) and xte.dtype == np.uint8
     for a in (ytr, dtr, yte, dte):
@@ -99,8 +105,9 @@ def test_synthetic_domains_present_balanced_and_different():
 
 def test_synthetic_full_size_generation_is_fast():
     t0 = time.perf_counter()
-    xtr, ytr, dtr, xte, yte, dte = make_synthetic(num_train=20000, num_test=4000,
-                                                  image_size=32, channels=3, seed=0)
+    xtr, ytr, dtr, xte, yte, dte = make_synthetic(
+        num_train=20000, num_test=4000, image_size=32, channels=3, seed=0
+    )
     elapsed = time.perf_counter() - t0
     assert xtr.shape == (20000, 32, 32, 3) and xte.shape == (4000, 32, 32, 3)
     assert elapsed < 30.0, f"generating 24k 32x32x3 images took {elapsed:.1f}s"
@@ -110,14 +117,15 @@ def _ncm_accuracy(xtr, ytr, xte, yte, k):
     a = xtr.reshape(len(xtr), -1).astype(np.float32) / 255
     b = xte.reshape(len(xte), -1).astype(np.float32) / 255
     mu = np.stack([a[ytr == c].mean(0) for c in range(k)])
-    d = (b ** 2).sum(1)[:, None] - 2 * b @ mu.T + (mu ** 2).sum(1)[None]
+    d = (b**2).sum(1)[:, None] - 2 * b @ mu.T + (mu**2).sum(1)[None]
     return float((d.argmin(1) == yte).mean())
 
 
 def test_synthetic_is_learnable_but_not_trivial():
     k = 10
-    xtr, ytr, _, xte, yte, _ = make_synthetic(num_train=2000, num_test=1000, num_classes=k,
-                                              image_size=16, seed=0)
+    xtr, ytr, _, xte, yte, _ = make_synthetic(
+        num_train=2000, num_test=1000, num_classes=k, image_size=16, seed=0
+    )
     acc = _ncm_accuracy(xtr, ytr, xte, yte, k)
     assert acc > 0.6, f"nearest-class-mean accuracy {acc:.3f} (chance 0.1)"
     # ... and the samples of a class are not copies of one image
@@ -139,7 +147,7 @@ def _mean_within_class_distance(x, y, k):
     out = []
     for c in range(k):
         zc = z[y == c]
-        sq = (zc ** 2).sum(1)
+        sq = (zc**2).sum(1)
         d2 = np.maximum(sq[:, None] + sq[None] - 2 * zc @ zc.T, 0)
         out.append(np.sqrt(d2[np.triu_indices(len(zc), 1)]).mean())
     return float(np.mean(out))
@@ -166,8 +174,9 @@ def test_load_dataset_synthetic_bundle(small_bundle):
 
 
 def test_load_dataset_synthetic_domains_and_image_size():
-    b = load_dataset("synthetic", synthetic={**SMALL, "num_domains": 2}, image_size=8,
-                     augment=False)
+    b = load_dataset(
+        "synthetic", synthetic={**SMALL, "num_domains": 2}, image_size=8, augment=False
+    )
     assert b.image_size == 8 and tuple(b.train.images.shape[1:]) == (3, 8, 8)
     assert b.domain_names == ["domain0", "domain1"]
     assert set(np.unique(b.train_domains)) == {0, 1} and len(b.train_domains) == 600
@@ -206,8 +215,13 @@ def test_npz_float01_nhwc_is_scaled_to_uint8(tmp_path):
     rng = np.random.default_rng(1)
     xtr = rng.random((20, 8, 8, 3)).astype(np.float32)
     xte = rng.random((6, 8, 8, 3)).astype(np.float64)
-    p = _save_npz(tmp_path / "f.npz", x_train=xtr, y_train=np.arange(20) % 2,
-                  x_test=xte, y_test=np.arange(6) % 2)
+    p = _save_npz(
+        tmp_path / "f.npz",
+        x_train=xtr,
+        y_train=np.arange(20) % 2,
+        x_test=xte,
+        y_test=np.arange(6) % 2,
+    )
     b = load_dataset("npz", path=p)
     assert b.in_channels == 3 and b.image_size == 8
     want = np.rint(xtr.astype(np.float64) * 255).astype(np.uint8).transpose(0, 3, 1, 2)
@@ -217,9 +231,15 @@ def test_npz_float01_nhwc_is_scaled_to_uint8(tmp_path):
 def test_npz_nchw_and_domains(tmp_path):
     rng = np.random.default_rng(2)
     xtr = rng.integers(0, 256, (16, 3, 9, 9), dtype=np.uint8)  # channels first
-    p = _save_npz(tmp_path / "c.npz", x_train=xtr, y_train=np.arange(16) % 2,
-                  x_test=xtr[:4], y_test=np.arange(4) % 2,
-                  d_train=np.arange(16) % 2, d_test=np.arange(4) % 2)
+    p = _save_npz(
+        tmp_path / "c.npz",
+        x_train=xtr,
+        y_train=np.arange(16) % 2,
+        x_test=xtr[:4],
+        y_test=np.arange(4) % 2,
+        d_train=np.arange(16) % 2,
+        d_test=np.arange(4) % 2,
+    )
     b = load_dataset("npz", path=p)
     assert np.array_equal(b.train.images.numpy(), xtr)
     assert np.array_equal(b.train_domains, np.arange(16) % 2)
@@ -227,9 +247,13 @@ def test_npz_nchw_and_domains(tmp_path):
 
 def test_npz_different_sizes_need_image_size(tmp_path):
     rng = np.random.default_rng(3)
-    p = _save_npz(tmp_path / "s.npz", x_train=rng.integers(0, 256, (10, 20, 20, 3)),
-                  y_train=np.arange(10) % 2, x_test=rng.integers(0, 256, (4, 24, 24, 3)),
-                  y_test=np.arange(4) % 2)
+    p = _save_npz(
+        tmp_path / "s.npz",
+        x_train=rng.integers(0, 256, (10, 20, 20, 3)),
+        y_train=np.arange(10) % 2,
+        x_test=rng.integers(0, 256, (4, 24, 24, 3)),
+        y_test=np.arange(4) % 2,
+    )
     with pytest.raises(DatasetError, match="differ; set dataset.image_size"):
         load_dataset("npz", path=p)
     b = load_dataset("npz", path=p, image_size=16)
@@ -255,23 +279,32 @@ def test_npz_errors(tmp_path):
     p = _save_npz(tmp_path / "k.npz", x_train=x, y_train=np.zeros(5))
     with pytest.raises(DatasetError, match="missing array.*x_test, y_test"):
         load_dataset("npz", path=p)
-    p = _save_npz(tmp_path / "l.npz", x_train=x, y_train=np.zeros(4), x_test=x,
-                  y_test=np.zeros(5))
+    p = _save_npz(tmp_path / "l.npz", x_train=x, y_train=np.zeros(4), x_test=x, y_test=np.zeros(5))
     with pytest.raises(DatasetError, match="x_train has 5 images but y_train has 4 labels"):
         load_dataset("npz", path=p)
-    p = _save_npz(tmp_path / "n.npz", x_train=x, y_train=-np.ones(5), x_test=x,
-                  y_test=np.zeros(5))
+    p = _save_npz(tmp_path / "n.npz", x_train=x, y_train=-np.ones(5), x_test=x, y_test=np.zeros(5))
     with pytest.raises(DatasetError, match="negative labels"):
         load_dataset("npz", path=p)
-    p = _save_npz(tmp_path / "d.npz", x_train=x, y_train=np.zeros(5), x_test=x,
-                  y_test=np.zeros(5), d_train=np.zeros(7))
+    p = _save_npz(
+        tmp_path / "d.npz",
+        x_train=x,
+        y_train=np.zeros(5),
+        x_test=x,
+        y_test=np.zeros(5),
+        d_train=np.zeros(7),
+    )
     with pytest.raises(DatasetError, match="d_train has 7 domain ids but y_train has 5"):
         load_dataset("npz", path=p)
     (tmp_path / "junk.npz").write_bytes(b"not a zip file")
     with pytest.raises(DatasetError, match="not a readable .npz"):
         load_dataset("npz", path=str(tmp_path / "junk.npz"))
-    p = _save_npz(tmp_path / "e.npz", x_train=np.zeros((0, 4, 4), np.uint8),
-                  y_train=np.zeros(0), x_test=x, y_test=np.zeros(5))
+    p = _save_npz(
+        tmp_path / "e.npz",
+        x_train=np.zeros((0, 4, 4), np.uint8),
+        y_train=np.zeros(0),
+        x_test=x,
+        y_test=np.zeros(5),
+    )
     with pytest.raises(DatasetError, match="no training images"):
         load_dataset("npz", path=p)
     assert issubclass(DatasetError, ConfigError)
@@ -287,8 +320,9 @@ def test_unknown_dataset_name():
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["cifar10", "cifar100", "mnist", "fmnist", "svhn", "usps",
-                                  "stl10"])
+@pytest.mark.parametrize(
+    "name", ["cifar10", "cifar100", "mnist", "fmnist", "svhn", "usps", "stl10"]
+)
 def test_missing_torchvision_dataset_says_where_and_how(name, tmp_path, no_network):
     root = tmp_path / "empty_root"
     root.mkdir()
@@ -302,8 +336,10 @@ def test_missing_torchvision_dataset_says_where_and_how(name, tmp_path, no_netwo
 
 
 def test_missing_digit5_and_tinyimagenet(tmp_path, no_network):
-    with pytest.raises(DatasetError, match="Digit-5 domain 'synthdigits' not found.*cannot "
-                                           "be downloaded automatically"):
+    with pytest.raises(
+        DatasetError,
+        match="Digit-5 domain 'synthdigits' not found.*cannot be downloaded automatically",
+    ):
         load_dataset("digit5", root=str(tmp_path), domains=["synthdigits"])
     with pytest.raises(DatasetError, match="'tinyimagenet' not found under"):
         load_dataset("tinyimagenet", root=str(tmp_path))
@@ -312,11 +348,13 @@ def test_missing_digit5_and_tinyimagenet(tmp_path, no_network):
 def test_digit5_from_local_npz_domains(tmp_path, no_network):
     rng = np.random.default_rng(0)
     for name in ("synthdigits", "mnistm"):
-        np.savez(tmp_path / f"{name}.npz",
-                 x_train=rng.integers(0, 256, (20, 28, 28), dtype=np.uint8),
-                 y_train=np.arange(20) % 10,
-                 x_test=rng.integers(0, 256, (10, 28, 28), dtype=np.uint8),
-                 y_test=np.arange(10) % 10)
+        np.savez(
+            tmp_path / f"{name}.npz",
+            x_train=rng.integers(0, 256, (20, 28, 28), dtype=np.uint8),
+            y_train=np.arange(20) % 10,
+            x_test=rng.integers(0, 256, (10, 28, 28), dtype=np.uint8),
+            y_test=np.arange(10) % 10,
+        )
     b = load_dataset("digit5", root=str(tmp_path), domains=["synthdigits", "mnistm"])
     assert tuple(b.train.images.shape) == (40, 3, 32, 32)  # resized, grey -> RGB
     assert b.domain_names == ["synthdigits", "mnistm"]
@@ -355,8 +393,9 @@ def _tree(root, n=5, split=False, shade=0, size=12):
 
 def test_imagefolder_without_split_holds_out_test_fraction(tmp_path):
     _tree(tmp_path, n=5)
-    b = load_dataset("imagefolder", root=str(tmp_path), image_size=8, test_fraction=0.2,
-                     normalize=False)
+    b = load_dataset(
+        "imagefolder", root=str(tmp_path), image_size=8, test_fraction=0.2, normalize=False
+    )
     assert b.num_classes == 2 and b.in_channels == 3 and b.image_size == 8
     # 5 per class, round(0.2 * 5) = 1 per class for testing
     assert np.array_equal(np.bincount(b.train_labels), [4, 4])
@@ -375,8 +414,14 @@ def test_imagefolder_holdout_is_seeded(tmp_path):
     _tree(tmp_path, n=12)
 
     def held_out(seed):
-        b = load_dataset("imagefolder", root=str(tmp_path), image_size=8, test_fraction=0.25,
-                         seed=seed, normalize=False)
+        b = load_dataset(
+            "imagefolder",
+            root=str(tmp_path),
+            image_size=8,
+            test_fraction=0.25,
+            seed=seed,
+            normalize=False,
+        )
         assert np.array_equal(np.bincount(b.test_labels), [3, 3])
         return set(_rows(b.test.images.numpy()))
 
@@ -402,8 +447,14 @@ def test_imagefolder_with_train_test_split(tmp_path):
 def test_imagefolder_with_domains(tmp_path):
     _tree(tmp_path / "d1", n=4, shade=0)
     _tree(tmp_path / "d2", n=6, shade=35, split=True)
-    b = load_dataset("imagefolder", root=str(tmp_path), domains=["d1", "d2"], image_size=8,
-                     test_fraction=0.25, normalize=False)
+    b = load_dataset(
+        "imagefolder",
+        root=str(tmp_path),
+        domains=["d1", "d2"],
+        image_size=8,
+        test_fraction=0.25,
+        normalize=False,
+    )
     assert b.domain_names == ["d1", "d2"]
     assert b.num_classes == 2
     # d1: 4 per class, 1 held out; d2: its own train (6) / test (2) folders
@@ -475,8 +526,9 @@ def test_normalisation_gives_zero_mean_unit_std_on_train(small_bundle):
 def test_constant_channel_does_not_divide_by_zero(tmp_path):
     x = np.zeros((6, 8, 8, 3), np.uint8)
     x[..., 0] = np.arange(6)[:, None, None] * 40
-    p = _save_npz(tmp_path / "c.npz", x_train=x, y_train=np.arange(6) % 2, x_test=x,
-                  y_test=np.arange(6) % 2)
+    p = _save_npz(
+        tmp_path / "c.npz", x_train=x, y_train=np.arange(6) % 2, x_test=x, y_test=np.arange(6) % 2
+    )
     b = load_dataset("npz", path=p, augment=False)
     xb, _ = b.train.get_batch(np.arange(6))
     assert torch.isfinite(xb).all()
@@ -502,7 +554,7 @@ def test_augmentation_is_seeded_and_plain_is_not_augmented(small_bundle):
     # the 5 x 5 x 2 shifted / flipped copies of its plain image
     padded = torch.nn.functional.pad(p1, (2, 2, 2, 2))
     h, w = p1.shape[2:]
-    cands = [padded[:, :, oy:oy + h, ox:ox + w] for oy in range(5) for ox in range(5)]
+    cands = [padded[:, :, oy : oy + h, ox : ox + w] for oy in range(5) for ox in range(5)]
     cands = torch.stack(cands + [c.flip(3) for c in cands], 1)  # (B, 50, C, H, W)
     match = (cands == a[:, None]).flatten(2).all(2)
     assert match.any(1).all()
@@ -519,8 +571,9 @@ def test_npz_is_not_augmented_unless_asked(tmp_path):
     from fedrcl_flwr.data.datasets import AugmentSpec, augment_spec
 
     x = np.random.default_rng(0).integers(0, 256, (8, 8, 8), dtype=np.uint8)
-    p = _save_npz(tmp_path / "d.npz", x_train=x, y_train=np.arange(8) % 2, x_test=x,
-                  y_test=np.arange(8) % 2)
+    p = _save_npz(
+        tmp_path / "d.npz", x_train=x, y_train=np.arange(8) % 2, x_test=x, y_test=np.arange(8) % 2
+    )
     assert load_dataset("npz", path=p).train.augment is None
     bundle, _ = cache.load(DatasetConfig(name="npz", path=p, cache_dir=str(tmp_path / "c")), 0)
     assert bundle.train.augment is None  # what a run trains on

@@ -26,9 +26,11 @@ def cfg(tiny, tmp_path):
 
 
 def _arrays(bundle):
-    return {k: np.asarray(getattr(bundle, s).images if k.endswith("x") else
-                          getattr(bundle, s).labels)
-            for s in ("train", "test") for k in (f"{s}_x", f"{s}_y")}
+    return {
+        k: np.asarray(getattr(bundle, s).images if k.endswith("x") else getattr(bundle, s).labels)
+        for s in ("train", "test")
+        for k in (f"{s}_x", f"{s}_y")
+    }
 
 
 def _forbid_generator(monkeypatch):
@@ -46,11 +48,17 @@ def test_key_follows_the_arrays_not_the_augmentation(cfg):
     for field, value in [("image_size", 8), ("val_fraction", 0.1), ("normalize", False)]:
         d = dataclasses.replace(cfg.dataset, **{field: value})
         assert cache.entry_key(d, cfg.seed) != base, field
-    d = dataclasses.replace(cfg.dataset, synthetic=dataclasses.replace(
-        cfg.dataset.synthetic, num_train=801))
+    d = dataclasses.replace(
+        cfg.dataset, synthetic=dataclasses.replace(cfg.dataset.synthetic, num_train=801)
+    )
     assert cache.entry_key(d, cfg.seed) != base
-    for field, value in [("augment", False), ("rotation", 10.0), ("crop_pad", 3),
-                         ("flip", False), ("verify_md5", False)]:
+    for field, value in [
+        ("augment", False),
+        ("rotation", 10.0),
+        ("crop_pad", 3),
+        ("flip", False),
+        ("verify_md5", False),
+    ]:
         d = dataclasses.replace(cfg.dataset, **{field: value})
         assert cache.entry_key(d, cfg.seed) == base, field
 
@@ -60,13 +68,22 @@ def test_npz_source_change_is_a_new_entry(tmp_path):
 
     f = tmp_path / "d.npz"
     rng = np.random.default_rng(0)
-    np.savez(f, x_train=rng.integers(0, 255, (10, 8, 8, 3), dtype=np.uint8),
-             y_train=np.arange(10) % 2, x_test=np.zeros((4, 8, 8, 3), np.uint8),
-             y_test=np.arange(4) % 2)
+    np.savez(
+        f,
+        x_train=rng.integers(0, 255, (10, 8, 8, 3), dtype=np.uint8),
+        y_train=np.arange(10) % 2,
+        x_test=np.zeros((4, 8, 8, 3), np.uint8),
+        y_test=np.arange(4) % 2,
+    )
     d = DatasetConfig(name="npz", path=str(f))
     before = cache.entry_key(d, 0)
-    np.savez(f, x_train=np.zeros((11, 8, 8, 3), np.uint8), y_train=np.arange(11) % 2,
-             x_test=np.zeros((4, 8, 8, 3), np.uint8), y_test=np.arange(4) % 2)
+    np.savez(
+        f,
+        x_train=np.zeros((11, 8, 8, 3), np.uint8),
+        y_train=np.arange(11) % 2,
+        x_test=np.zeros((4, 8, 8, 3), np.uint8),
+        y_test=np.arange(4) % 2,
+    )
     assert cache.entry_key(d, 0) != before
 
 
@@ -154,9 +171,16 @@ print(entry.name, int(b.train.images.sum()))
 
 def test_two_processes_racing_for_one_entry(tmp_path):
     root = tmp_path / "cache"
-    procs = [subprocess.Popen([sys.executable, "-c", RACE, str(root)], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACE, str(root)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-800:] for o in outs]
     results = {o[0].strip() for o in outs}
@@ -194,11 +218,28 @@ def test_unwritable_cache_dir_is_an_input_error(tmp_path, capsys):
     f = tmp_path / "file"
     f.write_text("x")
     exp = tmp_path / "exp.yaml"
-    exp.write_text(yaml.safe_dump({
-        "dataset": {"name": "synthetic", "cache_dir": str(f / "sub"), "synthetic": {
-            "num_train": 400, "num_test": 100, "num_classes": 4, "image_size": 16}},
-        "federation": {"num_clients": 4, "rounds": 1, "participation": None,
-                       "clients_per_round": 2}}))
+    exp.write_text(
+        yaml.safe_dump(
+            {
+                "dataset": {
+                    "name": "synthetic",
+                    "cache_dir": str(f / "sub"),
+                    "synthetic": {
+                        "num_train": 400,
+                        "num_test": 100,
+                        "num_classes": 4,
+                        "image_size": 16,
+                    },
+                },
+                "federation": {
+                    "num_clients": 4,
+                    "rounds": 1,
+                    "participation": None,
+                    "clients_per_round": 2,
+                },
+            }
+        )
+    )
     rc = main(["run", str(exp), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1

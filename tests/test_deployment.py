@@ -53,31 +53,54 @@ def _write_tls_material(d: Path) -> None:
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(1)
-          .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP384R1())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
-            .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(2)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     pem = serialization.Encoding.PEM
     (d / "ca.crt").write_bytes(ca.public_bytes(pem))
     (d / "server.pem").write_bytes(cert.public_bytes(pem))
-    (d / "server.key").write_bytes(key.private_bytes(
-        pem, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()))
+    (d / "server.key").write_bytes(
+        key.private_bytes(
+            pem, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        )
+    )
     for i in range(2):
         node = ec.generate_private_key(ec.SECP384R1())
-        (d / f"node{i}").write_bytes(node.private_bytes(
-            pem, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
-        (d / f"node{i}.pub").write_bytes(node.public_key().public_bytes(
-            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH))
+        (d / f"node{i}").write_bytes(
+            node.private_bytes(
+                pem, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+            )
+        )
+        (d / f"node{i}.pub").write_bytes(
+            node.public_key().public_bytes(
+                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+            )
+        )
 
 
 @pytest.fixture
@@ -95,8 +118,14 @@ def loopback(tmp_path, request):
     def start(args, name):
         log = open(tmp_path / f"{name}.log", "wb")
         logs.append(log)
-        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                             start_new_session=True, cwd=str(home))
+        p = subprocess.Popen(
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            cwd=str(home),
+        )
         procs.append(p)
         return p
 
@@ -104,41 +133,85 @@ def loopback(tmp_path, request):
     # own data file and its own id (7, which the server never assigns)
     rng = np.random.default_rng(0)
     npz = tmp_path / "device1.npz"
-    np.savez(npz, x_train=rng.integers(0, 255, (60, 16, 16, 3), dtype=np.uint8),
-             y_train=rng.integers(0, 4, 60), x_test=rng.integers(0, 255, (20, 16, 16, 3),
-                                                                    dtype=np.uint8),
-             y_test=rng.integers(0, 4, 20))
+    np.savez(
+        npz,
+        x_train=rng.integers(0, 255, (60, 16, 16, 3), dtype=np.uint8),
+        y_train=rng.integers(0, 4, 60),
+        x_test=rng.integers(0, 255, (20, 16, 16, 3), dtype=np.uint8),
+        y_test=rng.integers(0, 4, 20),
+    )
     tls = tmp_path / "tls"
     if secure:
         tls.mkdir()
         _write_tls_material(tls)
-        link_sec = ["--ssl-ca-certfile", str(tls / "ca.crt"), "--ssl-certfile",
-                    str(tls / "server.pem"), "--ssl-keyfile", str(tls / "server.key"),
-                    "--enable-supernode-auth"]
+        link_sec = [
+            "--ssl-ca-certfile",
+            str(tls / "ca.crt"),
+            "--ssl-certfile",
+            str(tls / "server.pem"),
+            "--ssl-keyfile",
+            str(tls / "server.key"),
+            "--enable-supernode-auth",
+        ]
         conn = f'root-certificates = "{tls / "ca.crt"}"\n'
     else:
         link_sec, conn = ["--insecure"], "insecure = true\n"
     try:
         (home / "config.toml").write_text(
             '[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
-            f'address = "127.0.0.1:{link_port}"\n{conn}')
-        link = start([str(BIN / "flower-superlink"), *link_sec, "--host", "127.0.0.1",
-                      "--port", str(link_port), "--disable-runtime-dependency-installation"],
-                     "superlink")
+            f'address = "127.0.0.1:{link_port}"\n{conn}'
+        )
+        link = start(
+            [
+                str(BIN / "flower-superlink"),
+                *link_sec,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(link_port),
+                "--disable-runtime-dependency-installation",
+            ],
+            "superlink",
+        )
         _wait_health(link_port, link, ca=tls / "ca.crt" if secure else None)
-        for i, node_cfg in enumerate(["partition-id=0 num-partitions=2",
-                                      f'partition-id=7 num-partitions=2 data-path="{npz}"']):
+        for i, node_cfg in enumerate(
+            [
+                "partition-id=0 num-partitions=2",
+                f'partition-id=7 num-partitions=2 data-path="{npz}"',
+            ]
+        ):
             if secure:
-                reg = _flwr(env, home, "supernode", "register", str(tls / f"node{i}.pub"),
-                            "loopback", timeout=60)
+                reg = _flwr(
+                    env,
+                    home,
+                    "supernode",
+                    "register",
+                    str(tls / f"node{i}.pub"),
+                    "loopback",
+                    timeout=60,
+                )
                 assert reg.returncode == 0, reg.stdout + reg.stderr
-                node_sec = ["--root-certificates", str(tls / "ca.crt"),
-                            "--auth-supernode-private-key", str(tls / f"node{i}")]
+                node_sec = [
+                    "--root-certificates",
+                    str(tls / "ca.crt"),
+                    "--auth-supernode-private-key",
+                    str(tls / f"node{i}"),
+                ]
             else:
                 node_sec = ["--insecure"]
-            start([str(BIN / "flower-supernode"), *node_sec, "--superlink",
-                   f"127.0.0.1:{link_port}", "--port", str(free_port()),
-                   "--node-config", node_cfg], f"supernode{i}")
+            start(
+                [
+                    str(BIN / "flower-supernode"),
+                    *node_sec,
+                    "--superlink",
+                    f"127.0.0.1:{link_port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    node_cfg,
+                ],
+                f"supernode{i}",
+            )
         yield home, env, tmp_path
     finally:
         for p in procs:
@@ -158,8 +231,14 @@ def loopback(tmp_path, request):
 
 
 def _flwr(env, home, *args, timeout=300):
-    return subprocess.run([str(BIN / "flwr"), *args], env=env, capture_output=True,
-                          text=True, timeout=timeout, cwd=str(home))
+    return subprocess.run(
+        [str(BIN / "flwr"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(home),
+    )
 
 
 def _run(loopback, method, rounds=2, params="{}", federation="", extra=""):
@@ -178,9 +257,8 @@ client: {{method: {method}, params: {params}, lr: 0.05, local_epochs: 1, batch_s
          device: cpu}}
 {extra}
 """)
-    rc = (f'experiment="{exp}" output-dir="{out}" expected-nodes=2')
-    res = _flwr(env, home, "run", str(ROOT), "loopback", "--run-config", rc,
-                "--format", "json")
+    rc = f'experiment="{exp}" output-dir="{out}" expected-nodes=2'
+    res = _flwr(env, home, "run", str(ROOT), "loopback", "--run-config", rc, "--format", "json")
     assert res.returncode == 0, res.stdout + res.stderr
     run_id = json.loads(res.stdout)["run-id"]
     deadline = time.time() + 400
@@ -225,12 +303,16 @@ def test_over_tls_with_node_auth(loopback):
     log = (loopback[2] / "serverapp_fedavg.log").read_text()
     assert "privacy.secagg: Flower's SecAggPlusWorkflow" in log, log[-2000:]
     assert all(r["num_clients"] == 2 and r["failures"] == 0 for r in recs), recs
-    assert all(np.isfinite(r["test_accuracy"]) and np.isfinite(r["train_loss"])
-               for r in recs)
+    assert all(np.isfinite(r["test_accuracy"]) and np.isfinite(r["train_loss"]) for r in recs)
 
     t0 = time.time()
-    recs = _run(loopback, "faulty", params="{mode: sleep, partitions: [7], sleep_s: 600}",
-                rounds=1, federation=", round_timeout_s: 30")
+    recs = _run(
+        loopback,
+        "faulty",
+        params="{mode: sleep, partitions: [7], sleep_s: 600}",
+        rounds=1,
+        federation=", round_timeout_s: 30",
+    )
     assert all(r["num_clients"] == 1 and r["failures"] == 1 for r in recs), recs
     assert all(np.isfinite(r["test_accuracy"]) for r in recs)
     assert time.time() - t0 < 240  # did not wait for the sleeper

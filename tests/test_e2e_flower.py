@@ -14,22 +14,34 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.flwr
 
 SMALL = [
-    "dataset.synthetic.num_train=2000", "dataset.synthetic.num_test=500",
-    "federation.num_clients=10", "federation.clients_per_round=3",
-    "federation.participation=null", "client.local_epochs=2", "client.lr=0.1",
-    "dataset.synthetic.image_size=16", "dataset.synthetic.noise=0.3",
-    "dataset.synthetic.class_weight=3.0", "dataset.synthetic.distractor_strength=0.2",
+    "dataset.synthetic.num_train=2000",
+    "dataset.synthetic.num_test=500",
+    "federation.num_clients=10",
+    "federation.clients_per_round=3",
+    "federation.participation=null",
+    "client.local_epochs=2",
+    "client.lr=0.1",
+    "dataset.synthetic.image_size=16",
+    "dataset.synthetic.noise=0.3",
+    "dataset.synthetic.class_weight=3.0",
+    "dataset.synthetic.distractor_strength=0.2",
     "evaluation.target_rounds=[2,4]",
 ]
 
 
 def _run(tmp_path, *sets, rounds=4, env=None):
-    args = [sys.executable, "-m", "fedrcl_flwr.cli", "run",
-            str(ROOT / "experiments" / "quickstart.yaml"), "--out", str(tmp_path / "run")]
+    args = [
+        sys.executable,
+        "-m",
+        "fedrcl_flwr.cli",
+        "run",
+        str(ROOT / "experiments" / "quickstart.yaml"),
+        "--out",
+        str(tmp_path / "run"),
+    ]
     for s in [*SMALL, f"federation.rounds={rounds}", *sets]:
         args += ["--set", s]
-    return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env=env)
+    return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
 
 
 # every Python process that starts with this directory on its path (the CLI, the
@@ -56,16 +68,19 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     from fedrcl_flwr.cli import _load
     from fedrcl_flwr.run.runtime import prepare_dataset
 
-    cfg = _load(str(ROOT / "experiments" / "quickstart.yaml"),
-                [*SMALL, "federation.rounds=4"], None)
+    cfg = _load(
+        str(ROOT / "experiments" / "quickstart.yaml"), [*SMALL, "federation.rounds=4"], None
+    )
     prepare_dataset(cfg)
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(NO_GENERATOR)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(hook), str(ROOT), env.get("PYTHONPATH", "")])
-    research = ["evaluation.per_client={every: 2, clients: all}",
-                "federation.availability.stragglers={speed: 1.0, deadline: 2.0}"]
+    research = [
+        "evaluation.per_client={every: 2, clients: all}",
+        "federation.availability.stragglers={speed: 1.0, deadline: 2.0}",
+    ]
     res = _run(tmp_path, *research, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     # the hook was active: a dataset not prepared yet fails in the CLI, before Flower
@@ -73,29 +88,45 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     other = _run(tmp_path / "b", "dataset.synthetic.num_train=2001", env=env)
     assert other.returncode == 1 and "generator ran" in other.stderr, other.stderr
     run = tmp_path / "run"
-    for f in ["config.yaml", "metrics.jsonl", "summary.json", "model.pt", "accuracy.png",
-              "run.log", "flower.log"]:
+    for f in [
+        "config.yaml",
+        "metrics.jsonl",
+        "summary.json",
+        "model.pt",
+        "accuracy.png",
+        "run.log",
+        "flower.log",
+    ]:
         assert (run / f).exists(), f
     # the README's quickstart list names every file a run leaves; the lock file is gone
     # once the run has completed (issue #25)
     assert not (run / ".fedrcl-flwr.lock").exists()
     readme = (ROOT / "README.md").read_text()
     start = readme.index("writes to `runs/quickstart/`:") + len("writes to `runs/quickstart/`:")
-    listed = set(re.findall(r"`([^`]+)`", readme[start:readme.index("\n\n", start)]))
+    listed = set(re.findall(r"`([^`]+)`", readme[start : readme.index("\n\n", start)]))
     assert {p.name for p in run.iterdir()} <= listed, listed
     assert ".fedrcl-flwr.lock" in listed
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in recs] == [1, 2, 3, 4]
     for r in recs:
-        for k in ["test_accuracy", "test_loss", "ema_accuracy", "train_loss", "num_clients",
-                  "wall_time_s"]:
+        for k in [
+            "test_accuracy",
+            "test_loss",
+            "ema_accuracy",
+            "train_loss",
+            "num_clients",
+            "wall_time_s",
+        ]:
             assert k in r, k
         assert r["num_clients"] == 3
         assert r["dropped"] == r["late"] == 0 and r["sim_round_time"] == 1.0
     client = [r for r in recs if "client_acc_mean" in r]
     assert [r["round"] for r in client] == [2, 4]
-    assert all(r["client_acc_n"] == 10 and sorted(r["client_accuracy"], key=int) ==
-               [str(i) for i in range(10)] for r in client)
+    assert all(
+        r["client_acc_n"] == 10
+        and sorted(r["client_accuracy"], key=int) == [str(i) for i in range(10)]
+        for r in client
+    )
     s = json.loads((run / "summary.json").read_text())
     assert s["client_acc_worst10"] == client[-1]["client_acc_worst10"]
     assert s["method"] == "fedavg" and s["strategy"] == "fedavg" and s["rounds"] == 4

@@ -17,17 +17,29 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.flwr
 
 SMALL = [
-    "dataset.synthetic.num_train=1200", "dataset.synthetic.num_test=300",
-    "dataset.synthetic.image_size=16", "dataset.synthetic.num_classes=4",
-    "federation.num_clients=6", "federation.clients_per_round=2",
-    "federation.participation=null", "client.local_epochs=1", "client.lr=0.05",
+    "dataset.synthetic.num_train=1200",
+    "dataset.synthetic.num_test=300",
+    "dataset.synthetic.image_size=16",
+    "dataset.synthetic.num_classes=4",
+    "federation.num_clients=6",
+    "federation.clients_per_round=2",
+    "federation.participation=null",
+    "client.local_epochs=1",
+    "client.lr=0.05",
     "output.checkpoint_every=1",
 ]
 
 
 def _args(out, *sets):
-    args = [sys.executable, "-m", "fedrcl_flwr.cli", "run",
-            str(ROOT / "experiments" / "quickstart.yaml"), "--out", str(out)]
+    args = [
+        sys.executable,
+        "-m",
+        "fedrcl_flwr.cli",
+        "run",
+        str(ROOT / "experiments" / "quickstart.yaml"),
+        "--out",
+        str(out),
+    ]
     for s in [*SMALL, *sets]:
         args += ["--set", s]
     return args
@@ -51,8 +63,9 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path):
 
     full, cut = tmp_path / "full", tmp_path / "cut"
     sets = ["federation.rounds=6", "server.strategy=fedavgm"]
-    proc = subprocess.Popen(_args(cut, *sets), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _args(cut, *sets), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 300
     while time.time() < deadline and len(read_metrics(cut)) < 2 and proc.poll() is None:
         time.sleep(0.2)
@@ -66,8 +79,12 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path):
     left = leftover_procs()
     assert not left, f"left processes behind: {left}"
 
-    res = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "run", "--resume",
-                          str(cut)], capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-m", "fedrcl_flwr.cli", "run", "--resume", str(cut)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the ClientApp / ServerApp (simulation.num_cpus = 1)
@@ -78,5 +95,7 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path):
     a, b = read_metrics(full), read_metrics(cut)
     assert [r["round"] for r in b] == [1, 2, 3, 4, 5, 6]
     assert _strip(a) == _strip(b)
-    assert json.loads((cut / "summary.json").read_text())["final_accuracy"] == \
-        json.loads((full / "summary.json").read_text())["final_accuracy"]
+    assert (
+        json.loads((cut / "summary.json").read_text())["final_accuracy"]
+        == json.loads((full / "summary.json").read_text())["final_accuracy"]
+    )

@@ -24,8 +24,9 @@ from fedrcl_flwr.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
-FILES = sorted(p for p in EXPERIMENTS.rglob("*.yaml")
-               if "sweeps" not in p.relative_to(EXPERIMENTS).parts)  # sweeps: test_sweep.py
+FILES = sorted(
+    p for p in EXPERIMENTS.rglob("*.yaml") if "sweeps" not in p.relative_to(EXPERIMENTS).parts
+)  # sweeps: test_sweep.py
 PAPER_DIRS = ("fedrcl", "univarfl", "fedccl")
 PAPER_NAMES = {"fedrcl": "FedRCL", "univarfl": "UniVarFL", "fedccl": "FedCCL"}
 
@@ -50,7 +51,7 @@ def _documented_overrides(path: Path) -> list[tuple[str, list[str]]]:
     for line in _header(path):
         if "--set" not in line:
             continue
-        text = line[line.index("--set"):]
+        text = line[line.index("--set") :]
         try:
             tokens = shlex.split(text)
         except ValueError:
@@ -106,16 +107,21 @@ ALL_METHODS = sorted(m for m in CLIENTS if m != "faulty")
 def test_synthetic_all_is_valid_for_every_method(method):
     strategy = "feddyn" if method == "feddyn" else "fedavg"  # as the file's loop
     projector = 256 if method == "univarfl" else 0
-    cfg = load_config(SYNTHETIC_ALL, [f"client.method={method}",
-                                      f"server.strategy={strategy}",
-                                      f"model.params.projector={projector}",
-                                      f"name=synthetic_all_{method}"])
+    cfg = load_config(
+        SYNTHETIC_ALL,
+        [
+            f"client.method={method}",
+            f"server.strategy={strategy}",
+            f"model.params.projector={projector}",
+            f"name=synthetic_all_{method}",
+        ],
+    )
     validate_components(cfg)
 
 
 def test_synthetic_all_loop_names_every_method():
     text = "\n".join(_header(SYNTHETIC_ALL))
-    loop = set(re.findall(r"[a-z]+", text[text.index("for m in"):text.index("; do")]))
+    loop = set(re.findall(r"[a-z]+", text[text.index("for m in") : text.index("; do")]))
     missing = set(ALL_METHODS) - loop
     assert not missing, f"synthetic_all.yaml's loop misses {sorted(missing)}"
 
@@ -152,8 +158,7 @@ def test_table_file_names_its_paper_table(path):
 @pytest.mark.parametrize("path", FILES, ids=_rel)
 def test_paths_are_user_relative(path):
     cfg = load_config(path)
-    paths = [cfg.dataset.root, cfg.dataset.path, cfg.model.params.get("weights"),
-             cfg.output.dir]
+    paths = [cfg.dataset.root, cfg.dataset.path, cfg.model.params.get("weights"), cfg.output.dir]
     for p in paths:
         if p:
             assert not str(p).startswith("/"), f"absolute path {p!r}"

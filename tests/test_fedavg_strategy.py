@@ -27,14 +27,24 @@ class FakeManager:
 
 
 def fitres(arrays, n, pid, loss=1.0):
-    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n,
-                  {"partition_id": pid, "train_loss": loss})
+    return FitRes(
+        Status(Code.OK, ""),
+        ndarrays_to_parameters(arrays),
+        n,
+        {"partition_id": pid, "train_loss": loss},
+    )
 
 
 def make(weights, **kw):
     cls = strategy_class(kw.pop("name", "fedavg"))
-    args = dict(initial_weights=weights, trainable=[True] * len(weights), num_clients=10,
-                clients_per_round=3, rounds=2, seed=0)
+    args = dict(
+        initial_weights=weights,
+        trainable=[True] * len(weights),
+        num_clients=10,
+        clients_per_round=3,
+        rounds=2,
+        seed=0,
+    )
     args.update(kw)
     return cls(**args)
 
@@ -82,8 +92,10 @@ def test_configure_fit_sends_partitions_and_weights():
 
 def test_aggregate_fit_uniform_vs_weighted():
     w0 = [np.zeros(2, np.float32)]
-    res = [(FakeProxy("a"), fitres([np.array([1.0, 1.0], np.float32)], 100, 0)),
-           (FakeProxy("b"), fitres([np.array([4.0, 7.0], np.float32)], 300, 1))]
+    res = [
+        (FakeProxy("a"), fitres([np.array([1.0, 1.0], np.float32)], 100, 0)),
+        (FakeProxy("b"), fitres([np.array([4.0, 7.0], np.float32)], 300, 1)),
+    ]
     st = make(w0, weighting="uniform")
     params, _ = st.aggregate_fit(1, res, [])
     np.testing.assert_allclose(parameters_to_ndarrays(params)[0], [2.5, 4.0])
@@ -95,8 +107,10 @@ def test_aggregate_fit_uniform_vs_weighted():
 def test_aggregation_is_order_independent():
     w0 = [np.zeros(3, np.float32)]
     rng = np.random.default_rng(0)
-    res = [(FakeProxy(str(i)), fitres([rng.normal(size=3).astype(np.float32)], 10 + i, i))
-           for i in range(4)]
+    res = [
+        (FakeProxy(str(i)), fitres([rng.normal(size=3).astype(np.float32)], 10 + i, i))
+        for i in range(4)
+    ]
     a = make(w0, weighting="samples")
     b = make(w0, weighting="samples")
     pa, _ = a.aggregate_fit(1, res, [])

@@ -59,8 +59,9 @@ def test_reference_layout(ref):
 def test_fedccl_local_and_global_match_reference(ref, tag):
     f, y = batch(ref)
     sv, sl = stacked(ref, f"fedccl_{tag}_local_signals_class{{c}}")
-    gv = torch.stack([torch.from_numpy(ref[f"fedccl_{tag}_global_signal_class{c}"])
-                      for c in range(5)])
+    gv = torch.stack(
+        [torch.from_numpy(ref[f"fedccl_{tag}_global_signal_class{c}"]) for c in range(5)]
+    )
     gl = torch.arange(5)
     per = ref[f"fedccl_{tag}_per_sample_[L_local,L_global,L_local_supcon_alt]_T0.07"]
     valid = ~np.isnan(per[:, 0])
@@ -75,8 +76,10 @@ def test_fedccl_local_and_global_match_reference(ref, tag):
     assert torch.all(local[~torch.from_numpy(valid)] == 0)
 
     # default reduction = mean over the samples whose class has a signal
-    for fn, key, args in [(L.local_cluster_contrast, "L_local", (sv, sl)),
-                          (L.global_cluster_contrast, "L_global", (gv, gl))]:
+    for fn, key, args in [
+        (L.local_cluster_contrast, "L_local", (sv, sl)),
+        (L.global_cluster_contrast, "L_global", (gv, gl)),
+    ]:
         mean = fn(f, y, *args, tau=0.07)
         assert abs(mean.item() - float(ref[f"fedccl_{tag}_{key}_mean_over_valid"])) < 1e-6
         by_b = fn(f, y, *args, tau=0.07, reduction="batch")
@@ -127,9 +130,11 @@ def test_two_samples_two_signals_by_hand():
     per = L.local_cluster_contrast(f, y, s, sl, tau=tau, reduction="none")
     assert per.tolist() == pytest.approx([l0, l1], abs=1e-12)
     assert L.local_cluster_contrast(f, y, s, sl, tau=tau).item() == pytest.approx(
-        (l0 + l1) / 2, abs=1e-12)
+        (l0 + l1) / 2, abs=1e-12
+    )
     assert L.global_cluster_contrast(f, y, s, sl, tau=tau).item() == pytest.approx(
-        (l0 + l1) / 2, abs=1e-12)
+        (l0 + l1) / 2, abs=1e-12
+    )
 
 
 def test_several_positives_summed_by_hand():
@@ -141,16 +146,17 @@ def test_several_positives_summed_by_hand():
     e = math.exp
     expect = -math.log((e(1) + e(0)) / (e(1) + e(0) + e(-1)))  # Eq. 16: Σ over P_j^L
     assert L.local_cluster_contrast(f, y, s, sl, tau=tau).item() == pytest.approx(expect)
-    supcon = -0.5 * (math.log(e(1) / (e(1) + e(0) + e(-1)))
-                     + math.log(e(0) / (e(1) + e(0) + e(-1))))
-    assert L.local_cluster_contrast(f, y, s, sl, tau=tau, form="supcon").item() == \
-        pytest.approx(supcon)
+    supcon = -0.5 * (
+        math.log(e(1) / (e(1) + e(0) + e(-1))) + math.log(e(0) / (e(1) + e(0) + e(-1)))
+    )
+    assert L.local_cluster_contrast(f, y, s, sl, tau=tau, form="supcon").item() == pytest.approx(
+        supcon
+    )
 
 
 def test_class_without_signal_is_excluded():
     tau = 0.5
-    f = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]], dtype=torch.float64,
-                     requires_grad=True)
+    f = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]], dtype=torch.float64, requires_grad=True)
     s = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
     sl = torch.tensor([0, 1])
     y = torch.tensor([0, 1, 7])  # class 7 has no signal
@@ -166,10 +172,13 @@ def test_class_without_signal_is_excluded():
 def test_no_sample_with_signal_gives_connected_zero():
     f = torch.randn(4, 3, requires_grad=True)
     s = torch.randn(2, 3)
-    for loss in (L.local_cluster_contrast(f, torch.tensor([5, 5, 6, 6]), s, torch.tensor([0, 1])),
-                 L.global_cluster_contrast(f, torch.zeros(4, dtype=torch.long), s[:0],
-                                           torch.zeros(0, dtype=torch.long)),
-                 L.fpl_prototype_loss(f, torch.tensor([5, 5, 6, 6]), s, torch.tensor([0, 1]))):
+    for loss in (
+        L.local_cluster_contrast(f, torch.tensor([5, 5, 6, 6]), s, torch.tensor([0, 1])),
+        L.global_cluster_contrast(
+            f, torch.zeros(4, dtype=torch.long), s[:0], torch.zeros(0, dtype=torch.long)
+        ),
+        L.fpl_prototype_loss(f, torch.tensor([5, 5, 6, 6]), s, torch.tensor([0, 1])),
+    ):
         assert loss.item() == 0.0
         assert loss.grad_fn is not None
         loss.backward()
@@ -184,7 +193,8 @@ def test_gradients_finite_and_signals_get_no_grad():
     sl = torch.tensor([0, 0, 1, 1, 2, 3])
     y = torch.randint(0, 5, (16,))
     loss = L.local_cluster_contrast(f, y, s, sl) + L.global_cluster_contrast(
-        f, y, s[[0, 2, 4, 5]], torch.tensor([0, 1, 2, 3]))
+        f, y, s[[0, 2, 4, 5]], torch.tensor([0, 1, 2, 3])
+    )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(f.grad).all()
     # tiny temperature: logsumexp keeps it finite
@@ -195,8 +205,7 @@ def test_gradients_finite_and_signals_get_no_grad():
 def test_bad_arguments():
     f, s = torch.randn(2, 3), torch.randn(2, 3)
     with pytest.raises(ValueError):
-        L.local_cluster_contrast(f, torch.tensor([0, 1]), s, torch.tensor([0, 1]),
-                                 reduction="sum")
+        L.local_cluster_contrast(f, torch.tensor([0, 1]), s, torch.tensor([0, 1]), reduction="sum")
     with pytest.raises(ValueError):
         L.local_cluster_contrast(f, torch.tensor([0, 1]), s, torch.tensor([0, 1]), form="x")
 
@@ -205,8 +214,9 @@ def test_bad_arguments():
 class _Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.body = nn.Sequential(nn.Linear(10, 32), nn.BatchNorm1d(32), nn.ReLU(),
-                                  nn.Dropout(0.5), nn.Linear(32, 3))
+        self.body = nn.Sequential(
+            nn.Linear(10, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 3)
+        )
 
     def forward(self, x):
         return self.body(x)

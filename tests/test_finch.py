@@ -38,8 +38,7 @@ def test_canonical_helper():
     a = np.array([[5, 1], [5, 1], [2, 1], [7, 0]])
     b = np.array([[0, 9], [0, 9], [1, 9], [2, 3]])
     assert np.array_equal(canonical(a), canonical(b))
-    assert not np.array_equal(canonical(a), canonical(np.array([[0, 9], [1, 9], [1, 9],
-                                                               [2, 3]])))
+    assert not np.array_equal(canonical(a), canonical(np.array([[0, 9], [1, 9], [1, 9], [2, 3]])))
 
 
 def test_reference_data_present():
@@ -73,8 +72,9 @@ def test_blocked_search_matches_reference(name, block_size):
     memory budget) gives the reference's partitions too."""
     ref = np.load(DATA / name)
     for distance, ee in RUNS:
-        parts, num = finch(ref["X"], distance=distance, ensure_early_exit=bool(ee),
-                           block_size=block_size)
+        parts, num = finch(
+            ref["X"], distance=distance, ensure_early_exit=bool(ee), block_size=block_size
+        )
         assert list(num) == ref[f"num_clust_{distance}_ee{ee}"].tolist()
         assert_same_partitions(parts, ref[f"c_{distance}_ee{ee}"])
 
@@ -126,7 +126,7 @@ def test_edge_cases_explicit():
     assert kappa.tolist() == [1, 3, 3, 1]
     assert dmin[0] == 1.0
     # three well separated pairs
-    x = np.array([[1, 0, 0], [1, .01, 0], [0, 1, 0], [0, 1, .01], [0, 0, 1], [.01, 0, 1]])
+    x = np.array([[1, 0, 0], [1, 0.01, 0], [0, 1, 0], [0, 1, 0.01], [0, 0, 1], [0.01, 0, 1]])
     parts, num = finch(x)
     assert num == [3]
     assert canonical(parts)[:, 0].tolist() == [0, 0, 1, 1, 2, 2]
@@ -156,7 +156,7 @@ def test_properties_random():
         assert num[-1] >= 2
         for lvl in range(1, parts.shape[1]):
             # each finer cluster maps into exactly one coarser cluster
-            pairs = np.unique(parts[:, lvl - 1:lvl + 1], axis=0)
+            pairs = np.unique(parts[:, lvl - 1 : lvl + 1], axis=0)
             assert len(pairs) == num[lvl - 1]
         # blocked search gives the same result
         p2, n2 = finch(x, ensure_early_exit=ee, block_size=37)
@@ -182,27 +182,35 @@ def test_fedccl_and_fpl_pipeline_assignments():
         for k in range(6):
             feats, labels = ref[f"client{k}_features"], ref[f"client{k}_labels"]
             for c in np.unique(labels):
-                parts, _ = finch(feats[labels == c], distance="cosine",
-                                 ensure_early_exit=ee == "ee1")
+                parts, _ = finch(
+                    feats[labels == c], distance="cosine", ensure_early_exit=ee == "ee1"
+                )
                 got = parts[:, 0] if which == "first" else parts[:, -1]
-                assert_same_partitions(got[:, None],
-                                       ref[f"fedccl_{tag}_client{k}_class{c}_assign"][:, None])
+                assert_same_partitions(
+                    got[:, None], ref[f"fedccl_{tag}_client{k}_class{c}_assign"][:, None]
+                )
                 checked += 1
         for c in range(5):
             signals = ref[f"fedccl_{tag}_local_signals_class{c}"]
             parts, _ = finch(signals, distance="cosine", ensure_early_exit=False)
             assign = parts[:, -1]
-            assert_same_partitions(assign[:, None],
-                                   ref[f"fedccl_{tag}_server_assign_class{c}"][:, None])
+            assert_same_partitions(
+                assign[:, None], ref[f"fedccl_{tag}_server_assign_class{c}"][:, None]
+            )
             means = np.stack([signals[assign == u].mean(0) for u in np.unique(assign)])
-            np.testing.assert_allclose(means, ref[f"fedccl_{tag}_server_cluster_means_class{c}"],
-                                       rtol=0, atol=1e-6)
+            np.testing.assert_allclose(
+                means, ref[f"fedccl_{tag}_server_cluster_means_class{c}"], rtol=0, atol=1e-6
+            )
             checked += 1
     assert checked == 124
     for c in range(5):  # FPL.proto_aggregation
-        protos = np.stack([ref[f"client{k}_local_protos"][
-            ref[f"client{k}_local_proto_classes"] == c][0]
-            for k in range(6) if c in ref[f"client{k}_local_proto_classes"]])
+        protos = np.stack(
+            [
+                ref[f"client{k}_local_protos"][ref[f"client{k}_local_proto_classes"] == c][0]
+                for k in range(6)
+                if c in ref[f"client{k}_local_proto_classes"]
+            ]
+        )
         expected = ref[f"fpl_global_cluster_protos_class{c}"]
         if len(protos) == 1:
             assert expected.shape[0] == 1

@@ -14,8 +14,16 @@ from fedrcl_flwr.app.flower_private import PRIVATE_API, PrivateSymbol, problem
 ROOT = Path(__file__).resolve().parents[1]
 DOOR = ROOT / "fedrcl_flwr" / "app" / "flower_private.py"
 # Flower's documented public API: these modules' __all__
-PUBLIC = ("flwr.app", "flwr.client", "flwr.client.mod", "flwr.common", "flwr.server",
-          "flwr.server.strategy", "flwr.server.workflow", "flwr.simulation")
+PUBLIC = (
+    "flwr.app",
+    "flwr.client",
+    "flwr.client.mod",
+    "flwr.common",
+    "flwr.server",
+    "flwr.server.strategy",
+    "flwr.server.workflow",
+    "flwr.simulation",
+)
 
 
 @pytest.mark.parametrize("symbol", PRIVATE_API, ids=lambda s: s.path)
@@ -29,17 +37,25 @@ def test_a_changed_symbol_is_named():
     assert gone.startswith("flwr.cli.no_such_module:run: cannot be imported")
     moved = problem(PrivateSymbol("flwr.cli.typing:NoSuchConnection", lambda obj: None))
     assert "flwr.cli.typing:NoSuchConnection" in moved
-    shape = problem(PrivateSymbol("flwr.cli.typing:SuperLinkConnection",
-                                  flower_private._parameters("name", "no_such_parameter")))
-    assert shape.startswith("flwr.cli.typing:SuperLinkConnection: no parameter(s) "
-                            "['no_such_parameter']")
+    shape = problem(
+        PrivateSymbol(
+            "flwr.cli.typing:SuperLinkConnection",
+            flower_private._parameters("name", "no_such_parameter"),
+        )
+    )
+    assert shape.startswith(
+        "flwr.cli.typing:SuperLinkConnection: no parameter(s) ['no_such_parameter']"
+    )
 
 
 def _flwr_imports(path: Path):
     """``(module, name or None, line)`` of every Flower import in ``path``."""
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and (
-                node.module == "flwr" or node.module.startswith("flwr.")):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and (node.module == "flwr" or node.module.startswith("flwr."))
+        ):
             for alias in node.names:
                 yield node.module, alias.name, node.lineno
         elif isinstance(node, ast.Import):
@@ -59,8 +75,9 @@ def test_only_the_door_imports_flowers_non_public_api():
         for module, name, line in _flwr_imports(path):
             ok = module in public and (name is None or name in public[module])
             if not ok:
-                bad.append(f"{path.relative_to(ROOT)}:{line}: {module}"
-                           + (f".{name}" if name else ""))
+                bad.append(
+                    f"{path.relative_to(ROOT)}:{line}: {module}" + (f".{name}" if name else "")
+                )
     assert not bad, "non-public Flower imports outside flower_private.py:\n" + "\n".join(bad)
 
 
@@ -73,8 +90,11 @@ def test_no_flower_import_outside_app():
     files = [p for p in core.rglob("*.py") if (core / "app") not in p.parents]
     packages = {p.parent.name for p in files}
     assert {"config", "run", "report", "server"} <= packages  # the walk sees the layers
-    bad = [f"{path.relative_to(ROOT)}:{line}: {module}" for path in files
-           for module, _, line in _flwr_imports(path)]
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for path in files
+        for module, _, line in _flwr_imports(path)
+    ]
     assert not bad, "Flower imported outside fedrcl_flwr/app/:\n" + "\n".join(bad)
 
 

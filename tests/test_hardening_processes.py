@@ -25,22 +25,35 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.flwr
 
 SMALL = [
-    "dataset.synthetic.num_train=600", "dataset.synthetic.num_test=200",
-    "dataset.synthetic.image_size=16", "dataset.synthetic.num_classes=4",
-    "federation.num_clients=4", "federation.clients_per_round=2",
-    "federation.participation=null", "client.local_epochs=1",
-    "simulation.num_supernodes=2", "output.checkpoint_every=0",
+    "dataset.synthetic.num_train=600",
+    "dataset.synthetic.num_test=200",
+    "dataset.synthetic.image_size=16",
+    "dataset.synthetic.num_classes=4",
+    "federation.num_clients=4",
+    "federation.clients_per_round=2",
+    "federation.participation=null",
+    "client.local_epochs=1",
+    "simulation.num_supernodes=2",
+    "output.checkpoint_every=0",
 ]
 
 
 def _start(out: Path, *sets, tag: str):
-    args = [sys.executable, "-m", "fedrcl_flwr.cli", "run",
-            str(ROOT / "experiments" / "quickstart.yaml"), "--out", str(out)]
+    args = [
+        sys.executable,
+        "-m",
+        "fedrcl_flwr.cli",
+        "run",
+        str(ROOT / "experiments" / "quickstart.yaml"),
+        "--out",
+        str(out),
+    ]
     for s in [*SMALL, *sets]:
         args += ["--set", s]
     env = {**os.environ, "FEDRCL_TEST_TAG": tag}
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+    return subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def _home(out: Path) -> str:
@@ -103,8 +116,13 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
 def test_run_where_every_client_failed_exits_1_with_the_first_error(tmp_path):
     out = tmp_path / "run"
     tag = uuid.uuid4().hex
-    proc = _start(out, "federation.rounds=2", "client.method=faulty",
-                  "federation.max_consecutive_failed_rounds=5", tag=tag)
+    proc = _start(
+        out,
+        "federation.rounds=2",
+        "client.method=faulty",
+        "federation.max_consecutive_failed_rounds=5",
+        tag=tag,
+    )
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 1, stdout + stderr
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
@@ -125,8 +143,10 @@ def test_run_that_never_starts_times_out_cleanly(tmp_path, monkeypatch):
 
     out = tmp_path / "run"
     out.mkdir()
-    data = apply_overrides(read_yaml(ROOT / "experiments" / "quickstart.yaml"),
-                           [*SMALL, "federation.rounds=2", "simulation.startup_timeout_s=3"])
+    data = apply_overrides(
+        read_yaml(ROOT / "experiments" / "quickstart.yaml"),
+        [*SMALL, "federation.rounds=2", "simulation.startup_timeout_s=3"],
+    )
     cfg = config_from_dict(data)
     dump_config(cfg, out / "config.yaml")
     homes = []

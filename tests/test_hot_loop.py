@@ -77,10 +77,27 @@ PER_STEP_ALLOWED: dict[str, str] = {
     _host_angle_read(): "host tensor read on the host (augmentation angles)",
 }
 
-_VALUE_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__",
-                "__index__", "__format__", "__repr__", "__array__")
-_SIZE_FROM_DEVICE = ("nonzero", "argwhere", "masked_select", "unique",
-                     "unique_consecutive", "bincount")
+_VALUE_READS = (
+    "item",
+    "tolist",
+    "cpu",
+    "numpy",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "__format__",
+    "__repr__",
+    "__array__",
+)
+_SIZE_FROM_DEVICE = (
+    "nonzero",
+    "argwhere",
+    "masked_select",
+    "unique",
+    "unique_consecutive",
+    "bincount",
+)
 
 
 class SyncCounter:
@@ -99,11 +116,19 @@ class SyncCounter:
             if hasattr(torch, name):
                 self._wrap(monkeypatch, torch, name, name)
         where = torch.where
-        monkeypatch.setattr(torch, "where", self._counting(
-            where, "where(cond)", when=lambda args, kw: len(args) + len(kw) == 1))
+        monkeypatch.setattr(
+            torch,
+            "where",
+            self._counting(where, "where(cond)", when=lambda args, kw: len(args) + len(kw) == 1),
+        )
         for name in ("__getitem__", "__setitem__"):
-            self._wrap(monkeypatch, torch.Tensor, name, f"mask {name}",
-                       when=lambda args, kw: _has_bool_index(args[1]))
+            self._wrap(
+                monkeypatch,
+                torch.Tensor,
+                name,
+                f"mask {name}",
+                when=lambda args, kw: _has_bool_index(args[1]),
+            )
 
     def _wrap(self, monkeypatch, owner, name, label, when=None):
         monkeypatch.setattr(owner, name, self._counting(getattr(owner, name), label, when))
@@ -142,8 +167,7 @@ class SyncCounter:
 
 def _has_bool_index(index) -> bool:
     items = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
-               for i in items)
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in items)
 
 
 def _per_step_syncs(short: collections.Counter, long: collections.Counter) -> dict:
@@ -172,22 +196,33 @@ def _signals(dim: int) -> bytes:
     """Signals for classes 0-2 of 4 (class 3 has none: the 'no positive' path runs)."""
     g = np.random.default_rng(0)
     labels = np.array([0, 0, 1, 2, 2], np.int64)
-    return encode_signals(SignalSet(g.normal(size=(5, dim)).astype(np.float32), labels,
-                                    np.full(5, 10, np.int64)))
+    return encode_signals(
+        SignalSet(g.normal(size=(5, dim)).astype(np.float32), labels, np.full(5, 10, np.int64))
+    )
 
 
 def _fit_config(run_round: int) -> dict:
     sig = _signals(128)  # cnn5's penultimate width
-    return {"run_round": run_round, "partition_id": 0, "feddyn_alpha": 0.1,
-            "signals_local": sig, "signals_global": sig}
+    return {
+        "run_round": run_round,
+        "partition_id": 0,
+        "feddyn_alpha": 0.1,
+        "signals_local": sig,
+        "signals_global": sig,
+    }
 
 
 def _config(tiny, variant, steps_per_epoch, **extra):
     method, params, sections = VARIANTS[variant]
     over = copy.deepcopy(sections)
-    over["client"] = {**over.get("client", {}), "method": method, "params": params,
-                      "local_epochs": 2, "iterations_per_epoch": steps_per_epoch,
-                      **extra.pop("client", {})}
+    over["client"] = {
+        **over.get("client", {}),
+        "method": method,
+        "params": params,
+        "local_epochs": 2,
+        "iterations_per_epoch": steps_per_epoch,
+        **extra.pop("client", {}),
+    }
     over["dataset"] = {"rotation": 10.0}  # rotation + crop + flip on every batch
     return tiny(**over, **extra)
 
@@ -205,8 +240,13 @@ def _counted_fits(tiny, tmp_path, variant, counter, **extra):
             client_class(cfg.client.method)(cfg, state_dir=state).fit(w0, _fit_config(1))
         client = client_class(cfg.client.method)(cfg, state_dir=state)
         out = {}
-        counts.append(counter.count(lambda out=out, client=client, w0=w0: out.update(
-            m=client.fit(w0, _fit_config(2))[2])))
+        counts.append(
+            counter.count(
+                lambda out=out, client=client, w0=w0: out.update(
+                    m=client.fit(w0, _fit_config(2))[2]
+                )
+            )
+        )
         steps.append(out["m"]["steps"])
     assert steps[1] == 2 * steps[0] > 0
     return counts, out["m"]
@@ -225,8 +265,9 @@ def test_no_per_step_host_sync(tiny, tmp_path, monkeypatch, variant):
 
 def test_no_per_step_host_sync_with_bf16(tiny, tmp_path, monkeypatch):
     counter = SyncCounter(monkeypatch)
-    (short, long), metrics = _counted_fits(tiny, tmp_path, "fedrcl", counter,
-                                           client={"amp": "bf16"})
+    (short, long), metrics = _counted_fits(
+        tiny, tmp_path, "fedrcl", counter, client={"amp": "bf16"}
+    )
     assert _per_step_syncs(short, long) == {}
     assert math.isfinite(metrics["loss_rcl"])
 
@@ -242,6 +283,7 @@ def test_the_shim_catches_a_per_step_read(tiny, tmp_path, monkeypatch):
             loss = F.cross_entropy(b.logits, b.y)
             _ = float(loss.detach()), b.logits[b.y == 0]
             return loss
+
         return [LossTerm("ce", fn)]
 
     monkeypatch.setattr(fedavg.FedAvgClient, "loss_terms", leaky_terms, raising=False)
@@ -254,8 +296,10 @@ def test_the_shim_catches_a_per_step_read(tiny, tmp_path, monkeypatch):
 
     src, first = inspect.getsourcelines(training.train_local)
     line = first + next(i for i, ln in enumerate(src) if "value = t.fn(batch)" in ln)
-    assert grew == {f"fedrcl_flwr/training.py:{line} __float__": (4, 8),
-                    f"fedrcl_flwr/training.py:{line} mask __getitem__": (4, 8)}
+    assert grew == {
+        f"fedrcl_flwr/training.py:{line} __float__": (4, 8),
+        f"fedrcl_flwr/training.py:{line} mask __getitem__": (4, 8),
+    }
 
 
 # --------------------------------------------------- amp off: the previous loop's numbers
@@ -268,8 +312,9 @@ def _previous_batches(dataset, indices, batch_size, seed):
         idx_t = torch.as_tensor(np.asarray(idx, dtype=np.int64))
         aug = dataset.augment
         if aug is not None and aug.rotation > 0:
-            x = random_rotation(dataset.images[idx_t].float().div_(255.0), aug.rotation,
-                                generator=g)
+            x = random_rotation(
+                dataset.images[idx_t].float().div_(255.0), aug.rotation, generator=g
+            )
             x = (x - dataset.mean) / dataset.std
         else:
             x = (dataset.images[idx_t].float().div_(255.0) - dataset.mean) / dataset.std
@@ -286,7 +331,7 @@ def _previous_batches(dataset, indices, batch_size, seed):
         g.manual_seed((seed + 1000003 * epoch) & ((1 << 63) - 1))
         idx = np.asarray(indices, np.int64)[torch.randperm(len(indices), generator=g).numpy()]
         for i in range(0, len(idx), batch_size):
-            yield get_batch(idx[i:i + batch_size], g)
+            yield get_batch(idx[i : i + batch_size], g)
 
     return batches
 
@@ -299,7 +344,7 @@ def _previous_train_local(model, batches, terms, settings):
     loss, norm, sums, step = 0.0, 0.0, {t.name: 0.0 for t in terms}, 0
     for epoch in range(settings.epochs):
         for group in opt.param_groups:
-            group["lr"] = settings.lr * settings.epoch_lr_decay ** epoch
+            group["lr"] = settings.lr * settings.epoch_lr_decay**epoch
         for i, (x, y) in enumerate(batches(epoch)):
             if settings.iterations_per_epoch and i >= settings.iterations_per_epoch:
                 break
@@ -324,9 +369,14 @@ def _previous_train_local(model, batches, terms, settings):
 def _rcl_terms(model):
     from fedrcl_flwr.losses.rcl import rcl_loss
 
-    return [cross_entropy_term(),
-            LossTerm("rcl", lambda b: rcl_loss([b.feats[lv] for lv in model.levels], b.y),
-                     needs_features=True)]
+    return [
+        cross_entropy_term(),
+        LossTerm(
+            "rcl",
+            lambda b: rcl_loss([b.feats[lv] for lv in model.levels], b.y),
+            needs_features=True,
+        ),
+    ]
 
 
 def test_amp_off_reproduces_the_previous_host_loop_exactly(tiny):
@@ -334,19 +384,25 @@ def test_amp_off_reproduces_the_previous_host_loop_exactly(tiny):
     bundle = runtime.load_bundle(cfg)
     assert bundle.train.augment.rotation > 0 and bundle.train.augment.crop_pad > 0
     idx = runtime.client_partitions(cfg)[3]
-    settings = LocalTrainSettings(lr=0.05, epochs=2, grad_clip=1.0, weight_decay=1e-3,
-                                  epoch_lr_decay=0.9)
+    settings = LocalTrainSettings(
+        lr=0.05, epochs=2, grad_clip=1.0, weight_decay=1e-3, epoch_lr_decay=0.9
+    )
     models = []
     for _ in range(2):
         torch.manual_seed(0)
         models.append(runtime.new_model(cfg, bundle))
     torch.manual_seed(1)
-    old = _previous_train_local(models[0], _previous_batches(bundle.train, idx, 32, 7),
-                                _rcl_terms(models[0]), settings)
+    old = _previous_train_local(
+        models[0], _previous_batches(bundle.train, idx, 32, 7), _rcl_terms(models[0]), settings
+    )
     torch.manual_seed(1)
-    new = train_local(models[1], runtime.make_batches(bundle.train, idx, 32, 7,
-                                                      device=torch.device("cpu")),
-                      _rcl_terms(models[1]), settings, torch.device("cpu"))
+    new = train_local(
+        models[1],
+        runtime.make_batches(bundle.train, idx, 32, 7, device=torch.device("cpu")),
+        _rcl_terms(models[1]),
+        settings,
+        torch.device("cpu"),
+    )
     assert (new.loss, new.grad_norm, new.terms) == old  # the same floats, to the bit
     for a, b in zip(models[0].state_dict().values(), models[1].state_dict().values()):
         assert torch.equal(a, b)
@@ -359,8 +415,14 @@ def test_evaluation_numbers_are_unchanged(tiny):
     bundle = runtime.load_bundle(cfg)
     model = runtime.initial_model(cfg, bundle).eval()
     groups = np.arange(len(bundle.test)) % 3
-    res = evaluate_model(model, bundle.test, torch.device("cpu"), batch_size=64, groups=groups,
-                         group_names=["a", "b", "c"])
+    res = evaluate_model(
+        model,
+        bundle.test,
+        torch.device("cpu"),
+        batch_size=64,
+        groups=groups,
+        group_names=["a", "b", "c"],
+    )
     loss, correct, hits = 0.0, 0, []
     with torch.no_grad():  # the previous loop: per-batch float / int reads
         for i in range(0, len(bundle.test), 64):
@@ -383,19 +445,28 @@ def _previous_official_scl(sim, same, kp, kn, tau):
     inv_t, inf = 1.0 / tau, float("inf")
     kp_eff = min(kp, B)
     pos = sim.masked_fill(~same, inf)
-    pos = pos.amin(-1, keepdim=True) if kp_eff == 1 else torch.topk(
-        pos, kp_eff, dim=-1, largest=False, sorted=False).values
+    pos = (
+        pos.amin(-1, keepdim=True)
+        if kp_eff == 1
+        else torch.topk(pos, kp_eff, dim=-1, largest=False, sorted=False).values
+    )
     n_other = B - int(same.sum(1).min())
     kn_eff = min(kn, n_other)
     if kn_eff > 0:
         neg_all = sim.masked_fill(same, -inf)
-        neg = torch.topk(neg_all, kn_eff, dim=-1, largest=True, sorted=False).values \
-            if kn_eff < n_other else neg_all
+        neg = (
+            torch.topk(neg_all, kn_eff, dim=-1, largest=True, sorted=False).values
+            if kn_eff < n_other
+            else neg_all
+        )
         neg = neg * inv_t
     if kp_eff == 1:
         p = pos * inv_t
-        rows = torch.logsumexp(torch.cat([p, neg], -1), -1) - p[..., 0] if kn_eff > 0 \
+        rows = (
+            torch.logsumexp(torch.cat([p, neg], -1), -1) - p[..., 0]
+            if kn_eff > 0
             else (p - p)[..., 0]
+        )
         return rows / kp
     valid = torch.isfinite(pos)
     p = torch.where(valid, pos, torch.zeros_like(pos)) * inv_t
@@ -407,8 +478,9 @@ def _previous_official_scl(sim, same, kp, kn, tau):
     return (rows * valid).sum(-1) / kp
 
 
-@pytest.mark.parametrize("labels", [[0, 0, 1, 1, 2, 2], [0, 0, 0, 0, 0, 1], [3, 3, 3, 3],
-                                    [0, 1, 2, 3, 4, 5], [1]])
+@pytest.mark.parametrize(
+    "labels", [[0, 0, 1, 1, 2, 2], [0, 0, 0, 0, 0, 1], [3, 3, 3, 3], [0, 1, 2, 3, 4, 5], [1]]
+)
 @pytest.mark.parametrize("kp,kn", [(1, 1), (1, 2), (2, 3), (3, 9)])
 def test_rcl_official_without_host_branch_is_bit_identical(labels, kp, kn):
     from fedrcl_flwr.losses.rcl import _label_masks, _official, _similarities
@@ -420,8 +492,11 @@ def test_rcl_official_without_host_branch_is_bit_identical(labels, kp, kn):
         f = feats.clone().requires_grad_(True)
         sim = _similarities(list(f))
         same, eye = _label_masks(y, sim.shape[-1], sim.device)
-        scl = _previous_official_scl(sim, same, kp, kn, 0.1) if fn == "previous" else \
-            _official(sim, same, eye, 0.1, 0.5, 0.0, kp, kn)[0]
+        scl = (
+            _previous_official_scl(sim, same, kp, kn, 0.1)
+            if fn == "previous"
+            else _official(sim, same, eye, 0.1, 0.5, 0.0, kp, kn)[0]
+        )
         scl.sum().backward()
         values.append(scl.detach())
         grads.append(f.grad)
@@ -460,7 +535,7 @@ def test_prototype_means_are_device_side_and_exact_when_every_sample_counts():
     g = torch.Generator().manual_seed(3)
     z, protos = torch.randn(6, 4, generator=g), torch.randn(5, 4, generator=g)
     plabels = torch.tensor([0, 0, 1, 2, 2])
-    y_all = torch.tensor([0, 1, 2, 2, 1, 0])      # every sample has a prototype
+    y_all = torch.tensor([0, 1, 2, 2, 1, 0])  # every sample has a prototype
     sims = F.cosine_similarity(z[:, None], protos[None], dim=-1) / 0.5
     pos = plabels[None] == y_all[:, None]
     per = torch.logsumexp(sims, 1) - torch.logsumexp(sims.masked_fill(~pos, -math.inf), 1)
@@ -471,12 +546,15 @@ def test_prototype_means_are_device_side_and_exact_when_every_sample_counts():
     valid = pos.any(1)
     ref = (torch.logsumexp(sims, 1) - torch.logsumexp(sims.masked_fill(~pos, -math.inf), 1))[valid]
     assert float(B.fedproc_loss(z, y_some, protos, plabels, 0.5)) == pytest.approx(
-        float(ref.sum() / 6), rel=1e-6)
+        float(ref.sum() / 6), rel=1e-6
+    )
     # none: 0, with a finite (zero) gradient, not the NaN of −inf − (−inf)
     zz = z.clone().requires_grad_(True)
-    for loss in (B.fedproc_loss(zz, torch.full((6,), 4), protos, plabels, 0.5),
-                 B.fpl_loss(zz, torch.full((6,), 4), protos, plabels, 5, 0.5),
-                 sum(B.fedpcl_loss(zz, torch.full((6,), 4), protos, plabels, protos, plabels))):
+    for loss in (
+        B.fedproc_loss(zz, torch.full((6,), 4), protos, plabels, 0.5),
+        B.fpl_loss(zz, torch.full((6,), 4), protos, plabels, 5, 0.5),
+        sum(B.fedpcl_loss(zz, torch.full((6,), 4), protos, plabels, protos, plabels)),
+    ):
         zz.grad = None
         loss.backward()
         assert float(loss.detach()) == 0.0 and torch.equal(zz.grad, torch.zeros_like(zz))
@@ -497,16 +575,26 @@ def test_bf16_on_cpu_trains_with_float32_loss_terms(tiny):
         return logits, feats
 
     def spy(b):
-        seen["term"].add((b.logits.dtype, *sorted({str(f.dtype) for f in b.feats.values()}),
-                          torch.is_autocast_enabled("cpu")))
+        seen["term"].add(
+            (
+                b.logits.dtype,
+                *sorted({str(f.dtype) for f in b.feats.values()}),
+                torch.is_autocast_enabled("cpu"),
+            )
+        )
         return F.cross_entropy(b.logits, b.y)
 
     terms = _rcl_terms(model) + [LossTerm("spy", spy, needs_features=True)]
     idx = runtime.client_partitions(cfg)[0]
-    stats = train_local(model, runtime.make_batches(bundle.train, idx, 32, 3), terms,
-                        LocalTrainSettings(lr=0.05, epochs=1, grad_clip=10.0, amp="bf16"),
-                        torch.device("cpu"), forward=forward)
-    assert seen["forward"] == {(torch.bfloat16, True)}      # the forward ran in bf16
+    stats = train_local(
+        model,
+        runtime.make_batches(bundle.train, idx, 32, 3),
+        terms,
+        LocalTrainSettings(lr=0.05, epochs=1, grad_clip=10.0, amp="bf16"),
+        torch.device("cpu"),
+        forward=forward,
+    )
+    assert seen["forward"] == {(torch.bfloat16, True)}  # the forward ran in bf16
     assert seen["term"] == {(torch.float32, "torch.float32", False)}  # the losses did not
     assert all(math.isfinite(v) for v in (stats.loss, stats.grad_norm, *stats.terms.values()))
     assert stats.steps > 0 and stats.terms["rcl"] > 0
@@ -534,8 +622,13 @@ def test_fp16_needs_cuda(tiny, tmp_path, capsys, monkeypatch, no_flower):
     assert accel.amp_dtype("fp16", "cuda") is torch.float16  # decided, not run
     assert accel.amp_dtype("off", "cpu") is None
     with pytest.raises(ConfigError, match="client.amp fp16 needs a CUDA device"):
-        train_local(torch.nn.Linear(2, 2), lambda e: iter(()), [cross_entropy_term()],
-                    LocalTrainSettings(lr=0.1, amp="fp16"), torch.device("cpu"))
+        train_local(
+            torch.nn.Linear(2, 2),
+            lambda e: iter(()),
+            [cross_entropy_term()],
+            LocalTrainSettings(lr=0.1, amp="fp16"),
+            torch.device("cpu"),
+        )
     with pytest.raises(ConfigError, match="'client.amp' fp16 needs a CUDA device"):
         tiny(client={"amp": "fp16", "device": "cpu"})
     # device auto on a machine without CUDA: the CLI says so before any Flower process
@@ -547,14 +640,16 @@ def test_fp16_needs_cuda(tiny, tmp_path, capsys, monkeypatch, no_flower):
     assert rc == 2 and len(err.splitlines()) == 1 and str(path) in err and "client.amp" in err
 
 
-@pytest.mark.parametrize("key,bad", [("amp", "fp32"), ("amp", True), ("channels_last", "nhwc"),
-                                     ("channels_last", 1)])
+@pytest.mark.parametrize(
+    "key,bad", [("amp", "fp32"), ("amp", True), ("channels_last", "nhwc"), ("channels_last", 1)]
+)
 def test_bad_amp_and_channels_last_values_exit_2(tmp_path, capsys, no_flower, key, bad):
     path = tmp_path / "exp.yaml"
     path.write_text((ROOT / "experiments" / "quickstart.yaml").read_text())
     value = "true" if bad is True else bad
-    rc = cli.main(["run", str(path), "--set", f"client.{key}={value}", "--out",
-                   str(tmp_path / "o")])
+    rc = cli.main(
+        ["run", str(path), "--set", f"client.{key}={value}", "--out", str(tmp_path / "o")]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert f"client.{key}" in err and str(path) in err
@@ -588,13 +683,23 @@ def test_batches_on_a_device_are_the_host_batches(tiny):
     bundle = runtime.load_bundle(tiny(dataset={"rotation": 10.0}))
     idx = np.arange(40)
     a = list(iterate_batches(bundle.train, idx, 16, generator=torch.Generator().manual_seed(1)))
-    b = list(iterate_batches(bundle.train, idx, 16, generator=torch.Generator().manual_seed(1),
-                             device=torch.device("cpu")))
+    b = list(
+        iterate_batches(
+            bundle.train,
+            idx,
+            16,
+            generator=torch.Generator().manual_seed(1),
+            device=torch.device("cpu"),
+        )
+    )
     assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
     # a dataset without a device-aware get_batch still gets its batches moved
     plain = bundle.train.plain()
-    c = list(iterate_batches(Subset(plain, list(range(20))), np.arange(20), 8,
-                             device=torch.device("cpu")))
+    c = list(
+        iterate_batches(
+            Subset(plain, list(range(20))), np.arange(20), 8, device=torch.device("cpu")
+        )
+    )
     assert torch.equal(torch.cat([x for x, _ in c]), plain.get_batch(np.arange(20))[0])
     assert not bundle.train.images.is_pinned()  # the source array is only read
 
@@ -607,8 +712,9 @@ def test_channels_last_auto_is_for_cuda_conv_models_whose_norms_keep_nhwc(tiny, 
     assert accel.use_channels_last(True, "cpu", conv) is True
     assert accel.use_channels_last(False, "cuda", conv) is False
     for keeps in (True, False):  # the per-process probe of the norm layers, faked
-        monkeypatch.setattr(accel, "_norm_keeps_channels_last",
-                            lambda kind, dev, keeps=keeps: keeps)
+        monkeypatch.setattr(
+            accel, "_norm_keeps_channels_last", lambda kind, dev, keeps=keeps: keeps
+        )
         assert accel.use_channels_last("auto", "cuda", conv) is keeps
         assert accel.use_channels_last("auto", "cuda", mlp) is False
     with pytest.raises(ConfigError):
@@ -633,8 +739,13 @@ def test_channels_last_training_gives_the_same_model(tiny):
         if cl:
             model.to(memory_format=torch.channels_last)
         torch.manual_seed(1)
-        train_local(model, runtime.make_batches(bundle.train, idx, 32, 5), [cross_entropy_term()],
-                    LocalTrainSettings(lr=0.05, epochs=1, channels_last=cl), torch.device("cpu"))
+        train_local(
+            model,
+            runtime.make_batches(bundle.train, idx, 32, 5),
+            [cross_entropy_term()],
+            LocalTrainSettings(lr=0.05, epochs=1, channels_last=cl),
+            torch.device("cpu"),
+        )
         out.append(runtime.get_weights(model))
     for a, b in zip(*out):  # NHWC changes the kernels' summation order, not the maths
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

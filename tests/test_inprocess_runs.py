@@ -12,13 +12,13 @@ from fedrcl_flwr.run.results import read_metrics
 
 
 def _strip(recs):
-    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")}
-            for r in recs]
+    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")} for r in recs]
 
 
 def test_fedavg_learns_above_chance(tiny, tmp_path):
-    cfg = tiny(federation={"rounds": 8, "clients_per_round": 4},
-               client={"local_epochs": 2, "lr": 0.1})
+    cfg = tiny(
+        federation={"rounds": 8, "clients_per_round": 4}, client={"local_epochs": 2, "lr": 0.1}
+    )
     run_inprocess(cfg, tmp_path / "run")
     recs = read_metrics(tmp_path / "run")
     assert [r["round"] for r in recs] == list(range(1, 9))
@@ -40,8 +40,7 @@ def test_same_yaml_same_metrics(tiny, tmp_path):
 @pytest.mark.parametrize("method", ["fedavg", "fedrcl"])
 @pytest.mark.parametrize("strategy", ["fedavg", "fedavgm", "fedadam", "fedacg"])
 def test_method_x_server_optimizer_grid(tiny, tmp_path, method, strategy):
-    cfg = tiny(client={"method": method}, server={"strategy": strategy},
-               federation={"rounds": 2})
+    cfg = tiny(client={"method": method}, server={"strategy": strategy}, federation={"rounds": 2})
     st = run_inprocess(cfg, tmp_path / "run")
     recs = read_metrics(tmp_path / "run")
     assert len(recs) == 2
@@ -55,9 +54,15 @@ def test_method_x_server_optimizer_grid(tiny, tmp_path, method, strategy):
 
 @pytest.mark.parametrize("mode", ["raise", "nan", "inf", "shape", "missing"])
 def test_faulty_clients_are_dropped_and_counted(tiny, tmp_path, mode):
-    cfg = tiny(client={"method": "faulty", "params": {"mode": mode, "partitions": [-1]}},
-               federation={"rounds": 3, "clients_per_round": 3, "num_clients": 8,
-                           "max_consecutive_failed_rounds": 5})
+    cfg = tiny(
+        client={"method": "faulty", "params": {"mode": mode, "partitions": [-1]}},
+        federation={
+            "rounds": 3,
+            "clients_per_round": 3,
+            "num_clients": 8,
+            "max_consecutive_failed_rounds": 5,
+        },
+    )
     # only some partitions fail: those sampled in round 1 except the first
     from fedrcl_flwr.run.runtime import sample_partitions
 
@@ -73,8 +78,10 @@ def test_faulty_clients_are_dropped_and_counted(tiny, tmp_path, mode):
 def test_all_failed_round_keeps_model_then_aborts(tiny, tmp_path):
     from strategies.base import AllClientsFailed
 
-    cfg = tiny(client={"method": "faulty", "params": {"mode": "raise"}},
-               federation={"rounds": 4, "max_consecutive_failed_rounds": 2})
+    cfg = tiny(
+        client={"method": "faulty", "params": {"mode": "raise"}},
+        federation={"rounds": 4, "max_consecutive_failed_rounds": 2},
+    )
     with pytest.raises(AllClientsFailed, match="consecutive"):
         run_inprocess(cfg, tmp_path / "run")
     recs = read_metrics(tmp_path / "run")
@@ -83,8 +90,12 @@ def test_all_failed_round_keeps_model_then_aborts(tiny, tmp_path):
 
 @pytest.mark.parametrize("strategy", ["fedavgm", "fedadam"])
 def test_resume_equals_uninterrupted(tiny, tmp_path, strategy):
-    cfg = tiny(server={"strategy": strategy}, federation={"rounds": 4},
-               output={"checkpoint_every": 1}, client={"method": "fedrcl"})
+    cfg = tiny(
+        server={"strategy": strategy},
+        federation={"rounds": 4},
+        output={"checkpoint_every": 1},
+        client={"method": "fedrcl"},
+    )
     run_inprocess(cfg, tmp_path / "full")
     run_inprocess(cfg, tmp_path / "cut", stop_after=2)
     assert len(read_metrics(tmp_path / "cut")) == 2
@@ -110,8 +121,12 @@ def test_overlapped_evaluation_equals_sequential(tiny, tmp_path, strategy):
     from fedrcl_flwr.run.checkpoint import load_checkpoint
 
     method = "feddyn" if strategy == "feddyn" else "fedrcl"
-    cfg = tiny(server={"strategy": strategy}, federation={"rounds": 4, "eval_every": 2},
-               output={"checkpoint_every": 1}, client={"method": method})
+    cfg = tiny(
+        server={"strategy": strategy},
+        federation={"rounds": 4, "eval_every": 2},
+        output={"checkpoint_every": 1},
+        client={"method": method},
+    )
     run_inprocess(cfg, tmp_path / "seq")
     run_inprocess(cfg, tmp_path / "ovl", overlap_evaluation=True)
     run_inprocess(cfg, tmp_path / "cut", overlap_evaluation=True, stop_after=3)
@@ -129,8 +144,9 @@ def test_overlapped_evaluation_equals_sequential(tiny, tmp_path, strategy):
         assert all(torch.equal(ma[k], mb[k]) for k in ma)
         sa = json.loads((tmp_path / "seq" / "summary.json").read_text())
         sb = json.loads((tmp_path / other / "summary.json").read_text())
-        assert {k: v for k, v in sa.items() if "time" not in k} == \
-            {k: v for k, v in sb.items() if "time" not in k}
+        assert {k: v for k, v in sa.items() if "time" not in k} == {
+            k: v for k, v in sb.items() if "time" not in k
+        }
 
 
 def test_overlapped_evaluation_error_reaches_the_server_loop(tiny, tmp_path):

@@ -28,8 +28,7 @@ def _torchvision(img: np.ndarray, angle, top, left, flip, pad, mean, std) -> tor
     functional ops, as the random transforms call them)."""
     pil = Image.fromarray(img.squeeze(-1) if img.shape[-1] == 1 else img)
     if angle is not None:
-        pil = TF.rotate(pil, angle, interpolation=transforms.InterpolationMode.NEAREST,
-                        fill=0)
+        pil = TF.rotate(pil, angle, interpolation=transforms.InterpolationMode.NEAREST, fill=0)
     h, w = img.shape[:2]
     if pad:
         pil = TF.pad(pil, pad, fill=0)
@@ -44,9 +43,10 @@ def _dataset(images: np.ndarray, spec: AugmentSpec, mean, std) -> ImageArrayData
     return ImageArrayDataset(u8, np.zeros(len(images), np.int64), mean, std, spec)
 
 
-@pytest.mark.parametrize("shape,pad,rotation", [
-    ((32, 32, 3), 4, 10.0), ((64, 64, 3), 4, 10.0), ((28, 28, 1), 2, 15.0),
-    ((20, 24, 3), 3, 0.0)])
+@pytest.mark.parametrize(
+    "shape,pad,rotation",
+    [((32, 32, 3), 4, 10.0), ((64, 64, 3), 4, 10.0), ((28, 28, 1), 2, 15.0), ((20, 24, 3), 3, 0.0)],
+)
 def test_batch_equals_torchvision_chain_for_the_same_draws(shape, pad, rotation):
     rng = np.random.default_rng(sum(shape))
     images = rng.integers(0, 256, (24, *shape), dtype=np.uint8)
@@ -60,21 +60,33 @@ def test_batch_equals_torchvision_chain_for_the_same_draws(shape, pad, rotation)
     assert draws.flip.any() and not draws.flip.all()
     assert int(draws.top.max()) <= 2 * pad and int(draws.left.min()) >= 0
     for i in idx:
-        want = _torchvision(images[i], None if draws.angles is None
-                            else float(draws.angles[i]), int(draws.top[i]),
-                            int(draws.left[i]), bool(draws.flip[i]), pad, mean, std)
+        want = _torchvision(
+            images[i],
+            None if draws.angles is None else float(draws.angles[i]),
+            int(draws.top[i]),
+            int(draws.left[i]),
+            bool(draws.flip[i]),
+            pad,
+            mean,
+            std,
+        )
         torch.testing.assert_close(x[i], want, rtol=0, atol=1e-6)
 
 
 def test_fixed_angles_offsets_flip_and_black_border():
     images = np.full((1, 32, 32, 3), 200, dtype=np.uint8)
-    for angle, top, left, flip in [(10.0, 0, 8, True), (-7.25, 8, 0, False),
-                                   (3.0, 4, 4, True), (-10.0, 1, 7, False)]:
+    for angle, top, left, flip in [
+        (10.0, 0, 8, True),
+        (-7.25, 8, 0, False),
+        (3.0, 4, 4, True),
+        (-10.0, 1, 7, False),
+    ]:
         ds = _dataset(images, AugmentSpec(4, True, 10.0, "black"), CIFAR10_MEAN, CIFAR10_STD)
         from fedrcl_flwr.data.datasets import AugmentDraws
 
-        draws = AugmentDraws(torch.tensor([angle]), torch.tensor([top]), torch.tensor([left]),
-                             torch.tensor([flip]))
+        draws = AugmentDraws(
+            torch.tensor([angle]), torch.tensor([top]), torch.tensor([left]), torch.tensor([flip])
+        )
         got = ds.apply_augment(ds.images, draws)[0]
         want = _torchvision(images[0], angle, top, left, flip, 4, CIFAR10_MEAN, CIFAR10_STD)
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
@@ -86,8 +98,7 @@ def test_fixed_angles_offsets_flip_and_black_border():
     torch.testing.assert_close(black[:, 0, 0], expect)
     # mean (the former behaviour): the border is 0 after normalising = the mean colour
     ds = _dataset(images, AugmentSpec(4, False, 0.0, "mean"), CIFAR10_MEAN, CIFAR10_STD)
-    assert torch.equal(ds.apply_augment(ds.images, draws)[0][:, :4, :4],
-                       torch.zeros(3, 4, 4))
+    assert torch.equal(ds.apply_augment(ds.images, draws)[0][:, :4, :4], torch.zeros(3, 4, 4))
 
 
 def test_rotation_is_pillows_for_any_angle_and_dtype():
@@ -96,8 +107,9 @@ def test_rotation_is_pillows_for_any_angle_and_dtype():
     angles = list(rng.uniform(-180, 180, 36)) + [0.0, 90.0, 180.0, -90.0]
     out = rotate(torch.from_numpy(imgs).permute(0, 3, 1, 2), angles)
     for i, a in enumerate(angles):
-        assert np.array_equal(out[i].permute(1, 2, 0).numpy(),
-                              np.asarray(Image.fromarray(imgs[i]).rotate(a))), a
+        assert np.array_equal(
+            out[i].permute(1, 2, 0).numpy(), np.asarray(Image.fromarray(imgs[i]).rotate(a))
+        ), a
     f = rotate(torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 255, angles)
     assert torch.equal(f, out.float() / 255)
 
@@ -109,7 +121,9 @@ def test_normalize_constants_reach_the_batches_and_test_set(tmp_path):
     assert b.train.mean.flatten().tolist() == pytest.approx(const["mean"])
     x, _ = b.test.get_batch(np.arange(3))
     u = b.test.images[:3].float() / 255
-    want = (u - torch.tensor(const["mean"]).view(3, 1, 1)) / torch.tensor(const["std"]).view(3, 1, 1)
+    want = (u - torch.tensor(const["mean"]).view(3, 1, 1)) / torch.tensor(const["std"]).view(
+        3, 1, 1
+    )
     assert torch.equal(x, want)
     plain = load_dataset("synthetic", synthetic=syn, normalize=False)
     assert plain.train.std.flatten().tolist() == [1.0, 1.0, 1.0]
@@ -121,18 +135,23 @@ def _cfg(**dataset):
     return {"name": "n", "dataset": {"name": "cifar10", **dataset}}
 
 
-@pytest.mark.parametrize("value,msg", [
-    ({"mean": [0.5, 0.5], "std": [0.2, 0.2]}, "'dataset.normalize.mean' has 2 values but the "
-                                              "images have 3 channel(s)"),
-    ({"mean": [0.5] * 3, "std": [0.2, 0.0, 0.2]}, "'dataset.normalize.std' must be > 0"),
-    ({"mean": [0.5] * 3, "std": [0.2, -1, 0.2]}, "'dataset.normalize.std' must be > 0"),
-    ({"mean": [1.5, 0.5, 0.5], "std": [0.2] * 3}, "'dataset.normalize.mean' must be in [0, 1]"),
-    ({"mean": [0.5] * 3}, "must be true, false or {mean: [...], std: [...]}"),
-    ({"mean": [0.5] * 3, "std": [0.2] * 3, "eps": 1}, "must be true, false or {mean"),
-    ({"mean": "0.5", "std": [0.2] * 3}, "'dataset.normalize.mean' must be a list of numbers"),
-    ({"mean": [0.5, None, 0.5], "std": [0.2] * 3}, "must be a list of numbers"),
-    (1, "'dataset.normalize' must be bool or dict"),
-])
+@pytest.mark.parametrize(
+    "value,msg",
+    [
+        (
+            {"mean": [0.5, 0.5], "std": [0.2, 0.2]},
+            "'dataset.normalize.mean' has 2 values but the images have 3 channel(s)",
+        ),
+        ({"mean": [0.5] * 3, "std": [0.2, 0.0, 0.2]}, "'dataset.normalize.std' must be > 0"),
+        ({"mean": [0.5] * 3, "std": [0.2, -1, 0.2]}, "'dataset.normalize.std' must be > 0"),
+        ({"mean": [1.5, 0.5, 0.5], "std": [0.2] * 3}, "'dataset.normalize.mean' must be in [0, 1]"),
+        ({"mean": [0.5] * 3}, "must be true, false or {mean: [...], std: [...]}"),
+        ({"mean": [0.5] * 3, "std": [0.2] * 3, "eps": 1}, "must be true, false or {mean"),
+        ({"mean": "0.5", "std": [0.2] * 3}, "'dataset.normalize.mean' must be a list of numbers"),
+        ({"mean": [0.5, None, 0.5], "std": [0.2] * 3}, "must be a list of numbers"),
+        (1, "'dataset.normalize' must be bool or dict"),
+    ],
+)
 def test_bad_normalize_is_one_config_error(value, msg):
     with pytest.raises(ConfigError) as e:
         config_from_dict(_cfg(normalize=value), "exp.yaml")
@@ -140,13 +159,19 @@ def test_bad_normalize_is_one_config_error(value, msg):
 
 
 def test_bad_normalize_and_pad_fill_exit_2_before_any_work(tmp_path, capsys):
-    for dataset, msg in [({"normalize": {"mean": [0.5], "std": [0.5]}},
-                          "dataset.normalize.mean' has 1 values"),
-                         ({"pad_fill": "white"}, "'dataset.pad_fill' must be black or mean")]:
+    for dataset, msg in [
+        ({"normalize": {"mean": [0.5], "std": [0.5]}}, "dataset.normalize.mean' has 1 values"),
+        ({"pad_fill": "white"}, "'dataset.pad_fill' must be black or mean"),
+    ]:
         path = tmp_path / "bad.yaml"
-        path.write_text(yaml.safe_dump(
-            {"name": "b", "dataset": {"name": "cifar10", "root": str(tmp_path / "none"),
-                                      **dataset}}))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "name": "b",
+                    "dataset": {"name": "cifar10", "root": str(tmp_path / "none"), **dataset},
+                }
+            )
+        )
         assert main(["partition", str(path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and msg in err[0] and str(path) in err[0], err
@@ -158,13 +183,19 @@ def test_cache_key_holds_the_constants_not_the_augmentation(tmp_path):
     cfg = config_from_dict(_cfg(root=str(tmp_path)), "x")
     base = entry_key(cfg.dataset, 0)
     const = {"mean": CIFAR10_MEAN, "std": CIFAR10_STD}
-    keys = {entry_key(config_from_dict(_cfg(root=str(tmp_path), **kw), "x").dataset, 0)
-            for kw in ({"normalize": False}, {"normalize": const},
-                       {"normalize": {**const, "std": [0.2, 0.2, 0.2]}})}
+    keys = {
+        entry_key(config_from_dict(_cfg(root=str(tmp_path), **kw), "x").dataset, 0)
+        for kw in (
+            {"normalize": False},
+            {"normalize": const},
+            {"normalize": {**const, "std": [0.2, 0.2, 0.2]}},
+        )
+    }
     assert base not in keys and len(keys) == 3
-    same = {entry_key(config_from_dict(_cfg(root=str(tmp_path), **kw), "x").dataset, 0)
-            for kw in ({"pad_fill": "black"}, {"flip": False}, {"crop_pad": 0},
-                       {"rotation": 10})}
+    same = {
+        entry_key(config_from_dict(_cfg(root=str(tmp_path), **kw), "x").dataset, 0)
+        for kw in ({"pad_fill": "black"}, {"flip": False}, {"crop_pad": 0}, {"rotation": 10})
+    }
     assert same == {base}
 
 
@@ -174,9 +205,11 @@ def test_paper_yamls_pad_black_with_the_authors_constants():
     from fedrcl_flwr.config import load_config
 
     root = Path(__file__).resolve().parents[1] / "experiments" / "fedrcl"
-    theirs = {"cifar10": (CIFAR10_MEAN, CIFAR10_STD),
-              "cifar100": ([0.5071, 0.4867, 0.4408], [0.2675, 0.2565, 0.2761]),
-              "tinyimagenet": ([0.4802, 0.4481, 0.3975], [0.2770, 0.2691, 0.2821])}
+    theirs = {
+        "cifar10": (CIFAR10_MEAN, CIFAR10_STD),
+        "cifar100": ([0.5071, 0.4867, 0.4408], [0.2675, 0.2565, 0.2761]),
+        "tinyimagenet": ([0.4802, 0.4481, 0.3975], [0.2770, 0.2691, 0.2821]),
+    }
     files = sorted(root.glob("table[12345ACD]*.yaml"))
     assert len(files) == 49
     for f in files:

@@ -65,8 +65,7 @@ def test_balanced_equal_sizes_and_label_mixes_largest_common_size():
     parts = partition(labels, 5, "domain", domains=domains, balanced=True, seed=0)
     _disjoint(parts)
     # independent closed form: c = min over (domain, class) of n[d, k] (one client each)
-    n = np.array([[np.sum((domains == d) & (labels == k)) for k in range(K)]
-                  for d in range(5)])
+    n = np.array([[np.sum((domains == d) & (labels == k)) for k in range(K)] for d in range(5)])
     c = int(n.min())
     assert c >= 1
     counts = class_counts(parts, labels, K)
@@ -77,20 +76,21 @@ def test_balanced_equal_sizes_and_label_mixes_largest_common_size():
 
 def test_balanced_several_clients_per_domain_and_samples_per_class():
     labels, domains = _uneven()
-    n = np.array([[np.sum((domains == d) & (labels == k)) for k in range(K)]
-                  for d in range(5)])
+    n = np.array([[np.sum((domains == d) & (labels == k)) for k in range(K)] for d in range(5)])
     parts = partition(labels, 10, "domain", domains=domains, balanced=True, seed=1)
     _disjoint(parts)
     counts = class_counts(parts, labels, K)
     assert np.array_equal(counts, np.full((10, K), int((n // 2).min())))
     assert [set(np.unique(domains[p]).tolist()) for p in parts] == [{i % 5} for i in range(10)]
     # a size you set
-    parts = partition(labels, 5, "domain", domains=domains, balanced=True,
-                      samples_per_class=3, seed=0)
+    parts = partition(
+        labels, 5, "domain", domains=domains, balanced=True, samples_per_class=3, seed=0
+    )
     assert np.array_equal(class_counts(parts, labels, K), np.full((5, K), 3))
     # two domains per client: the same per-class count from each owned domain
-    parts = partition(labels, 5, "domain", domains=domains, balanced=True,
-                      domains_per_client=2, seed=0)
+    parts = partition(
+        labels, 5, "domain", domains=domains, balanced=True, domains_per_client=2, seed=0
+    )
     _disjoint(parts)
     counts = class_counts(parts, labels, K)
     assert (counts == counts[0]).all() and counts[0, 0] % 2 == 0
@@ -98,13 +98,16 @@ def test_balanced_several_clients_per_domain_and_samples_per_class():
 
 def test_balanced_too_large_samples_per_class_names_the_limit():
     labels, domains = _uneven()
-    n = np.array([[np.sum((domains == d) & (labels == k)) for k in range(K)]
-                  for d in range(5)])
+    n = np.array([[np.sum((domains == d) & (labels == k)) for k in range(K)] for d in range(5)])
     d, k = np.unravel_index(np.argmin(n), n.shape)
-    with pytest.raises(PartitionError, match=rf"samples_per_class=10000 but domain {d} has "
-                                             rf"only {n[d, k]} samples of class {k}"):
-        partition(labels, 5, "domain", domains=domains, balanced=True,
-                  samples_per_class=10000, seed=0)
+    with pytest.raises(
+        PartitionError,
+        match=rf"samples_per_class=10000 but domain {d} has "
+        rf"only {n[d, k]} samples of class {k}",
+    ):
+        partition(
+            labels, 5, "domain", domains=domains, balanced=True, samples_per_class=10000, seed=0
+        )
 
 
 def test_balanced_class_missing_from_a_domain_is_dropped_for_everyone():
@@ -141,8 +144,7 @@ def test_imbalanced_sizes_and_label_mixes_differ_and_favourite_class_is_whole():
 
 def test_imbalanced_several_clients_per_domain():
     labels, domains = _uneven()
-    parts = partition(labels, 15, "domain", domains=domains, balanced=False, alpha=0.5,
-                      seed=3)
+    parts = partition(labels, 15, "domain", domains=domains, balanced=False, alpha=0.5, seed=3)
     _disjoint(parts)
     assert [set(np.unique(domains[p]).tolist()) for p in parts] == [{i % 5} for i in range(15)]
     for d in range(5):  # owners share each (domain, class) pool: at most an equal share
@@ -155,8 +157,10 @@ def test_imbalanced_alpha_monotone_in_label_entropy_and_size():
     labels, domains = _uneven(sizes=(1000,) * 5)
     ent, size = [], []
     for a in (0.05, 0.5, 5.0, 100.0):
-        runs = [partition(labels, 5, "domain", domains=domains, balanced=False, alpha=a, seed=s)
-                for s in range(8)]
+        runs = [
+            partition(labels, 5, "domain", domains=domains, balanced=False, alpha=a, seed=s)
+            for s in range(8)
+        ]
         ent.append(np.mean([_entropy(p, labels) for p in runs]))
         size.append(np.mean([np.mean([len(x) for x in p]) for p in runs]))
     assert all(a < b for a, b in zip(ent, ent[1:])), ent
@@ -168,8 +172,7 @@ def test_seeded(balanced):
     labels, domains = _uneven()
     a = partition(labels, 5, "domain", domains=domains, balanced=balanced, seed=4)
     assert _same(a, partition(labels, 5, "domain", domains=domains, balanced=balanced, seed=4))
-    assert not _same(a, partition(labels, 5, "domain", domains=domains, balanced=balanced,
-                                  seed=5))
+    assert not _same(a, partition(labels, 5, "domain", domains=domains, balanced=balanced, seed=5))
 
 
 def test_balanced_and_imbalanced_differ():
@@ -189,8 +192,9 @@ def _check_bundle(bundle, num_clients):
     labels, domains = bundle.train_labels, bundle.train_domains
     assert domains is not None
     bal = partition(labels, num_clients, "domain", domains=domains, balanced=True, seed=0)
-    imb = partition(labels, num_clients, "domain", domains=domains, balanced=False, alpha=0.5,
-                    seed=0)
+    imb = partition(
+        labels, num_clients, "domain", domains=domains, balanced=False, alpha=0.5, seed=0
+    )
     k = bundle.num_classes
     cb = class_counts(bal, labels, k)
     assert (cb == cb[0]).all() and cb[0].sum() > 0
@@ -203,19 +207,28 @@ def _check_bundle(bundle, num_clients):
 def test_synthetic_domains_via_config():
     from fedrcl_flwr.run.runtime import client_partitions, load_bundle
 
-    base = {"dataset": {"name": "synthetic", "synthetic": {
-        "num_train": 600, "num_test": 60, "num_classes": 4, "image_size": 8,
-        "num_domains": 3}},
-        "federation": {"num_clients": 3, "participation": 1.0}}
+    base = {
+        "dataset": {
+            "name": "synthetic",
+            "synthetic": {
+                "num_train": 600,
+                "num_test": 60,
+                "num_classes": 4,
+                "image_size": 8,
+                "num_domains": 3,
+            },
+        },
+        "federation": {"num_clients": 3, "participation": 1.0},
+    }
     cfg_b = config_from_dict({**base, "partition": {"scheme": "domain", "balanced": True}})
-    cfg_i = config_from_dict({**base, "partition": {"scheme": "domain", "balanced": False,
-                                                    "alpha": 0.5}})
+    cfg_i = config_from_dict(
+        {**base, "partition": {"scheme": "domain", "balanced": False, "alpha": 0.5}}
+    )
     bal, imb = client_partitions(cfg_b), client_partitions(cfg_i)
     labels = load_bundle(cfg_b).train_labels
     assert np.array_equal(class_counts(bal, labels, 4), np.full((3, 4), 50))
     assert len({len(p) for p in imb}) > 1
-    cfg_s = config_from_dict({**base, "partition": {"scheme": "domain",
-                                                    "samples_per_class": 20}})
+    cfg_s = config_from_dict({**base, "partition": {"scheme": "domain", "samples_per_class": 20}})
     assert [len(p) for p in client_partitions(cfg_s)] == [80, 80, 80]
 
 
@@ -224,10 +237,15 @@ def test_npz_with_domain_ids(tmp_path):
 
     rng = np.random.default_rng(0)
     n = 240
-    np.savez(tmp_path / "d.npz", x_train=rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8),
-             y_train=rng.integers(0, 3, n), d_train=np.arange(n) % 3,
-             x_test=rng.integers(0, 256, (12, 8, 8, 3), dtype=np.uint8),
-             y_test=np.arange(12) % 3, d_test=np.arange(12) % 3)
+    np.savez(
+        tmp_path / "d.npz",
+        x_train=rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8),
+        y_train=rng.integers(0, 3, n),
+        d_train=np.arange(n) % 3,
+        x_test=rng.integers(0, 256, (12, 8, 8, 3), dtype=np.uint8),
+        y_test=np.arange(12) % 3,
+        d_test=np.arange(12) % 3,
+    )
     b = load_dataset("npz", path=str(tmp_path / "d.npz"))
     _check_bundle(b, 3)
 
@@ -237,11 +255,13 @@ def test_digit5_local_npz_domains(tmp_path):
 
     rng = np.random.default_rng(0)
     for name, n in (("synthdigits", 60), ("mnistm", 100)):
-        np.savez(tmp_path / f"{name}.npz",
-                 x_train=rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
-                 y_train=rng.permutation(np.arange(n) % 10),
-                 x_test=rng.integers(0, 256, (10, 28, 28), dtype=np.uint8),
-                 y_test=np.arange(10) % 10)
+        np.savez(
+            tmp_path / f"{name}.npz",
+            x_train=rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
+            y_train=rng.permutation(np.arange(n) % 10),
+            x_test=rng.integers(0, 256, (10, 28, 28), dtype=np.uint8),
+            y_test=np.arange(10) % 10,
+        )
     b = load_dataset("digit5", root=str(tmp_path), domains=["synthdigits", "mnistm"])
     bal, _ = _check_bundle(b, 2)
     assert [len(p) for p in bal] == [60, 60]  # 6 per class, the smaller domain's limit
@@ -259,8 +279,9 @@ def test_imagefolder_with_domains(tmp_path):
             for i in range(n):
                 a = np.full((8, 8, 3), 40 * (cname == "dog") + i, np.uint8)
                 Image.fromarray(a).save(folder / f"{i}.png")
-    b = load_dataset("imagefolder", root=str(tmp_path), domains=["d1", "d2"], image_size=8,
-                     test_fraction=0.2)
+    b = load_dataset(
+        "imagefolder", root=str(tmp_path), domains=["d1", "d2"], image_size=8, test_fraction=0.2
+    )
     bal, _ = _check_bundle(b, 2)
     assert [len(p) for p in bal] == [10, 10]  # d1: 5 train per class
 
@@ -270,9 +291,11 @@ def test_imagefolder_with_domains(tmp_path):
 # --------------------------------------------------------------------------------------
 
 FEDCCL = ROOT / "experiments" / "fedccl"
-PAIRS = [("table1_digit5_balanced", "table2_digit5_imbalanced"),
-         ("table1_office10_balanced", "table2_office10_imbalanced"),
-         ("table3_domainnet_balanced", "table3_domainnet_imbalanced")]
+PAIRS = [
+    ("table1_digit5_balanced", "table2_digit5_imbalanced"),
+    ("table1_office10_balanced", "table2_office10_imbalanced"),
+    ("table3_domainnet_balanced", "table3_domainnet_imbalanced"),
+]
 
 
 def _stand_in_split(path: Path):
@@ -281,10 +304,17 @@ def _stand_in_split(path: Path):
     nd = cfg.federation.num_clients // cfg.partition.domains_per_client
     labels, domains = _uneven(sizes=tuple(300 + 150 * d for d in range(nd)))
     p = cfg.partition
-    return cfg, partition(labels, cfg.federation.num_clients, p.scheme, alpha=p.alpha,
-                          balanced=p.balanced, domains=domains,
-                          domains_per_client=p.domains_per_client,
-                          samples_per_class=p.samples_per_class, seed=cfg.seed)
+    return cfg, partition(
+        labels,
+        cfg.federation.num_clients,
+        p.scheme,
+        alpha=p.alpha,
+        balanced=p.balanced,
+        domains=domains,
+        domains_per_client=p.domains_per_client,
+        samples_per_class=p.samples_per_class,
+        seed=cfg.seed,
+    )
 
 
 @pytest.mark.parametrize("bal_name,imb_name", PAIRS)
@@ -326,8 +356,7 @@ def test_figure5_alpha_sweep():
 
 def test_inter_domain_yamls_raw_keys():
     # the partition block is explicit in every file (no reliance on defaults)
-    for path in sorted(FEDCCL.glob("table[12357]_*.yaml")) + sorted(
-            FEDCCL.glob("figure5_*.yaml")):
+    for path in sorted(FEDCCL.glob("table[12357]_*.yaml")) + sorted(FEDCCL.glob("figure5_*.yaml")):
         raw = read_yaml(path)
         if raw["dataset"]["name"] not in ("digit5", "imagefolder"):
             continue
@@ -352,8 +381,9 @@ def test_report_names_domains_in_table_and_plot(tmp_path):
     lines = table.splitlines()
     assert lines[0].startswith("| client | domains | size | classes | 0 |")
     assert lines[3].startswith(f"| 1 | svhn | {counts[1].sum()} | {K} |")
-    two = partition(labels, 5, "domain", domains=domains, balanced=True, domains_per_client=2,
-                    seed=0)
+    two = partition(
+        labels, 5, "domain", domains=domains, balanced=True, domains_per_client=2, seed=0
+    )
     assert client_domains(two, domains, names)[0] == "mnist+svhn"
     out = tmp_path / "p.png"
     plot_counts_heatmap(counts, out, title="t", domains=doms)
@@ -369,16 +399,19 @@ def test_cli_partition_prints_domains(tmp_path, capsys):
     from fedrcl_flwr.cli import main
 
     y = tmp_path / "e.yaml"
-    y.write_text("dataset: {name: synthetic, synthetic: {num_train: 300, num_test: 30, "
-                 "num_classes: 3, image_size: 8, num_domains: 3}}\n"
-                 "partition: {scheme: domain, balanced: true}\n"
-                 "federation: {num_clients: 3, participation: 1.0}\n")
+    y.write_text(
+        "dataset: {name: synthetic, synthetic: {num_train: 300, num_test: 30, "
+        "num_classes: 3, image_size: 8, num_domains: 3}}\n"
+        "partition: {scheme: domain, balanced: true}\n"
+        "federation: {num_clients: 3, participation: 1.0}\n"
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         # our code may warn about nothing; third-party deprecations (click via Flower's CLI
         # modules, imported or not depending on what ran before) are not ours to judge
-        warnings.filterwarnings("ignore", category=DeprecationWarning,
-                                module=r"(?!fedrcl_flwr|clients|strategies)")
+        warnings.filterwarnings(
+            "ignore", category=DeprecationWarning, module=r"(?!fedrcl_flwr|clients|strategies)"
+        )
         rc = main(["partition", str(y), "--plot", str(tmp_path / "h.png")])
     assert rc == 0
     out = capsys.readouterr().out

@@ -17,15 +17,19 @@ from fedrcl_flwr.codec import decode_arrays, encode_array, encode_arrays
 from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.run.results import read_metrics
 
-ARRAYS = [np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32),
-          np.array(7, dtype=np.int64), np.zeros((0, 3)), np.arange(12.0).reshape(3, 4).T,
-          np.random.default_rng(1).random((2, 3, 4)) > 0.5, np.array([1, 2], dtype=">i4"),
-          np.float16([1.5, -2.25])]
+ARRAYS = [
+    np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32),
+    np.array(7, dtype=np.int64),
+    np.zeros((0, 3)),
+    np.arange(12.0).reshape(3, 4).T,
+    np.random.default_rng(1).random((2, 3, 4)) > 0.5,
+    np.array([1, 2], dtype=">i4"),
+    np.float16([1.5, -2.25]),
+]
 
 
 def _strip(recs):
-    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")}
-            for r in recs]
+    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")} for r in recs]
 
 
 def test_codec_reads_and_writes_flowers_npy_bytes():
@@ -34,12 +38,16 @@ def test_codec_reads_and_writes_flowers_npy_bytes():
     for a, mine, theirs in zip(ARRAYS, ours, flower):
         if a.flags.c_contiguous:  # np.save's bytes exactly (F-order: same values)
             assert mine == theirs
-        for got in (decode_arrays([mine])[0], decode_arrays([theirs])[0],
-                    parameters_to_ndarrays(ndarrays_to_parameters([a]))[0]):
+        for got in (
+            decode_arrays([mine])[0],
+            decode_arrays([theirs])[0],
+            parameters_to_ndarrays(ndarrays_to_parameters([a]))[0],
+        ):
             assert got.dtype == a.dtype and got.shape == a.shape
             assert np.array_equal(got, a)
-        back = parameters_to_ndarrays(type(ndarrays_to_parameters([]))(
-            tensors=[mine], tensor_type="numpy.ndarray"))[0]
+        back = parameters_to_ndarrays(
+            type(ndarrays_to_parameters([]))(tensors=[mine], tensor_type="numpy.ndarray")
+        )[0]
         assert np.array_equal(back, a) and back.dtype == a.dtype
     view = decode_arrays(ours)[0]
     assert not view.flags.writeable  # a received message is never written into
@@ -66,10 +74,15 @@ def test_weighted_average_is_the_formula_bit_for_bit():
     from fedrcl_flwr.server.aggregation import client_coefficients, weighted_average
 
     rng = np.random.default_rng(5)
-    clients = [[rng.normal(size=(17, 5)).astype(np.float32),
-                rng.normal(size=9).astype(np.float16), np.array(i, dtype=np.int64),
-                rng.normal(size=300)]  # float64: any change of order or rounding shows
-               for i in range(7)]
+    clients = [
+        [
+            rng.normal(size=(17, 5)).astype(np.float32),
+            rng.normal(size=9).astype(np.float16),
+            np.array(i, dtype=np.int64),
+            rng.normal(size=300),
+        ]  # float64: any change of order or rounding shows
+        for i in range(7)
+    ]
     kinds = ["param", "buffer", "count", "param"]
     for weighting, n in (("uniform", [1] * 7), ("samples", [3, 50, 7, 11, 2, 9, 30])):
         coefs = client_coefficients(n, weighting)
@@ -83,16 +96,14 @@ def test_weighted_average_is_the_formula_bit_for_bit():
         assert got[2] == 6
 
 
-def test_partitions_are_stored_beside_the_dataset_and_read_back(tiny, tmp_path,
-                                                                 monkeypatch):
+def test_partitions_are_stored_beside_the_dataset_and_read_back(tiny, tmp_path, monkeypatch):
     from fedrcl_flwr.data import cache, partition
 
     cfg = tiny(federation={"num_clients": 20})
     runtime.WORKER.clear()
     calls = []
     real = partition.partition
-    monkeypatch.setattr(partition, "partition", lambda *a, **k: calls.append(1) or real(
-        *a, **k))
+    monkeypatch.setattr(partition, "partition", lambda *a, **k: calls.append(1) or real(*a, **k))
     try:
         # the entry is shared with other tests' splits of the same data: take this one's
         entry = runtime._dataset(cfg)[1]
@@ -105,8 +116,9 @@ def test_partitions_are_stored_beside_the_dataset_and_read_back(tiny, tmp_path,
         again = runtime.client_partitions(cfg)  # a new process: read, not drawn
         assert not calls
         assert len(again) == len(first) == 20
-        assert all(a.dtype == b.dtype == np.int64 and np.array_equal(a, b)
-                   for a, b in zip(first, again))
+        assert all(
+            a.dtype == b.dtype == np.int64 and np.array_equal(a, b) for a, b in zip(first, again)
+        )
         # a damaged file is recomputed (same arrays), never used
         raw = bytearray(stored[-1].read_bytes())
         raw[len(raw) // 2] ^= 0xFF
@@ -175,8 +187,13 @@ def _old_path(monkeypatch):
 
     monkeypatch.setattr(FederatedClient, "to_client", NumPyClient.to_client)
     monkeypatch.setattr(sb, "to_parameters", ndarrays_to_parameters)
-    monkeypatch.setattr(sb, "decode_arrays", lambda tensors: parameters_to_ndarrays(
-        type(ndarrays_to_parameters([]))(tensors=tensors, tensor_type="numpy.ndarray")))
+    monkeypatch.setattr(
+        sb,
+        "decode_arrays",
+        lambda tensors: parameters_to_ndarrays(
+            type(ndarrays_to_parameters([]))(tensors=tensors, tensor_type="numpy.ndarray")
+        ),
+    )
     monkeypatch.setattr(sb, "weighted_average", average)
     monkeypatch.setattr(cache, "load_partition", lambda entry, s, n, compute: compute())
 
@@ -188,8 +205,11 @@ def test_cuts_leave_a_run_bit_identical(tiny, tmp_path, monkeypatch, method, str
     the methods read the received weights (FedProx's proximal term, FedDyn's anchors)."""
     from fedrcl_flwr.app.inprocess import run_inprocess
 
-    cfg = tiny(client={"method": method}, server={"strategy": strategy},
-               federation={"rounds": 2, "clients_per_round": 2})
+    cfg = tiny(
+        client={"method": method},
+        server={"strategy": strategy},
+        federation={"rounds": 2, "clients_per_round": 2},
+    )
     runtime.client_partitions(cfg)  # stored: the run below reads them
     runtime.WORKER.clear()
     run_inprocess(cfg, tmp_path / "new", overlap_evaluation=True)
@@ -240,8 +260,7 @@ def test_timers_off_open_nothing(monkeypatch):
 def test_supernodes_default_to_the_clients_per_round(tiny):
     from fedrcl_flwr.runner import federation_config
 
-    cfg = tiny(federation={"num_clients": 400, "clients_per_round": None,
-                           "participation": 0.05})
+    cfg = tiny(federation={"num_clients": 400, "clients_per_round": None, "participation": 0.05})
     assert cfg.supernodes() == 20
     assert "num-supernodes=20 " in federation_config(cfg)
     cfg.simulation.num_supernodes = 200
@@ -307,9 +326,13 @@ def test_defaults_are_one_single_threaded_actor_per_core(tiny, tmp_path):
     assert "client-resources-num-cpus=1" in fed
     assert not any(item.startswith("init-args-num-cpus") for item in fed)
     dump_config(cfg, tmp_path / "exp.yaml")
-    ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
-                  run_config={"experiment": str(tmp_path / "exp.yaml"),
-                              "output-dir": str(tmp_path / "out")})
+    ctx = Context(
+        run_id=1,
+        node_id=1,
+        node_config={"partition-id": 0},
+        state=RecordDict(),
+        run_config={"experiment": str(tmp_path / "exp.yaml"), "output-dir": str(tmp_path / "out")},
+    )
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

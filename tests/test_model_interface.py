@@ -14,13 +14,20 @@ from fedrcl_flwr.models.interface import (
 )
 
 
-@pytest.mark.parametrize("name,blocks", [("cnn4", True), ("cnn5", True), ("lightcnn", False),
-                                         ("resnet18_gn", True), ("squeezenet_gn", True)])
+@pytest.mark.parametrize(
+    "name,blocks",
+    [
+        ("cnn4", True),
+        ("cnn5", True),
+        ("lightcnn", False),
+        ("resnet18_gn", True),
+        ("squeezenet_gn", True),
+    ],
+)
 def test_registered_models_follow_the_interface(name, blocks):
     m = build_model(name, num_classes=3, in_channels=3, image_size=16)
     assert isinstance(m, FeatureModel) and has_blocks(m) is blocks
-    proj = build_model(name, num_classes=3, in_channels=3, image_size=16,
-                       params={"projector": 8})
+    proj = build_model(name, num_classes=3, in_channels=3, image_size=16, params={"projector": 8})
     assert isinstance(proj, FeatureModel) and not isinstance(proj, BlockModel)
 
 
@@ -50,15 +57,19 @@ class _HalfBlocks(_Net):
         return [x]
 
 
-@pytest.mark.parametrize("cls,message", [
-    (_NoLevels, "'levels' must be a non-empty tuple"),
-    (_NoFeatures, r"forward\(x, return_features=False\) is required"),
-    (_HalfBlocks, "has block_forward but not the other half"),
-])
+@pytest.mark.parametrize(
+    "cls,message",
+    [
+        (_NoLevels, "'levels' must be a non-empty tuple"),
+        (_NoFeatures, r"forward\(x, return_features=False\) is required"),
+        (_HalfBlocks, "has block_forward but not the other half"),
+    ],
+)
 def test_a_model_lacking_part_of_the_interface_is_named(monkeypatch, cls, message):
     monkeypatch.setitem(MODELS, "custom", lambda *a, **k: cls())
-    with pytest.raises(ModelInterfaceError, match=f"model 'custom' \\({cls.__name__}\\): "
-                                                  f"{message}"):
+    with pytest.raises(
+        ModelInterfaceError, match=f"model 'custom' \\({cls.__name__}\\): {message}"
+    ):
         build_model("custom", num_classes=2, in_channels=1, image_size=2)
     monkeypatch.setitem(MODELS, "custom", lambda *a, **k: _Net())
     m = build_model("custom", num_classes=2, in_channels=1, image_size=2)

@@ -27,9 +27,14 @@ def _ports() -> list[str]:
     """Every port a Ray node would otherwise take from a fixed default (two nodes on one
     host must not collide, nor with any other Ray on the machine)."""
     args = []
-    for flag in ("--node-manager-port", "--object-manager-port",
-                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-                 "--runtime-env-agent-port", "--metrics-export-port"):
+    for flag in (
+        "--node-manager-port",
+        "--object-manager-port",
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+        "--runtime-env-agent-port",
+        "--metrics-export-port",
+    ):
         args += [flag, str(free_port())]
     return args
 
@@ -43,16 +48,39 @@ def two_node_cluster(tmp_path):
     env = dict(os.environ, FEDRCL_TEST_RAY=marker, RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     port = free_port()
-    common = ["--block", "--num-cpus", "1", "--node-ip-address", "127.0.0.1",
-              "--disable-usage-stats"]
+    common = [
+        "--block",
+        "--num-cpus",
+        "1",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--disable-usage-stats",
+    ]
     procs = []
     try:
-        procs.append(subprocess.Popen(
-            [ray, "start", "--head", "--port", str(port), "--include-dashboard", "false",
-             "--ray-client-server-port", str(free_port()),
-             "--temp-dir", str(Path("/tmp") / marker), *common, *_ports()],
-            env=env, stdout=open(tmp_path / "head.log", "wb"), stderr=subprocess.STDOUT,
-            start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    ray,
+                    "start",
+                    "--head",
+                    "--port",
+                    str(port),
+                    "--include-dashboard",
+                    "false",
+                    "--ray-client-server-port",
+                    str(free_port()),
+                    "--temp-dir",
+                    str(Path("/tmp") / marker),
+                    *common,
+                    *_ports(),
+                ],
+                env=env,
+                stdout=open(tmp_path / "head.log", "wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         deadline = time.time() + 60
         while True:
             try:
@@ -61,17 +89,29 @@ def two_node_cluster(tmp_path):
             except OSError:
                 assert time.time() < deadline, (tmp_path / "head.log").read_text()[-2000:]
                 time.sleep(0.2)
-        procs.append(subprocess.Popen(
-            [ray, "start", "--address", f"127.0.0.1:{port}", *common, *_ports()],
-            env=env, stdout=open(tmp_path / "worker.log", "wb"), stderr=subprocess.STDOUT,
-            start_new_session=True))
-        probe = ("import ray, time, sys\nray.init(address=sys.argv[1])\n"
-                 "for _ in range(120):\n"
-                 "    if sum(n['Alive'] for n in ray.nodes()) == 2: break\n"
-                 "    time.sleep(0.5)\n"
-                 "print(sum(n['Alive'] for n in ray.nodes()))\n")
-        got = subprocess.run([sys.executable, "-c", probe, f"127.0.0.1:{port}"], env=env,
-                             capture_output=True, text=True, timeout=120)
+        procs.append(
+            subprocess.Popen(
+                [ray, "start", "--address", f"127.0.0.1:{port}", *common, *_ports()],
+                env=env,
+                stdout=open(tmp_path / "worker.log", "wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        probe = (
+            "import ray, time, sys\nray.init(address=sys.argv[1])\n"
+            "for _ in range(120):\n"
+            "    if sum(n['Alive'] for n in ray.nodes()) == 2: break\n"
+            "    time.sleep(0.5)\n"
+            "print(sum(n['Alive'] for n in ray.nodes()))\n"
+        )
+        got = subprocess.run(
+            [sys.executable, "-c", probe, f"127.0.0.1:{port}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert got.stdout.strip().endswith("2"), got.stdout + got.stderr
         yield f"127.0.0.1:{port}", marker
     finally:
@@ -101,13 +141,28 @@ def two_node_cluster(tmp_path):
 def test_simulation_joins_a_two_node_cluster(tmp_path, two_node_cluster):
     address, marker = two_node_cluster
     out = tmp_path / "run"
-    args = [sys.executable, "-m", "fedrcl_flwr.cli", "run",
-            str(ROOT / "experiments" / "quickstart.yaml"), "--out", str(out)]
-    for s in ["dataset.synthetic.num_train=1200", "dataset.synthetic.num_test=300",
-              "dataset.synthetic.image_size=16", "federation.num_clients=8",
-              "federation.clients_per_round=4", "federation.participation=null",
-              "federation.rounds=2", "client.local_epochs=1", "output.checkpoint_every=0",
-              "simulation.num_cpus=1", f"simulation.ray_address={address}"]:
+    args = [
+        sys.executable,
+        "-m",
+        "fedrcl_flwr.cli",
+        "run",
+        str(ROOT / "experiments" / "quickstart.yaml"),
+        "--out",
+        str(out),
+    ]
+    for s in [
+        "dataset.synthetic.num_train=1200",
+        "dataset.synthetic.num_test=300",
+        "dataset.synthetic.image_size=16",
+        "federation.num_clients=8",
+        "federation.clients_per_round=4",
+        "federation.participation=null",
+        "federation.rounds=2",
+        "client.local_epochs=1",
+        "output.checkpoint_every=0",
+        "simulation.num_cpus=1",
+        f"simulation.ray_address={address}",
+    ]:
         args += ["--set", s]
     res = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -127,10 +182,22 @@ def test_simulation_joins_a_two_node_cluster(tmp_path, two_node_cluster):
 def test_unreachable_ray_address_is_an_input_error(tmp_path):
     port = free_port()  # nothing listens there
     res = subprocess.run(
-        [sys.executable, "-m", "fedrcl_flwr.cli", "run",
-         str(ROOT / "experiments" / "quickstart.yaml"), "--out", str(tmp_path / "o"),
-         "--set", f"simulation.ray_address=127.0.0.1:{port}"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "fedrcl_flwr.cli",
+            "run",
+            str(ROOT / "experiments" / "quickstart.yaml"),
+            "--out",
+            str(tmp_path / "o"),
+            "--set",
+            f"simulation.ray_address=127.0.0.1:{port}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert "simulation.ray_address" in lines[0] and "quickstart.yaml" in lines[0]

@@ -115,24 +115,28 @@ def flower(monkeypatch):
 
 # ------------------------------------------------------------------------- Bad 1: names
 
-@pytest.mark.parametrize("where,value,needle", [
-    ("name", "ABS", "'name'"),                  # an absolute path: was deleted and run into
-    ("name", "..", "'name'"),
-    ("name", "a/b", "'name'"),
-    ("name", "x" * 300, "'name'"),
-    ("label", "..", "variants[0].label"),       # was: rmtree of --out's parent
-    ("label", ".", "variants[0].label"),
-    ("label", "a/../b", "variants[0].label"),
-    ("label", "a\\b", "variants[0].label"),
-    ("label", "bell\x07", "variants[0].label"),
-    ("label", "", "variants[0].label"),
-    ("label", "y" * 300, "variants[0].label"),  # over-long: was an internal error
-    ("label", "_logs", "variants[0].label"),    # the sweep's own directory
-    ("label", ["a"], "variants[0].label"),
-])
-def test_sweep_names_and_labels_are_single_safe_path_components(tmp_path, capsys,
-                                                                monkeypatch, where, value,
-                                                                needle):
+
+@pytest.mark.parametrize(
+    "where,value,needle",
+    [
+        ("name", "ABS", "'name'"),  # an absolute path: was deleted and run into
+        ("name", "..", "'name'"),
+        ("name", "a/b", "'name'"),
+        ("name", "x" * 300, "'name'"),
+        ("label", "..", "variants[0].label"),  # was: rmtree of --out's parent
+        ("label", ".", "variants[0].label"),
+        ("label", "a/../b", "variants[0].label"),
+        ("label", "a\\b", "variants[0].label"),
+        ("label", "bell\x07", "variants[0].label"),
+        ("label", "", "variants[0].label"),
+        ("label", "y" * 300, "variants[0].label"),  # over-long: was an internal error
+        ("label", "_logs", "variants[0].label"),  # the sweep's own directory
+        ("label", ["a"], "variants[0].label"),
+    ],
+)
+def test_sweep_names_and_labels_are_single_safe_path_components(
+    tmp_path, capsys, monkeypatch, where, value, needle
+):
     victim = tmp_path / "victim"
     (victim / "keep").mkdir(parents=True)
     (victim / "keep" / "data.txt").write_text("precious")
@@ -141,8 +145,12 @@ def test_sweep_names_and_labels_are_single_safe_path_components(tmp_path, capsys
     monkeypatch.chdir(work)
     if value == "ABS":
         value = str(victim)
-    spec = {"variants": [{"label": "ok", "client.method": "fedavg"},
-                         {"label": "ok2", "client.method": "fedprox"}]}
+    spec = {
+        "variants": [
+            {"label": "ok", "client.method": "fedavg"},
+            {"label": "ok2", "client.method": "fedprox"},
+        ]
+    }
     if where == "name":
         spec["name"] = value
     else:
@@ -155,8 +163,7 @@ def test_sweep_names_and_labels_are_single_safe_path_components(tmp_path, capsys
     assert _tree(tmp_path) == before  # nothing created, nothing removed
 
 
-def test_run_overwrite_removes_only_a_run_directory_the_tool_created(tmp_path, capsys,
-                                                                     flower):
+def test_run_overwrite_removes_only_a_run_directory_the_tool_created(tmp_path, capsys, flower):
     """A directory that holds run-like files but no marker is never cleared; in one the
     tool created, --overwrite removes the run's files and marked sub-directories only."""
     exp = _exp(tmp_path)
@@ -197,8 +204,7 @@ def test_run_overwrite_removes_only_a_run_directory_the_tool_created(tmp_path, c
     assert "client_state" in line and (run / "client_state" / "x.pt").exists()
 
 
-def test_a_run_never_writes_through_a_link_in_its_directory(resumable, tmp_path, capsys,
-                                                           flower):
+def test_a_run_never_writes_through_a_link_in_its_directory(resumable, tmp_path, capsys, flower):
     """A link planted in a run directory (the tool's own) would make the run write outside
     it: refused for a new run and a resume alike; --overwrite removes the link itself."""
     exp, run = resumable
@@ -238,6 +244,7 @@ def test_sweep_never_removes_a_run_directory_it_cannot_recognise(tmp_path, capsy
 
 
 # ------------------------------------------------------------------- Bad 2: cache clear
+
 
 def _cache_entry(tmp_path) -> Path:
     from fedrcl_flwr.config import load_config
@@ -283,6 +290,7 @@ def test_cache_clear_removes_only_entries_proven_ours(tmp_path, capsys):
 
 # ----------------------------------------------------------------- Bad 3: checkpoints
 
+
 class _Evil:
     def __reduce__(self):
         return (os.system, ("touch " + os.environ["EVIL_MARK"],))
@@ -319,8 +327,11 @@ def test_no_code_path_unpickles_or_bypasses_the_safe_loaders():
     ``yaml.load``/``unsafe_load``/``safe_load`` outside ``config/loading.py``'s hardened reader,
     ``eval``/``exec``/``ast.literal_eval`` of data."""
     bad = []
-    files = [p for d in ("fedrcl_flwr", "clients", "strategies", "benchmarks", "tests")
-             for p in sorted((ROOT / d).rglob("*.py"))]
+    files = [
+        p
+        for d in ("fedrcl_flwr", "clients", "strategies", "benchmarks", "tests")
+        for p in sorted((ROOT / d).rglob("*.py"))
+    ]
     assert len(files) > 50
     for path in files:
         rel = str(path.relative_to(ROOT))
@@ -328,11 +339,18 @@ def test_no_code_path_unpickles_or_bypasses_the_safe_loaders():
         for node, owner, name in _calls(ast.parse(path.read_text(), rel)):
             where = f"{rel}:{node.lineno}"
             for kw in node.keywords:
-                if kw.arg == "weights_only" and isinstance(kw.value, ast.Constant) \
-                        and kw.value.value is not True:
+                if (
+                    kw.arg == "weights_only"
+                    and isinstance(kw.value, ast.Constant)
+                    and kw.value.value is not True
+                ):
                     bad.append(f"{where}: weights_only={kw.value.value!r}")
-                if kw.arg == "allow_pickle" and isinstance(kw.value, ast.Constant) \
-                        and kw.value.value is True and not is_test:
+                if (
+                    kw.arg == "allow_pickle"
+                    and isinstance(kw.value, ast.Constant)
+                    and kw.value.value is True
+                    and not is_test
+                ):
                     bad.append(f"{where}: allow_pickle=True")
             if is_test:
                 continue
@@ -340,9 +358,12 @@ def test_no_code_path_unpickles_or_bypasses_the_safe_loaders():
                 bad.append(f"{where}: torch.load outside checkpoint.safe_load")
             if owner in ("pickle", "cPickle", "dill", "joblib") and name in ("load", "loads"):
                 bad.append(f"{where}: {owner}.{name}")
-            if owner == "yaml" and name in ("load", "unsafe_load", "full_load", "safe_load",
-                                            "load_all", "safe_load_all") \
-                    and rel != "fedrcl_flwr/config/loading.py":
+            if (
+                owner == "yaml"
+                and name
+                in ("load", "unsafe_load", "full_load", "safe_load", "load_all", "safe_load_all")
+                and rel != "fedrcl_flwr/config/loading.py"
+            ):
                 bad.append(f"{where}: yaml.{name} outside the hardened reader")
             if (owner, name) in ((None, "eval"), (None, "exec"), ("ast", "literal_eval")):
                 bad.append(f"{where}: {name} of data")
@@ -350,6 +371,7 @@ def test_no_code_path_unpickles_or_bypasses_the_safe_loaders():
 
 
 # -------------------------------------------------------- Bad 4: one sweep per --out
+
 
 def test_a_sweep_is_never_run_into_a_held_directory(tmp_path, capsys, flower):
     sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedprox"]})
@@ -382,6 +404,7 @@ def test_a_sweep_is_never_run_into_a_held_directory(tmp_path, capsys, flower):
 
 # ------------------------------------------------------------------- Bad 6: resume
 
+
 @pytest.fixture
 def resumable(tmp_path):
     """A run stopped after round 1 of 2 (checkpointed), as `run` leaves it."""
@@ -399,13 +422,24 @@ def resumable(tmp_path):
 def test_resume_refuses_changes_to_the_experiment(resumable, tmp_path, capsys, flower):
     exp, run = resumable
     before = _tree(run)
-    line = _refused(capsys, "run", "--resume", run, "--set", "client.method=fedprox",
-                    "--set", "partition.alpha=0.05")
+    line = _refused(
+        capsys,
+        "run",
+        "--resume",
+        run,
+        "--set",
+        "client.method=fedprox",
+        "--set",
+        "partition.alpha=0.05",
+    )
     assert "client.method" in line and "partition.alpha" in line and str(run) in line
-    for change, key in [("client.params={mu: 0.1}", "client.params"), ("seed=1", "seed"),
-                        ("client.lr=0.5", "client.lr"), ("model.params={width: 8}",
-                                                         "model.params"),
-                        ("evaluation.ema=0.5", "evaluation.ema")]:
+    for change, key in [
+        ("client.params={mu: 0.1}", "client.params"),
+        ("seed=1", "seed"),
+        ("client.lr=0.5", "client.lr"),
+        ("model.params={width: 8}", "model.params"),
+        ("evaluation.ema=0.5", "evaluation.ema"),
+    ]:
         assert key in _refused(capsys, "run", "--resume", run, "--set", change)
     # another experiment's YAML with --resume: refused, naming what differs
     other = _exp(tmp_path, "other.yaml", name="another", seed=7)
@@ -416,9 +450,20 @@ def test_resume_refuses_changes_to_the_experiment(resumable, tmp_path, capsys, f
     assert "federation.rounds" in line
     assert _tree(run) == before and not flower  # config.yaml, summary, metrics untouched
     # the documented allow-list: more rounds, evaluation/output cadence, resources
-    rc, _, err = _cli(capsys, "run", "--resume", run, "--set", "federation.rounds=5",
-                      "--set", "federation.eval_every=2", "--set",
-                      "output.checkpoint_every=2", "--set", "simulation.num_cpus=1")
+    rc, _, err = _cli(
+        capsys,
+        "run",
+        "--resume",
+        run,
+        "--set",
+        "federation.rounds=5",
+        "--set",
+        "federation.eval_every=2",
+        "--set",
+        "output.checkpoint_every=2",
+        "--set",
+        "simulation.num_cpus=1",
+    )
     assert rc == 0, err
     assert flower == [(run, True)]
     # the same experiment file it was started from resumes too
@@ -439,6 +484,7 @@ def test_fewer_rounds_than_done_is_refused(resumable, capsys, flower):
 
 
 # --------------------------------------------------------- Bad 7 / Weak: cache contents
+
 
 def _exp_cached(tmp_path):
     return _exp(tmp_path, "c.yaml", dataset={"cache_dir": str(tmp_path / "cache")})
@@ -484,21 +530,25 @@ def test_cache_meta_with_valid_hash_but_missing_fields(tmp_path, capsys, flower)
 
 # -------------------------------------------------------------- Bad 8 / Weak: split files
 
+
 def _split_exp(tmp_path, text: str | bytes) -> Path:
     f = tmp_path / "split.txt"
     f.write_bytes(text if isinstance(text, bytes) else text.encode())
     return _exp(tmp_path, partition={"scheme": "file", "path": str(f)})
 
 
-@pytest.mark.parametrize("text,needle", [
-    # a client id twice: JSON (was: the first list silently dropped) and the authors' format
-    ('{"0": [0, 1], "1": [2], "2": [3], "3": [4], "1": [5]}', "client '1' appears twice"),
-    ("{0: [0, 1], 1: [2], 2: [3], 3: [4], 1: [5]}", "client 1 appears twice"),
-    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-    (b"\x00\x01\x02binary\xff\xfe", "not UTF-8"),
-    ("{\"0\": [1]}\x00", "binary"),
-    ("{0: [1], 1: [__import__('os').getpid()]}", "neither JSON nor"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        # a client id twice: JSON (was: the first list silently dropped) and the authors' format
+        ('{"0": [0, 1], "1": [2], "2": [3], "3": [4], "1": [5]}', "client '1' appears twice"),
+        ("{0: [0, 1], 1: [2], 2: [3], 3: [4], 1: [5]}", "client 1 appears twice"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        (b"\x00\x01\x02binary\xff\xfe", "not UTF-8"),
+        ('{"0": [1]}\x00', "binary"),
+        ("{0: [1], 1: [__import__('os').getpid()]}", "neither JSON nor"),
+    ],
+)
 def test_bad_split_files_are_one_line(tmp_path, capsys, text, needle):
     exp = _split_exp(tmp_path, text)
     for cmd in (["partition", exp], ["run", exp, "--out", tmp_path / "o"]):
@@ -517,8 +567,9 @@ def test_a_huge_split_file_is_refused_before_it_is_read(tmp_path, capsys):
 
 
 def test_the_authors_split_format_still_reads(tmp_path, capsys):
-    text = repr({0: list(range(0, 100)), 1: list(range(100, 200)), 2: [200, 201],
-                 3: tuple(range(202, 400))})
+    text = repr(
+        {0: list(range(0, 100)), 1: list(range(100, 200)), 2: [200, 201], 3: tuple(range(202, 400))}
+    )
     rc, out, err = _cli(capsys, "partition", _split_exp(tmp_path, text))
     assert rc == 0, err
     assert "| 2 | 2 |" in out and "4 clients, 400 samples" in out
@@ -526,16 +577,20 @@ def test_the_authors_split_format_still_reads(tmp_path, capsys):
 
 # --------------------------------------------------------- Bad 9 / Weak: report readers
 
+
 def _run_dir(tmp_path, name="r", summary=None, metrics=None, config=None) -> Path:
     d = tmp_path / name
     d.mkdir(parents=True)
     s = {"method": "fedavg", "strategy": "fedavg", "final_accuracy": 0.5, "rounds": 2}
-    m = [{"round": 1, "test_accuracy": 0.4, "ema_accuracy": 0.04},
-         {"round": 2, "test_accuracy": 0.5, "ema_accuracy": 0.09}]
-    for fname, default, given in (("summary.json", json.dumps(s), summary),
-                                  ("metrics.jsonl", "".join(json.dumps(r) + "\n" for r in m),
-                                   metrics),
-                                  ("config.yaml", yaml.safe_dump(BASE), config)):
+    m = [
+        {"round": 1, "test_accuracy": 0.4, "ema_accuracy": 0.04},
+        {"round": 2, "test_accuracy": 0.5, "ema_accuracy": 0.09},
+    ]
+    for fname, default, given in (
+        ("summary.json", json.dumps(s), summary),
+        ("metrics.jsonl", "".join(json.dumps(r) + "\n" for r in m), metrics),
+        ("config.yaml", yaml.safe_dump(BASE), config),
+    ):
         value = default if given is None else given
         if value == "DIR":
             (d / fname).mkdir()
@@ -553,26 +608,29 @@ def _bomb() -> str:
     return yaml.safe_dump(BASE) + "\n".join(rows) + "\n"
 
 
-@pytest.mark.parametrize("files,needle", [
-    ({"config": _bomb()}, "anchors/aliases"),                       # Bad 9
-    ({"config": yaml.safe_dump(BASE) + "x: &r {y: *r}\n"}, "recursive alias"),
-    ({"config": b"name: caf\xe9\n"}, "not UTF-8"),
-    ({"metrics": b'{"round": 1, "test_accuracy": 0.5}\n\xff\xfe\n'}, "not UTF-8"),
-    ({"summary": "DIR"}, "summary.json: not a regular file"),
-    ({"config": "DIR"}, "config.yaml: not a regular file"),
-    ({"summary": '{"final_accuracy": NaN}'}, "final_accuracy"),
-    ({"summary": '{"final_accuracy": Infinity}'}, "final_accuracy"),
-    ({"summary": '{"final_accuracy": 1.5}'}, "[0, 1]"),
-    ({"summary": '{"best_accuracy": -0.1}'}, "best_accuracy"),
-    ({"summary": '{"rounds": 2.5}'}, "rounds"),
-    ({"summary": '{"accuracy_at": {"2": NaN}}'}, "accuracy_at"),
-    ({"metrics": '{"round": 1.5, "test_accuracy": 0.5}\n'}, "'round'"),
-    ({"metrics": '{"round": -1, "test_accuracy": 0.5}\n'}, "'round'"),
-    ({"metrics": '{"round": 1, "test_accuracy": NaN}\n'}, "test_accuracy"),
-    ({"metrics": '{"round": 1, "ema_accuracy": 7}\n'}, "ema_accuracy"),
-    ({"config": yaml.safe_dump({**BASE, "client": 5})}, "'client' must be a mapping"),
-    ({"config": yaml.safe_dump({**BASE, "server": {"strategy": [1]}})}, "server.strategy"),
-])
+@pytest.mark.parametrize(
+    "files,needle",
+    [
+        ({"config": _bomb()}, "anchors/aliases"),  # Bad 9
+        ({"config": yaml.safe_dump(BASE) + "x: &r {y: *r}\n"}, "recursive alias"),
+        ({"config": b"name: caf\xe9\n"}, "not UTF-8"),
+        ({"metrics": b'{"round": 1, "test_accuracy": 0.5}\n\xff\xfe\n'}, "not UTF-8"),
+        ({"summary": "DIR"}, "summary.json: not a regular file"),
+        ({"config": "DIR"}, "config.yaml: not a regular file"),
+        ({"summary": '{"final_accuracy": NaN}'}, "final_accuracy"),
+        ({"summary": '{"final_accuracy": Infinity}'}, "final_accuracy"),
+        ({"summary": '{"final_accuracy": 1.5}'}, "[0, 1]"),
+        ({"summary": '{"best_accuracy": -0.1}'}, "best_accuracy"),
+        ({"summary": '{"rounds": 2.5}'}, "rounds"),
+        ({"summary": '{"accuracy_at": {"2": NaN}}'}, "accuracy_at"),
+        ({"metrics": '{"round": 1.5, "test_accuracy": 0.5}\n'}, "'round'"),
+        ({"metrics": '{"round": -1, "test_accuracy": 0.5}\n'}, "'round'"),
+        ({"metrics": '{"round": 1, "test_accuracy": NaN}\n'}, "test_accuracy"),
+        ({"metrics": '{"round": 1, "ema_accuracy": 7}\n'}, "ema_accuracy"),
+        ({"config": yaml.safe_dump({**BASE, "client": 5})}, "'client' must be a mapping"),
+        ({"config": yaml.safe_dump({**BASE, "server": {"strategy": [1]}})}, "server.strategy"),
+    ],
+)
 def test_report_and_plot_refuse_bad_run_files_in_one_line(tmp_path, capsys, files, needle):
     d = _run_dir(tmp_path, **files)
     t0 = time.time()
@@ -584,6 +642,7 @@ def test_report_and_plot_refuse_bad_run_files_in_one_line(tmp_path, capsys, file
 
 
 # ------------------------------------------------------------- Bad 10: ray_address
+
 
 class _NotRay:
     """A loopback TCP server that is not Ray: it accepts, then says nothing (``silent``)
@@ -622,8 +681,15 @@ def test_ray_address_of_something_else_is_refused_at_once(tmp_path, capsys, flow
     server = _NotRay(mode)
     try:
         t0 = time.time()
-        line = _refused(capsys, "run", _exp(tmp_path), "--out", tmp_path / "o", "--set",
-                        f"simulation.ray_address=127.0.0.1:{server.port}")
+        line = _refused(
+            capsys,
+            "run",
+            _exp(tmp_path),
+            "--out",
+            tmp_path / "o",
+            "--set",
+            f"simulation.ray_address=127.0.0.1:{server.port}",
+        )
         took = time.time() - t0
     finally:
         server.close()
@@ -633,11 +699,17 @@ def test_ray_address_of_something_else_is_refused_at_once(tmp_path, capsys, flow
 
 # ------------------------------------------------------- Bad 11: grid size and --jobs
 
+
 def test_huge_grids_and_more_jobs_than_cpus_are_refused(tmp_path, capsys):
     from fedrcl_flwr.run.sweep import MAX_SWEEP_RUNS
 
-    sw = _sweep(tmp_path, grid={"client.lr": [0.01 * (i + 1) for i in range(101)],
-                                "partition.alpha": [0.1 * (i + 1) for i in range(100)]})
+    sw = _sweep(
+        tmp_path,
+        grid={
+            "client.lr": [0.01 * (i + 1) for i in range(101)],
+            "partition.alpha": [0.1 * (i + 1) for i in range(100)],
+        },
+    )
     t0 = time.time()
     line = _refused(capsys, "sweep", sw, "--dry-run")
     assert "10100 runs" in line and str(MAX_SWEEP_RUNS) in line and time.time() - t0 < 10
@@ -650,39 +722,63 @@ def test_huge_grids_and_more_jobs_than_cpus_are_refused(tmp_path, capsys):
 
 # ------------------------------------------------------- Weak: one line, nothing written
 
+
 def test_weak_config_inputs_are_one_line(tmp_path, capsys, flower):
     out = tmp_path / "o"
     cases = [
         (["--set", "seed=4294967296"], "'seed'"),
         (["--set", "partition.seed=18446744073709551616"], "'partition.seed'"),
         (["--set", "name=" + "n" * 300], "'name'"),
-        (["--set", 'name="bell\\a"'], "'name'"),             # a control character
-        (["--set", "model.params={nonsense: 3}"], "model.params"),        # found up front
-        (["--set", "model.name=backbone_mlp", "--set", "model.params={backbone: nope}"],
-         "model.params.backbone"),
-        (["--set", "model.name=backbone_mlp", "--set",
-          "model.params={backbone: resnet18, weights: /nonexistent/r18.pth}"],
-         "file not found"),
+        (["--set", 'name="bell\\a"'], "'name'"),  # a control character
+        (["--set", "model.params={nonsense: 3}"], "model.params"),  # found up front
+        (
+            ["--set", "model.name=backbone_mlp", "--set", "model.params={backbone: nope}"],
+            "model.params.backbone",
+        ),
+        (
+            [
+                "--set",
+                "model.name=backbone_mlp",
+                "--set",
+                "model.params={backbone: resnet18, weights: /nonexistent/r18.pth}",
+            ],
+            "file not found",
+        ),
     ]
     for sets, needle in cases:
         line = _refused(capsys, "run", _exp(tmp_path), "--out", out, *sets)
         assert needle in line, (sets, line)
     rec = tmp_path / "rec.yaml"
-    rec.write_text(yaml.safe_dump(BASE) .replace("method: fedavg", "method: fedprox\n"
-                                                 "  params: &p {mu: 0.1, halve: *p}"))
+    rec.write_text(
+        yaml.safe_dump(BASE).replace(
+            "method: fedavg", "method: fedprox\n  params: &p {mu: 0.1, halve: *p}"
+        )
+    )
     assert "recursive alias" in _refused(capsys, "run", rec, "--out", out)
     assert not out.exists() and not flower
 
 
 def test_weak_sweep_inputs_are_one_line(tmp_path, capsys, flower):
     cases = [
-        ({"grid": {"client.method": ["fedavg", "fedprox"]},
-          "variants": [{"client.method": "fedprox"}]}, "same key"),
-        ({"grid": {"client.params": [{"mu": 0.1}, {"mu": 0.2}]},
-          "variants": [{"client.method": "fedprox", "client.params.mu": 0.3}]}, "same key"),
+        (
+            {
+                "grid": {"client.method": ["fedavg", "fedprox"]},
+                "variants": [{"client.method": "fedprox"}],
+            },
+            "same key",
+        ),
+        (
+            {
+                "grid": {"client.params": [{"mu": 0.1}, {"mu": 0.2}]},
+                "variants": [{"client.method": "fedprox", "client.params.mu": 0.3}],
+            },
+            "same key",
+        ),
         ({"grid": {"seed": [1, 2]}, "seeds": [0, 1]}, "'seed'"),
-        ({"set": {"client.lr": 0.3}, "variants": [{"client.lr": 0.1}, {"client.lr": 0.2}]},
-         "same key"),                         # dry-run said "every run: client.lr=0.3"
+        (
+            {"set": {"client.lr": 0.3}, "variants": [{"client.lr": 0.1}, {"client.lr": 0.2}]},
+            "same key",
+        ),  # dry-run said "every run: client.lr=0.3"
         ({"seeds": [0, 2**32]}, "seeds"),
         ({"grid": {"model.params": [{"width": 3}, {"bogus": 1}]}}, "model.params"),
     ]
@@ -699,14 +795,17 @@ def test_weak_sweep_inputs_are_one_line(tmp_path, capsys, flower):
     assert "sweep_status.json" in line and not flower
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--save", "DIR"], "--save"),
-    (["--save", "FILE/split.json"], "--save"),
-    (["--save", "nodir/split.json"], "does not exist"),
-    (["--plot", "DIR.png"], "--plot"),
-    (["--plot", "FILE/heat.png"], "--plot"),
-    (["--max-rows", "-3"], "--max-rows"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--save", "DIR"], "--save"),
+        (["--save", "FILE/split.json"], "--save"),
+        (["--save", "nodir/split.json"], "does not exist"),
+        (["--plot", "DIR.png"], "--plot"),
+        (["--plot", "FILE/heat.png"], "--plot"),
+        (["--max-rows", "-3"], "--max-rows"),
+    ],
+)
 def test_partition_outputs_are_checked_before_any_work(tmp_path, capsys, argv, needle):
     (tmp_path / "DIR").mkdir()
     (tmp_path / "DIR.png").mkdir()
@@ -727,18 +826,27 @@ def test_plot_out_onto_a_directory_or_under_a_file(tmp_path, capsys, target):
     (tmp_path / "DIR.png").mkdir()
     (tmp_path / "FILE").write_text("a file")
     (tmp_path / "curves.png").mkdir()
-    out = {"DIR": tmp_path / "DIR", "FILE/curves": tmp_path / "FILE" / "curves",
-           "curves.png-is-a-dir": tmp_path / "curves"}[target]
+    out = {
+        "DIR": tmp_path / "DIR",
+        "FILE/curves": tmp_path / "FILE" / "curves",
+        "curves.png-is-a-dir": tmp_path / "curves",
+    }[target]
     before = _tree(tmp_path)
     line = _refused(capsys, "plot", d, "--out", out)
     assert "--out" in line
     assert _tree(tmp_path) == before
 
 
-@pytest.mark.parametrize("argv", [
-    ["sweep", "S", "--jobs", "many"], ["partition", "E", "--max-rows", "x"],
-    ["cache", "wipe"], ["report"], ["run", "E", "--bogus"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sweep", "S", "--jobs", "many"],
+        ["partition", "E", "--max-rows", "x"],
+        ["cache", "wipe"],
+        ["report"],
+        ["run", "E", "--bogus"],
+    ],
+)
 def test_bad_command_lines_are_one_line_too(tmp_path, capsys, argv):
     argv = [str(_exp(tmp_path)) if a in ("S", "E") else a for a in argv]
     with pytest.raises(SystemExit) as ei:
@@ -760,6 +868,7 @@ def test_report_does_not_scan_a_whole_disk_or_follow_links(tmp_path, capsys):
 
 # ------------------------------------------------------------ Bad 4 + 5, real processes
 
+
 def _sweep_home(tag: str) -> str:
     """The sweep's private home, from the environment of a run it started."""
     for pid in procs_with(f"FEDRCL_TEST_TAG={tag}"):
@@ -778,14 +887,20 @@ def test_kill_9_of_a_sweep_takes_its_runs_with_it(tmp_path, capsys):
     """A sweep holds its --out (a second sweep there: exit 2 naming its PID) and its runs
     die with it however it dies: SIGKILL while a run trains leaves no process of the run
     (CLI, SuperLink, simulation, Ray), and the locks are free again."""
-    sw = _sweep(tmp_path, set={"federation.rounds": 500, "federation.num_clients": 2,
-                               "simulation.num_supernodes": 2})
+    sw = _sweep(
+        tmp_path,
+        set={"federation.rounds": 500, "federation.num_clients": 2, "simulation.num_supernodes": 2},
+    )
     out = tmp_path / "out"
     tag = uuid.uuid4().hex
     env = {**os.environ, "FEDRCL_TEST_TAG": tag}
-    proc = subprocess.Popen([sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw),
-                             "--out", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=tmp_path,
+    )
     run = plan_sweep(sw, out)[0][0].out_dir
     home = None
     try:

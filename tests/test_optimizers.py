@@ -43,8 +43,9 @@ def test_sgd_nesterov_two_steps_closed_form():
         b = mu * b + d
         p = p - lr * (d + mu * b)
     assert torch.allclose(got, p)
-    plain = _step(LocalTrainSettings(lr=lr, momentum=mu, weight_decay=wd),
-                  _param(p0.tolist()), g, steps=2)
+    plain = _step(
+        LocalTrainSettings(lr=lr, momentum=mu, weight_decay=wd), _param(p0.tolist()), g, steps=2
+    )
     assert not torch.allclose(plain, p)  # nesterov is really on
 
 
@@ -54,15 +55,22 @@ def test_adam_and_adamw_first_step_closed_form():
     g = torch.tensor([0.3, -0.02, 4.0], dtype=torch.float64)
     # Adam, L2 decay: d = g + wd p; first bias-corrected step is lr * d / (|d| + eps)
     d = g + wd * p0
-    adam = _step(LocalTrainSettings(lr=lr, optimizer="adam", weight_decay=wd, eps=eps),
-                 _param(p0.tolist()), g)
+    adam = _step(
+        LocalTrainSettings(lr=lr, optimizer="adam", weight_decay=wd, eps=eps),
+        _param(p0.tolist()),
+        g,
+    )
     assert torch.allclose(adam, p0 - lr * d / (d.abs() + eps))
     # AdamW, decoupled decay: p (1 - lr wd) - lr g / (|g| + eps)
-    adamw = _step(LocalTrainSettings(lr=lr, optimizer="adamw", weight_decay=wd, eps=eps),
-                  _param(p0.tolist()), g)
+    adamw = _step(
+        LocalTrainSettings(lr=lr, optimizer="adamw", weight_decay=wd, eps=eps),
+        _param(p0.tolist()),
+        g,
+    )
     assert torch.allclose(adamw, p0 * (1 - lr * wd) - lr * g / (g.abs() + eps))
-    opt = make_optimizer([_param([0.0])], LocalTrainSettings(lr=lr, optimizer="adam",
-                                                             betas=(0.5, 0.6)))
+    opt = make_optimizer(
+        [_param([0.0])], LocalTrainSettings(lr=lr, optimizer="adam", betas=(0.5, 0.6))
+    )
     assert isinstance(opt, torch.optim.Adam) and opt.defaults["betas"] == (0.5, 0.6)
 
 
@@ -75,8 +83,7 @@ def test_fresh_adam_state_every_call_of_train_local():
     s = LocalTrainSettings(lr=1e-2, optimizer="adam", weight_decay=0.0)
     for _ in range(2):
         before = [p.detach().clone() for p in model.parameters()]
-        train_local(model, lambda e: [(x, y)], [cross_entropy_term()], s,
-                    torch.device("cpu"))
+        train_local(model, lambda e: [(x, y)], [cross_entropy_term()], s, torch.device("cpu"))
         for b, p in zip(before, model.parameters()):
             moved = (p.detach() - b).abs()
             assert torch.allclose(moved, torch.full_like(moved, 1e-2), atol=1e-5)
@@ -87,14 +94,17 @@ def test_unknown_optimizer_in_make_optimizer():
         make_optimizer([_param([0.0])], LocalTrainSettings(lr=0.1, optimizer="rmsprop"))
 
 
-@pytest.mark.parametrize("client,match", [
-    ({"optimizer": "rmsprop"}, "'client.optimizer' must be one of sgd, adam, adamw"),
-    ({"optimizer": "sgd", "nesterov": True, "momentum": 0.0}, "'client.nesterov' needs"),
-    ({"optimizer": "adam", "nesterov": True, "momentum": 0.9}, "'client.nesterov' needs"),
-    ({"optimizer": "adam", "betas": [0.9]}, "'client.betas' must be two numbers"),
-    ({"optimizer": "adam", "betas": [0.9, 1.0]}, "'client.betas' must be two numbers"),
-    ({"optimizer": "adamw", "eps": 0.0}, "'client.eps' must be in"),
-])
+@pytest.mark.parametrize(
+    "client,match",
+    [
+        ({"optimizer": "rmsprop"}, "'client.optimizer' must be one of sgd, adam, adamw"),
+        ({"optimizer": "sgd", "nesterov": True, "momentum": 0.0}, "'client.nesterov' needs"),
+        ({"optimizer": "adam", "nesterov": True, "momentum": 0.9}, "'client.nesterov' needs"),
+        ({"optimizer": "adam", "betas": [0.9]}, "'client.betas' must be two numbers"),
+        ({"optimizer": "adam", "betas": [0.9, 1.0]}, "'client.betas' must be two numbers"),
+        ({"optimizer": "adamw", "eps": 0.0}, "'client.eps' must be in"),
+    ],
+)
 def test_schema_rejects_bad_optimizer_settings(tiny, client, match):
     with pytest.raises(ConfigError, match=match):
         tiny(client=client)
@@ -116,15 +126,24 @@ OVERRIDES = {
 @pytest.mark.parametrize("method", sorted(m for m in CLIENTS if m != "faulty"))
 def test_every_method_trains_with_adam(tiny, tmp_path, method):
     over = OVERRIDES.get(method, {})
-    cfg = tiny(client={"method": method, "optimizer": "adam", "lr": 1e-3,
-                       "weight_decay": 0.0, **over.get("client", {})},
-               server={"strategy": "fedavg", **over.get("server", {})},
-               federation={"rounds": 1, "num_clients": 4, "clients_per_round": 2},
-               evaluation={"target_rounds": [1]})
+    cfg = tiny(
+        client={
+            "method": method,
+            "optimizer": "adam",
+            "lr": 1e-3,
+            "weight_decay": 0.0,
+            **over.get("client", {}),
+        },
+        server={"strategy": "fedavg", **over.get("server", {})},
+        federation={"rounds": 1, "num_clients": 4, "clients_per_round": 2},
+        evaluation={"target_rounds": [1]},
+    )
     from fedrcl_flwr.run.runtime import initial_model, load_bundle
 
-    w0 = [p.detach().numpy().copy() for p in initial_model(cfg, load_bundle(cfg)).state_dict()
-          .values()]
+    w0 = [
+        p.detach().numpy().copy()
+        for p in initial_model(cfg, load_bundle(cfg)).state_dict().values()
+    ]
     st = run_inprocess(cfg, tmp_path / "run")
     recs = read_metrics(tmp_path / "run")
     assert len(recs) == 1 and recs[0]["failures"] == 0 and recs[0]["num_clients"] == 2

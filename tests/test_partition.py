@@ -1,7 +1,6 @@
 """Client partitions: disjoint, complete / sized as promised, seeded, α-sensitive, and
 impossible requests fail fast with a PartitionError."""
 
-
 import numpy as np
 import pytest
 
@@ -85,8 +84,9 @@ def test_disjoint_and_nonempty(scheme, kw):
 
 # balanced Dirichlet and both domain splits (equal per-class counts / Dirichlet label skew
 # inside a domain, see tests/test_interdomain.py) leave samples unused by design
-COMPLETE = [(s, kw) for s, kw in SCHEMES if not (s == "dirichlet" and kw["balanced"])
-            and s != "domain"]
+COMPLETE = [
+    (s, kw) for s, kw in SCHEMES if not (s == "dirichlet" and kw["balanced"]) and s != "domain"
+]
 COMPLETE_IDS = [i for i in IDS if i not in ("dir-balanced", "domain-balanced", "domain-dir")]
 
 
@@ -170,9 +170,15 @@ def test_dirichlet_alpha_controls_label_skew(balanced):
 
 def test_dirichlet_alpha_is_monotone_in_skew():
     labels = _labels()
-    ents = [np.mean([_entropy_per_client(partition(labels, 20, "dirichlet", alpha=a, seed=s),
-                                         labels) for s in range(3)])
-            for a in (0.05, 0.5, 5.0)]
+    ents = [
+        np.mean(
+            [
+                _entropy_per_client(partition(labels, 20, "dirichlet", alpha=a, seed=s), labels)
+                for s in range(3)
+            ]
+        )
+        for a in (0.05, 0.5, 5.0)
+    ]
     assert ents[0] < ents[1] < ents[2]
 
 
@@ -225,8 +231,16 @@ def _owned(client, per_client, dom_ids):
 @pytest.mark.parametrize("num_clients,per_client", [(8, 1), (4, 1), (6, 2), (3, 4)])
 def test_domain_clients_hold_only_their_domains(balanced, num_clients, per_client):
     labels, domains = _labels(), _domains(nd=4)
-    parts = partition(labels, num_clients, "domain", domains=domains, balanced=balanced,
-                      alpha=0.5, domains_per_client=per_client, seed=2)
+    parts = partition(
+        labels,
+        num_clients,
+        "domain",
+        domains=domains,
+        balanced=balanced,
+        alpha=0.5,
+        domains_per_client=per_client,
+        seed=2,
+    )
     _assert_disjoint(parts)
     for i, p in enumerate(parts):
         assert set(np.unique(domains[p]).tolist()) == _owned(i, per_client, np.arange(4))
@@ -236,8 +250,7 @@ def test_domain_balanced_sizes_equal_and_dirichlet_sizes_differ():
     labels, domains = _labels(), _domains(nd=4)  # ~50 per (domain, class)
     bal = partition(labels, 8, "domain", domains=domains, balanced=True, seed=0)
     counts = class_counts(bal, labels, K)
-    n = np.array([[np.sum((domains == d) & (labels == k)) for k in range(K)]
-                  for d in range(4)])
+    n = np.array([[np.sum((domains == d) & (labels == k)) for k in range(K)] for d in range(4)])
     # two clients per domain, the same count of every class: the largest common one
     assert np.array_equal(counts, np.full((8, K), int((n // 2).min())))
     unb = partition(labels, 8, "domain", domains=domains, balanced=False, alpha=0.5, seed=0)
@@ -250,9 +263,20 @@ def test_domain_balanced_sizes_equal_and_dirichlet_sizes_differ():
 
 def test_domain_skew_follows_alpha():
     labels, domains = _labels(), _domains(nd=2)
-    ents = [np.mean([_entropy_per_client(partition(labels, 10, "domain", domains=domains,
-                                                   balanced=False, alpha=a, seed=s), labels)
-                     for s in range(3)]) for a in (0.05, 100.0)]
+    ents = [
+        np.mean(
+            [
+                _entropy_per_client(
+                    partition(
+                        labels, 10, "domain", domains=domains, balanced=False, alpha=a, seed=s
+                    ),
+                    labels,
+                )
+                for s in range(3)
+            ]
+        )
+        for a in (0.05, 100.0)
+    ]
     assert ents[0] < ents[1] - 0.5
 
 
@@ -292,26 +316,36 @@ def test_zero_clients_and_bad_alpha():
 
 
 def test_shards_more_than_samples():
-    _fails_fast(r"10 clients x 201 shards = 2010 shards but only 2000", _labels(), 10,
-                "shards", shards_per_client=201)
+    _fails_fast(
+        r"10 clients x 201 shards = 2010 shards but only 2000",
+        _labels(),
+        10,
+        "shards",
+        shards_per_client=201,
+    )
 
 
 def test_min_size_beyond_samples_fails_at_once():
-    _fails_fast(r"min_size 201 exceeds", _labels(), 10, "dirichlet", balanced=False,
-                min_size=201)
+    _fails_fast(r"min_size 201 exceeds", _labels(), 10, "dirichlet", balanced=False, min_size=201)
 
 
 def test_min_size_unreachable_gives_up_quickly():
     # 10 clients x 200 = all 2000 samples: every client would need exactly 200, which a
     # skewed draw (almost) never gives. Must stop after a bounded number of draws.
-    _fails_fast(r"no draw in 100 tries.*lower partition.min_size", _labels(), 10, "dirichlet",
-                balanced=False, alpha=0.05, min_size=200)
+    _fails_fast(
+        r"no draw in 100 tries.*lower partition.min_size",
+        _labels(),
+        10,
+        "dirichlet",
+        balanced=False,
+        alpha=0.05,
+        min_size=200,
+    )
 
 
 def test_min_size_unreachable_gives_up_quickly_at_scale():
     labels = _labels(n=20000)
-    _fails_fast(r"no draw in", labels, 100, "dirichlet", balanced=False, alpha=0.01,
-                min_size=190)
+    _fails_fast(r"no draw in", labels, 100, "dirichlet", balanced=False, alpha=0.01, min_size=190)
 
 
 def test_domain_scheme_needs_domains():
@@ -319,26 +353,41 @@ def test_domain_scheme_needs_domains():
 
 
 def test_more_domains_per_client_than_domains():
-    _fails_fast(r"domains_per_client=3 but the data has only 2", _labels(), 4, "domain",
-                domains=_domains(nd=2), domains_per_client=3)
+    _fails_fast(
+        r"domains_per_client=3 but the data has only 2",
+        _labels(),
+        4,
+        "domain",
+        domains=_domains(nd=2),
+        domains_per_client=3,
+    )
 
 
 def test_orphan_domains():
     # 2 clients x 1 domain cannot cover 4 domains: domains 2 and 3 would be dropped
-    _fails_fast(r"leave domain\(s\) \[2, 3\] without a client", _labels(), 2, "domain",
-                domains=_domains(nd=4))
+    _fails_fast(
+        r"leave domain\(s\) \[2, 3\] without a client",
+        _labels(),
+        2,
+        "domain",
+        domains=_domains(nd=4),
+    )
 
 
 def test_domain_with_fewer_samples_than_owners():
     domains = np.zeros(N, int)
     domains[:2] = 1  # domain 1 has 2 samples but 5 of the 10 clients own it
-    _fails_fast(r"domain 1 has 2 samples for 5 clients", _labels(), 10, "domain",
-                domains=domains)
+    _fails_fast(r"domain 1 has 2 samples for 5 clients", _labels(), 10, "domain", domains=domains)
 
 
 def test_domain_ids_must_match_the_samples():
-    _fails_fast(r"domain split: 1990 domain ids for 2000 samples", _labels(), 4, "domain",
-                domains=_domains(n=1990, nd=2))
+    _fails_fast(
+        r"domain split: 1990 domain ids for 2000 samples",
+        _labels(),
+        4,
+        "domain",
+        domains=_domains(n=1990, nd=2),
+    )
 
 
 def test_unknown_scheme():
@@ -360,5 +409,7 @@ def test_class_counts_and_table():
     assert lines[0].startswith("| client | size | classes | 0 | 1 |")
     assert lines[2].startswith("| 0 | 400 | 2 |")
     assert "| ... 2 more clients |" in table
-    assert "5 clients, 2000 samples; size min/mean/max 400/400.0/400; classes per client " \
-           "mean 2.00" in table
+    assert (
+        "5 clients, 2000 samples; size min/mean/max 400/400.0/400; classes per client "
+        "mean 2.00" in table
+    )

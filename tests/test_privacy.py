@@ -37,18 +37,29 @@ class FakeManager:
 def fitres(arrays, n, pid, loss=1.0):
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
-    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n,
-                  {"partition_id": pid, "train_loss": loss})
+    return FitRes(
+        Status(Code.OK, ""),
+        ndarrays_to_parameters(arrays),
+        n,
+        {"partition_id": pid, "train_loss": loss},
+    )
 
 
 def make(weights, **kw):
     from strategies import strategy_class
 
     cls = strategy_class(kw.pop("name", "fedavg"))
-    args = dict(initial_weights=weights, trainable=[True] * len(weights), num_clients=10,
-                clients_per_round=3, rounds=2, seed=0)
+    args = dict(
+        initial_weights=weights,
+        trainable=[True] * len(weights),
+        num_clients=10,
+        clients_per_round=3,
+        rounds=2,
+        seed=0,
+    )
     args.update(kw)
     return cls(**args)
+
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
 
@@ -73,8 +84,10 @@ def _round(strategy, models, n_sampled, failures=()):
     return sent
 
 
-@pytest.mark.parametrize("name, params", [
-    ("fedavg", {}), ("fedavgm", {"momentum": 0.4}), ("fedadam", {}), ("fedacg", {})])
+@pytest.mark.parametrize(
+    "name, params",
+    [("fedavg", {}), ("fedavgm", {"momentum": 0.4}), ("fedadam", {}), ("fedacg", {})],
+)
 def test_noise_zero_is_plain_clipping_arithmetic(name, params):
     """σ = 0: the DP strategy on raw client models = the plain strategy on the clients'
     updates clipped by hand (relative to what they were sent: FedACG's look-ahead)."""
@@ -136,8 +149,7 @@ def test_client_mode_drops_an_unclipped_upload():
     small = [w0[0] + np.full(10, 0.01, np.float32)]
     big = [w0[0] + np.full(10, 1.0, np.float32)]
     pids = [fi.config["partition_id"] for _, fi in ins]
-    dp.aggregate_fit(1, [(None, fitres(small, 5, pids[0])), (None, fitres(big, 5, pids[1]))],
-                     [])
+    dp.aggregate_fit(1, [(None, fitres(small, 5, pids[0])), (None, fitres(big, 5, pids[1]))], [])
     assert dp._fit_info["num_clients"] == 1 and dp._fit_info["failures"] == 1
     np.testing.assert_allclose(dp.weights[0], w0[0] + 0.005, atol=1e-6)  # fixed n = 2
 
@@ -152,13 +164,19 @@ def test_epsilon_is_the_accountants_closed_form(sigma, k):
     from scipy.stats import norm
 
     delta = 1e-5
-    closed = min(k * a / (2 * sigma ** 2) + math.log1p(-1 / a) - math.log(delta * a) / (a - 1)
-                 for a in DEFAULT_RDP_ORDERS if a > 1.01)
+    closed = min(
+        k * a / (2 * sigma**2) + math.log1p(-1 / a) - math.log(delta * a) / (a - 1)
+        for a in DEFAULT_RDP_ORDERS
+        if a > 1.01
+    )
     eps = gaussian_epsilon(sigma, k, delta)
     assert eps == pytest.approx(closed, rel=1e-12)
     mu = math.sqrt(k) / sigma
-    exact = brentq(lambda e: norm.cdf(mu / 2 - e / mu) - math.exp(e) * norm.cdf(-mu / 2 - e / mu)
-                   - delta, 0, 500)
+    exact = brentq(
+        lambda e: norm.cdf(mu / 2 - e / mu) - math.exp(e) * norm.cdf(-mu / 2 - e / mu) - delta,
+        0,
+        500,
+    )
     assert exact <= eps <= 1.1 * exact
 
 
@@ -167,10 +185,14 @@ def test_run_records_epsilon_of_the_busiest_client_across_a_resume(tiny, tmp_pat
     far (public sampling: no amplification), also after a kill and resume; summary.json
     carries the last."""
     sigma, delta = 1.2, 1e-4
-    priv = {"dp": {"mode": "server", "noise_multiplier": sigma, "clipping_norm": 0.01,
-                   "delta": delta}}
-    cfg = tiny(federation={"rounds": 3},  # 8 clients, 2 a round
-               privacy=priv, output={"dir": str(tmp_path / "run"), "checkpoint_every": 1})
+    priv = {
+        "dp": {"mode": "server", "noise_multiplier": sigma, "clipping_norm": 0.01, "delta": delta}
+    }
+    cfg = tiny(
+        federation={"rounds": 3},  # 8 clients, 2 a round
+        privacy=priv,
+        output={"dir": str(tmp_path / "run"), "checkpoint_every": 1},
+    )
     run_inprocess(cfg, tmp_path / "run", stop_after=2)
     run_inprocess(cfg, tmp_path / "run", resume=True)  # the accountant from the checkpoint
     counts = np.zeros(8, int)
@@ -200,12 +222,16 @@ def test_client_clipping_and_secagg_through_the_real_apps(tiny, tmp_path):
     quantisation step 2·range/levels, with and without client-side DP."""
     fed = {"rounds": 1, "clients_per_round": 3}
     dp = {"noise_multiplier": 0.0, "clipping_norm": 0.05}
-    runs = {name: _weights(run_inprocess(tiny(federation=fed, privacy=priv), tmp_path / name))
-            for name, priv in [
-                ("plain", {}), ("secagg", {"secagg": True}),
-                ("server_dp", {"dp": {"mode": "server", **dp}}),
-                ("client_dp", {"dp": {"mode": "client", **dp}}),
-                ("client_dp_secagg", {"secagg": True, "dp": {"mode": "client", **dp}})]}
+    runs = {
+        name: _weights(run_inprocess(tiny(federation=fed, privacy=priv), tmp_path / name))
+        for name, priv in [
+            ("plain", {}),
+            ("secagg", {"secagg": True}),
+            ("server_dp", {"dp": {"mode": "server", **dp}}),
+            ("client_dp", {"dp": {"mode": "client", **dp}}),
+            ("client_dp_secagg", {"secagg": True, "dp": {"mode": "client", **dp}}),
+        ]
+    }
     step = 2 * 8.0 / (1 << 22)  # privacy.secagg_clipping_range / secagg_quantization_range
     for a, b in zip(runs["client_dp"], runs["server_dp"]):
         assert np.array_equal(a, b)
@@ -216,41 +242,69 @@ def test_client_clipping_and_secagg_through_the_real_apps(tiny, tmp_path):
     assert moved > 100 * step  # clipping to 0.05 did change the model
     recs = read_metrics(tmp_path / "secagg")
     assert recs[0]["num_clients"] == 3 and recs[0]["failures"] == 0
-    assert recs[0]["train_loss"] == pytest.approx(read_metrics(tmp_path / "plain")[0][
-        "train_loss"], rel=1e-6)  # the clients' metrics travel in the clear
+    assert recs[0]["train_loss"] == pytest.approx(
+        read_metrics(tmp_path / "plain")[0]["train_loss"], rel=1e-6
+    )  # the clients' metrics travel in the clear
 
 
 def test_feddyn_over_secagg_needs_only_the_sum(tiny, tmp_path):
     """FedDyn's server uses the mean and the number of clients only (Acar et al. Alg. 1):
     under SecAgg+ its model and h equal the plain run's within the quantisation step."""
-    cfg = dict(federation={"rounds": 1, "clients_per_round": 3},
-               client={"method": "feddyn", "lr": 0.05, "local_epochs": 1, "batch_size": 32,
-                       "device": "cpu"}, server={"strategy": "feddyn"})
+    cfg = dict(
+        federation={"rounds": 1, "clients_per_round": 3},
+        client={
+            "method": "feddyn",
+            "lr": 0.05,
+            "local_epochs": 1,
+            "batch_size": 32,
+            "device": "cpu",
+        },
+        server={"strategy": "feddyn"},
+    )
     plain = run_inprocess(tiny(**cfg), tmp_path / "plain")
     sa = run_inprocess(tiny(**cfg, privacy={"secagg": True}), tmp_path / "sa")
     step = 2 * 8.0 / (1 << 22)
-    for a, b in zip(plain.weights + [h for h in plain.h if h is not None],
-                    sa.weights + [h for h in sa.h if h is not None]):
+    for a, b in zip(
+        plain.weights + [h for h in plain.h if h is not None],
+        sa.weights + [h for h in sa.h if h is not None],
+    ):
         assert float(np.abs(np.asarray(a, np.float64) - b).max()) <= 2 * step + 1e-6
 
 
-@pytest.mark.parametrize("sets, words", [
-    (["client.method=fedccl", "privacy.secagg=true"], ["privacy.secagg", "fedccl", "FINCH"]),
-    (["client.method=fedproto", "privacy.dp={noise_multiplier: 1, clipping_norm: 1}"],
-     ["privacy.dp", "fedproto"]),
-    (["server.strategy=feddyn", "privacy.dp={noise_multiplier: 1, clipping_norm: 1}"],
-     ["privacy.dp", "FedDyn"]),
-    (["server.weighting=samples", "privacy.dp={noise_multiplier: 1, clipping_norm: 1}"],
-     ["privacy.dp", "server.weighting"]),
-    (["model.name=lightcnn", "privacy.secagg=true"], ["privacy.secagg", "integer buffers"]),
-    (["privacy.secagg=true", "privacy.dp={noise_multiplier: 1, clipping_norm: 1}"],
-     ["privacy.dp.mode", "SecAgg+"]),
-    (["privacy.secagg=true", "federation.clients_per_round=1", "federation.participation=null"],
-     ["privacy.secagg", "at least 2"]),
-    (["privacy.dp={noise_multiplier: 1}"], ["privacy.dp.clipping_norm", "required"]),
-    (["privacy.dp={noise_multiplier: 1, clipping_norm: 1, delta: 1.5}"], ["privacy.dp.delta"]),
-    (["privacy.secagg=true", "privacy.secagg_num_shares=2"], ["secagg", "num_shares"]),
-])
+@pytest.mark.parametrize(
+    "sets, words",
+    [
+        (["client.method=fedccl", "privacy.secagg=true"], ["privacy.secagg", "fedccl", "FINCH"]),
+        (
+            ["client.method=fedproto", "privacy.dp={noise_multiplier: 1, clipping_norm: 1}"],
+            ["privacy.dp", "fedproto"],
+        ),
+        (
+            ["server.strategy=feddyn", "privacy.dp={noise_multiplier: 1, clipping_norm: 1}"],
+            ["privacy.dp", "FedDyn"],
+        ),
+        (
+            ["server.weighting=samples", "privacy.dp={noise_multiplier: 1, clipping_norm: 1}"],
+            ["privacy.dp", "server.weighting"],
+        ),
+        (["model.name=lightcnn", "privacy.secagg=true"], ["privacy.secagg", "integer buffers"]),
+        (
+            ["privacy.secagg=true", "privacy.dp={noise_multiplier: 1, clipping_norm: 1}"],
+            ["privacy.dp.mode", "SecAgg+"],
+        ),
+        (
+            [
+                "privacy.secagg=true",
+                "federation.clients_per_round=1",
+                "federation.participation=null",
+            ],
+            ["privacy.secagg", "at least 2"],
+        ),
+        (["privacy.dp={noise_multiplier: 1}"], ["privacy.dp.clipping_norm", "required"]),
+        (["privacy.dp={noise_multiplier: 1, clipping_norm: 1, delta: 1.5}"], ["privacy.dp.delta"]),
+        (["privacy.secagg=true", "privacy.secagg_num_shares=2"], ["secagg", "num_shares"]),
+    ],
+)
 def test_refused_combinations_are_one_line_exit_2(sets, words, tmp_path, capsys):
     args = ["run", str(QUICKSTART), "--out", str(tmp_path / "out")]
     for s in sets:
@@ -266,10 +320,24 @@ def test_missing_accountant_is_exit_2(monkeypatch, tmp_path, capsys):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "dp_accounting" else real(name, *a))
-    assert main(["run", str(QUICKSTART), "--out", str(tmp_path / "o"), "--set",
-                 "privacy.dp={noise_multiplier: 1, clipping_norm: 1}"]) == 2
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "dp_accounting" else real(name, *a),
+    )
+    assert (
+        main(
+            [
+                "run",
+                str(QUICKSTART),
+                "--out",
+                str(tmp_path / "o"),
+                "--set",
+                "privacy.dp={noise_multiplier: 1, clipping_norm: 1}",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "fedrcl-flwr[privacy]" in err and len(err.strip().splitlines()) == 1
 
@@ -278,8 +346,9 @@ def test_off_by_default_is_the_plain_path(tiny, tmp_path):
     """No privacy section: no wrapper, no accountant, no privacy keys in the records, the
     same numbers as an explicit off."""
     a = run_inprocess(tiny(federation={"rounds": 1}), tmp_path / "a")
-    b = run_inprocess(tiny(federation={"rounds": 1}, privacy={"dp": None, "secagg": False}),
-                      tmp_path / "b")
+    b = run_inprocess(
+        tiny(federation={"rounds": 1}, privacy={"dp": None, "secagg": False}), tmp_path / "b"
+    )
     assert a.dp is None and not a.secagg
     for x, y in zip(a.weights, b.weights):
         assert np.array_equal(x, y)
@@ -299,24 +368,44 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     import sys
 
     store = tmp_path / "mlstore"
-    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true",
-               MLFLOW_TRACKING_URI=f"file:{store}", WANDB_CACHE_DIR=str(tmp_path / "wbc"),
-               WANDB_CONFIG_DIR=str(tmp_path / "wbcfg"), WANDB_DATA_DIR=str(tmp_path / "wbd"))
+    env = dict(
+        os.environ,
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        MLFLOW_TRACKING_URI=f"file:{store}",
+        WANDB_CACHE_DIR=str(tmp_path / "wbc"),
+        WANDB_CONFIG_DIR=str(tmp_path / "wbcfg"),
+        WANDB_DATA_DIR=str(tmp_path / "wbd"),
+    )
     from test_real_formats import write_cifar10
 
     write_cifar10(tmp_path / "data", per_class_batch=2, per_class_test=2)
-    sets = ["dataset={name: cifar10, root: %s, download: false, verify_md5: false}"
-            % (tmp_path / "data"), "model={name: cnn5}", "federation.num_clients=6",
-            "federation.clients_per_round=3", "federation.participation=null",
-            "federation.rounds=2", "client.local_epochs=1", "evaluation.target_rounds=[2]",
-            "privacy.secagg=true", "output.tracker=[mlflow, wandb]",
-            "privacy.dp={mode: client, noise_multiplier: 0.5, clipping_norm: 0.1}"]
-    args = [sys.executable, "-m", "fedrcl_flwr.cli", "run", str(QUICKSTART), "--out",
-            str(tmp_path / "run")]
+    sets = [
+        "dataset={name: cifar10, root: %s, download: false, verify_md5: false}"
+        % (tmp_path / "data"),
+        "model={name: cnn5}",
+        "federation.num_clients=6",
+        "federation.clients_per_round=3",
+        "federation.participation=null",
+        "federation.rounds=2",
+        "client.local_epochs=1",
+        "evaluation.target_rounds=[2]",
+        "privacy.secagg=true",
+        "output.tracker=[mlflow, wandb]",
+        "privacy.dp={mode: client, noise_multiplier: 0.5, clipping_norm: 0.1}",
+    ]
+    args = [
+        sys.executable,
+        "-m",
+        "fedrcl_flwr.cli",
+        "run",
+        str(QUICKSTART),
+        "--out",
+        str(tmp_path / "run"),
+    ]
     for s in sets:
         args += ["--set", s]
-    res = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                         env=env)
+    res = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     recs = read_metrics(tmp_path / "run")
     log = (tmp_path / "run" / "run.log").read_text()
@@ -332,8 +421,9 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # reading MLflow 3's file store
     client = MlflowClient(tracking_uri=f"file:{store}")
     hist = client.get_metric_history(state["mlflow"]["run_id"], "accuracy/test")
-    assert sorted((m.step, m.value) for m in hist) == [(r["round"], r["test_accuracy"])
-                                                        for r in recs]
+    assert sorted((m.step, m.value) for m in hist) == [
+        (r["round"], r["test_accuracy"]) for r in recs
+    ]
     assert client.get_run(state["mlflow"]["run_id"]).info.status == "FINISHED"
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     # every process of this run (its environment names tmp_path: the SuperLink, the

@@ -39,13 +39,10 @@ def _res(arrays, metrics, n=10):
 
 
 def test_fit_instructions_wire_entries_round_trip():
-    sig = encode_signals(SignalSet(np.ones((2, 3), np.float32), np.array([0, 1]),
-                                   np.array([4, 5])))
-    ins = FitInstructions.build(7, 3, signals=(None, sig),
-                                strategy=FedACGParams(acg_beta=0.002))
+    sig = encode_signals(SignalSet(np.ones((2, 3), np.float32), np.array([0, 1]), np.array([4, 5])))
+    ins = FitInstructions.build(7, 3, signals=(None, sig), strategy=FedACGParams(acg_beta=0.002))
     config = ins.to_config()
-    assert config == {"run_round": 7, "partition_id": 3, "signals_global": sig,
-                      "acg_beta": 0.002}
+    assert config == {"run_round": 7, "partition_id": 3, "signals_global": sig, "acg_beta": 0.002}
     # Flower's own entries (its client-side DP clipping norm) pass through untouched
     back = FitInstructions.from_config({**config, "clipping_norm": 1.5})
     assert (back.run_round, back.partition_id, back.lr) == (7, 3, None)
@@ -64,8 +61,10 @@ def test_strategy_params_missing_or_mistyped_entry_is_named():
     for bad in ("0.1", True, b"x"):
         with pytest.raises(ProtocolError, match="'feddyn_alpha' .* must be float"):
             FitInstructions.from_config({"feddyn_alpha": bad}).strategy_params(FedDynParams)
-    assert FitInstructions.from_config({"feddyn_alpha": 1}).strategy_params(
-        FedDynParams).feddyn_alpha == 1.0
+    assert (
+        FitInstructions.from_config({"feddyn_alpha": 1}).strategy_params(FedDynParams).feddyn_alpha
+        == 1.0
+    )
     with pytest.raises(ProtocolError, match="'run_round' must be a whole number"):
         FitInstructions.from_config({"run_round": "two"})
     with pytest.raises(ProtocolError, match="'signals_local' must be bytes"):
@@ -78,9 +77,13 @@ def test_every_strategy_sends_declared_fields_outside_the_protocol_names():
     from fedrcl_flwr.protocol import FIT_INSTRUCTION_KEYS
 
     for name in STRATEGIES:
-        st = strategy_class(name)(initial_weights=[np.zeros(2, np.float32)],
-                                  trainable=[True], num_clients=4, clients_per_round=2,
-                                  rounds=2)
+        st = strategy_class(name)(
+            initial_weights=[np.zeros(2, np.float32)],
+            trainable=[True],
+            num_clients=4,
+            clients_per_round=2,
+            rounds=2,
+        )
         params = st.client_params(1)
         if params is None:
             continue
@@ -91,20 +94,36 @@ def test_every_strategy_sends_declared_fields_outside_the_protocol_names():
 
 
 def test_fit_report_wire_entries_round_trip():
-    report = FitReport(partition_id=4, train_loss=0.75, steps=12, fit_time_s=1.5,
-                       node="host", term_losses={"ce": 0.5, "rcl": 0.25},
-                       local_repr={"effective_rank": 9.0}, signals=b"npz", num_signals=3,
-                       method_metrics={"moon_prev": 1})
+    report = FitReport(
+        partition_id=4,
+        train_loss=0.75,
+        steps=12,
+        fit_time_s=1.5,
+        node="host",
+        term_losses={"ce": 0.5, "rcl": 0.25},
+        local_repr={"effective_rank": 9.0},
+        signals=b"npz",
+        num_signals=3,
+        method_metrics={"moon_prev": 1},
+    )
     metrics = report.to_metrics()
-    assert metrics == {"partition_id": 4, "train_loss": 0.75, "steps": 12,
-                       "fit_time_s": 1.5, "node": "host", "loss_ce": 0.5, "loss_rcl": 0.25,
-                       "local_repr_effective_rank": 9.0, "signals": b"npz",
-                       "num_signals": 3, "moon_prev": 1}
+    assert metrics == {
+        "partition_id": 4,
+        "train_loss": 0.75,
+        "steps": 12,
+        "fit_time_s": 1.5,
+        "node": "host",
+        "loss_ce": 0.5,
+        "loss_rcl": 0.25,
+        "local_repr_effective_rank": 9.0,
+        "signals": b"npz",
+        "num_signals": 3,
+        "moon_prev": 1,
+    }
     assert FitReport.from_metrics(metrics) == report
     # what a minimal client reports; a node that is not text is unknown
     small = FitReport.from_metrics({"partition_id": 2, "train_loss": 1.0, "node": 3})
-    assert (small.partition_id, small.train_loss, small.node, small.steps) == (2, 1.0, None,
-                                                                              None)
+    assert (small.partition_id, small.train_loss, small.node, small.steps) == (2, 1.0, None, None)
     assert FitReport.from_metrics({}).partition_id == -1
     for name in ("node", "loss_x", "local_repr_y", "signals"):
         with pytest.raises(ProtocolError, match="reuse protocol names"):
@@ -112,9 +131,13 @@ def test_fit_report_wire_entries_round_trip():
 
 
 def test_malformed_fit_report_drops_the_result_not_the_round():
-    st = strategy_class("fedavg")(initial_weights=[np.zeros(2, np.float32)],
-                                  trainable=[True], num_clients=4, clients_per_round=2,
-                                  rounds=3)
+    st = strategy_class("fedavg")(
+        initial_weights=[np.zeros(2, np.float32)],
+        trainable=[True],
+        num_clients=4,
+        clients_per_round=2,
+        rounds=3,
+    )
     st.configure_fit(1, None, _Manager())
     good = _res([np.array([2.0, 4.0], np.float32)], {"partition_id": 1, "train_loss": 0.5})
     bad = _res([np.array([9.0, 9.0], np.float32)], {"partition_id": "one", "train_loss": 0.5})
@@ -129,19 +152,32 @@ def test_server_update_receives_the_rounds_kept_results():
 
     class Probe(FederatedStrategy):
         def server_update(self, run_round, average, results):
-            seen.append((run_round, [r.partition_id for r in results],
-                         [r.num_examples for r in results],
-                         [r.report.train_loss for r in results],
-                         [float(r.weights[0][0]) for r in results]))
+            seen.append(
+                (
+                    run_round,
+                    [r.partition_id for r in results],
+                    [r.num_examples for r in results],
+                    [r.report.train_loss for r in results],
+                    [float(r.weights[0][0]) for r in results],
+                )
+            )
             self.weights = average
             return {"probe_clients": len(results)}
 
-    st = Probe(initial_weights=[np.zeros(1, np.float32)], trainable=[True], num_clients=4,
-               clients_per_round=3, rounds=3, round_offset=5)
+    st = Probe(
+        initial_weights=[np.zeros(1, np.float32)],
+        trainable=[True],
+        num_clients=4,
+        clients_per_round=3,
+        rounds=3,
+        round_offset=5,
+    )
     st.configure_fit(1, None, _Manager())
-    results = [_res([np.array([3.0], np.float32)], {"partition_id": 3, "train_loss": 0.3}, 7),
-               _res([np.array([np.nan], np.float32)], {"partition_id": 2, "train_loss": 0.2}),
-               _res([np.array([1.0], np.float32)], {"partition_id": 0, "train_loss": 0.1}, 5)]
+    results = [
+        _res([np.array([3.0], np.float32)], {"partition_id": 3, "train_loss": 0.3}, 7),
+        _res([np.array([np.nan], np.float32)], {"partition_id": 2, "train_loss": 0.2}),
+        _res([np.array([1.0], np.float32)], {"partition_id": 0, "train_loss": 0.1}, 5),
+    ]
     out, _ = st.aggregate_fit(1, results, [])
     # the run's round (resumed: offset 5), the kept clients by partition id (NaN dropped)
     assert seen == [(6, [0, 3], [5, 7], [0.1, 0.3], [1.0, 3.0])]
@@ -169,9 +205,14 @@ def test_fedacg_term_comes_from_the_strategys_hook(tiny, monkeypatch):
     seen = _spy_terms(monkeypatch)
     cfg = tiny(server={"strategy": "fedacg", "params": {"beta": 0.003}})
     w0 = runtime.get_weights(runtime.initial_model(cfg, runtime.load_bundle(cfg)))
-    st = strategy_class("fedacg")(initial_weights=w0, trainable=[True] * len(w0),
-                                  num_clients=8, clients_per_round=2, rounds=3,
-                                  params=cfg.server.params)
+    st = strategy_class("fedacg")(
+        initial_weights=w0,
+        trainable=[True] * len(w0),
+        num_clients=8,
+        clients_per_round=2,
+        rounds=3,
+        params=cfg.server.params,
+    )
     client_class("fedavg")(cfg).fit(w0, st.fit_instructions(1, 0).to_config())
     plain = tiny()
     client_class("fedavg")(plain).fit(w0, FitInstructions.build(1, 0).to_config())
@@ -191,8 +232,9 @@ def test_any_strategy_adds_client_terms_through_the_declared_hook(tiny, monkeypa
             weight = float(ins.strategy_entries["anchor_weight"])
             return [client.distance_to_received_term("anchor", weight)]
 
-    monkeypatch.setattr(base, "strategy_class",
-                        lambda name: Anchored if name == "fedavg" else strategy_class(name))
+    monkeypatch.setattr(
+        base, "strategy_class", lambda name: Anchored if name == "fedavg" else strategy_class(name)
+    )
     seen = _spy_terms(monkeypatch)
     cfg = tiny(client={"method": "fedprox"})
     w0 = runtime.get_weights(runtime.initial_model(cfg, runtime.load_bundle(cfg)))
@@ -206,7 +248,8 @@ def test_evaluate_instructions_and_report_round_trip():
     assert ins.to_config() == {"run_round": 4, "partition_ids": "0,5,7"}
     assert EvaluateInstructions.from_config(ins.to_config()) == ins
     assert EvaluateInstructions.from_config({"partition_id": 2}) == EvaluateInstructions(
-        run_round=0, partition_ids=None, partition_id=2)
+        run_round=0, partition_ids=None, partition_id=2
+    )
     with pytest.raises(ProtocolError, match="partition_ids"):
         EvaluateInstructions.from_config({"partition_ids": "1,x"})
     report = EvaluateReport({5: (3, 4, 2.0), 0: (1, 2, 1.0)})

@@ -32,9 +32,15 @@ def _stub(method, params):
     return c
 
 
-@pytest.mark.parametrize("params,weight", [({}, 0.0005), ({"halve": True}, 0.0005),
-                                           ({"halve": False}, 0.001),
-                                           ({"mu": 0.01, "halve": False}, 0.01)])
+@pytest.mark.parametrize(
+    "params,weight",
+    [
+        ({}, 0.0005),
+        ({"halve": True}, 0.0005),
+        ({"halve": False}, 0.001),
+        ({"mu": 0.01, "halve": False}, 0.01),
+    ],
+)
 def test_fedprox_weight_halve_or_authors(params, weight):
     c = _stub("fedprox", params)
     ce, prox = c.loss_terms()
@@ -58,16 +64,22 @@ def test_fedntd_total_is_ce_weight_ce_plus_beta_ntd(ce_weight):
     b = Batch(x=x, y=y, logits=logits, feats=None, model=local)
     terms = c.loss_terms()
     total = sum(t.weight * t.fn(b) for t in terms)
-    want = ce_weight * torch.nn.functional.cross_entropy(logits, y) + \
-        0.3 * fedntd_loss(logits, glob(x), y, 1.0)
+    want = ce_weight * torch.nn.functional.cross_entropy(logits, y) + 0.3 * fedntd_loss(
+        logits, glob(x), y, 1.0
+    )
     assert [t.name for t in terms] == ["ce", "ntd"]
     assert float(total.detach()) == pytest.approx(float(want.detach()), rel=1e-6)
 
 
 def _fedadam(**params):
-    return strategy_class("fedadam")(initial_weights=[np.array([0.0])], trainable=[True],
-                                     num_clients=4, clients_per_round=2, rounds=3,
-                                     params=params)
+    return strategy_class("fedadam")(
+        initial_weights=[np.array([0.0])],
+        trainable=[True],
+        num_clients=4,
+        clients_per_round=2,
+        rounds=3,
+        params=params,
+    )
 
 
 class _P:
@@ -87,8 +99,15 @@ class _Mgr:
 
 def _step(st, rnd, value):
     st.configure_fit(rnd, None, _Mgr())
-    res = (_P(), FitRes(Status(Code.OK, ""), ndarrays_to_parameters([np.array([value])]), 10,
-                        {"partition_id": 0, "train_loss": 0.5}))
+    res = (
+        _P(),
+        FitRes(
+            Status(Code.OK, ""),
+            ndarrays_to_parameters([np.array([value])]),
+            10,
+            {"partition_id": 0, "train_loss": 0.5},
+        ),
+    )
     out, _ = st.aggregate_fit(rnd, [res], [])
     return float(parameters_to_ndarrays(out)[0][0])
 
@@ -99,7 +118,7 @@ def test_fedadam_second_moment_starts_at_tau_squared():
     assert st.p["v_init_tau_sq"] is True
     np.testing.assert_allclose(st.v[0], [tau * tau])
     w1 = _step(st, 1, 1.0)
-    m1, v1 = 0.1, 0.99 * tau ** 2 + 0.01
+    m1, v1 = 0.1, 0.99 * tau**2 + 0.01
     assert w1 == pytest.approx(lr * m1 / (math.sqrt(v1) + tau), rel=1e-12)
     w2 = _step(st, 2, w1 + 1.0)
     m2, v2 = 0.9 * m1 + 0.1, 0.99 * v1 + 0.01
@@ -107,6 +126,7 @@ def test_fedadam_second_moment_starts_at_tau_squared():
     zero = _fedadam(server_lr=lr, beta1=0.9, beta2=0.99, tau=tau, v_init_tau_sq=False)
     assert _step(zero, 1, 1.0) == pytest.approx(lr * 0.1 / (0.1 + tau), rel=1e-12)
     from fedrcl_flwr.config import ConfigError
+
     with pytest.raises(ConfigError, match="v_init_tau_sq .* must be true or false"):
         _fedadam(v_init_tau_sq=1)
 
@@ -150,9 +170,12 @@ def test_dataset_rotation_key_reaches_the_training_batches():
 
     g = torch.Generator().manual_seed(1)
     u = random_rotation(rot.train.images[:8].float() / 255.0, 10.0, generator=g)
-    want = random_crop_flip((u - rot.train.mean) / rot.train.std,
-                            pad=rot.train.augment.crop_pad, flip=rot.train.augment.flip,
-                            generator=g)
+    want = random_crop_flip(
+        (u - rot.train.mean) / rot.train.std,
+        pad=rot.train.augment.crop_pad,
+        flip=rot.train.augment.flip,
+        generator=g,
+    )
     assert torch.allclose(b, want, atol=1e-6)
     # crop_pad overrides the dataset's padding (synthetic: 2); 0 = flip only
     assert load_dataset("synthetic", synthetic=syn, seed=0, crop_pad=4).train.augment.crop_pad == 4
@@ -180,8 +203,7 @@ def test_epoch_lr_decay_sets_lr_per_local_epoch():
     # 2 steps per epoch at 0.1, 0.05, 0.025
     assert float(w.detach()) == pytest.approx(-2 * (0.1 + 0.05 + 0.025), rel=1e-6)
     w.data.zero_()
-    train_local(model, batches, [term], LocalTrainSettings(lr=0.1, epochs=3),
-                torch.device("cpu"))
+    train_local(model, batches, [term], LocalTrainSettings(lr=0.1, epochs=3), torch.device("cpu"))
     assert float(w.detach()) == pytest.approx(-0.6, rel=1e-6)
 
 
@@ -220,8 +242,7 @@ def test_model_init_pytorch_default_vs_kaiming(tiny):
     assert float(b.fc.bias.abs().max()) <= 1 / math.sqrt(512)
 
 
-def test_local_representation_metrics_on_the_trained_local_models(tiny, tmp_path,
-                                                                  monkeypatch):
+def test_local_representation_metrics_on_the_trained_local_models(tiny, tmp_path, monkeypatch):
     import fedrcl_flwr.representation as rep
     from fedrcl_flwr.app.inprocess import run_inprocess
     from fedrcl_flwr.run.results import read_metrics
@@ -235,8 +256,10 @@ def test_local_representation_metrics_on_the_trained_local_models(tiny, tmp_path
         return real(model, dataset, device, **kw)
 
     monkeypatch.setattr(rep, "representation_record", spy)
-    cfg = tiny(federation={"rounds": 1},
-               evaluation={"local_representation_every": 1, "representation_every": 0})
+    cfg = tiny(
+        federation={"rounds": 1},
+        evaluation={"local_representation_every": 1, "representation_every": 0},
+    )
     run_inprocess(cfg, tmp_path / "run")
     rec = read_metrics(tmp_path / "run")[-1]
     # two sampled clients measured their models; FedAvg (uniform) averages exactly those
@@ -246,8 +269,7 @@ def test_local_representation_metrics_on_the_trained_local_models(tiny, tmp_path
     floats = [k for k, v in final.items() if v.is_floating_point()]
     assert len(floats) >= 4 and set(floats) <= set(seen[0])
     for k in floats:
-        torch.testing.assert_close(final[k], (seen[0][k] + seen[1][k]) / 2, rtol=1e-5,
-                                   atol=1e-6)
+        torch.testing.assert_close(final[k], (seen[0][k] + seen[1][k]) / 2, rtol=1e-5, atol=1e-6)
     per = rec["local_repr_effective_rank_per_client"]
     assert sorted(per) == [str(p) for p in sample_partitions(cfg.seed, 1, 8, 2)]
     assert rec["local_repr_effective_rank"] == pytest.approx(np.mean(list(per.values())))

@@ -50,14 +50,16 @@ def test_official_matches_reference(seed, setting):
 
     assert abs(total.item() - d[f"{setting}__rcl_total_f64"]) <= TOL
     assert abs(info["scl_mean"].item() - d[f"{setting}__scl_f64"]) <= TOL
-    np.testing.assert_allclose(info["scl"].detach().numpy(),
-                               d[f"{setting}__scl_per_anchor_f64"], rtol=0, atol=TOL)
+    np.testing.assert_allclose(
+        info["scl"].detach().numpy(), d[f"{setting}__scl_per_anchor_f64"], rtol=0, atol=TOL
+    )
     if cfg["beta"] == 0:
         assert info["penalty"] is None and info["penalty_mean"] is None
     else:
         assert abs(info["penalty_mean"].item() - d[f"{setting}__pen_f64"]) <= TOL
-        np.testing.assert_allclose(info["penalty"].detach().numpy(),
-                                   d[f"{setting}__pen_per_anchor_f64"], rtol=0, atol=TOL)
+        np.testing.assert_allclose(
+            info["penalty"].detach().numpy(), d[f"{setting}__pen_per_anchor_f64"], rtol=0, atol=TOL
+        )
 
     total.backward()
     for lvl in range(LEVELS):
@@ -77,8 +79,9 @@ def test_official_full_gradient_through_pooling():
     assert abs(total.item() - d["S1_default__rcl_total_f64"]) <= TOL
     total.backward()
     for lvl in range(LEVELS):
-        np.testing.assert_allclose(maps[lvl].grad.numpy(), d[f"S1_default__grad_layer{lvl}_f32"],
-                                   rtol=0, atol=GRAD_TOL)
+        np.testing.assert_allclose(
+            maps[lvl].grad.numpy(), d[f"S1_default__grad_layer{lvl}_f32"], rtol=0, atol=GRAD_TOL
+        )
 
 
 def test_official_float32_close_to_reference():
@@ -124,31 +127,34 @@ def _paper_reference(feats, labels, tau, lam, beta):
 
 def test_paper_variant_three_samples_closed_form():
     a = 0.5
-    feats = torch.tensor([[1.0, 0.0], [math.cos(a), math.sin(a)], [0.0, 2.0]],
-                         dtype=torch.float64)
+    feats = torch.tensor([[1.0, 0.0], [math.cos(a), math.sin(a)], [0.0, 2.0]], dtype=torch.float64)
     y = torch.tensor([0, 0, 1])
     tau, lam, beta = 0.5, 0.5, 1.0
     s01, s02, s12 = math.cos(a), 0.0, math.sin(a)
     # anchor 0: positive 1, others {1, 2}; P(0) = {1} because cos(0.5) = 0.878 > 0.5
-    l0 = -math.log(math.exp(s01 / tau) / (math.exp(s01 / tau) + math.exp(s02 / tau))) \
-        + beta * math.log(math.exp(s01 / tau) + math.exp(1 / tau))
-    l1 = -math.log(math.exp(s01 / tau) / (math.exp(s01 / tau) + math.exp(s12 / tau))) \
-        + beta * math.log(math.exp(s01 / tau) + math.exp(1 / tau))
-    expected = (l0 + l1) / 2                       # anchor 2 has no positive: excluded
-    got, info = rcl_loss(feats, y, tau=tau, lam=lam, beta=beta, variant="paper",
-                         return_per_anchor=True)
+    l0 = -math.log(
+        math.exp(s01 / tau) / (math.exp(s01 / tau) + math.exp(s02 / tau))
+    ) + beta * math.log(math.exp(s01 / tau) + math.exp(1 / tau))
+    l1 = -math.log(
+        math.exp(s01 / tau) / (math.exp(s01 / tau) + math.exp(s12 / tau))
+    ) + beta * math.log(math.exp(s01 / tau) + math.exp(1 / tau))
+    expected = (l0 + l1) / 2  # anchor 2 has no positive: excluded
+    got, info = rcl_loss(
+        feats, y, tau=tau, lam=lam, beta=beta, variant="paper", return_per_anchor=True
+    )
     assert abs(got.item() - expected) < 1e-12
     assert info["valid"].tolist() == [True, True, False]
     assert info["scl"][0, 2].item() == 0.0 and info["penalty"][0, 2].item() == 0.0
     # λ above cos(a): P(i) empty, the penalty is the constant 1/τ
     got_hi = rcl_loss(feats, y, tau=tau, lam=0.95, beta=beta, variant="paper")
-    expected_hi = expected - beta * (math.log(math.exp(s01 / tau) + math.exp(1 / tau))
-                                     - 1 / tau)
+    expected_hi = expected - beta * (math.log(math.exp(s01 / tau) + math.exp(1 / tau)) - 1 / tau)
     assert abs(got_hi.item() - expected_hi) < 1e-12
     # Eq. 2 (scl_loss paper) drops the penalty
     s = scl_loss(feats, y, tau=tau, variant="paper")
-    assert abs(s.item() - (expected - beta * math.log(math.exp(s01 / tau) + math.exp(1 / tau))))\
+    assert (
+        abs(s.item() - (expected - beta * math.log(math.exp(s01 / tau) + math.exp(1 / tau))))
         < 1e-12
+    )
 
 
 @pytest.mark.parametrize("labels", [[0, 0, 0, 1], [0, 1, 0, 1], [2, 2, 2, 2]])
@@ -156,8 +162,7 @@ def test_paper_variant_four_samples_plain_math(labels):
     g = torch.Generator().manual_seed(3)
     feats = torch.randn(4, 3, generator=g, dtype=torch.float64)
     for tau, lam, beta in [(0.5, 0.0, 1.0), (0.3, 0.4, 0.7), (1.0, -1.0, 2.0)]:
-        got = rcl_loss(feats, torch.tensor(labels), tau=tau, lam=lam, beta=beta,
-                       variant="paper")
+        got = rcl_loss(feats, torch.tensor(labels), tau=tau, lam=lam, beta=beta, variant="paper")
         want = _paper_reference(feats.tolist(), labels, tau, lam, beta)
         assert abs(got.item() - want) < 1e-10
 
@@ -169,8 +174,10 @@ def test_paper_variant_levels_and_gradcheck():
     y = torch.tensor([0, 0, 1, 1, 1, 2])
     kw = dict(tau=0.5, lam=0.2, beta=0.8, variant="paper")
     both = rcl_loss([f1, f2], y, **kw)
-    want = (_paper_reference(f1.tolist(), y.tolist(), 0.5, 0.2, 0.8)
-            + _paper_reference(f2.tolist(), y.tolist(), 0.5, 0.2, 0.8)) / 2
+    want = (
+        _paper_reference(f1.tolist(), y.tolist(), 0.5, 0.2, 0.8)
+        + _paper_reference(f2.tolist(), y.tolist(), 0.5, 0.2, 0.8)
+    ) / 2
     assert abs(both.item() - want) < 1e-10
     assert torch.autograd.gradcheck(lambda a, b: rcl_loss([a, b], y, **kw), (f1, f2))
 
@@ -187,8 +194,7 @@ def test_list_of_levels_is_mean_of_levels(variant):
     together = rcl_loss(levels, y, **kw)
     separate = sum(rcl_loss(f, y, **kw) for f in levels) / len(levels)
     assert abs(together.item() - separate.item()) < 1e-12
-    assert abs(rcl_loss([levels[0]], y, **kw).item() - rcl_loss(levels[0], y, **kw).item()) \
-        < 1e-15
+    assert abs(rcl_loss([levels[0]], y, **kw).item() - rcl_loss(levels[0], y, **kw).item()) < 1e-15
 
 
 @pytest.mark.parametrize("variant", ["official", "paper"])
@@ -198,8 +204,16 @@ def test_degenerate_batches_are_finite(variant, labels, beta, kp, kn):
     g = torch.Generator().manual_seed(2)
     n = len(labels)
     feats = [torch.randn(n, d, generator=g, requires_grad=True) for d in (5, 9)]
-    loss = rcl_loss(feats, torch.tensor(labels), tau=0.05, lam=0.0, beta=beta,
-                    variant=variant, topk_pos=kp, topk_neg=kn)
+    loss = rcl_loss(
+        feats,
+        torch.tensor(labels),
+        tau=0.05,
+        lam=0.0,
+        beta=beta,
+        variant=variant,
+        topk_pos=kp,
+        topk_neg=kn,
+    )
     assert loss.dim() == 0 and torch.isfinite(loss)
     loss.backward()
     for f in feats:
@@ -212,9 +226,11 @@ def test_official_gradcheck_and_identical_features():
     y = torch.tensor([0, 0, 0, 1, 1, 2, 2])
     for kp, kn in [(1, 2), (2, 3), (3, 16)]:
         assert torch.autograd.gradcheck(
-            lambda a, kp=kp, kn=kn: rcl_loss(a, y, tau=0.3, lam=-0.5, beta=0.5,
-                                             topk_pos=kp, topk_neg=kn),
-            (f,))
+            lambda a, kp=kp, kn=kn: rcl_loss(
+                a, y, tau=0.3, lam=-0.5, beta=0.5, topk_pos=kp, topk_neg=kn
+            ),
+            (f,),
+        )
     # a collapsed class (identical features) stays finite
     same = torch.ones(4, 3, requires_grad=True)
     loss = rcl_loss(same, torch.tensor([0, 0, 1, 1]))

@@ -31,7 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
 
 
-
 def _images(n: int, size: int, channels: int, seed: int) -> np.ndarray:
     """Random uint8 (n, size, size, channels); in colour images pixel (0, 3) of every
     image is red, (3, 0) green and (1, 1) blue (asymmetric: a transposed image fails)."""
@@ -61,15 +60,19 @@ def _check_bundle(b, x_train, y_train, x_test, y_test):
     np.testing.assert_allclose(b.train.std.flatten().numpy(), std, rtol=1e-5)
     x0, y0 = b.train.plain()[0]
     assert y0 == y_train[0]
-    expect = (torch.from_numpy(x_train[0]).permute(2, 0, 1).float() / 255.0
-              - torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)) \
-        / torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+    expect = (
+        torch.from_numpy(x_train[0]).permute(2, 0, 1).float() / 255.0
+        - torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+    ) / torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
     torch.testing.assert_close(x0, expect)
     if x_train.shape[-1] == 3:  # a red pixel is red after loading: channel 0 at its max
-        assert torch.equal(b.train.images[:, :, 0, 3],
-                           torch.tensor(RED, dtype=torch.uint8).expand(len(y_train), 3))
-        assert torch.equal(b.train.images[:, :, 3, 0],
-                           torch.tensor(GREEN, dtype=torch.uint8).expand(len(y_train), 3))
+        assert torch.equal(
+            b.train.images[:, :, 0, 3], torch.tensor(RED, dtype=torch.uint8).expand(len(y_train), 3)
+        )
+        assert torch.equal(
+            b.train.images[:, :, 3, 0],
+            torch.tensor(GREEN, dtype=torch.uint8).expand(len(y_train), 3),
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -95,18 +98,36 @@ def write_cifar10(root: Path, per_class_batch: int = 1, per_class_test: int = 2,
     for b in range(1, 6):
         y = np.tile(np.arange(10), per_class_batch)
         x = _images(len(y), 32, 3, seed + b)
-        _pickle(d / f"data_batch_{b}", {
-            "batch_label": f"training batch {b} of 5", "labels": y.tolist(),
-            "data": _cifar_rows(x), "filenames": [f"img_{b}_{i}.png" for i in range(len(y))]})
+        _pickle(
+            d / f"data_batch_{b}",
+            {
+                "batch_label": f"training batch {b} of 5",
+                "labels": y.tolist(),
+                "data": _cifar_rows(x),
+                "filenames": [f"img_{b}_{i}.png" for i in range(len(y))],
+            },
+        )
         xs.append(x)
         ys.append(y)
     yt = np.repeat(np.arange(10), per_class_test)
     xt = _images(len(yt), 32, 3, seed + 99)
-    _pickle(d / "test_batch", {"batch_label": "testing batch 1 of 1", "labels": yt.tolist(),
-                               "data": _cifar_rows(xt),
-                               "filenames": [f"t{i}.png" for i in range(len(yt))]})
-    _pickle(d / "batches.meta", {"num_cases_per_batch": len(xs[0]), "num_vis": 3072,
-                                 "label_names": [f"class{k}" for k in range(10)]})
+    _pickle(
+        d / "test_batch",
+        {
+            "batch_label": "testing batch 1 of 1",
+            "labels": yt.tolist(),
+            "data": _cifar_rows(xt),
+            "filenames": [f"t{i}.png" for i in range(len(yt))],
+        },
+    )
+    _pickle(
+        d / "batches.meta",
+        {
+            "num_cases_per_batch": len(xs[0]),
+            "num_vis": 3072,
+            "label_names": [f"class{k}" for k in range(10)],
+        },
+    )
     return np.concatenate(xs), np.concatenate(ys), xt, yt
 
 
@@ -119,12 +140,23 @@ def write_cifar100(root: Path, seed=0):
     yt = np.arange(100)[::-1].copy()
     xt = _images(len(yt), 32, 3, seed + 1)
     for name, xx, yy in (("train", x, y), ("test", xt, yt)):
-        _pickle(d / name, {"filenames": [f"{name}{i}.png" for i in range(len(yy))],
-                           "batch_label": f"{name}ing batch 1 of 1",
-                           "fine_labels": yy.tolist(), "coarse_labels": (yy // 5).tolist(),
-                           "data": _cifar_rows(xx)})
-    _pickle(d / "meta", {"fine_label_names": [f"f{k}" for k in range(100)],
-                         "coarse_label_names": [f"c{k}" for k in range(20)]})
+        _pickle(
+            d / name,
+            {
+                "filenames": [f"{name}{i}.png" for i in range(len(yy))],
+                "batch_label": f"{name}ing batch 1 of 1",
+                "fine_labels": yy.tolist(),
+                "coarse_labels": (yy // 5).tolist(),
+                "data": _cifar_rows(xx),
+            },
+        )
+    _pickle(
+        d / "meta",
+        {
+            "fine_label_names": [f"f{k}" for k in range(100)],
+            "coarse_label_names": [f"c{k}" for k in range(20)],
+        },
+    )
     return x, y, xt, yt
 
 
@@ -137,9 +169,14 @@ def accept_md5(monkeypatch, cls, folder: Path) -> None:
     if isinstance(vars(cls).get("meta"), dict):
         monkeypatch.setattr(cls, "meta", {**cls.meta, "md5": _md5(folder / cls.meta["filename"])})
     if isinstance(vars(cls).get("split_list"), dict):
-        monkeypatch.setattr(cls, "split_list", {
-            k: [v[0], v[1], _md5(folder / v[1]) if (folder / v[1]).exists() else v[2]]
-            for k, v in cls.split_list.items()})
+        monkeypatch.setattr(
+            cls,
+            "split_list",
+            {
+                k: [v[0], v[1], _md5(folder / v[1]) if (folder / v[1]).exists() else v[2]]
+                for k, v in cls.split_list.items()
+            },
+        )
 
 
 @pytest.mark.parametrize("verify", [True, False], ids=["md5-accepted", "verify_md5-off"])
@@ -184,8 +221,11 @@ def test_md5_mismatch_names_the_file_and_the_switch(tmp_path, no_network):
 def test_undecodable_file_is_one_clear_error(tmp_path, no_network):
     write_cifar10(tmp_path)
     (tmp_path / "cifar-10-batches-py" / "data_batch_3").write_bytes(b"not a pickle")
-    with pytest.raises(DatasetError, match=r"torchvision.datasets.CIFAR10 cannot read the "
-                                           r"files in .*cifar-10-batches-py"):
+    with pytest.raises(
+        DatasetError,
+        match=r"torchvision.datasets.CIFAR10 cannot read the "
+        r"files in .*cifar-10-batches-py",
+    ):
         load_dataset("cifar10", root=str(tmp_path), verify_md5=False)
 
 
@@ -196,8 +236,11 @@ def test_undecodable_file_is_one_clear_error(tmp_path, no_network):
 
 def _idx(data: np.ndarray) -> bytes:
     """IDX format: magic (0, 0, 0x08 = unsigned byte, ndim), big-endian int32 dims, data."""
-    return struct.pack(">BBBB", 0, 0, 0x08, data.ndim) + \
-        struct.pack(f">{data.ndim}I", *data.shape) + data.astype(np.uint8).tobytes()
+    return (
+        struct.pack(">BBBB", 0, 0, 0x08, data.ndim)
+        + struct.pack(f">{data.ndim}I", *data.shape)
+        + data.astype(np.uint8).tobytes()
+    )
 
 
 def write_idx(raw: Path, gz: bool, seed=0):
@@ -269,14 +312,17 @@ def write_usps(folder: Path, seed=0):
         digits = np.tile(np.arange(10), n_per)
         x = _images(len(digits), 16, 1, seed + n_per)[..., 0]
         vals = x.astype(np.float64) / 255.0 * 2.0 - 1.0
-        lines = [f"{d + 1} " + " ".join(f"{j + 1}:{v:.6f}" for j, v in enumerate(row.ravel()))
-                 for d, row in zip(digits, vals)]
+        lines = [
+            f"{d + 1} " + " ".join(f"{j + 1}:{v:.6f}" for j, v in enumerate(row.ravel()))
+            for d, row in zip(digits, vals)
+        ]
         with bz2.open(folder / fname, "wt") as f:
             f.write("\n".join(lines) + "\n")
         # the decoding the format defines (torchvision's): uint8((v + 1) / 2 * 255) in
         # float32, values as written with 6 decimals -- within one grey level of x
-        v32 = np.asarray([[float(f"{v:.6f}") for v in row.ravel()] for row in vals],
-                         np.float32).reshape(-1, 16, 16)
+        v32 = np.asarray(
+            [[float(f"{v:.6f}") for v in row.ravel()] for row in vals], np.float32
+        ).reshape(-1, 16, 16)
         decoded = ((v32 + 1) / 2 * 255).astype(np.uint8)
         assert np.abs(decoded.astype(int) - x).max() <= 1
         out += [decoded[..., None], digits]
@@ -356,13 +402,13 @@ def write_tinyimagenet(root: Path):
             boxes.append(f"{w}_{i}.JPEG\t0\t0\t63\t63")
         (base / "train" / w / f"{w}_boxes.txt").write_text("\n".join(boxes) + "\n")
     # a greyscale JPEG (real Tiny-ImageNet has some): decoded to three equal channels
-    Image.new("L", (64, 64), 128).save(base / "train" / "n01443537" / "images" /
-                                       "n01443537_9.JPEG")
+    Image.new("L", (64, 64), 128).save(base / "train" / "n01443537" / "images" / "n01443537_9.JPEG")
     ann, val_labels = [], []
     order = ["n01641577", "n01443537", "n01629819", "n01443537"]
     for i, w in enumerate(order):
-        Image.new("RGB", (64, 64), TINY_COLORS[w]).save(base / "val" / "images" /
-                                                        f"val_{i}.JPEG", quality=95)
+        Image.new("RGB", (64, 64), TINY_COLORS[w]).save(
+            base / "val" / "images" / f"val_{i}.JPEG", quality=95
+        )
         ann.append(f"val_{i}.JPEG\t{w}\t0\t0\t63\t63")
         val_labels.append(sorted(TINY_COLORS).index(w))
     (base / "val" / "val_annotations.txt").write_text("\n".join(ann) + "\n")
@@ -390,8 +436,7 @@ def test_tinyimagenet_tree(tmp_path, no_network):
     for img, lab in zip(timgs, b.test_labels):
         assert np.abs(img - cols[lab]).max() <= 8
     x = imgs.astype(np.float64) / 255.0
-    np.testing.assert_allclose(b.train.mean.flatten().numpy(), x.mean(axis=(0, 1, 2)),
-                               rtol=1e-5)
+    np.testing.assert_allclose(b.train.mean.flatten().numpy(), x.mean(axis=(0, 1, 2)), rtol=1e-5)
 
 
 # --------------------------------------------------------------------------------------
@@ -413,19 +458,28 @@ def test_imagefolder_with_domains_keeps_pixels(tmp_path, no_network):
                 a[0, 3], a[3, 0] = RED, GREEN
                 Image.fromarray(a).save(folder / f"{i}.png")
                 written[(d, c, i)] = a
-    b = load_dataset("imagefolder", root=str(tmp_path), domains=["photo", "sketch"],
-                     image_size=8, test_fraction=0.2, seed=0)
+    b = load_dataset(
+        "imagefolder",
+        root=str(tmp_path),
+        domains=["photo", "sketch"],
+        image_size=8,
+        test_fraction=0.2,
+        seed=0,
+    )
     assert b.domain_names == ["photo", "sketch"] and b.num_classes == 2
     assert len(b.train_labels) == 16 and len(b.test_labels) == 4
     assert np.array_equal(np.bincount(b.train_domains), [8, 8])
     every = {a.tobytes(): (d, c) for (d, c, _), a in written.items()}
-    for imgs, labels, doms in ((b.train.images, b.train_labels, b.train_domains),
-                               (b.test.images, b.test_labels, b.test_domains)):
+    for imgs, labels, doms in (
+        (b.train.images, b.train_labels, b.train_domains),
+        (b.test.images, b.test_labels, b.test_domains),
+    ):
         for img, lab, dom in zip(imgs.permute(0, 2, 3, 1).numpy(), labels, doms):
             d, c = every[img.tobytes()]  # byte-identical to a written PNG
             assert (["photo", "sketch"][dom], ["dog", "horse"][lab]) == (d, c)
     assert torch.all(b.train.images[:, 0, 0, 3] == 255) and torch.all(
-        b.train.images[:, 1:, 0, 3] == 0)
+        b.train.images[:, 1:, 0, 3] == 0
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -441,9 +495,12 @@ def test_digit5_all_five_real_formats(tmp_path, monkeypatch, no_network):
     sx, sy, sxt, syt = write_svhn(tmp_path / "svhn")
     ux, uy, uxt, uyt = write_usps(tmp_path / "usps")
     rng = np.random.default_rng(5)
-    syn = {"x_train": rng.integers(0, 256, (20, 32, 32, 3), np.uint8),
-           "y_train": np.arange(20) % 10,
-           "x_test": rng.integers(0, 256, (10, 32, 32, 3), np.uint8), "y_test": np.arange(10)}
+    syn = {
+        "x_train": rng.integers(0, 256, (20, 32, 32, 3), np.uint8),
+        "y_train": np.arange(20) % 10,
+        "x_test": rng.integers(0, 256, (10, 32, 32, 3), np.uint8),
+        "y_test": np.arange(10),
+    }
     syn["x_train"][:, 0, 3] = RED
     np.savez(tmp_path / "synthdigits.npz", **syn)
     for split, n in (("train", 2), ("test", 1)):
@@ -462,15 +519,16 @@ def test_digit5_all_five_real_formats(tmp_path, monkeypatch, no_network):
     assert np.array_equal(np.bincount(b.train_domains), counts)
     assert np.array_equal(np.bincount(b.test_domains), [len(myt), len(syt), len(uyt), 10, 10])
     starts = np.cumsum([0] + counts)
-    assert np.array_equal(b.train_labels, np.concatenate([my, sy, uy, syn["y_train"],
-                                                          np.repeat(np.arange(10), 2)]))
+    assert np.array_equal(
+        b.train_labels, np.concatenate([my, sy, uy, syn["y_train"], np.repeat(np.arange(10), 2)])
+    )
     imgs = b.train.images
     # SVHN and SynthDigits are 32x32 RGB already: unchanged, red pixel stays red
-    assert np.array_equal(imgs[starts[1]:starts[2]].permute(0, 2, 3, 1).numpy(), sx)
-    assert np.array_equal(imgs[starts[3]:starts[4]].permute(0, 2, 3, 1).numpy(),
-                          syn["x_train"])
-    assert torch.equal(imgs[starts[4]:, :, 0, 3],
-                       torch.tensor(RED, dtype=torch.uint8).expand(20, 3))
+    assert np.array_equal(imgs[starts[1] : starts[2]].permute(0, 2, 3, 1).numpy(), sx)
+    assert np.array_equal(imgs[starts[3] : starts[4]].permute(0, 2, 3, 1).numpy(), syn["x_train"])
+    assert torch.equal(
+        imgs[starts[4] :, :, 0, 3], torch.tensor(RED, dtype=torch.uint8).expand(20, 3)
+    )
     # MNIST / USPS: grey, resized to 32, repeated to three equal channels
     for lo, hi in ((starts[0], starts[1]), (starts[2], starts[3])):
         g = imgs[lo:hi]

@@ -28,37 +28,41 @@ def exp_entropy(p):
 
 
 def rotation(d, seed=0):
-    q, _ = torch.linalg.qr(torch.randn(d, d, dtype=F64, generator=torch.Generator().manual_seed(seed)))
+    q, _ = torch.linalg.qr(
+        torch.randn(d, d, dtype=F64, generator=torch.Generator().manual_seed(seed))
+    )
     return q
 
 
 # ---------------------------------------------------------------- effective rank (Def. 2)
+
 
 @pytest.mark.parametrize("k", [1, 2, 5, 16])
 def test_effective_rank_k_equal_singular_values(k):
     d = 32
     e = torch.zeros(k, d, dtype=F64)
     e[:, :k] = torch.eye(k, dtype=F64)
-    z = torch.cat([e, -e]) @ rotation(d)          # centred, k equal singular values
+    z = torch.cat([e, -e]) @ rotation(d)  # centred, k equal singular values
     assert effective_rank(z) == pytest.approx(k, rel=1e-10)
     assert effective_rank(z, of="features") == pytest.approx(k, rel=1e-10)
-    assert effective_rank(3.0 * z + 5.0) == pytest.approx(k, rel=1e-10)   # shift/scale
+    assert effective_rank(3.0 * z + 5.0) == pytest.approx(k, rel=1e-10)  # shift/scale
 
 
 def test_effective_rank_known_spectrum_covariance_vs_features():
     # Centred rows with singular values (sqrt 3, 1) of the feature matrix.
     a, b = math.sqrt(1.5), math.sqrt(0.5)
     z = torch.tensor([[a, 0], [-a, 0], [0, b], [0, -b]], dtype=F64) @ rotation(2, 3)
-    cov = exp_entropy([3.0, 1.0])                  # eigenvalues of the covariance: s^2
-    feat = exp_entropy([math.sqrt(3.0), 1.0])      # singular values of the features
+    cov = exp_entropy([3.0, 1.0])  # eigenvalues of the covariance: s^2
+    feat = exp_entropy([math.sqrt(3.0), 1.0])  # singular values of the features
     assert cov == pytest.approx(1.7548, abs=1e-4) and feat == pytest.approx(1.9286, abs=1e-4)
     assert effective_rank(z) == pytest.approx(cov, rel=1e-12)
     assert effective_rank(z, of="features") == pytest.approx(feat, rel=1e-12)
 
 
 def test_effective_rank_of_matrix_definition():
-    assert effective_rank_of_matrix(torch.diag(torch.tensor([3.0, 1.0]))) == \
-        pytest.approx(exp_entropy([3, 1]), rel=1e-12)
+    assert effective_rank_of_matrix(torch.diag(torch.tensor([3.0, 1.0]))) == pytest.approx(
+        exp_entropy([3, 1]), rel=1e-12
+    )
     assert effective_rank_of_matrix(np.eye(4)[:, :3]) == pytest.approx(3.0, rel=1e-12)
     assert effective_rank_of_matrix(np.outer([1, 2, 3], [4, 5])) == pytest.approx(1.0, abs=1e-9)
     assert effective_rank_of_matrix(np.zeros((3, 3))) == 0.0
@@ -69,6 +73,7 @@ def test_effective_rank_of_matrix_definition():
 
 
 # ---------------------------------------------------------------- traces and VCI
+
 
 def two_class_line(s):
     z = torch.tensor([[-1 - s, 0.0], [-1 + s, 0.0], [1 - s, 0.0], [1 + s, 0.0]], dtype=F64)
@@ -92,13 +97,13 @@ def test_traces_unbalanced_frequency_vs_uniform_weighting():
     t = class_covariance_traces(z, y)
     # class means 1 and 7, global mean 3
     assert t["trace_within"] == pytest.approx(2 / 3)
-    assert t["trace_between"] == pytest.approx(2 / 3 * 4 + 1 / 3 * 16)       # = 8
+    assert t["trace_between"] == pytest.approx(2 / 3 * 4 + 1 / 3 * 16)  # = 8
     assert t["trace_total"] == pytest.approx(26 / 3)
     assert t["trace_total"] == pytest.approx(t["trace_within"] + t["trace_between"])
     u = class_covariance_traces(z, y, between="uniform")
-    assert u["trace_within"] == pytest.approx(0.5)          # (1 + 0) / 2
-    assert u["trace_between"] == pytest.approx(9.0)         # means 1, 7 around 4
-    assert variability_collapse_index(z, y) == pytest.approx(1 - 8 / (26 / 3))   # = 1/13
+    assert u["trace_within"] == pytest.approx(0.5)  # (1 + 0) / 2
+    assert u["trace_between"] == pytest.approx(9.0)  # means 1, 7 around 4
+    assert variability_collapse_index(z, y) == pytest.approx(1 - 8 / (26 / 3))  # = 1/13
 
 
 def test_vci_perfect_collapse_is_zero():
@@ -114,8 +119,17 @@ def test_vci_zero_when_within_scatter_is_orthogonal_to_class_means():
     # Class means along e0/e1, within-class scatter along e2/e3 only.
     y = torch.tensor([0, 0, 1, 1, 2, 2])
     means = torch.tensor([[2.0, 0, 0, 0], [0, 3.0, 0, 0], [-1.0, -1.0, 0, 0]], dtype=F64)
-    noise = torch.tensor([[0, 0, 1.0, 0], [0, 0, -1.0, 0], [0, 0, 0, 2.0], [0, 0, 0, -2.0],
-                          [0, 0, 0.5, 0.5], [0, 0, -0.5, -0.5]], dtype=F64)
+    noise = torch.tensor(
+        [
+            [0, 0, 1.0, 0],
+            [0, 0, -1.0, 0],
+            [0, 0, 0, 2.0],
+            [0, 0, 0, -2.0],
+            [0, 0, 0.5, 0.5],
+            [0, 0, -0.5, -0.5],
+        ],
+        dtype=F64,
+    )
     z = means[y] + noise
     assert class_covariance_traces(z, y)["trace_within"] > 0
     assert variability_collapse_index(z, y) == pytest.approx(0.0, abs=1e-10)
@@ -158,6 +172,7 @@ def test_vci_affine_invariant_and_degenerate():
 
 
 # ---------------------------------------------------------------- deviation bound (Def. 1)
+
 
 def tiny_case():
     z = torch.tensor([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=F64)
@@ -213,12 +228,20 @@ def test_deviation_bound_dot_similarity():
 def test_representation_metrics_keys_and_values():
     z, y, probs = tiny_case()
     m = representation_metrics(z, y, probs=probs)
-    expected_keys = {"effective_rank", "effective_rank_features", "trace_within",
-                     "trace_between", "trace_total", "vci", "deviation_mean",
-                     "deviation_median", "deviation_frac_below_1"}
+    expected_keys = {
+        "effective_rank",
+        "effective_rank_features",
+        "trace_within",
+        "trace_between",
+        "trace_total",
+        "vci",
+        "deviation_mean",
+        "deviation_median",
+        "deviation_frac_below_1",
+    }
     assert set(m) == expected_keys
     assert all(isinstance(v, float) for v in m.values())
-    assert m["deviation_frac_below_1"] == pytest.approx(0.25)    # only x4; +inf is not < 1
+    assert m["deviation_frac_below_1"] == pytest.approx(0.25)  # only x4; +inf is not < 1
     d = deviation_bound(z, y, probs=probs)
     assert m["deviation_mean"] == pytest.approx(float(d[[0, 1, 3]].mean()))
     # The call representation.py makes: float64 tensors (N, D) and labels (N,), no logits.

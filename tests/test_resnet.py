@@ -87,8 +87,9 @@ def test_forward_matches_reference(ref, ref_forward):
     _, logits, feats = ref_forward
     np.testing.assert_allclose(logits.numpy(), ref["logits"], rtol=0, atol=1e-5)
     for lv in range(5):
-        np.testing.assert_allclose(feats[f"layer{lv}"].numpy(), ref[f"pooled_layer{lv}"],
-                                   rtol=0, atol=1e-5)
+        np.testing.assert_allclose(
+            feats[f"layer{lv}"].numpy(), ref[f"pooled_layer{lv}"], rtol=0, atol=1e-5
+        )
 
 
 def _ref_terms():
@@ -104,8 +105,11 @@ def _ref_terms():
 
     return [
         cross_entropy_term(),
-        LossTerm("scl", lambda b: scl_loss(feats(b), b.y, tau=0.05, topk_pos=1, topk_neg=2),
-                 needs_features=True),
+        LossTerm(
+            "scl",
+            lambda b: scl_loss(feats(b), b.y, tau=0.05, topk_pos=1, topk_neg=2),
+            needs_features=True,
+        ),
         LossTerm("penalty", penalty, needs_features=True),
     ]
 
@@ -113,10 +117,10 @@ def _ref_terms():
 def test_one_training_step_matches_reference(ref, ref_model):
     x = torch.from_numpy(ref["images"])
     y = torch.from_numpy(ref["labels"])
-    settings = LocalTrainSettings(lr=0.1, epochs=1, momentum=0.0, weight_decay=1e-3,
-                                  grad_clip=10.0)
-    stats = train_local(ref_model, lambda epoch: [(x, y)], _ref_terms(), settings,
-                        torch.device("cpu"))
+    settings = LocalTrainSettings(lr=0.1, epochs=1, momentum=0.0, weight_decay=1e-3, grad_clip=10.0)
+    stats = train_local(
+        ref_model, lambda epoch: [(x, y)], _ref_terms(), settings, torch.device("cpu")
+    )
     assert stats.steps == 1
     rel = 1e-5
     assert stats.terms["ce"] == pytest.approx(float(ref["loss_cls"]), rel=rel)
@@ -125,8 +129,9 @@ def test_one_training_step_matches_reference(ref, ref_model):
     assert stats.loss == pytest.approx(float(ref["loss_total"]), rel=rel)
     # clip_grad_norm_ returns the pre-clip norm (34.4 > 10, so the step was clipped)
     assert stats.grad_norm == pytest.approx(float(ref["grad_total_norm_preclip"]), rel=rel)
-    np.testing.assert_allclose(ref_model.fc.bias.detach().numpy(), ref["fc_bias_after_1_step"],
-                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        ref_model.fc.bias.detach().numpy(), ref["fc_bias_after_1_step"], rtol=0, atol=1e-6
+    )
     with torch.no_grad():
         logits, f = ref_model(x, return_features=True)
         after = F.cross_entropy(logits, y) + rcl_loss([f[lv] for lv in LEVELS], y)
@@ -162,21 +167,21 @@ def test_shapes_and_taps(in_channels, size):
     for name, width in zip(LEVELS, (64, 64, 128, 256, 512)):
         assert feats[name].shape == (2, width)
     assert feats["penultimate"].shape == (2, 512)
-    assert (feats["penultimate"] >= 0).all()                      # post-ReLU
+    assert (feats["penultimate"] >= 0).all()  # post-ReLU
     torch.testing.assert_close(model.fc(feats["penultimate"]), logits)
     torch.testing.assert_close(model(x), logits)
 
 
 def test_params_registry_and_large_stem():
-    model = build_model("resnet18_gn", num_classes=5, in_channels=3, image_size=32,
-                        params={"groups": 4})
+    model = build_model(
+        "resnet18_gn", num_classes=5, in_channels=3, image_size=32, params={"groups": 4}
+    )
     assert model.bn1.num_groups == 4 and model.layer4[1].bn2.num_groups == 4
     with pytest.raises(TypeError):
         ResNet18GN(num_classes=5, bogus=1)
     with pytest.raises(ValueError, match="bad model.params"):
-        build_model("resnet18_gn", num_classes=5, in_channels=3, image_size=32,
-                    params={"bogus": 1})
-    big = ResNet18GN(num_classes=5, image_size=96)                 # 7x7/2 stem + max-pool
+        build_model("resnet18_gn", num_classes=5, in_channels=3, image_size=32, params={"bogus": 1})
+    big = ResNet18GN(num_classes=5, image_size=96)  # 7x7/2 stem + max-pool
     assert big.stem == "imagenet" and big.conv1.kernel_size == (7, 7)
     logits, feats = big(torch.randn(2, 3, 96, 96), return_features=True)
     assert logits.shape == (2, 5) and feats["layer4"].shape == (2, 512)

@@ -18,13 +18,22 @@ def test_ema_matches_the_papers_recursion():
 
 
 def _record(rec, rnd, acc, ema):
-    rec.append({"round": rnd, "test_accuracy": acc, "test_loss": 1.0, "ema_accuracy": ema,
-                "train_loss": 0.5, "num_clients": 5})
+    rec.append(
+        {
+            "round": rnd,
+            "test_accuracy": acc,
+            "test_loss": 1.0,
+            "ema_accuracy": ema,
+            "train_loss": 0.5,
+            "num_clients": 5,
+        }
+    )
 
 
 def test_summary_and_accuracy_at_targets(tmp_path):
-    rec = RunRecorder(tmp_path, method="fedrcl", strategy="fedavgm", rounds=4,
-                      target_rounds=[2, 4, 10])
+    rec = RunRecorder(
+        tmp_path, method="fedrcl", strategy="fedavgm", rounds=4, target_rounds=[2, 4, 10]
+    )
     for r, (a, e) in enumerate([(0.2, 0.2), (0.4, 0.22), (0.3, 0.228), (0.6, 0.2652)], 1):
         _record(rec, r, a, e)
     s = rec.finish({})
@@ -52,16 +61,16 @@ def test_torn_last_line_is_ignored_and_resume_truncates(tmp_path):
 
 def test_non_finite_values_are_written_as_null(tmp_path):
     rec = RunRecorder(tmp_path, method="fedavg", strategy="fedavg", rounds=1)
-    rec.append({"round": 1, "test_accuracy": 0.1, "test_loss": float("nan"),
-                "ema_accuracy": 0.1})
+    rec.append({"round": 1, "test_accuracy": 0.1, "test_loss": float("nan"), "ema_accuracy": 0.1})
     line = (tmp_path / "metrics.jsonl").read_text()
     assert '"test_loss": null' in line
 
 
 def test_report_table_and_cli(tmp_path, capsys):
     for name, method, accs in [("a", "fedavg", (0.3, 0.5)), ("b", "fedrcl", (0.4, 0.7))]:
-        rec = RunRecorder(tmp_path / name, method=method, strategy="fedavg", rounds=2,
-                          target_rounds=[1, 2])
+        rec = RunRecorder(
+            tmp_path / name, method=method, strategy="fedavg", rounds=2, target_rounds=[1, 2]
+        )
         ema = EMATracker(0.9)
         for r, a in enumerate(accs, 1):
             _record(rec, r, a, ema.update(a))
@@ -76,8 +85,7 @@ def test_report_table_and_cli(tmp_path, capsys):
     assert "no summary.json" in capsys.readouterr().err
 
 
-def test_progress_shows_the_ema_only_for_runs_that_report_it(tmp_path, capsys,
-                                                             monkeypatch):
+def test_progress_shows_the_ema_only_for_runs_that_report_it(tmp_path, capsys, monkeypatch):
     """Issue #25: EMA 46 % beside acc 79 % on every line suggested a 40-point gap. The
     EMA (FedRCL's reported accuracy; the authors' code computes none, their paper says
     "exponential moving average with parameter 0.9") stays in the records; the lines
@@ -102,10 +110,14 @@ def test_progress_shows_the_ema_only_for_runs_that_report_it(tmp_path, capsys,
     from fedrcl_flwr.config import to_dict
 
     for metric, note, done in [
-            ("ema@30", "'ema' is the reported metric (ema@30): EMA_t = 0.9·EMA_(t-1) + "
-             "0.1·acc_t from EMA_1 = acc_1", "final accuracy 79.00%, ema@30 (reported) "
-             "46.00%"),
-            ("final", None, "final accuracy 79.00% ->")]:
+        (
+            "ema@30",
+            "'ema' is the reported metric (ema@30): EMA_t = 0.9·EMA_(t-1) + "
+            "0.1·acc_t from EMA_1 = acc_1",
+            "final accuracy 79.00%, ema@30 (reported) 46.00%",
+        ),
+        ("final", None, "final accuracy 79.00% ->"),
+    ]:
         data = to_dict(tiny_config(tmp_path / metric))
         data["evaluation"].update(report_metric=metric, target_rounds=[30])
         data["federation"]["rounds"] = 30
@@ -115,7 +127,9 @@ def test_progress_shows_the_ema_only_for_runs_that_report_it(tmp_path, capsys,
         out = capsys.readouterr().out
         assert done in out, out
         assert sorted(p.name for p in (tmp_path / metric / "run").iterdir()) == [
-            ".fedrcl-flwr-dir", "config.yaml"]  # a completed run leaves no lock file
+            ".fedrcl-flwr-dir",
+            "config.yaml",
+        ]  # a completed run leaves no lock file
         # (issue #25), only the marker of a run directory the tool created (issue #21)
         if note:
             assert note in out and "trails 'acc' by about 10 rounds" in out, out

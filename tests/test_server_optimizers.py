@@ -27,13 +27,26 @@ class Mgr:
 
 
 def res(arrays, pid=0):
-    return (P(), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 10,
-                        {"partition_id": pid, "train_loss": 0.5}))
+    return (
+        P(),
+        FitRes(
+            Status(Code.OK, ""),
+            ndarrays_to_parameters(arrays),
+            10,
+            {"partition_id": pid, "train_loss": 0.5},
+        ),
+    )
 
 
 def make(name, w0, trainable=None, **params):
-    return strategy_class(name)(initial_weights=w0, trainable=trainable or [True] * len(w0),
-                                num_clients=4, clients_per_round=2, rounds=3, params=params)
+    return strategy_class(name)(
+        initial_weights=w0,
+        trainable=trainable or [True] * len(w0),
+        num_clients=4,
+        clients_per_round=2,
+        rounds=3,
+        params=params,
+    )
 
 
 def step(st, rnd, *client_arrays):
@@ -62,8 +75,15 @@ def test_fedavgm_server_lr():
 
 def test_fedadam_two_rounds():
     # v starting at 0 (v_init_tau_sq: false); the default τ² start: test_protocol_constants
-    st = make("fedadam", [np.array([0.0])], server_lr=0.01, beta1=0.9, beta2=0.99, tau=1e-3,
-              v_init_tau_sq=False)
+    st = make(
+        "fedadam",
+        [np.array([0.0])],
+        server_lr=0.01,
+        beta1=0.9,
+        beta2=0.99,
+        tau=1e-3,
+        v_init_tau_sq=False,
+    )
     w = step(st, 1, [np.array([1.0])])
     # m=0.1, v=0.01 -> w1 = 0.01*0.1/(0.1+0.001)
     w1 = 0.01 * 0.1 / (0.1 + 0.001)
@@ -132,9 +152,14 @@ def test_buffers_averaged_counters_kept_params_optimised(name):
 
 def _array_lists(st) -> dict:
     """Every attribute of a strategy holding per-entry arrays (weights, optimizer state)."""
-    return {k: v for k, v in vars(st).items() if isinstance(v, list) and v
-            and all(a is None or isinstance(a, np.ndarray) for a in v)
-            and any(isinstance(a, np.ndarray) for a in v)}
+    return {
+        k: v
+        for k, v in vars(st).items()
+        if isinstance(v, list)
+        and v
+        and all(a is None or isinstance(a, np.ndarray) for a in v)
+        and any(isinstance(a, np.ndarray) for a in v)
+    }
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))

@@ -53,13 +53,14 @@ def test_fedccl_global_mean_ablation_is_a_plain_average(tiny):
     g = ex.compute_global(local)
     np.testing.assert_allclose(g.vectors, [[0.5, 0.5], [4.0, 1.0]], rtol=1e-6)  # Eq. 12
     # the count-weighted form stays available
-    cfg = tiny(client={"method": "fedccl", "params": {"global_signal": "mean"}},
-               server={"signals": {"mean_weighting": "samples"}})
+    cfg = tiny(
+        client={"method": "fedccl", "params": {"global_signal": "mean"}},
+        server={"signals": {"mean_weighting": "samples"}},
+    )
     g = make_exchange(cfg, num_classes=4).compute_global(local)
     np.testing.assert_allclose(g.vectors, [[0.1, 0.9], [4.5, 0.0]], rtol=1e-6)
     # FedProto keeps its count-weighted mean
-    assert make_exchange(tiny(client={"method": "fedproto"}), 4).p["mean_weighting"] == \
-        "samples"
+    assert make_exchange(tiny(client={"method": "fedproto"}), 4).p["mean_weighting"] == "samples"
 
 
 def test_bad_signal_options():

@@ -23,13 +23,13 @@ def _yaml(tmp_path, **sections):
 
 
 def _strip(recs):
-    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")}
-            for r in recs]
+    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")} for r in recs]
 
 
 def test_save_round_trips_through_scheme_file(tmp_path, capsys):
-    cfg, path = _yaml(tmp_path, partition={"scheme": "dirichlet", "alpha": 0.1,
-                                           "balanced": True, "seed": 3})
+    cfg, path = _yaml(
+        tmp_path, partition={"scheme": "dirichlet", "alpha": 0.1, "balanced": True, "seed": 3}
+    )
     out = tmp_path / "split.json"
     assert main(["partition", str(path), "--save", str(out), "--max-rows", "2"]) == 0
     assert f"split written to {out}" in capsys.readouterr().out
@@ -43,8 +43,19 @@ def test_save_round_trips_through_scheme_file(tmp_path, capsys):
     # the CLI table of the file split equals the one of the original split
     main(["partition", str(path)])
     table = capsys.readouterr().out
-    assert main(["partition", str(path), "--set", "partition.scheme=file",
-                 "--set", f"partition.path={out}"]) == 0
+    assert (
+        main(
+            [
+                "partition",
+                str(path),
+                "--set",
+                "partition.scheme=file",
+                "--set",
+                f"partition.path={out}",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == table
 
 
@@ -72,8 +83,9 @@ def test_authors_format_file_drives_a_run(tmp_path):
     # the authors' released format: a Python dict literal with int keys
     lit = tmp_path / "dirichlet0.5_clients8.txt"
     lit.write_text(repr({c: p.tolist() for c, p in enumerate(parts)}))
-    same = tiny_config(tmp_path, federation={"rounds": 1},
-                       partition={"scheme": "file", "path": str(lit)})
+    same = tiny_config(
+        tmp_path, federation={"rounds": 1}, partition={"scheme": "file", "path": str(lit)}
+    )
     run_inprocess(same, tmp_path / "b")
     assert _strip(read_metrics(tmp_path / "b")) == _strip(read_metrics(tmp_path / "a"))
     # a file giving every client class-0 samples only: the local CE falls and the global
@@ -82,9 +94,12 @@ def test_authors_format_file_drives_a_run(tmp_path):
     zeros = np.flatnonzero(labels == 0)
     one = tmp_path / "one_class.txt"
     one.write_text(repr({c: zeros[c::8].tolist() for c in range(8)}))
-    skew = tiny_config(tmp_path, federation={"rounds": 1},
-                       client={"local_epochs": 3, "lr": 0.1},
-                       partition={"scheme": "file", "path": str(one)})
+    skew = tiny_config(
+        tmp_path,
+        federation={"rounds": 1},
+        client={"local_epochs": 3, "lr": 0.1},
+        partition={"scheme": "file", "path": str(one)},
+    )
     run_inprocess(skew, tmp_path / "c")
     rec, ref = read_metrics(tmp_path / "c")[-1], read_metrics(tmp_path / "a")[-1]
     assert rec["train_loss"] < ref["train_loss"] - 0.2
@@ -100,7 +115,8 @@ def test_bad_split_file_is_exit_2_before_flower(tmp_path, capsys):
     assert len(err) == 1 and "index 2 is given more than once (clients [1, 7])" in err[0]
     assert str(path) in err[0] and "partition.path" in err[0], err
     assert "holds 2 clients (ids 0..1) but federation.num_clients is 8" in _run_err(
-        tmp_path, capsys, {"0": [1], "1": [2]})
+        tmp_path, capsys, {"0": [1], "1": [2]}
+    )
     assert not (tmp_path / "run").exists()
 
 

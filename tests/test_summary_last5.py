@@ -11,16 +11,20 @@ from fedrcl_flwr.run.results import RunRecorder, read_metrics
 
 
 def _rec(rnd, acc, ema=None, dom=None):
-    r = {"round": rnd, "test_accuracy": acc, "test_loss": 1.0,
-         "ema_accuracy": acc if ema is None else ema, "num_clients": 2}
+    r = {
+        "round": rnd,
+        "test_accuracy": acc,
+        "test_loss": 1.0,
+        "ema_accuracy": acc if ema is None else ema,
+        "num_clients": 2,
+    }
     if dom is not None:
         r["domain_accuracy"] = dom
     return r
 
 
 def test_last5_is_the_mean_of_the_last_five_evaluated_rounds(tmp_path):
-    rec = RunRecorder(tmp_path, method="fedccl", strategy="fedavg", rounds=8,
-                      report_metric="last5")
+    rec = RunRecorder(tmp_path, method="fedccl", strategy="fedavg", rounds=8, report_metric="last5")
     accs = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.9]
     for r, a in enumerate(accs, 1):
         rec.append(_rec(r, a))
@@ -48,7 +52,8 @@ def test_last5_per_domain(tmp_path):
         rec.append(_rec(r, 0.1 * r, dom={"mnist": 0.1 * r, "svhn": 0.05 * r}))
     s = rec.summary()
     assert s["last5_per_domain"] == pytest.approx(
-        {"mnist": (0.3 + 0.4 + 0.5 + 0.6 + 0.7) / 5, "svhn": (0.3 + 0.4 + 0.5 + 0.6 + 0.7) / 10})
+        {"mnist": (0.3 + 0.4 + 0.5 + 0.6 + 0.7) / 5, "svhn": (0.3 + 0.4 + 0.5 + 0.6 + 0.7) / 10}
+    )
     assert 0.0 <= s["last5"] <= 1.0
 
 
@@ -73,9 +78,20 @@ def test_accuracy_at_reached_target_between_evaluations(tmp_path):
     assert rec.summary()["accuracy_at"] == {"4": 0.45}
 
 
-@pytest.mark.parametrize("value,ok", [("final", True), ("best", True), ("last5", True),
-                                      ("ema@2", True), ("ema@3", False), ("ema@0", False),
-                                      ("ema@", False), ("last10", False), ("ema", False)])
+@pytest.mark.parametrize(
+    "value,ok",
+    [
+        ("final", True),
+        ("best", True),
+        ("last5", True),
+        ("ema@2", True),
+        ("ema@3", False),
+        ("ema@0", False),
+        ("ema@", False),
+        ("last10", False),
+        ("ema", False),
+    ],
+)
 def test_report_metric_is_validated(tiny, value, ok):
     if ok:
         assert tiny(evaluation={"report_metric": value}).evaluation.report_metric == value
@@ -87,8 +103,9 @@ def test_report_metric_is_validated(tiny, value, ok):
 def test_inprocess_run_writes_last5_and_report_metric(tiny, tmp_path):
     from fedrcl_flwr.app.inprocess import run_inprocess
 
-    cfg = tiny(federation={"rounds": 2}, evaluation={"report_metric": "last5",
-                                                     "target_rounds": [2, 40]})
+    cfg = tiny(
+        federation={"rounds": 2}, evaluation={"report_metric": "last5", "target_rounds": [2, 40]}
+    )
     run_inprocess(cfg, tmp_path / "run")
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     recs = read_metrics(tmp_path / "run")

@@ -23,16 +23,29 @@ from fedrcl_flwr.runner import LOCK_FILE, procs_with
 ROOT = Path(__file__).resolve().parents[1]
 
 BASE = {
-    "name": "tiny_sweep", "seed": 0,
-    "dataset": {"name": "synthetic", "synthetic": {
-        "num_train": 800, "num_test": 300, "num_classes": 4, "image_size": 16,
-        "channels": 3, "subclusters": 2}},
+    "name": "tiny_sweep",
+    "seed": 0,
+    "dataset": {
+        "name": "synthetic",
+        "synthetic": {
+            "num_train": 800,
+            "num_test": 300,
+            "num_classes": 4,
+            "image_size": 16,
+            "channels": 3,
+            "subclusters": 2,
+        },
+    },
     "partition": {"scheme": "dirichlet", "alpha": 0.5, "balanced": True},
     "model": {"name": "cnn5"},
-    "federation": {"num_clients": 6, "rounds": 3, "participation": None,
-                   "clients_per_round": 2},
-    "client": {"method": "fedavg", "lr": 0.05, "local_epochs": 1, "batch_size": 32,
-               "device": "cpu"},
+    "federation": {"num_clients": 6, "rounds": 3, "participation": None, "clients_per_round": 2},
+    "client": {
+        "method": "fedavg",
+        "lr": 0.05,
+        "local_epochs": 1,
+        "batch_size": 32,
+        "device": "cpu",
+    },
     "server": {"strategy": "fedavg"},
     "evaluation": {"target_rounds": [2]},
 }
@@ -50,8 +63,11 @@ def _sweep(tmp_path, **spec) -> Path:
 
 
 def test_grid_times_seeds_names_and_overrides(tmp_path):
-    sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"],
-                                "partition.alpha": [0.3, 1.0]}, seeds=[0, 1])
+    sw = _sweep(
+        tmp_path,
+        grid={"client.method": ["fedavg", "fedrcl"], "partition.alpha": [0.3, 1.0]},
+        seeds=[0, 1],
+    )
     runs, out = plan_sweep(sw, tmp_path / "out")
     assert out == (tmp_path / "out").resolve()
     assert len(runs) == 8
@@ -70,12 +86,22 @@ def test_base_relative_to_cwd_and_variants_with_labels(tmp_path, monkeypatch):
     (tmp_path / "exp").mkdir()
     _write(tmp_path / "exp" / "base.yaml", BASE)
     (tmp_path / "sweeps").mkdir()
-    sw = _write(tmp_path / "sweeps" / "s.yaml", {
-        "base": "exp/base.yaml",  # relative to the working directory, not the sweep file
-        "variants": [{"label": "fedavg", "client.method": "fedavg"},
-                     {"label": "fedprox-mu0.01", "client.method": "fedprox",
-                      "client.params": {"mu": 0.01}}],
-        "seeds": [3], "set": {"federation.rounds": 2}})
+    sw = _write(
+        tmp_path / "sweeps" / "s.yaml",
+        {
+            "base": "exp/base.yaml",  # relative to the working directory, not the sweep file
+            "variants": [
+                {"label": "fedavg", "client.method": "fedavg"},
+                {
+                    "label": "fedprox-mu0.01",
+                    "client.method": "fedprox",
+                    "client.params": {"mu": 0.01},
+                },
+            ],
+            "seeds": [3],
+            "set": {"federation.rounds": 2},
+        },
+    )
     monkeypatch.chdir(tmp_path)
     runs, _ = plan_sweep(sw, tmp_path / "o")
     assert [r.name[:-9] for r in runs] == ["fedavg_seed=3", "fedprox-mu0.01_seed=3"]
@@ -85,22 +111,26 @@ def test_base_relative_to_cwd_and_variants_with_labels(tmp_path, monkeypatch):
 
 
 def test_variants_without_labels_are_named_by_their_method(tmp_path):
-    sw = _sweep(tmp_path, variants=[{"client.method": "fedavg"},
-                                    {"client.method": "fedprox",
-                                     "client.params": {"mu": 0.01}},
-                                    {"client.method": "fedprox",
-                                     "client.params": {"mu": 0.1}}])
+    sw = _sweep(
+        tmp_path,
+        variants=[
+            {"client.method": "fedavg"},
+            {"client.method": "fedprox", "client.params": {"mu": 0.01}},
+            {"client.method": "fedprox", "client.params": {"mu": 0.1}},
+        ],
+    )
     runs, _ = plan_sweep(sw, tmp_path / "o")
-    assert [r.name[:-9] for r in runs] == ["fedavg_seed=0", "fedprox_seed=0",
-                                           "fedprox_seed=0"]
+    assert [r.name[:-9] for r in runs] == ["fedavg_seed=0", "fedprox_seed=0", "fedprox_seed=0"]
     assert len({r.name for r in runs}) == 3 and all(r.cfg.label is None for r in runs)
 
 
 def test_several_bases_are_a_setting_axis(tmp_path):
     _write(tmp_path / "a.yaml", BASE)
     _write(tmp_path / "b.yaml", {**BASE, "partition": {"scheme": "iid"}})
-    sw = _write(tmp_path / "s.yaml", {"base": ["a.yaml", "b.yaml"],
-                                      "grid": {"client.method": ["fedavg", "fedrcl"]}})
+    sw = _write(
+        tmp_path / "s.yaml",
+        {"base": ["a.yaml", "b.yaml"], "grid": {"client.method": ["fedavg", "fedrcl"]}},
+    )
     runs, _ = plan_sweep(sw, tmp_path / "o")
     assert [r.name[:-9] for r in runs] == ["fedavg_seed=0", "fedrcl_seed=0"] * 2
     assert len({r.name for r in runs}) == 4
@@ -115,10 +145,17 @@ def test_run_names_are_stable_when_the_sweep_grows(tmp_path):
 
     small = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"]}, seeds=[0])
     before = {r.name for r in plan_sweep(small, tmp_path / "o")[0]}
-    grown = _write(tmp_path / "grown.yaml", {
-        "base": "base.yaml", "seeds": [0, 1],
-        "grid": {"client.method": ["fedavg", "fedrcl", "fedprox"],
-                 "partition.alpha": [0.5, 0.1]}})  # 0.5 is the base's own value
+    grown = _write(
+        tmp_path / "grown.yaml",
+        {
+            "base": "base.yaml",
+            "seeds": [0, 1],
+            "grid": {
+                "client.method": ["fedavg", "fedrcl", "fedprox"],
+                "partition.alpha": [0.5, 0.1],
+            },
+        },
+    )  # 0.5 is the base's own value
     after = {r.name for r in plan_sweep(grown, tmp_path / "o")[0]}
     assert before <= after and len(after) == 12
     # what only names, places or resources a run does not change its hash
@@ -177,18 +214,23 @@ def test_a_regrown_sweep_takes_over_runs_named_the_old_way(tmp_path, capsys):
     check_existing(runs)  # the renamed directory holds the planned experiment
 
 
-@pytest.mark.parametrize("spec,needle", [
-    ({"grid": {"client.method": ["fedavg", "nope"]}}, "client.method"),
-    ({"grid": {"partition.alpha": [0.3, -1]}}, "partition.alpha"),
-    ({"grid": {"partition.nonsense": [1]}}, "partition.nonsense"),
-    ({"variants": [{"client.method": "fedprox", "client.params": {"bogus": 1}}]},
-     "client.params"),
-    ({"grid": {"client.method": "fedavg"}}, "grid.client.method"),
-    ({"seeds": [0, 0]}, "seeds"),
-    ({"variants": [{"label": "x"}, {"client.method": "fedavg"}]}, "label"),
-    ({"gird": {}}, "gird"),
-    ({"base": "missing.yaml"}, "missing.yaml"),
-])
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        ({"grid": {"client.method": ["fedavg", "nope"]}}, "client.method"),
+        ({"grid": {"partition.alpha": [0.3, -1]}}, "partition.alpha"),
+        ({"grid": {"partition.nonsense": [1]}}, "partition.nonsense"),
+        (
+            {"variants": [{"client.method": "fedprox", "client.params": {"bogus": 1}}]},
+            "client.params",
+        ),
+        ({"grid": {"client.method": "fedavg"}}, "grid.client.method"),
+        ({"seeds": [0, 0]}, "seeds"),
+        ({"variants": [{"label": "x"}, {"client.method": "fedavg"}]}, "label"),
+        ({"gird": {}}, "gird"),
+        ({"base": "missing.yaml"}, "missing.yaml"),
+    ],
+)
 def test_bad_combination_exits_2_before_anything_runs(tmp_path, capsys, spec, needle):
     sw = _sweep(tmp_path, **spec)
     out = tmp_path / "out"
@@ -233,8 +275,7 @@ def test_a_run_dir_holding_another_experiment_stops_the_sweep(tmp_path, capsys):
 
 
 def _strip(recs):
-    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")}
-            for r in recs]
+    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")} for r in recs]
 
 
 @pytest.mark.flwr
@@ -256,22 +297,38 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
     from fedrcl_flwr.run.results import write_marker
 
     # rounds of ~1.5 s on an idle CPU: the kill lands while b is part-way
-    sw = _sweep(tmp_path, variants=[{"label": "a", "client.method": "fedavg"},
-                                    {"label": "b", "client.method": "fedrcl"},
-                                    {"label": "c", "client.method": "fedavg",
-                                     "client.lr": 0.02, "federation.rounds": 1},
-                                    {"label": "d", "client.method": "faulty",
-                                     "client.params": {"mode": "raise", "partitions": [-1]},
-                                     "federation.rounds": 1}],
-                set={"dataset.synthetic.num_train": 1200, "dataset.synthetic.image_size": 32,
-                     "client.local_epochs": 3})
+    sw = _sweep(
+        tmp_path,
+        variants=[
+            {"label": "a", "client.method": "fedavg"},
+            {"label": "b", "client.method": "fedrcl"},
+            {"label": "c", "client.method": "fedavg", "client.lr": 0.02, "federation.rounds": 1},
+            {
+                "label": "d",
+                "client.method": "faulty",
+                "client.params": {"mode": "raise", "partitions": [-1]},
+                "federation.rounds": 1,
+            },
+        ],
+        set={
+            "dataset.synthetic.num_train": 1200,
+            "dataset.synthetic.image_size": 32,
+            "client.local_epochs": 3,
+        },
+    )
     out = tmp_path / "out"
     runs, _ = plan_sweep(sw, out)
     a, b, c, d = runs
-    for r, files in ((a, {"summary.json": '{"final_accuracy": 0.25}',
-                          "metrics.jsonl": '{"round": 3, "test_accuracy": 0.25}\n'}),
-                     (c, {"metrics.jsonl": '{"round": 1, "test_accuracy": 0.99}\n',
-                          "flower.log": "stale"})):
+    for r, files in (
+        (
+            a,
+            {
+                "summary.json": '{"final_accuracy": 0.25}',
+                "metrics.jsonl": '{"round": 3, "test_accuracy": 0.25}\n',
+            },
+        ),
+        (c, {"metrics.jsonl": '{"round": 1, "test_accuracy": 0.99}\n', "flower.log": "stale"}),
+    ):
         r.out_dir.mkdir(parents=True)
         write_marker(r.out_dir, "run")  # as `run` marks the directories it creates
         dump_config(r.cfg, r.out_dir / "config.yaml")
@@ -282,8 +339,9 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
     args = [sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw), "--out", str(out)]
     tag = uuid.uuid4().hex  # every process of this sweep inherits it (other sessions' don't)
     env = {**os.environ, "FEDRCL_TEST_TAG": tag}
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=tmp_path, env=env)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env
+    )
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
         if b.state() == "resume":  # round 1 (of 3) checkpointed: two rounds of margin
@@ -296,8 +354,9 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
     assert proc.returncode != 0, first
     # a Ray agent of a run stopped during its start-up can take over 10 s to exit
     deadline = time.time() + 30
-    while (left := procs_with(f"FEDRCL_TEST_TAG={tag}") + [
-            p for h in homes for p in procs_with(h)]) and time.time() < deadline:
+    while (
+        left := procs_with(f"FEDRCL_TEST_TAG={tag}") + [p for h in homes for p in procs_with(h)]
+    ) and time.time() < deadline:
         time.sleep(0.5)
     assert not left, f"runs left processes behind: {left}"
     assert [r.state() for r in runs] == ["done", "resume", "new", "new"], first
@@ -311,12 +370,21 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
     assert f"run 2/4 {b.name}: resuming after round" in res.stdout
     assert f"run 3/4 {c.name}: started" in res.stdout
     # one progress line per finished round: run i/N, name, round, accuracy, ETA
-    assert any(line.startswith(f"run 2/4 {b.name}") and "round 3/3" in line and "acc " in line
-               and "ETA " in line for line in res.stdout.splitlines())
+    assert any(
+        line.startswith(f"run 2/4 {b.name}")
+        and "round 3/3" in line
+        and "acc " in line
+        and "ETA " in line
+        for line in res.stdout.splitlines()
+    )
     assert (a.out_dir / "summary.json").stat().st_mtime_ns == mtime  # not run again
     status = json.loads((out / "sweep_status.json").read_text())
     assert {k: v["status"] for k, v in status.items()} == {
-        a.name: "done", b.name: "done", c.name: "done", d.name: "failed"}, status
+        a.name: "done",
+        b.name: "done",
+        c.name: "done",
+        d.name: "failed",
+    }, status
     assert status[d.name]["exit_code"] == 1 and "injected" in status[d.name]["error"], status
     assert res.stderr.count("FAILED") == 1 and "Traceback" not in res.stderr, res.stderr
     assert "3/4 runs finished, 1 failed" in res.stdout
@@ -334,8 +402,10 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
     finally:
         torch.set_num_threads(threads)
     assert _strip(got) == _strip(read_metrics(ref_dir))
-    assert json.loads((b.out_dir / "summary.json").read_text())["final_accuracy"] == \
-        json.loads((ref_dir / "summary.json").read_text())["final_accuracy"]
+    assert (
+        json.loads((b.out_dir / "summary.json").read_text())["final_accuracy"]
+        == json.loads((ref_dir / "summary.json").read_text())["final_accuracy"]
+    )
 
 
 # ------------------------------------------------------------- the paper tables' sweeps
@@ -345,9 +415,17 @@ SWEEPS = sorted((ROOT / "experiments" / "sweeps").glob("*.yaml"))
 
 def test_a_sweep_file_per_paper_table():
     names = {p.stem for p in SWEEPS}
-    want = {f"fedrcl_table{t}" for t in ("1", "2", "3", "4", "5", "A", "C", "D")} | \
-        {"univarfl_table1", "univarfl_table2", "synthetic_cpu", "fedccl_figure5",
-         "fedccl_figure6"} | {f"fedccl_table{t}" for t in range(1, 9)}
+    want = (
+        {f"fedrcl_table{t}" for t in ("1", "2", "3", "4", "5", "A", "C", "D")}
+        | {
+            "univarfl_table1",
+            "univarfl_table2",
+            "synthetic_cpu",
+            "fedccl_figure5",
+            "fedccl_figure6",
+        }
+        | {f"fedccl_table{t}" for t in range(1, 9)}
+    )
     assert want <= names, want - names
 
 
@@ -367,7 +445,12 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
         return
     if path.stem == "digits_study":  # a study on scikit-learn's digits, no paper table
         assert len(runs) == 30 and {r.cfg.label for r in runs} == {
-            "fedavg", "fedprox", "fedrcl", "univarfl_proj", "univarfl_noproj"}
+            "fedavg",
+            "fedprox",
+            "fedrcl",
+            "univarfl_proj",
+            "univarfl_noproj",
+        }
         return
     if path.stem == "research_features":  # issue 22's features on synthetic data, no paper
         assert all(r.cfg.dataset.name == "synthetic" for r in runs)
@@ -380,9 +463,9 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
         return
     if path.stem == "unreliable_clients":  # the README's dropout study
         assert len(runs) == 18 and seeds == {0, 1, 2}
-        assert {(r.cfg.client.method, r.cfg.federation.availability.dropout)
-                for r in runs} == {(m, p) for m in ("fedavg", "fedrcl")
-                                   for p in (0.0, 0.2, 0.5)}
+        assert {(r.cfg.client.method, r.cfg.federation.availability.dropout) for r in runs} == {
+            (m, p) for m in ("fedavg", "fedrcl") for p in (0.0, 0.2, 0.5)
+        }
         return
     assert seeds == {0, 1, 2}
     if path.stem.startswith("fedccl_figure"):
@@ -403,12 +486,17 @@ def test_resource_errors_stop_the_sweep_up_front(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")
-    sw = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"]},
-                set={"simulation.num_gpus": 1.0})
+    sw = _sweep(
+        tmp_path, grid={"client.method": ["fedavg", "fedrcl"]}, set={"simulation.num_gpus": 1.0}
+    )
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw),
-                          "--out", str(out)], capture_output=True, text=True, timeout=600,
-                         cwd=tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-m", "fedrcl_flwr.cli", "sweep", str(sw), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert res.returncode == 2, res.stdout + res.stderr
     assert "run 'fedavg_seed=0_" in res.stderr and "no CUDA GPU" in res.stderr
     assert "Traceback" not in res.stderr and not out.exists()

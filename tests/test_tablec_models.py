@@ -23,24 +23,56 @@ ROOT = Path(__file__).resolve().parents[1]
 # level -> (channels, spatial side of the tapped map) for a 32x32 input, from each
 # architecture's paper with the CIFAR strides of its module docstring
 EXPECTED = {
-    "vgg9_gn": ({"layer0": (32, 32), "layer1": (64, 16), "layer2": (128, 16),
-                 "layer3": (128, 8), "layer4": (256, 8), "layer5": (256, 4)}, 512),
-    "mobilenet_v2_gn": ({"layer0": (32, 32), "layer1": (16, 32), "layer2": (24, 32),
-                         "layer3": (32, 16), "layer4": (64, 8), "layer5": (96, 8),
-                         "layer6": (160, 4), "layer7": (320, 4)}, 1280),
-    "shufflenet_v2_gn": ({"layer0": (24, 32), "layer1": (116, 16), "layer2": (232, 8),
-                          "layer3": (464, 4)}, 1024),
-    "squeezenet_gn": ({"layer0": (96, 16), "layer1": (128, 16), "layer2": (128, 16),
-                       "layer3": (256, 8), "layer4": (256, 8), "layer5": (384, 8),
-                       "layer6": (384, 8), "layer7": (512, 4)}, 512),
+    "vgg9_gn": (
+        {
+            "layer0": (32, 32),
+            "layer1": (64, 16),
+            "layer2": (128, 16),
+            "layer3": (128, 8),
+            "layer4": (256, 8),
+            "layer5": (256, 4),
+        },
+        512,
+    ),
+    "mobilenet_v2_gn": (
+        {
+            "layer0": (32, 32),
+            "layer1": (16, 32),
+            "layer2": (24, 32),
+            "layer3": (32, 16),
+            "layer4": (64, 8),
+            "layer5": (96, 8),
+            "layer6": (160, 4),
+            "layer7": (320, 4),
+        },
+        1280,
+    ),
+    "shufflenet_v2_gn": (
+        {"layer0": (24, 32), "layer1": (116, 16), "layer2": (232, 8), "layer3": (464, 4)},
+        1024,
+    ),
+    "squeezenet_gn": (
+        {
+            "layer0": (96, 16),
+            "layer1": (128, 16),
+            "layer2": (128, 16),
+            "layer3": (256, 8),
+            "layer4": (256, 8),
+            "layer5": (384, 8),
+            "layer6": (384, 8),
+            "layer7": (512, 4),
+        },
+        512,
+    ),
 }
 NAMES = sorted(EXPECTED)
 
 
 def _model(name, num_classes=7, in_channels=3, **params):
     torch.manual_seed(0)
-    return build_model(name, num_classes=num_classes, in_channels=in_channels,
-                       image_size=32, params=params)
+    return build_model(
+        name, num_classes=num_classes, in_channels=in_channels, image_size=32, params=params
+    )
 
 
 def _tap_modules(name, model):
@@ -86,8 +118,10 @@ def test_features_are_taps_of_the_forward_pass(name):
     shapes, _ = EXPECTED[name]
     model = _model(name)
     caught = []
-    handles = [m.register_forward_hook(lambda mod, inp, out: caught.append((inp[0], out)))
-               for m in _tap_modules(name, model)]
+    handles = [
+        m.register_forward_hook(lambda mod, inp, out: caught.append((inp[0], out)))
+        for m in _tap_modules(name, model)
+    ]
     pen = []
     handles.append(model.fc.register_forward_pre_hook(lambda mod, inp: pen.append(inp[0])))
     x = torch.randn(2, 3, 32, 32)
@@ -119,18 +153,23 @@ def test_gradients_flow_to_every_level(name):
     first = next(p for n, p in model.named_parameters() if p.dim() == 4)
     _, feats = model(x, return_features=True)  # one forward; one backward per level
     for lv in model.levels:
-        g_first, g_fc = torch.autograd.grad(feats[lv].pow(2).sum(), (first, model.fc.weight),
-                                            retain_graph=True, allow_unused=True)
+        g_first, g_fc = torch.autograd.grad(
+            feats[lv].pow(2).sum(), (first, model.fc.weight), retain_graph=True, allow_unused=True
+        )
         assert g_first is not None and g_first.abs().sum() > 0, lv
         assert g_fc is None or g_fc.abs().sum() == 0  # a tap lies before the classifier
     # CE on the logits + every level: every parameter gets a non-zero gradient
     model.zero_grad()
     logits, feats = model(x, return_features=True)
     loss = F.cross_entropy(logits, torch.arange(4) % 7) + sum(
-        feats[lv].pow(2).mean() for lv in model.levels)
+        feats[lv].pow(2).mean() for lv in model.levels
+    )
     loss.backward()
-    dead = [n for n, p in model.named_parameters()
-            if p.grad is None or not torch.isfinite(p.grad).all() or p.grad.abs().sum() == 0]
+    dead = [
+        n
+        for n, p in model.named_parameters()
+        if p.grad is None or not torch.isfinite(p.grad).all() or p.grad.abs().sum() == 0
+    ]
     assert not dead, dead
 
 
@@ -156,8 +195,7 @@ def test_fedmlb_blocks_compute_the_same_function(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_one_channel_input_and_group_option(name):
-    groups = {"vgg9_gn": 4, "mobilenet_v2_gn": 8, "shufflenet_v2_gn": 1,
-              "squeezenet_gn": 4}[name]
+    groups = {"vgg9_gn": 4, "mobilenet_v2_gn": 8, "shufflenet_v2_gn": 1, "squeezenet_gn": 4}[name]
     model = _model(name, in_channels=1, groups=groups)
     logits = model(torch.randn(2, 1, 32, 32))
     assert logits.shape == (2, 7)
@@ -167,14 +205,15 @@ def test_one_channel_input_and_group_option(name):
 
 def test_bad_model_params_are_value_errors():
     with pytest.raises(ValueError, match="model 'vgg9_gn': bad model.params"):
-        build_model("vgg9_gn", num_classes=3, in_channels=3, image_size=32,
-                    params={"depth": 11})
+        build_model("vgg9_gn", num_classes=3, in_channels=3, image_size=32, params={"depth": 11})
     with pytest.raises(ValueError, match="width"):
-        build_model("shufflenet_v2_gn", num_classes=3, in_channels=3, image_size=32,
-                    params={"width": 3.0})
+        build_model(
+            "shufflenet_v2_gn", num_classes=3, in_channels=3, image_size=32, params={"width": 3.0}
+        )
     with pytest.raises(ValueError, match="groups=4 must divide"):
-        build_model("shufflenet_v2_gn", num_classes=3, in_channels=3, image_size=32,
-                    params={"groups": 4})
+        build_model(
+            "shufflenet_v2_gn", num_classes=3, in_channels=3, image_size=32, params={"groups": 4}
+        )
 
 
 TABLE_C = sorted((ROOT / "experiments" / "fedrcl").glob("tableC_*.yaml"))
@@ -199,7 +238,9 @@ def _tiny_overrides(tmp_path):
         "image_size: 16, channels: 3, subclusters: 2}}",
         "federation={num_clients: 4, rounds: 2, participation: null, clients_per_round: 2, "
         "eval_every: 1}",
-        "client.local_epochs=1", "client.iterations_per_epoch=1", "client.device=cpu",
+        "client.local_epochs=1",
+        "client.iterations_per_epoch=1",
+        "client.device=cpu",
         "evaluation={ema: 0.9, target_rounds: [2], batch_size: 16}",
         f"output={{dir: {tmp_path / 'run'}, checkpoint_every: 0}}",
     ]
@@ -208,8 +249,9 @@ def _tiny_overrides(tmp_path):
 @pytest.mark.parametrize("path", TABLE_C, ids=lambda p: p.stem)
 def test_table_c_yaml_runs_fedrcl_two_rounds_multilevel(path, tmp_path):
     cfg = load_config(path, _tiny_overrides(tmp_path))
-    model = build_model(cfg.model.name, num_classes=4, in_channels=3, image_size=16,
-                        params=cfg.model.params)
+    model = build_model(
+        cfg.model.name, num_classes=4, in_channels=3, image_size=16, params=cfg.model.params
+    )
     levels = resolve_levels(cfg.client.params.get("levels", ["all"]), tuple(model.levels))
     assert len(levels) >= 4  # multi-level contrast
     st = run_inprocess(cfg, tmp_path / "run")
@@ -223,10 +265,12 @@ def test_table_c_yaml_runs_fedrcl_two_rounds_multilevel(path, tmp_path):
 def test_table_c_fedmlb_row_runs(tmp_path):
     """The FedMLB row of a Table C header (the models have FedMLB's block interface)."""
     path = ROOT / "experiments" / "fedrcl" / "tableC_cifar100_vgg9.yaml"
-    cfg = load_config(path, _tiny_overrides(tmp_path) + [
-        "client.method=fedmlb", "client.params={lam1: 1.0, lam2: 1.0}"])
+    cfg = load_config(
+        path,
+        _tiny_overrides(tmp_path)
+        + ["client.method=fedmlb", "client.params={lam1: 1.0, lam2: 1.0}"],
+    )
     run_inprocess(cfg, tmp_path / "run")
     recs = read_metrics(tmp_path / "run")
     assert [r["round"] for r in recs] == [1, 2]
-    assert all(math.isfinite(r["train_loss_mlb_ce"]) and r["train_loss_mlb_ce"] > 0
-               for r in recs)
+    assert all(math.isfinite(r["train_loss_mlb_ce"]) and r["train_loss_mlb_ce"] > 0 for r in recs)

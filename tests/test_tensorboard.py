@@ -35,19 +35,38 @@ def _check_same_as_metrics(acc, recs):
 
 
 def test_events_carry_the_metrics_records(tiny, tmp_path):
-    cfg = tiny(client={"method": "fedrcl"}, federation={"rounds": 3},
-               dataset={"name": "synthetic", "synthetic": {
-                   "num_train": 800, "num_test": 300, "num_classes": 4, "image_size": 16,
-                   "channels": 3, "subclusters": 2, "num_domains": 2}},
-               evaluation={"target_rounds": [2], "representation_every": 1},
-               output={"dir": str(tmp_path / "run"), "tensorboard": True})
+    cfg = tiny(
+        client={"method": "fedrcl"},
+        federation={"rounds": 3},
+        dataset={
+            "name": "synthetic",
+            "synthetic": {
+                "num_train": 800,
+                "num_test": 300,
+                "num_classes": 4,
+                "image_size": 16,
+                "channels": 3,
+                "subclusters": 2,
+                "num_domains": 2,
+            },
+        },
+        evaluation={"target_rounds": [2], "representation_every": 1},
+        output={"dir": str(tmp_path / "run"), "tensorboard": True},
+    )
     run_inprocess(cfg, tmp_path / "run")
     recs = read_metrics(tmp_path / "run")
     acc = _events(tmp_path / "run")
     tags = set(acc.Tags()["scalars"])
-    for tag in ("accuracy/test", "accuracy/ema", "loss/test", "train/train_loss",
-                "train/train_loss_rcl", "representation/effective_rank",
-                "comm/model_bytes_up", "round/num_clients"):
+    for tag in (
+        "accuracy/test",
+        "accuracy/ema",
+        "loss/test",
+        "train/train_loss",
+        "train/train_loss_rcl",
+        "representation/effective_rank",
+        "comm/model_bytes_up",
+        "round/num_clients",
+    ):
         assert tag in tags, (tag, sorted(tags))
     assert any(t.startswith("domain_accuracy/") for t in tags), sorted(tags)
     assert [e.step for e in acc.Scalars("accuracy/test")] == [1, 2, 3]
@@ -57,9 +76,10 @@ def test_events_carry_the_metrics_records(tiny, tmp_path):
 
 
 def test_resumed_run_has_each_round_once(tiny, tmp_path):
-    cfg = tiny(federation={"rounds": 4},
-               output={"dir": str(tmp_path / "run"), "tensorboard": True,
-                       "checkpoint_every": 2})
+    cfg = tiny(
+        federation={"rounds": 4},
+        output={"dir": str(tmp_path / "run"), "tensorboard": True, "checkpoint_every": 2},
+    )
     run_inprocess(cfg, tmp_path / "run", stop_after=3)  # round 3 logged, checkpoint at 2
     assert [e.step for e in _events(tmp_path / "run").Scalars("accuracy/test")] == [1, 2, 3]
     run_inprocess(cfg, tmp_path / "run", resume=True)
@@ -69,19 +89,42 @@ def test_resumed_run_has_each_round_once(tiny, tmp_path):
 
 
 def test_scalars_skip_non_numbers():
-    got = scalars({"round": 2, "test_accuracy": 0.5, "test_loss": float("nan"),
-                   "failures": 0, "note": "x", "ok": True, "domain_accuracy": {"a": 0.25}})
+    got = scalars(
+        {
+            "round": 2,
+            "test_accuracy": 0.5,
+            "test_loss": float("nan"),
+            "failures": 0,
+            "note": "x",
+            "ok": True,
+            "domain_accuracy": {"a": 0.25},
+        }
+    )
     assert got == {"accuracy/test": 0.5, "round/failures": 0.0, "domain_accuracy/a": 0.25}
     assert all(math.isfinite(v) for v in got.values())
 
 
 def test_missing_extra_is_one_line_exit_2(monkeypatch, capsys):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "tensorboard" else real(name, *a),
+    )
     quickstart = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
-    assert main(["run", str(quickstart), "--set", "output.tensorboard=true",
-                 "--out", "/nonexistent/never-created"]) == 2
+    assert (
+        main(
+            [
+                "run",
+                str(quickstart),
+                "--set",
+                "output.tensorboard=true",
+                "--out",
+                "/nonexistent/never-created",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "output.tensorboard" in err and "pip install" in err
     assert len(err.strip().splitlines()) == 1

@@ -55,8 +55,7 @@ def offline(tmp_path, monkeypatch, no_internet):
     store = tmp_path / "mlstore"
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR",
-                "WANDB_ARTIFACT_DIR"):
+    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
         monkeypatch.setenv(var, str(tmp_path / "wandb-home" / var.lower()))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{store}")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -78,8 +77,8 @@ def wandb_records(run_dir: Path) -> list:
             if left < 7:  # block trailer
                 pos += left
                 continue
-            _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-            chunk = data[pos + 7:pos + 7 + length]
+            _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+            chunk = data[pos + 7 : pos + 7 + length]
             pos += 7 + length
             if kind == 0:
                 continue
@@ -148,9 +147,16 @@ def test_every_tracker_holds_metrics_jsonl_across_a_resume(tiny, tmp_path, offli
     (round 3 is recomputed on resume), TensorBoard all three (it purges on resume); the
     resumed run continues the same tracker runs and each holds exactly metrics.jsonl."""
     run_dir = tmp_path / "run"
-    cfg = tiny(federation={"rounds": 4}, evaluation={"target_rounds": [2]},
-               output={"dir": str(run_dir), "tracker": ["tensorboard", "wandb", "mlflow"],
-                       "tracker_project": "proj", "checkpoint_every": 2})
+    cfg = tiny(
+        federation={"rounds": 4},
+        evaluation={"target_rounds": [2]},
+        output={
+            "dir": str(run_dir),
+            "tracker": ["tensorboard", "wandb", "mlflow"],
+            "tracker_project": "proj",
+            "checkpoint_every": 2,
+        },
+    )
     run_inprocess(cfg, run_dir, stop_after=3)
     assert sorted(wandb_history(run_dir)) == [1, 2]
     state = json.loads((run_dir / STATE_FILE).read_text())
@@ -184,11 +190,16 @@ def test_every_tracker_holds_metrics_jsonl_across_a_resume(tiny, tmp_path, offli
         assert run.data.metrics[mlflow_key(key)] == pytest.approx(value), key
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"config.yaml", "summary.json", "plots"} <= arts
-    assert [a.path for a in client.list_artifacts(run.info.run_id, "plots")] == \
-        ["plots/accuracy.png"]
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "plots")] == [
+        "plots/accuracy.png"
+    ]
     assert run.info.status == "FINISHED"
-    files = [f.path for rec in wandb_records(run_dir) if rec.WhichOneof("record_type") ==
-             "files" for f in rec.files.files]
+    files = [
+        f.path
+        for rec in wandb_records(run_dir)
+        if rec.WhichOneof("record_type") == "files"
+        for f in rec.files.files
+    ]
     assert "accuracy.png" in files
     # TensorBoard: the same tags
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -197,8 +208,9 @@ def test_every_tracker_holds_metrics_jsonl_across_a_resume(tiny, tmp_path, offli
     acc.Reload()
     for rec in recs:
         for tag, value in scalars(rec).items():
-            assert {e.step: e.value for e in acc.Scalars(tag)}[rec["round"]] == \
-                pytest.approx(value, rel=1e-6)
+            assert {e.step: e.value for e in acc.Scalars(tag)}[rec["round"]] == pytest.approx(
+                value, rel=1e-6
+            )
 
 
 def _asdict(cfg):
@@ -214,15 +226,19 @@ def test_sweep_groups_its_runs(tiny, tmp_path, offline):
     base = tmp_path / "base.yaml"
     base.write_text(QUICKSTART.read_text())
     sweep = tmp_path / "grp.yaml"
-    sweep.write_text(f"base: {base}\nseeds: [0, 1]\nset: {{output.tracker: [wandb, mlflow], "
-                     "federation.rounds: 1}\n")
+    sweep.write_text(
+        f"base: {base}\nseeds: [0, 1]\nset: {{output.tracker: [wandb, mlflow], "
+        "federation.rounds: 1}\n"
+    )
     runs, out = plan_sweep(sweep, tmp_path / "out", check_components=False)
     assert {r.cfg.output.tracker_group for r in runs} == {"grp"}
     assert prepare_sweep_group([r.cfg for r in runs], out) == {}  # URI set by the fixture
     for r in runs:
-        cfg = tiny(seed=r.cfg.seed, federation={"rounds": 1},
-                   output={"dir": str(r.out_dir), "tracker": ["wandb", "mlflow"],
-                           "tracker_group": "grp"})
+        cfg = tiny(
+            seed=r.cfg.seed,
+            federation={"rounds": 1},
+            output={"dir": str(r.out_dir), "tracker": ["wandb", "mlflow"], "tracker_group": "grp"},
+        )
         run_inprocess(cfg, r.out_dir)
     parents = set()
     for r in runs:
@@ -242,15 +258,19 @@ def test_sweep_without_uri_keeps_mlflow_in_its_directory(tmp_path, monkeypatch, 
     assert any((tmp_path / "sweep" / "mlruns").iterdir())
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--set", "output.tracker=[wandb]"], ["output.tracker", "wandb", "pip install"]),
-    (["--set", "output.tracker=[neptune]"], ["output.tracker", "neptune"]),
-    (["--set", "output.tracker=[mlflow, mlflow]"], ["output.tracker", "twice"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--set", "output.tracker=[wandb]"], ["output.tracker", "wandb", "pip install"]),
+        (["--set", "output.tracker=[neptune]"], ["output.tracker", "neptune"]),
+        (["--set", "output.tracker=[mlflow, mlflow]"], ["output.tracker", "twice"]),
+    ],
+)
 def test_bad_tracker_is_one_line_exit_2(args, words, monkeypatch, capsys):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "wandb" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
     assert main(["run", str(QUICKSTART), *args, "--out", "/nonexistent/never"]) == 2
     err = capsys.readouterr().err
     assert all(w in err for w in words) and str(QUICKSTART) in err, err
@@ -262,8 +282,19 @@ def test_wandb_online_without_a_key_is_exit_2(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "none"))
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert main(["run", str(QUICKSTART), "--set", "output.tracker=[wandb]",
-                 "--out", str(tmp_path / "out")]) == 2
+    assert (
+        main(
+            [
+                "run",
+                str(QUICKSTART),
+                "--set",
+                "output.tracker=[wandb]",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "WANDB_MODE=offline" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()

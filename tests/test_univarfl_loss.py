@@ -26,8 +26,12 @@ DUP_CASE = "case3_uniform_logits_dupfeat.npz"
 
 def load(name):
     ref = np.load(DATA / name)
-    return ref, torch.from_numpy(ref["logits"]), torch.from_numpy(ref["features"]), \
-        torch.from_numpy(ref["labels"])
+    return (
+        ref,
+        torch.from_numpy(ref["logits"]),
+        torch.from_numpy(ref["features"]),
+        torch.from_numpy(ref["labels"]),
+    )
 
 
 def close(value, expected, *, rtol=1e-9, atol=1e-9):
@@ -45,13 +49,14 @@ def test_reference_data_present():
 
 # ---------------------------------------------------------------- L_V, Eqs. (1)-(2)
 
+
 @pytest.mark.parametrize("unbiased,key", [(True, "c_unbiased"), (False, "c_biased")])
 @pytest.mark.parametrize("name", CASES)
 def test_variance_threshold(name, unbiased, key):
     ref, logits, _, _ = load(name)
     D = logits.shape[1]
     close(U.variance_threshold(D, unbiased=unbiased), ref[key], rtol=1e-12)
-    closed = 1.0 / D if unbiased else (D - 1) / D ** 2
+    closed = 1.0 / D if unbiased else (D - 1) / D**2
     close(U.variance_threshold(D, unbiased=unbiased), closed, rtol=1e-12)
 
 
@@ -59,10 +64,12 @@ def test_variance_threshold(name, unbiased, key):
 def test_softmax_batch_variance(name):
     ref, logits, _, _ = load(name)
     p = logits.softmax(1)
-    np.testing.assert_allclose(p.var(0, correction=1).numpy(), ref["softmax_var_unbiased"],
-                               rtol=1e-10, atol=1e-14)
-    np.testing.assert_allclose(p.var(0, correction=0).numpy(), ref["softmax_var_biased"],
-                               rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(
+        p.var(0, correction=1).numpy(), ref["softmax_var_unbiased"], rtol=1e-10, atol=1e-14
+    )
+    np.testing.assert_allclose(
+        p.var(0, correction=0).numpy(), ref["softmax_var_biased"], rtol=1e-10, atol=1e-14
+    )
 
 
 @pytest.mark.parametrize("var_conv", ["U", "B"])
@@ -71,13 +78,15 @@ def test_softmax_batch_variance(name):
 def test_classifier_variance_all_conventions(name, var_conv, c_conv):
     ref, logits, _, _ = load(name)
     value = U.classifier_variance_loss(
-        logits, unbiased=(var_conv == "U"),
-        threshold="unbiased" if c_conv == "U" else "biased")
+        logits, unbiased=(var_conv == "U"), threshold="unbiased" if c_conv == "U" else "biased"
+    )
     close(value, ref[f"LV_var{var_conv}_c{c_conv}"])
     # The threshold may also be given as a number.
     c = ref["c_unbiased"] if c_conv == "U" else ref["c_biased"]
-    close(U.classifier_variance_loss(logits, unbiased=(var_conv == "U"), threshold=float(c)),
-          ref[f"LV_var{var_conv}_c{c_conv}"])
+    close(
+        U.classifier_variance_loss(logits, unbiased=(var_conv == "U"), threshold=float(c)),
+        ref[f"LV_var{var_conv}_c{c_conv}"],
+    )
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -85,8 +94,10 @@ def test_classifier_variance_defaults_are_canonical(name):
     ref, logits, _, _ = load(name)
     close(U.classifier_variance_loss(logits), ref["LV_varU_cU"])
     close(U.classifier_variance_loss(logits, unbiased=False), ref["LV_varB_cB"])
-    close(U.classifier_variance_loss(logits, unbiased="biased", threshold="unbiased"),
-          ref["LV_varB_cU"])
+    close(
+        U.classifier_variance_loss(logits, unbiased="biased", threshold="unbiased"),
+        ref["LV_varB_cU"],
+    )
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -94,8 +105,9 @@ def test_classifier_variance_gradient(name):
     ref, logits, _, _ = load(name)
     x = logits.clone().requires_grad_(True)
     U.classifier_variance_loss(x).backward()
-    np.testing.assert_allclose(x.grad.numpy(), ref["grad_LV_wrt_logits_canonical"],
-                               rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(
+        x.grad.numpy(), ref["grad_LV_wrt_logits_canonical"], rtol=1e-8, atol=1e-12
+    )
 
 
 def test_classifier_variance_closed_forms():
@@ -103,14 +115,13 @@ def test_classifier_variance_closed_forms():
     for D in (2, 10, 100):
         z = torch.zeros(7, D, dtype=torch.float64)
         close(U.classifier_variance_loss(z), 1.0 / D, rtol=1e-12)
-        close(U.classifier_variance_loss(z, unbiased=False), (D - 1) / D ** 2, rtol=1e-12)
+        close(U.classifier_variance_loss(z, unbiased=False), (D - 1) / D**2, rtol=1e-12)
     # (Near) one-hot predictions, two samples, D = 4: columns 0 and 1 have unbiased variance
     # 1/2 >= c = 1/4 (no penalty), columns 2 and 3 have variance 0 (penalty c each).
     logits = torch.tensor([[60.0, 0, 0, 0], [0, 60.0, 0, 0]], dtype=torch.float64)
     close(U.classifier_variance_loss(logits), (0 + 0 + 0.25 + 0.25) / 4, rtol=1e-12)
     # Each class predicted (one-hot) exactly once: Var_j = c exactly, L_V = 0.
-    close(U.classifier_variance_loss(60.0 * torch.eye(10, dtype=torch.float64)), 0.0,
-          atol=1e-15)
+    close(U.classifier_variance_loss(60.0 * torch.eye(10, dtype=torch.float64)), 0.0, atol=1e-15)
     # An explicit threshold below the variance gives 0.
     close(U.classifier_variance_loss(logits, threshold=0.0), 0.0, atol=0)
 
@@ -118,12 +129,13 @@ def test_classifier_variance_closed_forms():
 def test_classifier_variance_single_sample_batch_is_finite():
     x = torch.randn(1, 10, requires_grad=True)
     v = U.classifier_variance_loss(x)
-    assert torch.isfinite(v) and abs(v.item() - 0.1) < 1e-7   # Var := 0 -> L_V = c
+    assert torch.isfinite(v) and abs(v.item() - 0.1) < 1e-7  # Var := 0 -> L_V = c
     v.backward()
     assert torch.isfinite(x.grad).all()
 
 
 # ---------------------------------------------------------------- L_HE, Eq. (3)
+
 
 def _he_rtol(name, diag, eps):
     # Diagonal terms are 1/(1 - z.z + eps) with 1 - z.z a float64 rounding residue, and
@@ -139,18 +151,27 @@ def _he_rtol(name, diag, eps):
 @pytest.mark.parametrize("name", CASES)
 def test_hyperspherical_energy_all_conventions(name, eps_tag, norm, diag):
     ref, _, feats, _ = load(name)
-    value = U.hyperspherical_energy(feats, eps=EPS_TAGS[eps_tag],
-                                    include_diagonal=(diag == "diag"), normalization=norm)
-    close(value, ref[f"LHE_eps{eps_tag}_{diag}_{norm}"],
-          rtol=_he_rtol(name, diag == "diag", EPS_TAGS[eps_tag]), atol=0)
+    value = U.hyperspherical_energy(
+        feats, eps=EPS_TAGS[eps_tag], include_diagonal=(diag == "diag"), normalization=norm
+    )
+    close(
+        value,
+        ref[f"LHE_eps{eps_tag}_{diag}_{norm}"],
+        rtol=_he_rtol(name, diag == "diag", EPS_TAGS[eps_tag]),
+        atol=0,
+    )
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_hyperspherical_energy_default_is_eps_1e3_nodiag_n2(name):
     ref, _, feats, _ = load(name)
     assert U.DEFAULT_HE_EPS == 1e-3
-    close(U.hyperspherical_energy(feats), ref["LHE_eps1e-03_nodiag_n2"],
-          rtol=_he_rtol(name, False, 1e-3), atol=0)
+    close(
+        U.hyperspherical_energy(feats),
+        ref["LHE_eps1e-03_nodiag_n2"],
+        rtol=_he_rtol(name, False, 1e-3),
+        atol=0,
+    )
 
 
 @pytest.mark.parametrize("name", [c for c in CASES if c != DUP_CASE])
@@ -192,8 +213,11 @@ def test_hyperspherical_energy_closed_forms():
     e = torch.eye(4, dtype=torch.float64)[:2]  # two orthogonal unit vectors: cos = 0
     close(U.hyperspherical_energy(e, eps=eps), 2 / (4 * (1 + eps)), rtol=1e-14)
     close(U.hyperspherical_energy(e, eps=eps, normalization="nn1"), 1 / (1 + eps), rtol=1e-14)
-    close(U.hyperspherical_energy(e, eps=eps, include_diagonal=True),
-          (2 / (1 + eps) + 2 / eps) / 4, rtol=1e-12)
+    close(
+        U.hyperspherical_energy(e, eps=eps, include_diagonal=True),
+        (2 / (1 + eps) + 2 / eps) / 4,
+        rtol=1e-12,
+    )
     # Antipodal pair: cos = -1 -> pair energy 1/(2 + eps).
     a = torch.tensor([[1.0, 0.0], [-3.0, 0.0]], dtype=torch.float64)
     close(U.hyperspherical_energy(a, eps=eps), 2 / (4 * (2 + eps)), rtol=1e-14)
@@ -232,16 +256,18 @@ def test_float32_diag_residues_motivate_the_default_eps():
 def test_float32_duplicate_features_are_finite(eps):
     kw = {} if eps is None else {"eps": eps}
     _, _, feats, _ = load(DUP_CASE)
-    cases = [feats.float(),                                   # cosine-identical pairs
-             torch.randn(1, 64).repeat(16, 1),                # every feature identical
-             torch.relu(torch.randn(32, 512)).repeat(2, 1)]  # every feature duplicated
+    cases = [
+        feats.float(),  # cosine-identical pairs
+        torch.randn(1, 64).repeat(16, 1),  # every feature identical
+        torch.relu(torch.randn(32, 512)).repeat(2, 1),
+    ]  # every feature duplicated
     for f in cases:
         x = f.clone().requires_grad_(True)
         loss = U.hyperspherical_energy(x, **kw)
         assert loss.dtype == torch.float32
         assert torch.isfinite(loss)
         bound = 1.0 / (kw.get("eps", U.DEFAULT_HE_EPS))
-        assert 0 < loss.item() <= bound * (1 + 1e-5)         # every pair energy <= 1/eps
+        assert 0 < loss.item() <= bound * (1 + 1e-5)  # every pair energy <= 1/eps
         loss.backward()
         assert torch.isfinite(x.grad).all()
         # Through a linear "encoder" too (the gradient that reaches parameters).
@@ -266,6 +292,7 @@ def test_half_precision_inputs_are_evaluated_in_float32():
 
 # ---------------------------------------------------------------- total, Eq. (4)
 
+
 @pytest.mark.parametrize("name", CASES)
 def test_univarfl_total_canonical(name):
     ref, logits, feats, labels = load(name)
@@ -277,14 +304,19 @@ def test_univarfl_total_canonical(name):
     close(terms["ce"], ref["CE_mean"], rtol=1e-10, atol=1e-12)
     close(terms["var"], ref["LV_varU_cU"])
     # Explicit mu/lam reproduce the same number.
-    close(U.univarfl_loss(logits, labels, feats, mu=0.5, lam=D / 4, eps=1e-8), total,
-          rtol=1e-12, atol=0)
+    close(
+        U.univarfl_loss(logits, labels, feats, mu=0.5, lam=D / 4, eps=1e-8),
+        total,
+        rtol=1e-12,
+        atol=0,
+    )
     # Default eps (1e-3) total = CE + 0.5 * LHE_eps1e-03 + D/4 * LV.
     expected = ref["CE_mean"] + 0.5 * ref["LHE_eps1e-03_nodiag_n2"] + D / 4 * ref["LV_varU_cU"]
     close(U.univarfl_loss(logits, labels, feats), expected, rtol=rtol, atol=1e-9)
 
 
 # ---------------------------------------------------------------- FedUV (UVReg)
+
 
 @pytest.mark.parametrize("name", CASES)
 def test_feduv_gamma(name):
@@ -303,8 +335,9 @@ def test_feduv_losses(name, prec):
     # FedUV logs unif_loss rounded to 10 decimals; 1e-9 covers that.
     close(U.feduv_std_loss(lg), ref[f"FedUV_{prec}_std_loss"], rtol=0, atol=tol)
     close(U.feduv_uniformity_loss(ft), ref[f"FedUV_{prec}_unif_loss"], rtol=0, atol=tol)
-    close(U.feduv_reg_loss(lg, ft), ref[f"FedUV_{prec}_reg_loss_std2.5_unif0.5"],
-          rtol=0, atol=2 * tol)
+    close(
+        U.feduv_reg_loss(lg, ft), ref[f"FedUV_{prec}_reg_loss_std2.5_unif0.5"], rtol=0, atol=2 * tol
+    )
 
 
 def test_feduv_closed_forms_and_degenerate_batches():
@@ -336,7 +369,11 @@ def test_feduv_closed_forms_and_degenerate_batches():
 def test_client_call_signatures():
     """The calls clients/univarfl.py makes keep working."""
     logits, feats = torch.randn(8, 10), torch.randn(8, 32)
-    for v in (U.classifier_variance_loss(logits), U.hyperspherical_energy(feats),
-              U.hyperspherical_energy(feats, **{"eps": 1e-4}), U.feduv_std_loss(logits),
-              U.feduv_uniformity_loss(feats)):
+    for v in (
+        U.classifier_variance_loss(logits),
+        U.hyperspherical_energy(feats),
+        U.hyperspherical_energy(feats, **{"eps": 1e-4}),
+        U.feduv_std_loss(logits),
+        U.feduv_uniformity_loss(feats),
+    ):
         assert v.dim() == 0 and torch.isfinite(v)

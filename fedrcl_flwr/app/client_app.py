@@ -34,12 +34,23 @@ def _load_device_data(path: str, cfg) -> LocalData:
 
     name = "npz" if path.endswith(".npz") else "imagefolder"
     d = cfg.dataset
-    bundle = load_dataset(name, root=path, path=path, download=False, augment=d.augment,
-                          normalize=d.normalize, image_size=d.image_size, seed=cfg.seed,
-                          rotation=d.rotation, crop_pad=d.crop_pad, flip=d.flip,
-                          pad_fill=d.pad_fill)
-    return LocalData(bundle.train, np.arange(len(bundle.train_labels)), bundle.train_labels,
-                     bundle.num_classes)
+    bundle = load_dataset(
+        name,
+        root=path,
+        path=path,
+        download=False,
+        augment=d.augment,
+        normalize=d.normalize,
+        image_size=d.image_size,
+        seed=cfg.seed,
+        rotation=d.rotation,
+        crop_pad=d.crop_pad,
+        flip=d.flip,
+        pad_fill=d.pad_fill,
+    )
+    return LocalData(
+        bundle.train, np.arange(len(bundle.train_labels)), bundle.train_labels, bundle.num_classes
+    )
 
 
 def _name_ray_node() -> None:
@@ -82,8 +93,12 @@ def _build_client(context: Context):
     else:
         state_dir = str(output_dir_from_run_config(context.run_config, cfg) / CLIENT_STATE_DIR)
     cls = client_class(cfg.client.method)
-    return cls(cfg, local_data=local, partition_id=int(pid) if pid is not None else None,
-               state_dir=state_dir).to_client()
+    return cls(
+        cfg,
+        local_data=local,
+        partition_id=int(pid) if pid is not None else None,
+        state_dir=state_dir,
+    ).to_client()
 
 
 def timed(message, context, call_next):

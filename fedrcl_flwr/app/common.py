@@ -43,15 +43,16 @@ def _load(path: str, overrides: str) -> ExperimentConfig:
     except OSError:
         version = None  # load_config reports it
     items = [s.strip() for s in overrides.split(";") if s.strip()]
-    return WORKER.get("configs", (str(p), overrides, version),
-                      lambda: load_config(p, items))
+    return WORKER.get("configs", (str(p), overrides, version), lambda: load_config(p, items))
 
 
 def config_from_run_config(run_config: dict) -> ExperimentConfig:
     """The run's experiment; with a ``dataset-cache`` entry, this process's dataset is
     that prepared entry (:func:`fedrcl_flwr.run.runtime.use_prepared_dataset`)."""
-    cfg = _load(str(run_config.get("experiment", "experiments/quickstart.yaml")),
-                str(run_config.get("overrides", "")))
+    cfg = _load(
+        str(run_config.get("experiment", "experiments/quickstart.yaml")),
+        str(run_config.get("overrides", "")),
+    )
     entry = str(run_config.get("dataset-cache", "") or "")
     if entry:
         from fedrcl_flwr.run.runtime import use_prepared_dataset

@@ -43,8 +43,9 @@ def _flwr_home(home: Path) -> Iterator[None]:
             os.environ["FLWR_HOME"] = before
 
 
-def submit(home: Path, app: Path, connection: str, run_config: Path,
-           federation_config: str) -> tuple[int | None, str]:
+def submit(
+    home: Path, app: Path, connection: str, run_config: Path, federation_config: str
+) -> tuple[int | None, str]:
     """Start a run (``flwr run`` in this process); returns ``(run id or None, output)``
     where the output is what ``flwr run`` printed (its error message when the run was not
     started). The default output format is used: Flower's JSON format writes to
@@ -53,10 +54,15 @@ def submit(home: Path, app: Path, connection: str, run_config: Path,
     out = io.StringIO()
     with _flwr_home(home), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
-            flwr_run(app=str(app), superlink=connection, federation=None,
-                     run_config_overrides=[str(run_config)],
-                     federation_config_overrides=[federation_config], stream=False,
-                     output_format="default")
+            flwr_run(
+                app=str(app),
+                superlink=connection,
+                federation=None,
+                run_config_overrides=[str(run_config)],
+                federation_config_overrides=[federation_config],
+                stream=False,
+                output_format="default",
+            )
         except SystemExit:
             pass
         except Exception as exc:  # noqa: BLE001 - click.ClickException and the like

@@ -38,9 +38,18 @@ from typing import Any
 from flwr.common.constant import ErrorCode
 from flwr.server.client_proxy import ClientProxy
 
-__all__ = ["CLIENT_APP_RAISED_EXCEPTION", "ClientProxy", "PRIVATE_API", "cli_run",
-           "control_http_client", "list_runs_request", "load", "problem",
-           "stream_logs_request", "task_identity"]
+__all__ = [
+    "CLIENT_APP_RAISED_EXCEPTION",
+    "ClientProxy",
+    "PRIVATE_API",
+    "cli_run",
+    "control_http_client",
+    "list_runs_request",
+    "load",
+    "problem",
+    "stream_logs_request",
+    "task_identity",
+]
 
 # the error code of a reply whose ClientApp raised
 CLIENT_APP_RAISED_EXCEPTION: int = int(ErrorCode.CLIENT_APP_RAISED_EXCEPTION)
@@ -79,8 +88,9 @@ def list_runs_request(run_id: int) -> Any:
 
 
 def stream_logs_request(run_id: int, after_timestamp: float = 0.0) -> Any:
-    return load("flwr.proto.control_pb2:StreamLogsRequest")(run_id=run_id,
-                                                            after_timestamp=after_timestamp)
+    return load("flwr.proto.control_pb2:StreamLogsRequest")(
+        run_id=run_id, after_timestamp=after_timestamp
+    )
 
 
 # ---------------------------------------------------------------------- task identity
@@ -147,9 +157,15 @@ def _settable_class_properties(*names: str) -> Callable[[Any], str | None]:
     ``_name`` class attribute."""
 
     def check(obj: Any) -> str | None:
-        bad = [n for n in names if not (
-            isinstance(getattr(type(obj), n, None), property)
-            and getattr(type(obj), n).fset is not None and f"_{n}" in vars(obj))]
+        bad = [
+            n
+            for n in names
+            if not (
+                isinstance(getattr(type(obj), n, None), property)
+                and getattr(type(obj), n).fset is not None
+                and f"_{n}" in vars(obj)
+            )
+        ]
         return f"no settable class propert(ies) {bad} backed by _<name>" if bad else None
 
     return check
@@ -164,28 +180,43 @@ def _int_attribute(name: str) -> Callable[[Any], str | None]:
 
 
 PRIVATE_API: tuple[PrivateSymbol, ...] = (
-    PrivateSymbol("flwr.cli.run.run:run", _parameters(
-        "app", "superlink", "federation", "run_config_overrides",
-        "federation_config_overrides", "stream", "output_format")),
-    PrivateSymbol("flwr.cli.typing:SuperLinkConnection",
-                  _parameters("name", "address", "insecure")),
-    PrivateSymbol("flwr.cli.utils:init_http_client_from_connection",
-                  _parameters("connection")),
-    PrivateSymbol("flwr.supercore.control.control_http_client:ControlHttpClient",
-                  _attributes("ListRuns", "StreamLogs", "close")),
+    PrivateSymbol(
+        "flwr.cli.run.run:run",
+        _parameters(
+            "app",
+            "superlink",
+            "federation",
+            "run_config_overrides",
+            "federation_config_overrides",
+            "stream",
+            "output_format",
+        ),
+    ),
+    PrivateSymbol(
+        "flwr.cli.typing:SuperLinkConnection", _parameters("name", "address", "insecure")
+    ),
+    PrivateSymbol("flwr.cli.utils:init_http_client_from_connection", _parameters("connection")),
+    PrivateSymbol(
+        "flwr.supercore.control.control_http_client:ControlHttpClient",
+        _attributes("ListRuns", "StreamLogs", "close"),
+    ),
     PrivateSymbol("flwr.proto.control_pb2:ListRunsRequest", _proto_fields("run_id")),
     PrivateSymbol("flwr.proto.control_pb2:ListRunsResponse", _proto_fields("run_dict")),
     PrivateSymbol("flwr.proto.run_pb2:Run", _proto_fields("status")),
     PrivateSymbol("flwr.proto.run_pb2:RunStatus", _proto_fields("status", "sub_status")),
-    PrivateSymbol("flwr.proto.control_pb2:StreamLogsRequest",
-                  _proto_fields("run_id", "after_timestamp")),
+    PrivateSymbol(
+        "flwr.proto.control_pb2:StreamLogsRequest", _proto_fields("run_id", "after_timestamp")
+    ),
     PrivateSymbol("flwr.proto.control_pb2:StreamLogsResponse", _proto_fields("log_output")),
-    PrivateSymbol("flwr.supercore.task_identity:TaskIdentity",
-                  _settable_class_properties("run_id", "node_id", "task_id")),
-    PrivateSymbol("flwr.common.constant:ErrorCode",
-                  _int_attribute("CLIENT_APP_RAISED_EXCEPTION")),
-    PrivateSymbol("flwr.server.client_proxy:ClientProxy",
-                  _all(_parameters("cid"), _attributes("fit", "evaluate"))),
+    PrivateSymbol(
+        "flwr.supercore.task_identity:TaskIdentity",
+        _settable_class_properties("run_id", "node_id", "task_id"),
+    ),
+    PrivateSymbol("flwr.common.constant:ErrorCode", _int_attribute("CLIENT_APP_RAISED_EXCEPTION")),
+    PrivateSymbol(
+        "flwr.server.client_proxy:ClientProxy",
+        _all(_parameters("cid"), _attributes("fit", "evaluate")),
+    ),
 )
 
 

@@ -45,16 +45,28 @@ def evaluate_clients(strategy, server_round: int, manager, make) -> None:
     results, failures = [], []
     for slot, eval_ins in ins:
         try:  # the client's own Flower Client, as the ClientApp hands it the message
-            results.append((slot, make().to_client().evaluate(
-                EvaluateIns(eval_ins.parameters, dict(eval_ins.config)))))
+            results.append(
+                (
+                    slot,
+                    make()
+                    .to_client()
+                    .evaluate(EvaluateIns(eval_ins.parameters, dict(eval_ins.config))),
+                )
+            )
         except Exception as exc:  # noqa: BLE001 - mirrors Flower: failure, not crash
             failures.append(exc)
     strategy.aggregate_evaluate(server_round, results, failures)
 
 
-def run_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
-                  stop_after: int | None = None, client_factory=None,
-                  overlap_evaluation: bool = False):
+def run_inprocess(
+    cfg: ExperimentConfig,
+    out_dir: Path,
+    *,
+    resume: bool = False,
+    stop_after: int | None = None,
+    client_factory=None,
+    overlap_evaluation: bool = False,
+):
     """Run the experiment sequentially; returns the strategy. ``stop_after`` ends early
     (as if killed) after that many rounds of this call. ``overlap_evaluation`` evaluates
     each round in the background while the next trains, as the ServerApp does (see
@@ -65,8 +77,9 @@ def run_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
     dp = cfg.privacy.dp
     if cfg.privacy.secagg or (dp is not None and dp.mode == "client"):
         return run_workflow_inprocess(cfg, out_dir, resume=resume, stop_after=stop_after)
-    strategy, rounds_left = build_server(cfg, Path(out_dir), resume=resume,
-                                         overlap_evaluation=overlap_evaluation)
+    strategy, rounds_left = build_server(
+        cfg, Path(out_dir), resume=resume, overlap_evaluation=overlap_evaluation
+    )
     manager = _Manager(cfg.federation.sampled_per_round())
     cls = client_class(cfg.client.method)
     state_dir = str(Path(out_dir) / CLIENT_STATE_DIR)  # as the ClientApp: per-client state
@@ -106,10 +119,15 @@ class InProcessGrid(Grid):
 
         self._run = SimpleNamespace(run_id=run_id)
         self.contexts = {
-            1000 + i: Context(run_id=run_id, node_id=1000 + i,
-                              node_config={"partition-id": i, "num-partitions": num_nodes},
-                              state=RecordDict(), run_config=dict(run_config))
-            for i in range(num_nodes)}
+            1000 + i: Context(
+                run_id=run_id,
+                node_id=1000 + i,
+                node_config={"partition-id": i, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
+            for i in range(num_nodes)
+        }
 
     def set_run(self, run) -> None:
         pass
@@ -144,13 +162,18 @@ class InProcessGrid(Grid):
             try:
                 replies.append(client_app(msg, self.contexts[msg.metadata.dst_node_id]))
             except Exception as exc:  # noqa: BLE001 - Flower's runtime replies an error
-                replies.append(Message(Error(CLIENT_APP_RAISED_EXCEPTION,
-                                             f"{type(exc).__name__}: {exc}"), reply_to=msg))
+                replies.append(
+                    Message(
+                        Error(CLIENT_APP_RAISED_EXCEPTION, f"{type(exc).__name__}: {exc}"),
+                        reply_to=msg,
+                    )
+                )
         return replies
 
 
-def run_workflow_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False,
-                           stop_after: int | None = None):
+def run_workflow_inprocess(
+    cfg: ExperimentConfig, out_dir: Path, *, resume: bool = False, stop_after: int | None = None
+):
     """Run the experiment through Flower's workflow API in this process: the real
     ``ServerApp`` steps (``DefaultWorkflow``, with Flower's ``SecAggPlusWorkflow`` when
     ``privacy.secagg``) and the real ``ClientApp`` with its mods on an
@@ -168,20 +191,28 @@ def run_workflow_inprocess(cfg: ExperimentConfig, out_dir: Path, *, resume: bool
     out_dir = Path(out_dir)
     strategy, rounds_left = build_server(cfg, out_dir, resume=resume)
     run_config: dict[str, bool | float | int | str] = {
-        "experiment": str(out_dir / CONFIG_FILE), "output-dir": str(out_dir),
-                  "resume": "true" if resume else "false"}
+        "experiment": str(out_dir / CONFIG_FILE),
+        "output-dir": str(out_dir),
+        "resume": "true" if resume else "false",
+    }
     rounds = rounds_left if stop_after is None else min(stop_after, rounds_left)
     grid = InProcessGrid(run_config, cfg.federation.sampled_per_round())
-    server_ctx = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
-                         run_config=run_config)
-    fit = secagg_workflow(cfg, max_weight=secagg_max_weight(cfg)) \
-        if cfg.privacy.secagg else None
+    server_ctx = Context(
+        run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=run_config
+    )
+    fit = secagg_workflow(cfg, max_weight=secagg_max_weight(cfg)) if cfg.privacy.secagg else None
     try:
         if rounds > 0:
             with task_identity(1, 1):
-                DefaultWorkflow(fit_workflow=fit)(grid, LegacyContext(
-                    context=server_ctx, config=ServerConfig(num_rounds=rounds),
-                    strategy=strategy, client_manager=EagerClientManager()))
+                DefaultWorkflow(fit_workflow=fit)(
+                    grid,
+                    LegacyContext(
+                        context=server_ctx,
+                        config=ServerConfig(num_rounds=rounds),
+                        strategy=strategy,
+                        client_manager=EagerClientManager(),
+                    ),
+                )
         strategy.drain()
     finally:
         if strategy.tracker is not None:

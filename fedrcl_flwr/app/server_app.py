@@ -47,8 +47,10 @@ def make_availability(cfg):
         return None
     sizes = None
     if cfg.federation.availability.stragglers.speed is not None:  # workloads
-        sizes = [len(client_eval.training_indices(cfg, i, part))
-                 for i, part in enumerate(runtime.client_partitions(cfg))]
+        sizes = [
+            len(client_eval.training_indices(cfg, i, part))
+            for i, part in enumerate(runtime.client_partitions(cfg))
+        ]
     return availability.Availability.from_config(cfg, sizes)
 
 
@@ -57,16 +59,22 @@ def make_strategy(cfg, model, bundle, *, round_offset: int = 0, **callbacks):
     cls = strategy_class(cfg.server.strategy)
     pc = cfg.evaluation.per_client
     return cls(
-        initial_weights=runtime.get_weights(model), trainable=runtime.trainable_mask(model),
+        initial_weights=runtime.get_weights(model),
+        trainable=runtime.trainable_mask(model),
         num_clients=cfg.federation.num_clients,
         clients_per_round=cfg.federation.sampled_per_round(),
-        rounds=cfg.federation.rounds, seed=cfg.seed, weighting=cfg.server.weighting,
-        eval_every=cfg.federation.eval_every, params=cfg.server.params,
+        rounds=cfg.federation.rounds,
+        seed=cfg.seed,
+        weighting=cfg.server.weighting,
+        eval_every=cfg.federation.eval_every,
+        params=cfg.server.params,
         max_consecutive_failed_rounds=cfg.federation.max_consecutive_failed_rounds,
-        round_offset=round_offset, exchange=make_exchange(cfg, bundle.num_classes),
+        round_offset=round_offset,
+        exchange=make_exchange(cfg, bundle.num_classes),
         availability=make_availability(cfg),
         per_client=(pc.every, pc.clients) if pc.every else None,
-        privacy=cfg.privacy, **callbacks,
+        privacy=cfg.privacy,
+        **callbacks,
     )
 
 
@@ -82,35 +90,44 @@ def check_resume(cfg, out_dir) -> None:
         raise ConfigError(f"--resume {out_dir}: {exc}") from None
     done = ckpt["round"]
     if not isinstance(done, int) or isinstance(done, bool) or done < 0:
-        raise ConfigError(f"--resume {out_dir}: the checkpoint's round {done!r} is not a "
-                          "round number")
+        raise ConfigError(
+            f"--resume {out_dir}: the checkpoint's round {done!r} is not a round number"
+        )
     if cfg.federation.rounds < done:
-        raise ConfigError(f"--resume {out_dir}: federation.rounds={cfg.federation.rounds} is "
-                          f"fewer than the {done} rounds already done; a resume can only go "
-                          "on (give at least that many)")
+        raise ConfigError(
+            f"--resume {out_dir}: federation.rounds={cfg.federation.rounds} is "
+            f"fewer than the {done} rounds already done; a resume can only go "
+            "on (give at least that many)"
+        )
     bundle = runtime.load_bundle(cfg)
     model = runtime.initial_model(cfg, bundle)
     want = [tuple(np.shape(w)) for w in runtime.get_weights(model)]
     saved = ckpt["strategy"].get("weights") if isinstance(ckpt["strategy"], dict) else None
     have = [tuple(np.shape(w)) for w in saved or []]
     if want != have:
-        diff = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want),
-                                                                              len(have)))
+        diff = next(
+            (i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have))
+        )
         raise ConfigError(
             f"--resume {out_dir}: the checkpoint's model does not match the configured one "
             f"(model.name={cfg.model.name}: {len(want)} arrays, checkpoint: {len(have)}; "
             f"first difference at array {diff}); the model, dataset or number of classes "
-            "must stay as the run started")
+            "must stay as the run started"
+        )
     try:
         make_strategy(cfg, model, bundle, round_offset=int(ckpt["round"])).load_state_dict(
-            ckpt["strategy"])
+            ckpt["strategy"]
+        )
     except Exception as exc:  # noqa: BLE001 - a state that does not fit is one input error
-        raise ConfigError(f"--resume {out_dir}: the checkpoint does not fit strategy "
-                          f"'{cfg.server.strategy}' ({type(exc).__name__}: {exc})") from None
+        raise ConfigError(
+            f"--resume {out_dir}: the checkpoint does not fit strategy "
+            f"'{cfg.server.strategy}' ({type(exc).__name__}: {exc})"
+        ) from None
 
 
-def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None,
-                 overlap_evaluation: bool = False):
+def build_server(
+    cfg, out_dir, *, resume: bool = False, expected_nodes=None, overlap_evaluation: bool = False
+):
     """Strategy + number of rounds left to run (also used in-process by tests and by
     :func:`fedrcl_flwr.app.inprocess.run_inprocess`). ``overlap_evaluation``: evaluate
     and checkpoint round r while round r+1 trains (the ServerApp: its clients train in
@@ -130,11 +147,16 @@ def build_server(cfg, out_dir, *, resume: bool = False, expected_nodes=None,
     recorder, tracker = open_run_outputs(cfg, out_dir, ckpt, ema)
     finish = tracker.finish if tracker else None
     strategy = make_strategy(
-        cfg, model, bundle, evaluate_fn=central_evaluation(cfg, bundle, eval_model, device, ema),
+        cfg,
+        model,
+        bundle,
+        evaluate_fn=central_evaluation(cfg, bundle, eval_model, device, ema),
         on_record=record_writer(cfg, recorder, tracker),
         on_checkpoint=checkpoint_writer(cfg, out_dir, recorder, tracker, ema, eval_model),
-        expected_nodes=expected_nodes, round_offset=done,
-        overlap_evaluation=overlap_evaluation)
+        expected_nodes=expected_nodes,
+        round_offset=done,
+        overlap_evaluation=overlap_evaluation,
+    )
     strategy.tracker = tracker  # closed by whoever ends the run early (run_inprocess)
     if ckpt:
         strategy.load_state_dict(ckpt["strategy"])
@@ -151,19 +173,24 @@ def open_run_outputs(cfg, out_dir, ckpt, ema: EMATracker):
     from fedrcl_flwr.tracking import open_tracker
 
     done = int(ckpt["round"]) if ckpt else 0
-    recorder = RunRecorder(out_dir, method=cfg.client.method, strategy=cfg.server.strategy,
-                           rounds=cfg.federation.rounds,
-                           target_rounds=cfg.evaluation.target_rounds,
-                           elapsed_before=float(ckpt["wall_time_s"]) if ckpt else 0.0,
-                           report_metric=cfg.evaluation.report_metric)
+    recorder = RunRecorder(
+        out_dir,
+        method=cfg.client.method,
+        strategy=cfg.server.strategy,
+        rounds=cfg.federation.rounds,
+        target_rounds=cfg.evaluation.target_rounds,
+        elapsed_before=float(ckpt["wall_time_s"]) if ckpt else 0.0,
+        report_metric=cfg.evaluation.report_metric,
+    )
     if ckpt:
         recorder.load_existing(done)
         ema.value = ckpt["ema"]
     else:
         recorder.metrics_path.unlink(missing_ok=True)
     dump_config(cfg, out_dir / CONFIG_FILE)
-    tracker = open_tracker(cfg, out_dir, out_dir / CONFIG_FILE, resume_after=done,
-                           kept_records=recorder.records)
+    tracker = open_tracker(
+        cfg, out_dir, out_dir / CONFIG_FILE, resume_after=done, kept_records=recorder.records
+    )
     return recorder, tracker
 
 
@@ -179,10 +206,18 @@ def central_evaluation(cfg, bundle, eval_model, device, ema: EMATracker):
 
     def evaluate_fn(rnd: int, weights):
         runtime.set_weights(eval_model, weights)
-        res = evaluate_model(eval_model, bundle.test, device, batch_size=ev.batch_size,
-                             groups=groups, group_names=getattr(bundle, "domain_names", None))
-        metrics: dict[str, Any] = {"test_accuracy": res.accuracy,
-                                   "ema_accuracy": ema.update(res.accuracy)}
+        res = evaluate_model(
+            eval_model,
+            bundle.test,
+            device,
+            batch_size=ev.batch_size,
+            groups=groups,
+            group_names=getattr(bundle, "domain_names", None),
+        )
+        metrics: dict[str, Any] = {
+            "test_accuracy": res.accuracy,
+            "ema_accuracy": ema.update(res.accuracy),
+        }
         if res.per_group:
             metrics["domain_accuracy"] = res.per_group
         if getattr(bundle, "val", None) is not None:  # dataset.val_fraction hold-out
@@ -195,9 +230,18 @@ def central_evaluation(cfg, bundle, eval_model, device, ema: EMATracker):
         if ev.robust_every and (rnd % ev.robust_every == 0 or rnd == cfg.federation.rounds):
             from fedrcl_flwr.evaluation import robust_accuracy
 
-            metrics.update(robust_accuracy(eval_model, bundle.test, device, eps=ev.robust_eps,
-                                           step=ev.robust_step, steps=ev.robust_steps,
-                                           max_samples=ev.robust_samples, seed=cfg.seed))
+            metrics.update(
+                robust_accuracy(
+                    eval_model,
+                    bundle.test,
+                    device,
+                    eps=ev.robust_eps,
+                    step=ev.robust_step,
+                    steps=ev.robust_steps,
+                    max_samples=ev.robust_samples,
+                    seed=cfg.seed,
+                )
+            )
         return res.loss, metrics
 
     return evaluate_fn
@@ -212,14 +256,15 @@ def record_writer(cfg, recorder: RunRecorder, tracker):
         recorder.append(rec)
         if tracker is not None:
             tracker.log(rec)
-        print(format_round_line(rec, cfg.federation.rounds,
-                                shows_ema(cfg.evaluation.report_metric)), flush=True)
+        print(
+            format_round_line(rec, cfg.federation.rounds, shows_ema(cfg.evaluation.report_metric)),
+            flush=True,
+        )
 
     return on_record
 
 
-def checkpoint_writer(cfg, out_dir, recorder: RunRecorder, tracker, ema: EMATracker,
-                      eval_model):
+def checkpoint_writer(cfg, out_dir, recorder: RunRecorder, tracker, ema: EMATracker, eval_model):
     """``on_checkpoint(round, state)``, called after each round's record: the checkpoint
     when due, and after the final round the results (model, plot, then
     ``summary.json`` — written last, so the CLI may take a new summary as "every result
@@ -228,10 +273,15 @@ def checkpoint_writer(cfg, out_dir, recorder: RunRecorder, tracker, ema: EMATrac
     def on_checkpoint(rnd: int, state: dict) -> None:
         every = cfg.output.checkpoint_every
         if every and (rnd % every == 0 or rnd == cfg.federation.rounds):
-            save_checkpoint(out_dir, {
-                "round": rnd, "strategy": state, "ema": ema.value,
-                "wall_time_s": recorder.wall_time(),
-            })
+            save_checkpoint(
+                out_dir,
+                {
+                    "round": rnd,
+                    "strategy": state,
+                    "ema": ema.value,
+                    "wall_time_s": recorder.wall_time(),
+                },
+            )
             if tracker is not None:
                 tracker.flush(rnd)
         if rnd >= cfg.federation.rounds:
@@ -253,17 +303,31 @@ def server_components(context: Context):
     out_dir = output_dir_from_run_config(context.run_config, cfg)
     resume = str(context.run_config.get("resume", "false")).lower() in ("1", "true", "yes")
     nodes = context.run_config.get("expected-nodes", 0) or None
-    strategy, rounds_left = build_server(cfg, out_dir, resume=resume,
-                                         expected_nodes=int(nodes) if nodes else None,
-                                         overlap_evaluation=True)
-    print(f"[fedrcl-flwr] {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
-          f"{rounds_left} rounds to run, output {out_dir}", file=sys.stderr, flush=True)
+    strategy, rounds_left = build_server(
+        cfg,
+        out_dir,
+        resume=resume,
+        expected_nodes=int(nodes) if nodes else None,
+        overlap_evaluation=True,
+    )
+    print(
+        f"[fedrcl-flwr] {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
+        f"{rounds_left} rounds to run, output {out_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
     if strategy.dp is not None:
-        print(f"[fedrcl-flwr] privacy.dp: Flower's {type(strategy.dp.wrapper).__name__}, "
-              f"noise std {strategy.dp.std:g} per entry of the average", file=sys.stderr,
-              flush=True)
-    return cfg, strategy, ServerConfig(num_rounds=rounds_left,
-                                       round_timeout=cfg.federation.round_timeout_s)
+        print(
+            f"[fedrcl-flwr] privacy.dp: Flower's {type(strategy.dp.wrapper).__name__}, "
+            f"noise std {strategy.dp.std:g} per entry of the average",
+            file=sys.stderr,
+            flush=True,
+        )
+    return (
+        cfg,
+        strategy,
+        ServerConfig(num_rounds=rounds_left, round_timeout=cfg.federation.round_timeout_s),
+    )
 
 
 def server_fn(context: Context):
@@ -313,12 +377,19 @@ def run_secagg(grid, context: Context) -> None:
 
     cfg, strategy, config = server_components(context)
     fit = secagg_workflow(cfg, max_weight=secagg_max_weight(cfg))
-    print(f"[fedrcl-flwr] privacy.secagg: Flower's SecAggPlusWorkflow (shares "
-          f"{fit.num_shares}, threshold {fit.reconstruction_threshold}, max weight "
-          f"{fit.max_weight:g})", file=sys.stderr, flush=True)
-    DefaultWorkflow(fit_workflow=fit)(grid, LegacyContext(
-        context=context, config=config, strategy=strategy,
-        client_manager=EagerClientManager()))
+    print(
+        f"[fedrcl-flwr] privacy.secagg: Flower's SecAggPlusWorkflow (shares "
+        f"{fit.num_shares}, threshold {fit.reconstruction_threshold}, max weight "
+        f"{fit.max_weight:g})",
+        file=sys.stderr,
+        flush=True,
+    )
+    DefaultWorkflow(fit_workflow=fit)(
+        grid,
+        LegacyContext(
+            context=context, config=config, strategy=strategy, client_manager=EagerClientManager()
+        ),
+    )
 
 
 _components_app = ServerApp(server_fn=server_fn)

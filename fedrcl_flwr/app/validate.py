@@ -41,16 +41,19 @@ def _validate(cfg: ExperimentConfig) -> None:
     check_model_rules("client.params", f"method '{cls.method}'", cls.rules, p, get_model)
     check_model_rules("server.params", f"strategy '{scls.name}'", scls.rules, sp, get_model)
     if cls.strategies is not None and cfg.server.strategy not in cls.strategies:
-        raise ConfigError(f"'server.strategy' must be {' or '.join(cls.strategies)} for "
-                          f"client.method '{cls.method}', got {cfg.server.strategy!r}")
+        raise ConfigError(
+            f"'server.strategy' must be {' or '.join(cls.strategies)} for "
+            f"client.method '{cls.method}', got {cfg.server.strategy!r}"
+        )
     settings = cls.exchange_settings(p)
     if settings is not None:
         from fedrcl_flwr.server.signal_exchange import SignalExchange
 
         SignalExchange({**settings, **cfg.server.signals})
     elif cfg.server.signals:
-        raise ConfigError(f"server.signals is set but method '{cfg.client.method}' "
-                          "exchanges no signals")
+        raise ConfigError(
+            f"server.signals is set but method '{cfg.client.method}' exchanges no signals"
+        )
     cls.check_config(cfg, p)
     from fedrcl_flwr.privacy import check_privacy
 
@@ -72,8 +75,12 @@ def secagg_max_weight(cfg: ExperimentConfig) -> float:
         return float(upload_weight(1, secagg=True, weighting="uniform"))
     from fedrcl_flwr.run.runtime import client_partitions
 
-    return float(max(upload_weight(len(p), secagg=True, weighting=cfg.server.weighting)
-                     for p in client_partitions(cfg)))
+    return float(
+        max(
+            upload_weight(len(p), secagg=True, weighting=cfg.server.weighting)
+            for p in client_partitions(cfg)
+        )
+    )
 
 
 def secagg_workflow(cfg: ExperimentConfig, *, max_weight: float = 1.0):
@@ -85,15 +92,21 @@ def secagg_workflow(cfg: ExperimentConfig, *, max_weight: float = 1.0):
     pr = cfg.privacy
     n = cfg.federation.sampled_per_round()
     if pr.secagg_quantization_range * n >= 1 << 32:
-        raise ConfigError(f"'privacy.secagg_quantization_range' ({pr.secagg_quantization_range})"
-                          f" x clients per round ({n}) must stay below 2**32, SecAgg+'s "
-                          "modulus, or the masked sum overflows")
+        raise ConfigError(
+            f"'privacy.secagg_quantization_range' ({pr.secagg_quantization_range})"
+            f" x clients per round ({n}) must stay below 2**32, SecAgg+'s "
+            "modulus, or the masked sum overflows"
+        )
     try:
-        return SecAggPlusWorkflow(pr.secagg_num_shares, pr.secagg_threshold,
-                                  max_weight=max_weight,
-                                  clipping_range=pr.secagg_clipping_range,
-                                  quantization_range=pr.secagg_quantization_range,
-                                  timeout=cfg.federation.round_timeout_s)
+        return SecAggPlusWorkflow(
+            pr.secagg_num_shares,
+            pr.secagg_threshold,
+            max_weight=max_weight,
+            clipping_range=pr.secagg_clipping_range,
+            quantization_range=pr.secagg_quantization_range,
+            timeout=cfg.federation.round_timeout_s,
+        )
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"privacy.secagg_*: Flower's SecAgg+ refuses the parameters "
-                          f"({exc})") from None
+        raise ConfigError(
+            f"privacy.secagg_*: Flower's SecAgg+ refuses the parameters ({exc})"
+        ) from None

@@ -93,7 +93,7 @@ def in_words(names) -> str:
 def metric_choices(per_client: bool = False) -> str:
     """The metrics in words: ``final, best, last5 or ema@ROUND`` (``per_client``: and the
     ``client_*`` metrics)."""
-    return in_words(METRIC_NAMES if per_client else METRIC_NAMES[:len(SUMMARY_METRICS) + 1])
+    return in_words(METRIC_NAMES if per_client else METRIC_NAMES[: len(SUMMARY_METRICS) + 1])
 
 
 def is_report_metric(text: Any, per_client: bool = False) -> bool:
@@ -110,4 +110,3 @@ def ema_round(metric: str) -> int | None:
     """ROUND of ``ema@ROUND`` (``None`` for any other metric)."""
     m = _EMA_RE.fullmatch(str(metric))
     return int(m.group(1)) if m else None
-

@@ -32,13 +32,11 @@ def check_config(cfg: ExperimentConfig, source: str) -> None:
         check(cfg, source)
 
 
-
 def _check_federation_size(cfg: ExperimentConfig, source: str) -> None:
     fed = cfg.federation
     if fed.participation is None and fed.clients_per_round is None:
         raise ConfigError(
-            f"{source}: set one of 'federation.participation' or "
-            "'federation.clients_per_round'"
+            f"{source}: set one of 'federation.participation' or 'federation.clients_per_round'"
         )
     if fed.clients_per_round is not None and fed.clients_per_round > fed.num_clients:
         raise ConfigError(
@@ -49,25 +47,32 @@ def _check_federation_size(cfg: ExperimentConfig, source: str) -> None:
         raise ConfigError(
             f"{source}: 'federation.num_clients' ({fed.num_clients}) exceeds "
             f"'dataset.synthetic.num_train' ({cfg.dataset.synthetic.num_train}): every "
-            "client needs at least one sample")
+            "client needs at least one sample"
+        )
 
 
 def _check_report_metric(cfg: ExperimentConfig, source: str) -> None:
     rm = cfg.evaluation.report_metric
     target = ema_round(rm)
     if target is not None and target not in cfg.evaluation.target_rounds:
-        raise ConfigError(f"{source}: 'evaluation.report_metric' {rm} needs {target} in "
-                          f"'evaluation.target_rounds' (got {cfg.evaluation.target_rounds})")
+        raise ConfigError(
+            f"{source}: 'evaluation.report_metric' {rm} needs {target} in "
+            f"'evaluation.target_rounds' (got {cfg.evaluation.target_rounds})"
+        )
 
 
 def _check_local_optimiser(cfg: ExperimentConfig, source: str) -> None:
     if cfg.client.nesterov and (cfg.client.optimizer != "sgd" or cfg.client.momentum <= 0):
-        raise ConfigError(f"{source}: 'client.nesterov' needs client.optimizer sgd and "
-                          f"'client.momentum' > 0 (got {cfg.client.optimizer}, momentum "
-                          f"{cfg.client.momentum})")
+        raise ConfigError(
+            f"{source}: 'client.nesterov' needs client.optimizer sgd and "
+            f"'client.momentum' > 0 (got {cfg.client.optimizer}, momentum "
+            f"{cfg.client.momentum})"
+        )
     if cfg.client.amp == "fp16" and cfg.client.device == "cpu":
-        raise ConfigError(f"{source}: 'client.amp' fp16 needs a CUDA device (client.device "
-                          "is cpu); use bf16 or off")
+        raise ConfigError(
+            f"{source}: 'client.amp' fp16 needs a CUDA device (client.device "
+            "is cpu); use bf16 or off"
+        )
 
 
 def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
@@ -77,22 +82,27 @@ def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
     check_normalize(cfg.dataset, source)
     _check_generator(cfg.partition, source)
     if cfg.partition.scheme == "file" and not cfg.partition.path:
-        raise ConfigError(f"{source}: 'partition.path' is required when partition.scheme is "
-                          "file (a JSON or the authors' dict-literal split file)")
+        raise ConfigError(
+            f"{source}: 'partition.path' is required when partition.scheme is "
+            "file (a JSON or the authors' dict-literal split file)"
+        )
     if cfg.partition.scheme == "domain":
         ds = cfg.dataset
         if ds.name == "synthetic" and ds.synthetic.num_domains < 2:
             raise ConfigError(
-                f"{source}: 'partition.scheme' domain needs "
-                "'dataset.synthetic.num_domains' >= 2"
+                f"{source}: 'partition.scheme' domain needs 'dataset.synthetic.num_domains' >= 2"
             )
         if ds.name == "imagefolder" and len(ds.domains) < 2:
-            raise ConfigError(f"{source}: 'partition.scheme' domain on an image folder needs "
-                              "'dataset.domains' (two or more domain sub-folders)")
+            raise ConfigError(
+                f"{source}: 'partition.scheme' domain on an image folder needs "
+                "'dataset.domains' (two or more domain sub-folders)"
+            )
         if ds.name not in DOMAIN_DATASETS:
-            raise ConfigError(f"{source}: 'partition.scheme' domain needs a dataset with "
-                              f"domains (synthetic, digit5, imagefolder, npz with d_train), "
-                              f"not {ds.name!r}")
+            raise ConfigError(
+                f"{source}: 'partition.scheme' domain needs a dataset with "
+                f"domains (synthetic, digit5, imagefolder, npz with d_train), "
+                f"not {ds.name!r}"
+            )
 
 
 def _check_reference(cfg: ExperimentConfig, source: str) -> None:
@@ -111,9 +121,11 @@ def _check_feature_sections(cfg: ExperimentConfig, source: str) -> None:
     client_eval.check_config(cfg, source)
     availability.check_config(cfg, source)
     if cfg.output.tensorboard and not installed("tensorboard"):
-        raise ConfigError(f"{source}: 'output.tensorboard' is true but the tensorboard "
-                          f"package is not installed ({pip_install('tensorboard')}, or set "
-                          "it to false)")
+        raise ConfigError(
+            f"{source}: 'output.tensorboard' is true but the tensorboard "
+            f"package is not installed ({pip_install('tensorboard')}, or set "
+            "it to false)"
+        )
     check_trackers(cfg, source)
     check_privacy_section(cfg, source)
 
@@ -121,11 +133,13 @@ def _check_feature_sections(cfg: ExperimentConfig, source: str) -> None:
 def _check_names_and_paths(cfg: ExperimentConfig, source: str) -> None:
     why = name_problem(cfg.name)
     if why:
-        raise ConfigError(f"{source}: 'name' {why} (it names the run's directory), got "
-                          f"{_shorten(cfg.name)}")
+        raise ConfigError(
+            f"{source}: 'name' {why} (it names the run's directory), got {_shorten(cfg.name)}"
+        )
     if not cfg.output.dir.strip() or "\0" in cfg.output.dir:
-        raise ConfigError(f"{source}: 'output.dir' must be a directory path, got "
-                          f"{cfg.output.dir!r}")
+        raise ConfigError(
+            f"{source}: 'output.dir' must be a directory path, got {cfg.output.dir!r}"
+        )
 
 
 def _check_supernodes(cfg: ExperimentConfig, source: str) -> None:
@@ -136,11 +150,13 @@ def _check_supernodes(cfg: ExperimentConfig, source: str) -> None:
             f"{source}: {nodes} SuperNodes ('simulation.num_supernodes', default the "
             f"clients sampled per round) is more than {MAX_SUPERNODES}; SuperNodes are "
             "execution slots, not clients: set simulation.num_supernodes to a few hundred "
-            "at most")
+            "at most"
+        )
     if cfg.simulation.num_supernodes and cfg.simulation.num_supernodes > fed.num_clients:
         raise ConfigError(
             f"{source}: 'simulation.num_supernodes' ({cfg.simulation.num_supernodes}) exceeds "
-            f"'federation.num_clients' ({fed.num_clients}); extra SuperNodes would never train")
+            f"'federation.num_clients' ({fed.num_clients}); extra SuperNodes would never train"
+        )
 
 
 def dataset_channels(d: DatasetConfig) -> int | None:
@@ -161,25 +177,37 @@ def normalize_constants(value: Any, where: str, channels: int | None) -> tuple |
     key = "dataset.normalize"
     if not isinstance(value, dict) or set(value) != {"mean", "std"}:
         got = sorted(map(str, value)) if isinstance(value, dict) else repr(value)
-        raise ConfigError(f"{where}: '{key}' must be true, false or {{mean: [...], std: "
-                          f"[...]}} (one value per channel), got {got}")
+        raise ConfigError(
+            f"{where}: '{key}' must be true, false or {{mean: [...], std: "
+            f"[...]}} (one value per channel), got {got}"
+        )
     out = []
     for part in ("mean", "std"):
         v = value[part]
-        ok = isinstance(v, list) and len(v) > 0 and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-            for x in v)
+        ok = (
+            isinstance(v, list)
+            and len(v) > 0
+            and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                for x in v
+            )
+        )
         if not ok:
-            raise ConfigError(f"{where}: '{key}.{part}' must be a list of numbers, one per "
-                              f"channel, got {v!r}")
+            raise ConfigError(
+                f"{where}: '{key}.{part}' must be a list of numbers, one per channel, got {v!r}"
+            )
         if channels is not None and len(v) != channels:
-            raise ConfigError(f"{where}: '{key}.{part}' has {len(v)} values but the images "
-                              f"have {channels} channel(s), got {v!r}")
+            raise ConfigError(
+                f"{where}: '{key}.{part}' has {len(v)} values but the images "
+                f"have {channels} channel(s), got {v!r}"
+            )
         out.append([float(x) for x in v])
     mean, std = out
     if len(mean) != len(std):
-        raise ConfigError(f"{where}: '{key}.mean' has {len(mean)} values and '{key}.std' "
-                          f"{len(std)}: give one of each per channel")
+        raise ConfigError(
+            f"{where}: '{key}.mean' has {len(mean)} values and '{key}.std' "
+            f"{len(std)}: give one of each per channel"
+        )
     if not all(0.0 <= m <= 1.0 for m in mean):
         raise ConfigError(f"{where}: '{key}.mean' must be in [0, 1] (pixel units), got {mean}")
     if not all(s > 0 for s in std):
@@ -218,31 +246,37 @@ def check_reference(ref: Any, source: str) -> list[dict]:
     for i, b in enumerate(blocks):
         where = f"reference[{i}]" if isinstance(ref, list) else "reference"
         if not isinstance(b, dict):
-            raise ConfigError(f"{source}: '{where}' must be a mapping with source, metric, "
-                              "values")
+            raise ConfigError(f"{source}: '{where}' must be a mapping with source, metric, values")
         for k in b:
             if k not in REFERENCE_KEYS:
-                raise ConfigError(f"{source}: unknown key '{where}.{k}' (allowed here: "
-                                  f"{', '.join(REFERENCE_KEYS)})")
+                raise ConfigError(
+                    f"{source}: unknown key '{where}.{k}' (allowed here: "
+                    f"{', '.join(REFERENCE_KEYS)})"
+                )
         if not isinstance(b.get("source"), str) or not b["source"]:
             raise ConfigError(f"{source}: '{where}.source' must name the paper's table")
         if not is_report_metric(b.get("metric")):
-            raise ConfigError(f"{source}: '{where}.metric' must be {metric_choices()}, got "
-                              f"{b.get('metric')!r}")
+            raise ConfigError(
+                f"{source}: '{where}.metric' must be {metric_choices()}, got {b.get('metric')!r}"
+            )
         vals = b.get("values")
         if not isinstance(vals, dict) or not vals:
-            raise ConfigError(f"{source}: '{where}.values' must map method labels to the "
-                              "paper's accuracy in percent")
+            raise ConfigError(
+                f"{source}: '{where}.values' must map method labels to the "
+                "paper's accuracy in percent"
+            )
         for k, v in vals.items():
             if not isinstance(k, str) or not (
-                    v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
-                                  and 0 <= v <= 100)):
-                raise ConfigError(f"{source}: '{where}.values.{k}' must be a percentage in "
-                                  f"[0, 100] (or null), got {v!r}")
+                v is None
+                or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 100)
+            ):
+                raise ConfigError(
+                    f"{source}: '{where}.values.{k}' must be a percentage in "
+                    f"[0, 100] (or null), got {v!r}"
+                )
         when = b.get("when", {})
         if not isinstance(when, dict) or not all(isinstance(k, str) for k in when):
-            raise ConfigError(f"{source}: '{where}.when' must map dotted config keys to "
-                              "values")
+            raise ConfigError(f"{source}: '{where}.when' must map dotted config keys to values")
     return blocks
 
 

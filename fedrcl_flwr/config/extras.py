@@ -10,9 +10,9 @@ import importlib.util
 # extra -> the module it installs
 EXTRAS: dict[str, str] = {
     "tensorboard": "tensorboard",  # output.tracker: [tensorboard] / output.tensorboard
-    "wandb": "wandb",              # output.tracker: [wandb]
-    "mlflow": "mlflow",            # output.tracker: [mlflow] (mlflow-skinny)
-    "privacy": "dp_accounting",    # privacy.dp's accountant
+    "wandb": "wandb",  # output.tracker: [wandb]
+    "mlflow": "mlflow",  # output.tracker: [mlflow] (mlflow-skinny)
+    "privacy": "dp_accounting",  # privacy.dp's accountant
 }
 # (the ``timm`` extra is imported where a timm backbone is built,
 # fedrcl_flwr/models/backbone.py: an ImportError there names it)

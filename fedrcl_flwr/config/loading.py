@@ -47,11 +47,13 @@ class _Loader(yaml.SafeLoader):
                 hash(key)
             except TypeError:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"unhashable key {key!r}", key_node.start_mark) from None
+                    None, None, f"unhashable key {key!r}", key_node.start_mark
+                ) from None
             line = key_node.start_mark.line + 1
             if key in seen:
-                raise ConfigError(f"key '{key}' appears twice in the same mapping (lines "
-                                  f"{seen[key]} and {line})")
+                raise ConfigError(
+                    f"key '{key}' appears twice in the same mapping (lines {seen[key]} and {line})"
+                )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -61,15 +63,18 @@ def _resolve_float(loader_cls) -> None:
     # which the schema then refuses with a clear message)
     for ch, resolvers in list(loader_cls.yaml_implicit_resolvers.items()):
         loader_cls.yaml_implicit_resolvers[ch] = [
-            (tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:float"]
-    rx = re.compile(r"""^(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*|[0-9]+(?=[eE]))"""
-                    r"""(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""")
-    loader_cls.add_implicit_resolver("tag:yaml.org,2002:float", rx,
-                                     list("-+0123456789."))
+            (tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:float"
+        ]
+    rx = re.compile(
+        r"""^(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*|[0-9]+(?=[eE]))"""
+        r"""(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"""
+    )
+    loader_cls.add_implicit_resolver("tag:yaml.org,2002:float", rx, list("-+0123456789."))
 
 
-_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in
-                                   yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.yaml_implicit_resolvers = {
+    k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 _resolve_float(_Loader)
 
 
@@ -110,12 +115,16 @@ def parse_yaml(text: str, source: str) -> Any:
             try:
                 size = _expanded_size(node, {})
             except _RecursiveAlias as rec:
-                raise ConfigError(f"{source}: line {rec.node.start_mark.line + 1}: a "
-                                  "recursive alias (an anchor used inside itself) is not "
-                                  "allowed") from None
+                raise ConfigError(
+                    f"{source}: line {rec.node.start_mark.line + 1}: a "
+                    "recursive alias (an anchor used inside itself) is not "
+                    "allowed"
+                ) from None
             if size > MAX_YAML_NODES:
-                raise ConfigError(f"{source}: YAML expands to {size} nodes through anchors/"
-                                  f"aliases (at most {MAX_YAML_NODES} allowed)")
+                raise ConfigError(
+                    f"{source}: YAML expands to {size} nodes through anchors/"
+                    f"aliases (at most {MAX_YAML_NODES} allowed)"
+                )
             return loader.construct_document(node)
         finally:
             loader.dispose()
@@ -125,6 +134,7 @@ def parse_yaml(text: str, source: str) -> Any:
     except (yaml.YAMLError, RecursionError) as exc:
         one = " ".join(str(exc).replace('in "<unicode string>", ', "").split())
         raise ConfigError(f"{source}: not valid YAML ({one})") from None
+
 
 # --------------------------------------------------------------------------------------
 # Building dataclasses from mappings, with checks
@@ -158,8 +168,7 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
                 if "finite" in str(exc):
                     raise
         raise ConfigError(
-            f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} "
-            f"({value!r})"
+            f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} ({value!r})"
         )
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -271,8 +280,9 @@ def config_from_dict(data: dict, source: str = "<config>") -> ExperimentConfig:
     return cfg
 
 
-def read_text_file(path: Path, limit: int, what: str, *, label: str | None = None,
-                   error: type = ConfigError) -> str:
+def read_text_file(
+    path: Path, limit: int, what: str, *, label: str | None = None, error: type = ConfigError
+) -> str:
     """The project's one reader of text files it is given (experiments, sweeps, run
     files, split files): a regular file (not a directory, device or FIFO) of at most
     ``limit`` bytes — checked before reading — decoded as UTF-8. Any problem is one
@@ -282,21 +292,23 @@ def read_text_file(path: Path, limit: int, what: str, *, label: str | None = Non
     label = str(path) if label is None else label
     try:
         if not path.is_file():
-            raise error(f"{label}: not a regular file" if path.exists()
-                        else f"{label}: no such file")
+            raise error(
+                f"{label}: not a regular file" if path.exists() else f"{label}: no such file"
+            )
         size = path.stat().st_size
         if size > limit:
-            raise error(f"{label}: {size} bytes is too large for {what} (at most {limit} "
-                        "bytes)")
+            raise error(f"{label}: {size} bytes is too large for {what} (at most {limit} bytes)")
         raw = path.read_bytes()
     except OSError as exc:
         raise error(f"{label}: cannot read ({exc.strerror or exc})") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise error(f"{label}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at line "
-                    f"{line}); save the file as UTF-8") from None
+        line = raw[: exc.start].count(b"\n") + 1
+        raise error(
+            f"{label}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at line "
+            f"{line}); save the file as UTF-8"
+        ) from None
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -325,7 +337,6 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
 
 def to_dict(cfg: ExperimentConfig) -> dict:
     return dataclasses.asdict(cfg)
-
 
 
 def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:

@@ -12,7 +12,7 @@ from fedrcl_flwr.config.schema import ExperimentConfig
 # partition, model, seed, local optimisation, EMA, attack settings, name — would make the
 # records after the resume those of another experiment, so it is refused.
 RESUME_MAY_CHANGE = (
-    "federation.rounds",                    # not below the rounds already done
+    "federation.rounds",  # not below the rounds already done
     "federation.eval_every",
     "federation.round_timeout_s",
     "federation.max_consecutive_failed_rounds",
@@ -22,13 +22,13 @@ RESUME_MAY_CHANGE = (
     "evaluation.robust_every",
     "evaluation.target_rounds",
     "evaluation.report_metric",
-    "output",                               # dir (always the run's), checkpoints, model, TB
-    "simulation",                           # resources: CPUs, GPUs, SuperNodes, Ray
+    "output",  # dir (always the run's), checkpoints, model, TB
+    "simulation",  # resources: CPUs, GPUs, SuperNodes, Ray
     "client.device",
     "dataset.cache_dir",
     "dataset.download",
-    "reference",                            # the paper's numbers (reporting only)
-    "label",                                # the report's row name (reporting only)
+    "reference",  # the paper's numbers (reporting only)
+    "label",  # the report's row name (reporting only)
 )
 
 
@@ -43,5 +43,8 @@ def changed_keys(old: ExperimentConfig, new: ExperimentConfig) -> list[str]:
 
 def resume_refusals(old: ExperimentConfig, new: ExperimentConfig) -> list[str]:
     """The changed keys that ``run --resume`` refuses (not in :data:`RESUME_MAY_CHANGE`)."""
-    return [k for k in changed_keys(old, new)
-            if not any(k == p or k.startswith(p + ".") for p in RESUME_MAY_CHANGE)]
+    return [
+        k
+        for k in changed_keys(old, new)
+        if not any(k == p or k.startswith(p + ".") for p in RESUME_MAY_CHANGE)
+    ]

@@ -66,8 +66,13 @@ def _ray_address_ok(v) -> bool:
     if v is None or v == "auto":
         return True
     host, sep, port = str(v).rpartition(":")
-    return bool(sep) and bool(host) and port.isdigit() and 0 < int(port) < 65536 \
+    return (
+        bool(sep)
+        and bool(host)
+        and port.isdigit()
+        and 0 < int(port) < 65536
         and not any(c.isspace() for c in str(v))
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -79,8 +84,11 @@ def _ray_address_ok(v) -> bool:
 
 
 def _u32(null: bool = False) -> Rule:
-    return Rule(lambda v: 0 <= v < 2**32, "must be in [0, 2**32)" + (" (or null)" if null
-                                                                        else ""), (-1, 2**32))
+    return Rule(
+        lambda v: 0 <= v < 2**32,
+        "must be in [0, 2**32)" + (" (or null)" if null else ""),
+        (-1, 2**32),
+    )
 
 
 def _label_ok(v: str) -> bool:
@@ -88,24 +96,30 @@ def _label_ok(v: str) -> bool:
 
 
 def _betas_ok(v: list) -> bool:
-    return len(v) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool)
-                               and 0 <= b < 1 for b in v)
+    return len(v) == 2 and all(
+        isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in v
+    )
 
 
 CONFIG_RULES: dict[str, Rule] = {
     "seed": _u32(),
-    "label": Rule(_label_ok, "must be one line of printable text, at most 80 characters "
-                             "(or null)", ("", "two\nlines", "x" * 81)),
+    "label": Rule(
+        _label_ok,
+        "must be one line of printable text, at most 80 characters (or null)",
+        ("", "two\nlines", "x" * 81),
+    ),
     "dataset.name": one_of(*DATASET_NAMES),
     "dataset.val_fraction": between(0, 1, hi_open=True),
     "dataset.test_fraction": between(0, 1, lo_open=True, hi_open=True),
-    "dataset.domains": Rule(lambda v: all(isinstance(d, str) and d for d in v),
-                            "must be a list of domain (folder) names", ([""], [3])),
+    "dataset.domains": Rule(
+        lambda v: all(isinstance(d, str) and d for d in v),
+        "must be a list of domain (folder) names",
+        ([""], [3]),
+    ),
     "dataset.image_size": at_least(8),
     "dataset.rotation": with_text(between(0, 180), "must be in [0, 180] degrees"),
     "dataset.crop_pad": or_null(non_negative()),
-    "dataset.pad_fill": Rule(lambda v: v in ("black", "mean"), "must be black or mean",
-                             ("white",)),
+    "dataset.pad_fill": Rule(lambda v: v in ("black", "mean"), "must be black or mean", ("white",)),
     "dataset.synthetic.num_train": at_least(1),
     "dataset.synthetic.num_test": at_least(1),
     "dataset.synthetic.num_classes": at_least(2),
@@ -118,16 +132,18 @@ CONFIG_RULES: dict[str, Rule] = {
     "dataset.synthetic.class_weight": positive(),
     "partition.scheme": one_of(*SCHEME_NAMES),
     "partition.seed": _u32(null=True),
-    "partition.generator": Rule(lambda v: v in GENERATORS,
-                                f"must be {in_words(GENERATORS)} (or null)", ("authors",)),
+    "partition.generator": Rule(
+        lambda v: v in GENERATORS, f"must be {in_words(GENERATORS)} (or null)", ("authors",)
+    ),
     "partition.alpha": positive(),
     "partition.shards_per_client": at_least(1),
     "partition.min_size": non_negative(),
     "partition.domains_per_client": at_least(1),
     "partition.samples_per_class": or_null(at_least(1)),
     "model.num_classes": at_least(2),
-    "model.init": Rule(lambda v: v in ("model", "pytorch"), "must be 'model' or 'pytorch'",
-                       ("torch",)),
+    "model.init": Rule(
+        lambda v: v in ("model", "pytorch"), "must be 'model' or 'pytorch'", ("torch",)
+    ),
     "federation.num_clients": at_least(1),
     "federation.rounds": at_least(1),
     "federation.participation": between(0, 1, lo_open=True),
@@ -138,8 +154,11 @@ CONFIG_RULES: dict[str, Rule] = {
     "federation.availability.stragglers.deadline": or_null(positive()),
     "federation.availability.stragglers.jitter": non_negative(),
     "client.optimizer": one_of("sgd", "adam", "adamw"),
-    "client.betas": Rule(_betas_ok, "must be two numbers in [0, 1), e.g. [0.9, 0.999]",
-                         ([0.9], [0.9, 1.0], [0.9, True])),
+    "client.betas": Rule(
+        _betas_ok,
+        "must be two numbers in [0, 1), e.g. [0.9, 0.999]",
+        ([0.9], [0.9, 1.0], [0.9, True]),
+    ),
     "client.eps": between(0, 1, lo_open=True, hi_open=True),
     "client.lr": positive(),
     "client.lr_decay": between(0, 1, lo_open=True),
@@ -150,36 +169,45 @@ CONFIG_RULES: dict[str, Rule] = {
     "client.batch_size": at_least(1),
     "client.iterations_per_epoch": at_least(1),
     "client.grad_clip": or_null(positive()),
-    "client.device": Rule(lambda v: v in ("auto", "cpu", "cuda"), "must be auto, cpu or cuda",
-                          ("gpu",)),
+    "client.device": Rule(
+        lambda v: v in ("auto", "cpu", "cuda"), "must be auto, cpu or cuda", ("gpu",)
+    ),
     "client.amp": one_of("off", "bf16", "fp16"),
-    "client.channels_last": Rule(lambda v: v == "auto" or isinstance(v, bool),
-                                 "must be auto, true or false", ("yes",)),
-    "server.weighting": Rule(lambda v: v in ("uniform", "samples"),
-                             "must be 'uniform' or 'samples'", ("clients",)),
+    "client.channels_last": Rule(
+        lambda v: v == "auto" or isinstance(v, bool), "must be auto, true or false", ("yes",)
+    ),
+    "server.weighting": Rule(
+        lambda v: v in ("uniform", "samples"), "must be 'uniform' or 'samples'", ("clients",)
+    ),
     "evaluation.ema": between(0, 1, hi_open=True),
     "evaluation.target_rounds": Rule(
         lambda v: all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in v),
-        "must be a list of positive integers", ([0], [1.5], [True])),
+        "must be a list of positive integers",
+        ([0], [1.5], [True]),
+    ),
     "evaluation.batch_size": at_least(1),
     "evaluation.representation_every": non_negative(),
     "evaluation.report_metric": Rule(
         is_report_metric,
         f"must be {metric_choices()} (ROUND a target round, e.g. ema@500)",
-        ("ema@0", "last10", "client_mean")),
+        ("ema@0", "last10", "client_mean"),
+    ),
     "evaluation.local_representation_every": non_negative(),
     "evaluation.robust_every": non_negative(),
-    "evaluation.robust_eps": with_text(between(0, 1, lo_open=True),
-                                       "must be in (0, 1] (pixel units)"),
-    "evaluation.robust_step": with_text(between(0, 1, lo_open=True),
-                                        "must be in (0, 1] (pixel units)"),
+    "evaluation.robust_eps": with_text(
+        between(0, 1, lo_open=True), "must be in (0, 1] (pixel units)"
+    ),
+    "evaluation.robust_step": with_text(
+        between(0, 1, lo_open=True), "must be in (0, 1] (pixel units)"
+    ),
     "evaluation.robust_steps": at_least(1),
     "evaluation.robust_samples": at_least(1),
     "evaluation.per_client.every": with_text(non_negative(), "must be >= 0 (0 = off)"),
     "evaluation.per_client.local_test_fraction": between(0, 1, hi_open=True),
     "evaluation.per_client.finetune_steps": non_negative(),
-    "evaluation.per_client.clients": Rule(lambda v: v in PER_CLIENT_CLIENTS,
-                                          f"must be {in_words(PER_CLIENT_CLIENTS)}", ("some",)),
+    "evaluation.per_client.clients": Rule(
+        lambda v: v in PER_CLIENT_CLIENTS, f"must be {in_words(PER_CLIENT_CLIENTS)}", ("some",)
+    ),
     "evaluation.per_client.local_test": one_of(*PER_CLIENT_LOCAL_TESTS),
     "simulation.num_cpus": with_text(at_least(1), "must be a whole number >= 1"),
     "simulation.num_gpus": non_negative(),
@@ -187,23 +215,32 @@ CONFIG_RULES: dict[str, Rule] = {
     "simulation.init_num_gpus": non_negative(),
     "simulation.num_supernodes": at_least(1),
     "simulation.startup_timeout_s": positive(),
-    "simulation.ray_address": Rule(_ray_address_ok, "must be HOST:PORT of a Ray head node or "
-                                   "'auto' (or null: a private local Ray)",
-                                   ("localhost", "host:0", "host:99999", "a b:1")),
+    "simulation.ray_address": Rule(
+        _ray_address_ok,
+        "must be HOST:PORT of a Ray head node or 'auto' (or null: a private local Ray)",
+        ("localhost", "host:0", "host:99999", "a b:1"),
+    ),
     "output.checkpoint_every": non_negative(),
-    "output.tracker_project": Rule(lambda v: bool(v.strip()) and "/" not in v,
-                                   "must be a non-empty name without slashes", (" ", "a/b")),
-    "output.tracker_group": Rule(lambda v: bool(v.strip()), "must be a non-empty name "
-                                                            "(or null)", (" ",)),
-    "privacy.dp.mode": Rule(lambda v: v in ("server", "client"), "must be server or client",
-                            ("both",)),
+    "output.tracker_project": Rule(
+        lambda v: bool(v.strip()) and "/" not in v,
+        "must be a non-empty name without slashes",
+        (" ", "a/b"),
+    ),
+    "output.tracker_group": Rule(
+        lambda v: bool(v.strip()), "must be a non-empty name (or null)", (" ",)
+    ),
+    "privacy.dp.mode": Rule(
+        lambda v: v in ("server", "client"), "must be server or client", ("both",)
+    ),
     "privacy.dp.noise_multiplier": non_negative(),
     "privacy.dp.clipping_norm": positive(),
     "privacy.dp.delta": between(0, 1, lo_open=True, hi_open=True),
-    "privacy.secagg_num_shares": with_text(positive(), "must be > 0 (an int: a count, a "
-                                                       "float: a proportion)"),
-    "privacy.secagg_threshold": with_text(positive(), "must be > 0 (an int: a count, a "
-                                                      "float: a proportion)"),
+    "privacy.secagg_num_shares": with_text(
+        positive(), "must be > 0 (an int: a count, a float: a proportion)"
+    ),
+    "privacy.secagg_threshold": with_text(
+        positive(), "must be > 0 (an int: a count, a float: a proportion)"
+    ),
     "privacy.secagg_clipping_range": positive(),
     "privacy.secagg_quantization_range": at_least(2),
     "privacy.secagg_max_weight": or_null(positive()),

@@ -87,8 +87,11 @@ _SPLIT_RE = re.compile(rf"split-[0-9a-f]{{{KEY_LEN}}}\.npz|\.split-[0-9a-f]{{{KE
 
 
 def _own_file(name: str) -> bool:
-    return name in (META, META_HASH) or bool(_SPLIT_RE.fullmatch(name)) or (
-        name.endswith(".npy") and bool(_ARRAY_RE.fullmatch(name[:-4])))
+    return (
+        name in (META, META_HASH)
+        or bool(_SPLIT_RE.fullmatch(name))
+        or (name.endswith(".npy") and bool(_ARRAY_RE.fullmatch(name[:-4])))
+    )
 
 
 def is_own_entry(path: Path) -> bool:
@@ -202,12 +205,15 @@ def entry_settings(d, seed: int) -> dict:
 
     root = str(Path(os.path.expanduser(d.root or ".")).resolve())
     return {
-        "format": FORMAT, "name": d.name,
+        "format": FORMAT,
+        "name": d.name,
         "seed": int(seed) if seed_shapes_arrays(d) else None,
         "root": None if d.name in ("synthetic", "npz") else root,
         "path": str(Path(os.path.expanduser(d.path)).resolve()) if d.path else None,
-        "image_size": d.image_size, "normalize": _normalize_key(d.normalize),
-        "val_fraction": float(d.val_fraction), "domains": list(d.domains or []),
+        "image_size": d.image_size,
+        "normalize": _normalize_key(d.normalize),
+        "val_fraction": float(d.val_fraction),
+        "domains": list(d.domains or []),
         "test_fraction": float(d.test_fraction),
         "synthetic": asdict(d.synthetic) if d.name == "synthetic" else None,
         "sources": _fingerprint(_source_files(d)),
@@ -251,8 +257,9 @@ def _read_meta(entry: Path) -> dict:
     if not isinstance(meta, dict):
         raise CacheMiss(f"{entry}: {META} is not a JSON object (corrupt)")
     if meta.get("format") != FORMAT:
-        raise CacheMiss(f"{entry}: cache format {meta.get('format')!r} (this version "
-                        f"reads {FORMAT})")
+        raise CacheMiss(
+            f"{entry}: cache format {meta.get('format')!r} (this version reads {FORMAT})"
+        )
     why = _meta_problem(meta)
     if why:
         raise CacheMiss(f"{entry}: {META} {why} (corrupt)")
@@ -297,10 +304,13 @@ def _meta_problem(meta: dict) -> str | None:
         if not isinstance(name, str) or not _ARRAY_RE.fullmatch(name):
             return f"lists an unknown array {str(name)[:40]!r}"
         if not isinstance(spec, dict) or not (
-                isinstance(spec.get("shape"), list) and all(_is_int(x) for x in spec["shape"])
-                and isinstance(spec.get("dtype"), str) and _is_int(spec.get("bytes"))
-                and isinstance(spec.get("sha256"), str)
-                and re.fullmatch(r"[0-9a-f]{64}", spec["sha256"])):
+            isinstance(spec.get("shape"), list)
+            and all(_is_int(x) for x in spec["shape"])
+            and isinstance(spec.get("dtype"), str)
+            and _is_int(spec.get("bytes"))
+            and isinstance(spec.get("sha256"), str)
+            and re.fullmatch(r"[0-9a-f]{64}", spec["sha256"])
+        ):
             return f"has a malformed spec for array '{name}'"
     return None
 
@@ -325,11 +335,11 @@ def verify_arrays(entry: Path, meta: dict) -> None:
         try:
             got = _file_sha256(f)
         except OSError as exc:
-            raise CacheMiss(f"{entry}: {f.name} cannot be read ({exc.strerror or exc})"
-                            ) from None
+            raise CacheMiss(f"{entry}: {f.name} cannot be read ({exc.strerror or exc})") from None
         if got != spec["sha256"]:
-            raise CacheMiss(f"{entry}: {f.name} does not match its content hash (edited or "
-                            "corrupt)")
+            raise CacheMiss(
+                f"{entry}: {f.name} does not match its content hash (edited or corrupt)"
+            )
 
 
 def _open_array(entry: Path, name: str, spec: dict, mmap: bool) -> np.ndarray:
@@ -339,15 +349,19 @@ def _open_array(entry: Path, name: str, spec: dict, mmap: bool) -> np.ndarray:
     except OSError:
         raise CacheMiss(f"{entry}: {f.name} is missing") from None
     if size != spec["bytes"]:
-        raise CacheMiss(f"{entry}: {f.name} has {size} bytes, its metadata says "
-                        f"{spec['bytes']} (truncated or corrupt)")
+        raise CacheMiss(
+            f"{entry}: {f.name} has {size} bytes, its metadata says "
+            f"{spec['bytes']} (truncated or corrupt)"
+        )
     try:
         arr = np.load(f, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise CacheMiss(f"{entry}: {f.name} cannot be read ({exc})") from None
     if list(arr.shape) != spec["shape"] or str(arr.dtype) != spec["dtype"]:
-        raise CacheMiss(f"{entry}: {f.name} is {arr.dtype}{list(arr.shape)}, its metadata "
-                        f"says {spec['dtype']}{spec['shape']} (corrupt)")
+        raise CacheMiss(
+            f"{entry}: {f.name} is {arr.dtype}{list(arr.shape)}, its metadata "
+            f"says {spec['dtype']}{spec['shape']} (corrupt)"
+        )
     return arr
 
 
@@ -368,10 +382,13 @@ def open_entry(entry: Path, d, *, verify: bool = False):
     meta = _read_meta(entry)
     if verify:
         verify_arrays(entry, meta)
-    arrays = {name: _open_array(entry, name, spec, mmap=name.endswith("_x"))
-              for name, spec in meta["arrays"].items()}
-    aug = augment_spec(meta["name"], meta["image_size"], d.augment, d.rotation, d.crop_pad,
-                       d.flip, d.pad_fill)
+    arrays = {
+        name: _open_array(entry, name, spec, mmap=name.endswith("_x"))
+        for name, spec in meta["arrays"].items()
+    }
+    aug = augment_spec(
+        meta["name"], meta["image_size"], d.augment, d.rotation, d.crop_pad, d.flip, d.pad_fill
+    )
 
     def wrap(split: str, aug_spec):
         if f"{split}_x" not in arrays:
@@ -379,16 +396,22 @@ def open_entry(entry: Path, d, *, verify: bool = False):
         with warnings.catch_warnings():  # read-only memmap: never written (see module doc)
             warnings.simplefilter("ignore", UserWarning)
             images = torch.from_numpy(arrays[f"{split}_x"])
-        return ImageArrayDataset(images, arrays[f"{split}_y"], meta["mean"], meta["std"],
-                                 aug_spec)
+        return ImageArrayDataset(images, arrays[f"{split}_y"], meta["mean"], meta["std"], aug_spec)
 
     return DataBundle(
-        name=meta["name"], train=wrap("train", aug), test=wrap("test", None),
-        train_labels=np.asarray(arrays["train_y"]), test_labels=np.asarray(arrays["test_y"]),
-        num_classes=int(meta["num_classes"]), in_channels=int(meta["in_channels"]),
+        name=meta["name"],
+        train=wrap("train", aug),
+        test=wrap("test", None),
+        train_labels=np.asarray(arrays["train_y"]),
+        test_labels=np.asarray(arrays["test_y"]),
+        num_classes=int(meta["num_classes"]),
+        in_channels=int(meta["in_channels"]),
         image_size=int(meta["image_size"]),
-        train_domains=arrays.get("train_d"), test_domains=arrays.get("test_d"),
-        domain_names=list(meta["domain_names"]), val=wrap("val", None))
+        train_domains=arrays.get("train_d"),
+        test_domains=arrays.get("test_d"),
+        domain_names=list(meta["domain_names"]),
+        val=wrap("val", None),
+    )
 
 
 # ------------------------------------------------------------------------------ write
@@ -413,16 +436,26 @@ def _write_entry(tmp: Path, bundle, settings: dict) -> None:
             np.save(fh, arr, allow_pickle=False)
             fh.flush()
             os.fsync(fh.fileno())
-        specs[name] = {"shape": list(arr.shape), "dtype": str(arr.dtype),
-                       "bytes": f.stat().st_size, "sha256": _file_sha256(f)}
-    meta = {"format": FORMAT, "name": bundle.name, "created": time.time(),
-            "settings": {k: v for k, v in settings.items() if k != "sources"},
-            "num_sources": len(settings["sources"]),
-            "mean": [float(v) for v in bundle.train.mean.flatten().tolist()],
-            "std": [float(v) for v in bundle.train.std.flatten().tolist()],
-            "num_classes": int(bundle.num_classes), "in_channels": int(bundle.in_channels),
-            "image_size": int(bundle.image_size), "domain_names": list(bundle.domain_names),
-            "arrays": specs}
+        specs[name] = {
+            "shape": list(arr.shape),
+            "dtype": str(arr.dtype),
+            "bytes": f.stat().st_size,
+            "sha256": _file_sha256(f),
+        }
+    meta = {
+        "format": FORMAT,
+        "name": bundle.name,
+        "created": time.time(),
+        "settings": {k: v for k, v in settings.items() if k != "sources"},
+        "num_sources": len(settings["sources"]),
+        "mean": [float(v) for v in bundle.train.mean.flatten().tolist()],
+        "std": [float(v) for v in bundle.train.std.flatten().tolist()],
+        "num_classes": int(bundle.num_classes),
+        "in_channels": int(bundle.in_channels),
+        "image_size": int(bundle.image_size),
+        "domain_names": list(bundle.domain_names),
+        "arrays": specs,
+    }
     raw = json.dumps(meta, indent=1, sort_keys=True).encode()
     (tmp / META).write_bytes(raw)
     (tmp / META_HASH).write_text(hashlib.sha256(raw).hexdigest() + "\n")
@@ -449,11 +482,24 @@ def build_entry(root: Path, key: str, d, seed: int, settings: dict):
     from fedrcl_flwr.data.datasets import load_dataset
 
     bundle = load_dataset(
-        d.name, root=d.root, path=d.path, download=d.download, augment=d.augment,
-        normalize=d.normalize, image_size=d.image_size,
-        synthetic=_synthetic_dict(d), seed=seed, val_fraction=d.val_fraction,
-        domains=d.domains, test_fraction=d.test_fraction, rotation=d.rotation,
-        crop_pad=d.crop_pad, verify_md5=d.verify_md5, flip=d.flip, pad_fill=d.pad_fill)
+        d.name,
+        root=d.root,
+        path=d.path,
+        download=d.download,
+        augment=d.augment,
+        normalize=d.normalize,
+        image_size=d.image_size,
+        synthetic=_synthetic_dict(d),
+        seed=seed,
+        val_fraction=d.val_fraction,
+        domains=d.domains,
+        test_fraction=d.test_fraction,
+        rotation=d.rotation,
+        crop_pad=d.crop_pad,
+        verify_md5=d.verify_md5,
+        flip=d.flip,
+        pad_fill=d.pad_fill,
+    )
     root.mkdir(parents=True, exist_ok=True)
     final = root / key
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
@@ -466,8 +512,9 @@ def build_entry(root: Path, key: str, d, seed: int, settings: dict):
                 return open_entry(final, d, verify=True)
             except CacheMiss:
                 if not is_own_entry(final):
-                    raise CacheForeign(f"{final} is not a dataset cache entry (it holds "
-                                       "other files); move it away") from None
+                    raise CacheForeign(
+                        f"{final} is not a dataset cache entry (it holds other files); move it away"
+                    ) from None
                 _discard(final)
                 os.rename(tmp, final)
     finally:
@@ -498,8 +545,10 @@ def load(d, seed: int, *, note=None):
             return open_entry(entry, d, verify=True), entry
         except CacheMiss as exc:
             if not is_own_entry(entry):
-                raise CacheForeign(f"{entry} is not a dataset cache entry ({exc}); it was "
-                                   "left in place: move it away") from None
+                raise CacheForeign(
+                    f"{entry} is not a dataset cache entry ({exc}); it was "
+                    "left in place: move it away"
+                ) from None
             if note is not None:
                 note(f"dataset cache: rebuilding an unusable entry: {exc}")
             _discard(entry)
@@ -519,11 +568,11 @@ def open_prepared(entry: Path, d):
             f"dataset cache entry unusable on host {socket.gethostname()}: {exc}. The CLI "
             "prepared it before the run; dataset.cache_dir must be a directory every node "
             "of the Ray cluster sees at the same path (a shared filesystem), and must not "
-            "be cleared while a run uses it") from None
+            "be cleared while a run uses it"
+        ) from None
 
 
 # ------------------------------------------------------------------------- partitions
-
 
 
 def _partition_code() -> list:
@@ -545,9 +594,15 @@ def _read_partition(path: Path, num_clients: int) -> list | None:
             indices, offsets, digest = z["indices"], z["offsets"], str(z["sha256"])
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
-    if (indices.dtype != np.int64 or offsets.dtype != np.int64 or indices.ndim != 1
-            or offsets.shape != (num_clients + 1,) or offsets[0] != 0
-            or offsets[-1] != len(indices) or np.any(np.diff(offsets) < 0)):
+    if (
+        indices.dtype != np.int64
+        or offsets.dtype != np.int64
+        or indices.ndim != 1
+        or offsets.shape != (num_clients + 1,)
+        or offsets[0] != 0
+        or offsets[-1] != len(indices)
+        or np.any(np.diff(offsets) < 0)
+    ):
         return None
     h = hashlib.sha256(indices.tobytes())
     h.update(offsets.tobytes())
@@ -617,15 +672,36 @@ def list_entries(root: Path) -> list[dict]:
     for entry in sorted(Path(root).iterdir()):
         if entry.name.startswith("."):
             if not is_own_entry(entry):
-                out.append({"key": entry.name, "bytes": 0, "name": "-", "settings": {},
-                            "created": None, "status": "foreign"})
+                out.append(
+                    {
+                        "key": entry.name,
+                        "bytes": 0,
+                        "name": "-",
+                        "settings": {},
+                        "created": None,
+                        "status": "foreign",
+                    }
+                )
             continue
         if not is_own_entry(entry):
-            out.append({"key": entry.name, "bytes": 0, "name": "-", "settings": {},
-                        "created": None, "status": "foreign"})
+            out.append(
+                {
+                    "key": entry.name,
+                    "bytes": 0,
+                    "name": "-",
+                    "settings": {},
+                    "created": None,
+                    "status": "foreign",
+                }
+            )
             continue
-        row = {"key": entry.name, "bytes": _dir_bytes(entry), "name": "?", "settings": {},
-               "created": None}
+        row = {
+            "key": entry.name,
+            "bytes": _dir_bytes(entry),
+            "name": "?",
+            "settings": {},
+            "created": None,
+        }
         try:  # is_own_entry held: regular files only (no link, no FIFO to block on)
             meta = _read_meta(entry)
             for name, spec in meta["arrays"].items():
@@ -633,8 +709,9 @@ def list_entries(root: Path) -> list[dict]:
                 if not f.is_file() or f.stat().st_size != spec["bytes"]:
                     raise CacheMiss(f"{f.name} missing or of the wrong size")
             verify_arrays(entry, meta)
-            row.update(name=meta["name"], settings=meta["settings"],
-                       created=meta["created"], status="ok")
+            row.update(
+                name=meta["name"], settings=meta["settings"], created=meta["created"], status="ok"
+            )
         except CacheMiss as exc:
             row["status"] = f"corrupt: {str(exc).split(': ', 1)[-1]}"
         out.append(row)

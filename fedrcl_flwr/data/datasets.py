@@ -79,8 +79,14 @@ class ImageArrayDataset(Dataset):
     ``images`` is only ever read (it may be a read-only memory map).
     """
 
-    def __init__(self, images: torch.Tensor, labels: np.ndarray, mean, std,
-                 augment: AugmentSpec | None = None):
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: np.ndarray,
+        mean,
+        std,
+        augment: AugmentSpec | None = None,
+    ):
         self.images = images
         self.labels = np.asarray(labels, dtype=np.int64)
         self._labels_t = torch.as_tensor(self.labels)
@@ -103,8 +109,9 @@ class ImageArrayDataset(Dataset):
 
     def plain(self) -> ImageArrayDataset:
         """The same data without augmentation (for embedding / evaluation)."""
-        return ImageArrayDataset(self.images, self.labels, self.mean.flatten(),
-                                 self.std.flatten(), None)
+        return ImageArrayDataset(
+            self.images, self.labels, self.mean.flatten(), self.std.flatten(), None
+        )
 
     def _normalise(self, u8: torch.Tensor) -> torch.Tensor:
         mean, std = self._stats(u8.device)
@@ -114,8 +121,7 @@ class ImageArrayDataset(Dataset):
         x, y = self.get_batch(np.asarray([int(i)]))
         return x[0], int(y[0])
 
-    def draw_augment(self, b: int, generator: torch.Generator | None = None
-                     ) -> AugmentDraws:
+    def draw_augment(self, b: int, generator: torch.Generator | None = None) -> AugmentDraws:
         """The random draws of a training batch of ``b`` samples, in this order (all from
         ``generator`` on the host): rotation angles (``torch.rand(b)``), then, with a crop,
         column and row offsets (``torch.randint(0, 2·pad + 1, (b,))`` each) and flips
@@ -129,8 +135,7 @@ class ImageArrayDataset(Dataset):
         if aug.rotation > 0:
             draws.angles = draw_angles(b, aug.rotation, generator)
         if aug.crop_pad > 0:
-            draws.top, draws.left, draws.flip = draw_crop_flip(b, aug.crop_pad, aug.flip,
-                                                               generator)
+            draws.top, draws.left, draws.flip = draw_crop_flip(b, aug.crop_pad, aug.flip, generator)
         elif aug.flip:
             draws.flip = torch.rand(b, generator=generator) < 0.5
         return draws
@@ -154,13 +159,12 @@ class ImageArrayDataset(Dataset):
                 x = torch.where(do[:, None, None, None], x.flip(3), x)
             return x
         if aug.pad_fill == "black":
-            return self._normalise(crop_flip(u8, draws.top, draws.left, draws.flip,
-                                             aug.crop_pad))
-        return crop_flip(self._normalise(u8), draws.top, draws.left, draws.flip,
-                         aug.crop_pad)
+            return self._normalise(crop_flip(u8, draws.top, draws.left, draws.flip, aug.crop_pad))
+        return crop_flip(self._normalise(u8), draws.top, draws.left, draws.flip, aug.crop_pad)
 
-    def get_batch(self, idx, generator: torch.Generator | None = None,
-                  device: torch.device | None = None):
+    def get_batch(
+        self, idx, generator: torch.Generator | None = None, device: torch.device | None = None
+    ):
         """Samples ``idx`` as ``(x, y)`` on ``device`` (default: the CPU).
 
         The ``uint8`` pixels and the labels are gathered on the host (into pinned memory
@@ -229,8 +233,10 @@ def _hwc(x, what: str = "images") -> np.ndarray:
     """
     x = np.asarray(x)
     if x.dtype.kind not in "uifb":
-        raise DatasetError(f"{what}: pixel array of type {x.dtype} (need numbers: uint8 in "
-                           "[0, 255] or floats in [0, 1])")
+        raise DatasetError(
+            f"{what}: pixel array of type {x.dtype} (need numbers: uint8 in "
+            "[0, 255] or floats in [0, 1])"
+        )
     if x.ndim == 3:
         x = x[..., None]
     elif x.ndim == 4:
@@ -244,10 +250,12 @@ def _hwc(x, what: str = "images") -> np.ndarray:
             elif sq_last == sq_first:
                 raise DatasetError(
                     f"{what}: shape {x.shape} is ambiguous (channels-first and channels-last "
-                    "both possible); store images as N x H x W x C with H == W")
+                    "both possible); store images as N x H x W x C with H == W"
+                )
     if x.ndim != 4:
-        raise DatasetError(f"{what}: images must be N x H x W or N x H x W x C, got shape "
-                           f"{x.shape}")
+        raise DatasetError(
+            f"{what}: images must be N x H x W or N x H x W x C, got shape {x.shape}"
+        )
     if x.dtype != np.uint8:
         if x.dtype.kind == "f":
             finite = np.isfinite(x)
@@ -257,13 +265,15 @@ def _hwc(x, what: str = "images") -> np.ndarray:
                 raise DatasetError(
                     f"{what}: float pixels must be in [0, 1], found values in "
                     f"[{float(x.min()):.4g}, {float(x.max()):.4g}] (scale them to [0, 1], or "
-                    "store uint8 in [0, 255])")
+                    "store uint8 in [0, 255])"
+                )
             x = np.rint(x.astype(np.float32) * np.float32(255.0)).astype(np.uint8)
         else:
             if x.size and (x.min() < 0 or x.max() > 255):
                 raise DatasetError(
                     f"{what}: integer pixels must be in [0, 255], found values in "
-                    f"[{int(x.min())}, {int(x.max())}]")
+                    f"[{int(x.min())}, {int(x.max())}]"
+                )
             x = x.astype(np.uint8)
     return np.ascontiguousarray(x)
 
@@ -301,16 +311,25 @@ def check_fits_memory(nbytes: int, what: str, why: str) -> None:
     """A :class:`DatasetError` when ``nbytes`` exceeds the memory available now."""
     avail = available_memory()
     if avail is not None and nbytes > avail:
-        raise DatasetError(f"{what} needs about {nbytes / 2**30:.1f} GiB in memory ({why}), "
-                           f"more than the {avail / 2**30:.1f} GiB available")
+        raise DatasetError(
+            f"{what} needs about {nbytes / 2**30:.1f} GiB in memory ({why}), "
+            f"more than the {avail / 2**30:.1f} GiB available"
+        )
 
 
 def _missing(name: str, root: Path, extra: str = "") -> DatasetError:
-    how = (f"set dataset.download: true on a machine with a network (uses "
-           f"torchvision.datasets.{TORCHVISION_CLASSES[name]}), or copy the files there") \
-        if name in TORCHVISION_CLASSES else "put the data there"
-    return DatasetError(f"dataset '{name}' not found under {root}{extra}: {how}, or point "
-                        f"dataset.root at the directory that holds it")
+    how = (
+        (
+            f"set dataset.download: true on a machine with a network (uses "
+            f"torchvision.datasets.{TORCHVISION_CLASSES[name]}), or copy the files there"
+        )
+        if name in TORCHVISION_CLASSES
+        else "put the data there"
+    )
+    return DatasetError(
+        f"dataset '{name}' not found under {root}{extra}: {how}, or point "
+        f"dataset.root at the directory that holds it"
+    )
 
 
 def _torchvision_files(name: str, root: Path) -> tuple[Path, list[tuple[str, str | None]]]:
@@ -326,14 +345,17 @@ def _torchvision_files(name: str, root: Path) -> tuple[Path, list[tuple[str, str
     if name == "stl10":
         return root / cls.base_folder, [(f, m) for f, m in cls.train_list + cls.test_list]
     if name == "svhn":
-        return root / "svhn", [(cls.split_list[s][1], cls.split_list[s][2])
-                               for s in ("train", "test")]
+        return root / "svhn", [
+            (cls.split_list[s][1], cls.split_list[s][2]) for s in ("train", "test")
+        ]
     if name == "usps":  # torchvision's USPS reads the bz2 files without checking them
         return root / "usps", [(cls.split_list[s][1], None) for s in ("train", "test")]
     # MNIST / FashionMNIST: the uncompressed idx files in <root>/<Class>/raw (the MD5s
     # torchvision lists are those of the .gz downloads; loading only checks existence)
-    return (root / cls.__name__ / "raw",
-            [(os.path.splitext(os.path.basename(url))[0], None) for url, _ in cls.resources])
+    return (
+        root / cls.__name__ / "raw",
+        [(os.path.splitext(os.path.basename(url))[0], None) for url, _ in cls.resources],
+    )
 
 
 def _unpack_idx_gz(folder: Path, files: list) -> None:
@@ -367,8 +389,9 @@ def _existence_checked(cls):
     return type(cls.__name__, (cls,), attrs)
 
 
-def _torchvision(name: str, root: Path, download: bool,
-                 verify_md5: bool = True) -> tuple[RawSplit, RawSplit]:
+def _torchvision(
+    name: str, root: Path, download: bool, verify_md5: bool = True
+) -> tuple[RawSplit, RawSplit]:
     """Decode a dataset with torchvision's own class (its file layout, checks and
     decoding). A refusal is turned into one clear error: files missing (where and how to
     get them), a file whose MD5 differs from the official release (torchvision verifies
@@ -387,19 +410,23 @@ def _torchvision(name: str, root: Path, download: bool,
         out = []
         for train in (True, False):
             x, y = _torchvision_split(name, root, train, download, verify_md5, classes)
-            out.append(RawSplit(_hwc(x, f"dataset '{name}'"),
-                                _int_labels(y, f"dataset '{name}' labels"),
-                                classes=classes.get(name)))
+            out.append(
+                RawSplit(
+                    _hwc(x, f"dataset '{name}'"),
+                    _int_labels(y, f"dataset '{name}' labels"),
+                    classes=classes.get(name),
+                )
+            )
     except DatasetError:
         raise
     except Exception as exc:  # noqa: BLE001 - every refusal becomes one clear error
-        raise _torchvision_refusal(exc, name, root, download, verify_md5, folder,
-                                   files) from None
+        raise _torchvision_refusal(exc, name, root, download, verify_md5, folder, files) from None
     return out[0], out[1]
 
 
-def _torchvision_split(name: str, root: Path, train: bool, download: bool,
-                       verify_md5: bool, classes: dict) -> tuple:
+def _torchvision_split(
+    name: str, root: Path, train: bool, download: bool, verify_md5: bool, classes: dict
+) -> tuple:
     """The images and labels of one split as torchvision's class for ``name`` decodes
     them (CIFAR: ``classes[name]`` = the number of classes its meta file names)."""
     import torchvision.datasets as tvd
@@ -431,8 +458,15 @@ def _torchvision_split(name: str, root: Path, train: bool, download: bool,
     raise DatasetError(f"unknown torchvision dataset {name!r}")
 
 
-def _torchvision_refusal(exc: Exception, name: str, root: Path, download: bool,
-                         verify_md5: bool, folder: Path, files: list) -> DatasetError:
+def _torchvision_refusal(
+    exc: Exception,
+    name: str,
+    root: Path,
+    download: bool,
+    verify_md5: bool,
+    folder: Path,
+    files: list,
+) -> DatasetError:
     """What a torchvision class's refusal means, in one line: a failed download, files
     missing (where and how to get them), a file failing the MD5 check, or files it
     cannot decode."""
@@ -443,18 +477,24 @@ def _torchvision_refusal(exc: Exception, name: str, root: Path, download: bool,
         return _missing(name, root, f" (no {folder / missing[0]})")
     from torchvision.datasets.utils import check_integrity
 
-    bad = [f for f, md5 in files if verify_md5 and md5 is not None
-           and not check_integrity(str(folder / f), md5)]
+    bad = [
+        f
+        for f, md5 in files
+        if verify_md5 and md5 is not None and not check_integrity(str(folder / f), md5)
+    ]
     if bad:
         return DatasetError(
             f"dataset '{name}': {folder / bad[0]} fails torchvision's MD5 check (it is "
             "corrupted, truncated or not the official release): copy the official "
             "files there, use dataset.download: true, or set dataset.verify_md5: false "
-            "to load files of your own in this layout")
+            "to load files of your own in this layout"
+        )
     detail = " ".join(str(exc).split())
-    return DatasetError(f"dataset '{name}': torchvision.datasets.{TORCHVISION_CLASSES[name]} "
-                        f"cannot read the files in {folder} ({type(exc).__name__}: "
-                        f"{detail})")
+    return DatasetError(
+        f"dataset '{name}': torchvision.datasets.{TORCHVISION_CLASSES[name]} "
+        f"cannot read the files in {folder} ({type(exc).__name__}: "
+        f"{detail})"
+    )
 
 
 _IMG_EXT = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
@@ -465,8 +505,9 @@ def _read_images(files: list[Path], size: int | None) -> np.ndarray:
 
     out = []
     if size is not None:
-        check_fits_memory(len(files) * size * size * 3, f"{len(files)} images",
-                          f"{size}x{size} RGB uint8 each")
+        check_fits_memory(
+            len(files) * size * size * 3, f"{len(files)} images", f"{size}x{size} RGB uint8 each"
+        )
     for f in files:
         try:
             with Image.open(f) as src:
@@ -475,14 +516,17 @@ def _read_images(files: list[Path], size: int | None) -> np.ndarray:
                     im = im.resize((size, size), Image.Resampling.BILINEAR)
                 out.append(np.asarray(im, dtype=np.uint8))
         except (OSError, ValueError, SyntaxError) as exc:  # PIL's errors for a bad file
-            raise DatasetError(f"{f}: not a readable image ({' '.join(str(exc).split())})"
-                               ) from None
+            raise DatasetError(
+                f"{f}: not a readable image ({' '.join(str(exc).split())})"
+            ) from None
     if not out:
         return np.zeros((0, size or 1, size or 1, 3), np.uint8)
     shapes = {a.shape for a in out}
     if len(shapes) > 1:
-        raise DatasetError(f"images of different sizes {sorted(shapes)[:3]}...: set "
-                           "dataset.image_size to resize them")
+        raise DatasetError(
+            f"images of different sizes {sorted(shapes)[:3]}...: set "
+            "dataset.image_size to resize them"
+        )
     return np.stack(out)
 
 
@@ -495,8 +539,9 @@ def _class_tree(folder: Path) -> dict[str, list[Path]]:
     return classes
 
 
-def _imagefolder(root: Path, domains: list, image_size: int | None, test_fraction: float,
-                 seed: int) -> tuple[RawSplit, RawSplit, list]:
+def _imagefolder(
+    root: Path, domains: list, image_size: int | None, test_fraction: float, seed: int
+) -> tuple[RawSplit, RawSplit, list]:
     """``root/[domain/][train|test/]class/image``.
 
     With ``domains`` each named sub-folder is one domain (PACS, Office-10, DomainNet). A
@@ -504,14 +549,18 @@ def _imagefolder(root: Path, domains: list, image_size: int | None, test_fractio
     ``test_fraction`` of each class is held out for testing.
     """
     if not root.is_dir():
-        raise DatasetError(f"image folder {root} does not exist: set dataset.root to a "
-                           "directory of class sub-folders (or domain/class sub-folders)")
+        raise DatasetError(
+            f"image folder {root} does not exist: set dataset.root to a "
+            "directory of class sub-folders (or domain/class sub-folders)"
+        )
     size = image_size or 64
     domain_dirs = [root / d for d in domains] if domains else [root]
     for d in domain_dirs:
         if not d.is_dir():
-            raise DatasetError(f"domain folder {d} does not exist (dataset.domains lists "
-                               f"{domains}; found {sorted(p.name for p in root.iterdir())})")
+            raise DatasetError(
+                f"domain folder {d} does not exist (dataset.domains lists "
+                f"{domains}; found {sorted(p.name for p in root.iterdir())})"
+            )
     splits: dict[str, tuple[list, list, list]] = {"train": ([], [], []), "test": ([], [], [])}
     class_names: list | None = None
     for di, ddir in enumerate(domain_dirs):
@@ -528,13 +577,17 @@ def _imagefolder(root: Path, domains: list, image_size: int | None, test_fractio
                 trees["train"][cname] = [files[i] for i in sorted(perm[n_test:])]
         names = sorted(set(trees["train"]) | set(trees["test"]))
         if not names:
-            raise DatasetError(f"no images found under {ddir} (expected class sub-folders "
-                               f"with {', '.join(_IMG_EXT)} files)")
+            raise DatasetError(
+                f"no images found under {ddir} (expected class sub-folders "
+                f"with {', '.join(_IMG_EXT)} files)"
+            )
         if class_names is None:
             class_names = names
         elif names != class_names:
-            raise DatasetError(f"{ddir} has classes {names[:5]}... but the first domain has "
-                               f"{class_names[:5]}...: every domain needs the same classes")
+            raise DatasetError(
+                f"{ddir} has classes {names[:5]}... but the first domain has "
+                f"{class_names[:5]}...: every domain needs the same classes"
+            )
         for s in ("train", "test"):
             xs, ys, ds = splits[s]
             for ci, cname in enumerate(class_names):
@@ -556,9 +609,11 @@ def _tinyimagenet(root: Path, image_size: int | None) -> tuple[RawSplit, RawSpli
     train_dir, val_dir = base / "train", base / "val"
     ann = val_dir / "val_annotations.txt"
     if not train_dir.is_dir() or not ann.exists():
-        raise DatasetError(f"dataset 'tinyimagenet' not found under {base}: unpack "
-                           "tiny-imagenet-200.zip there (train/ and val/ with "
-                           "val_annotations.txt)")
+        raise DatasetError(
+            f"dataset 'tinyimagenet' not found under {base}: unpack "
+            "tiny-imagenet-200.zip there (train/ and val/ with "
+            "val_annotations.txt)"
+        )
     wnids = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
     index = {w: i for i, w in enumerate(wnids)}
     size = image_size or 64
@@ -588,8 +643,10 @@ def _npz(path: Path) -> tuple[RawSplit, RawSplit]:
     with z:
         missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in z.files]
         if missing:
-            raise DatasetError(f"{path}: missing array(s) {', '.join(missing)} (an npz "
-                               "dataset holds x_train, y_train, x_test, y_test)")
+            raise DatasetError(
+                f"{path}: missing array(s) {', '.join(missing)} (an npz "
+                "dataset holds x_train, y_train, x_test, y_test)"
+            )
         _check_npz_memory(path)
         out = []
 
@@ -597,21 +654,24 @@ def _npz(path: Path) -> tuple[RawSplit, RawSplit]:
             try:
                 return z[key]
             except (ValueError, OSError, EOFError) as exc:  # object arrays, torn members
-                raise DatasetError(f"{path}: array {key} cannot be read without pickle "
-                                   f"({' '.join(str(exc).split())}); store plain numeric "
-                                   "arrays") from None
+                raise DatasetError(
+                    f"{path}: array {key} cannot be read without pickle "
+                    f"({' '.join(str(exc).split())}); store plain numeric "
+                    "arrays"
+                ) from None
 
         for s in ("train", "test"):
             x = _hwc(arr(f"x_{s}"), f"{path}: x_{s}")
             y = _int_labels(arr(f"y_{s}"), f"{path}: y_{s}")
             if len(x) != len(y):
-                raise DatasetError(f"{path}: x_{s} has {len(x)} images but y_{s} has "
-                                   f"{len(y)} labels")
-            d = _int_labels(arr(f"d_{s}"), f"{path}: d_{s}") if f"d_{s}" in z.files \
-                else None
+                raise DatasetError(
+                    f"{path}: x_{s} has {len(x)} images but y_{s} has {len(y)} labels"
+                )
+            d = _int_labels(arr(f"d_{s}"), f"{path}: d_{s}") if f"d_{s}" in z.files else None
             if d is not None and len(d) != len(y):
-                raise DatasetError(f"{path}: d_{s} has {len(d)} domain ids but y_{s} has "
-                                   f"{len(y)} labels")
+                raise DatasetError(
+                    f"{path}: d_{s} has {len(d)} domain ids but y_{s} has {len(y)} labels"
+                )
             out.append(RawSplit(x, y, d))
     return out[0], out[1]
 
@@ -628,8 +688,11 @@ def _check_npz_memory(path: Path) -> None:
                 with zf.open(info) as fh:
                     fmt = np.lib.format
                     version = fmt.read_magic(fh)
-                    read = fmt.read_array_header_1_0 if version == (1, 0) else \
-                        fmt.read_array_header_2_0
+                    read = (
+                        fmt.read_array_header_1_0
+                        if version == (1, 0)
+                        else fmt.read_array_header_2_0
+                    )
                     shape, _, dtype = read(fh)
                 n = int(np.prod(shape, dtype=np.float64))
                 total += n * dtype.itemsize + (n if info.filename.startswith("x_") else 0)
@@ -641,8 +704,9 @@ def _check_npz_memory(path: Path) -> None:
 DIGIT5_DOMAINS = ("mnist", "svhn", "usps", "synthdigits", "mnistm")
 
 
-def _digit5(root: Path, download: bool, domains: list,
-            verify_md5: bool = True) -> tuple[RawSplit, RawSplit, list]:
+def _digit5(
+    root: Path, download: bool, domains: list, verify_md5: bool = True
+) -> tuple[RawSplit, RawSplit, list]:
     """Digit-5 at 32x32 RGB: MNIST, SVHN and USPS from torchvision; SynthDigits and
     MNIST-M (not in torchvision) from ``root/synthdigits.npz`` / ``root/mnistm.npz``
     (x_train, y_train, x_test, y_test) or image folders ``root/<name>/{train,test}/<class>``."""
@@ -657,10 +721,12 @@ def _digit5(root: Path, download: bool, domains: list,
         elif (root / name).is_dir():
             tr, te, _ = _imagefolder(root / name, [], 32, 0.2, 0)
         else:
-            raise DatasetError(f"Digit-5 domain '{name}' not found: expected {root}/{name}.npz "
-                               f"(x_train, y_train, x_test, y_test) or {root}/{name}/ (class "
-                               "folders); it is not in torchvision, so it cannot be downloaded "
-                               "automatically")
+            raise DatasetError(
+                f"Digit-5 domain '{name}' not found: expected {root}/{name}.npz "
+                f"(x_train, y_train, x_test, y_test) or {root}/{name}/ (class "
+                "folders); it is not in torchvision, so it cannot be downloaded "
+                "automatically"
+            )
         for split, acc in ((tr, trs), (te, tes)):
             x = _resize_u8(split.x, 32)
             if x.shape[-1] == 1:
@@ -668,9 +734,11 @@ def _digit5(root: Path, download: bool, domains: list,
             acc.append(RawSplit(x, split.y, np.full(len(split.y), di, np.int64)))
 
     def cat(parts):
-        return RawSplit(np.concatenate([p.x for p in parts]),
-                        np.concatenate([p.y for p in parts]),
-                        np.concatenate([p.d for p in parts]))
+        return RawSplit(
+            np.concatenate([p.x for p in parts]),
+            np.concatenate([p.y for p in parts]),
+            np.concatenate([p.d for p in parts]),
+        )
 
     return cat(trs), cat(tes), names
 
@@ -686,20 +754,26 @@ def _resize_u8(x: np.ndarray, size: int) -> np.ndarray:
         return x
     out = np.empty((x.shape[0], size, size, x.shape[3]), np.uint8)
     for i in range(0, len(x), 2048):
-        t = torch.from_numpy(x[i:i + 2048]).permute(0, 3, 1, 2).float()
-        r = F.interpolate(t, size=(size, size), mode="bilinear", antialias=True,
-                          align_corners=False)
-        out[i:i + 2048] = r.round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
+        t = torch.from_numpy(x[i : i + 2048]).permute(0, 3, 1, 2).float()
+        r = F.interpolate(
+            t, size=(size, size), mode="bilinear", antialias=True, align_corners=False
+        )
+        out[i : i + 2048] = r.round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
     return out
 
 
 # per-dataset standard augmentation (as the papers' code uses): crop padding, flip
 _AUGMENT = {
-    "cifar10": AugmentSpec(4, True), "cifar100": AugmentSpec(4, True),
-    "tinyimagenet": AugmentSpec(8, True), "stl10": AugmentSpec(12, True),
-    "svhn": AugmentSpec(4, False), "mnist": AugmentSpec(0, False),
-    "fmnist": AugmentSpec(0, False), "usps": AugmentSpec(0, False),
-    "digit5": AugmentSpec(2, False), "synthetic": AugmentSpec(2, True),
+    "cifar10": AugmentSpec(4, True),
+    "cifar100": AugmentSpec(4, True),
+    "tinyimagenet": AugmentSpec(8, True),
+    "stl10": AugmentSpec(12, True),
+    "svhn": AugmentSpec(4, False),
+    "mnist": AugmentSpec(0, False),
+    "fmnist": AugmentSpec(0, False),
+    "usps": AugmentSpec(0, False),
+    "digit5": AugmentSpec(2, False),
+    "synthetic": AugmentSpec(2, True),
     # your own arrays: nothing is assumed about them (digits, text, medical images, ...:
     # a horizontal flip is wrong for most that are not natural photographs); opt in with
     # dataset.crop_pad / dataset.flip / dataset.rotation (issue #25)
@@ -713,9 +787,15 @@ def default_augment(name: str, image_size: int) -> AugmentSpec:
     return AugmentSpec(max(1, image_size // 8), True)  # imagefolder (natural images)
 
 
-def augment_spec(name: str, image_size: int, augment: bool, rotation: float = 0.0,
-                 crop_pad: int | None = None, flip: bool | None = None,
-                 pad_fill: str = "mean") -> AugmentSpec | None:
+def augment_spec(
+    name: str,
+    image_size: int,
+    augment: bool,
+    rotation: float = 0.0,
+    crop_pad: int | None = None,
+    flip: bool | None = None,
+    pad_fill: str = "mean",
+) -> AugmentSpec | None:
     """The training augmentation of a dataset: its standard crop/flip
     (:func:`default_augment`; none for ``npz``) with ``dataset.rotation`` / ``crop_pad`` /
     ``flip`` / ``pad_fill`` applied; ``None`` when ``dataset.augment`` is off or nothing is
@@ -733,8 +813,7 @@ def augment_spec(name: str, image_size: int, augment: bool, rotation: float = 0.
     return aug if aug.active else None
 
 
-def normalisation(normalize, x: np.ndarray, what: str = "dataset"
-                  ) -> tuple[list, list]:
+def normalisation(normalize, x: np.ndarray, what: str = "dataset") -> tuple[list, list]:
     """``(mean, std)`` per channel of ``dataset.normalize``: the training images'
     statistics (``True``), none (``False``: 0 / 1) or the given ``{mean, std}`` constants
     (checked against the images' channels: a :class:`DatasetError` otherwise)."""
@@ -762,13 +841,26 @@ def _channel_stats(x: np.ndarray) -> tuple[list, list]:
     return mean.tolist(), std.tolist()
 
 
-def load_dataset(name: str, *, root: str = "~/data", path: str | None = None,
-                 download: bool = False, augment: bool = True, normalize: bool = True,
-                 image_size: int | None = None, synthetic: dict | None = None,
-                 seed: int = 0, val_fraction: float = 0.0, domains: list | None = None,
-                 test_fraction: float = 0.2, rotation: float = 0.0,
-                 crop_pad: int | None = None, verify_md5: bool = True,
-                 flip: bool | None = None, pad_fill: str = "mean") -> DataBundle:
+def load_dataset(
+    name: str,
+    *,
+    root: str = "~/data",
+    path: str | None = None,
+    download: bool = False,
+    augment: bool = True,
+    normalize: bool = True,
+    image_size: int | None = None,
+    synthetic: dict | None = None,
+    seed: int = 0,
+    val_fraction: float = 0.0,
+    domains: list | None = None,
+    test_fraction: float = 0.2,
+    rotation: float = 0.0,
+    crop_pad: int | None = None,
+    verify_md5: bool = True,
+    flip: bool | None = None,
+    pad_fill: str = "mean",
+) -> DataBundle:
     """Load a dataset into a :class:`DataBundle` (see the module docstring).
     ``normalize``: ``True`` | ``False`` | ``{"mean": [...], "std": [...]}``.
 
@@ -777,16 +869,26 @@ def load_dataset(name: str, *, root: str = "~/data", path: str | None = None,
     (:func:`_num_classes`), hold out a validation share (:func:`_hold_out_validation`),
     then wrap train / test / validation with the normalisation and augmentation."""
     tr, te, dnames, class_list = _read_source(
-        name, root, path=path, download=download, image_size=image_size,
-        synthetic=synthetic, seed=seed, domains=domains, test_fraction=test_fraction,
-        verify_md5=verify_md5)
+        name,
+        root,
+        path=path,
+        download=download,
+        image_size=image_size,
+        synthetic=synthetic,
+        seed=seed,
+        domains=domains,
+        test_fraction=test_fraction,
+        verify_md5=verify_md5,
+    )
     _check_splits(name, tr, te)
     if image_size is not None:
         tr = RawSplit(_resize_u8(tr.x, image_size), tr.y, tr.d)
         te = RawSplit(_resize_u8(te.x, image_size), te.y, te.d)
     if tr.x.shape[1:] != te.x.shape[1:] and len(te.y):
-        raise DatasetError(f"dataset '{name}': train images {tr.x.shape[1:]} and test images "
-                           f"{te.x.shape[1:]} differ; set dataset.image_size")
+        raise DatasetError(
+            f"dataset '{name}': train images {tr.x.shape[1:]} and test images "
+            f"{te.x.shape[1:]} differ; set dataset.image_size"
+        )
     num_classes = _num_classes(name, tr, te, synthetic, class_list)
     tr, val_split = _hold_out_validation(tr, val_fraction, seed)
     mean, std = normalisation(normalize, tr.x, f"dataset {name!r}")
@@ -799,8 +901,13 @@ def load_dataset(name: str, *, root: str = "~/data", path: str | None = None,
 
     has_domains = tr.d is not None and len(np.unique(tr.d)) > 1
     return DataBundle(
-        name=name, train=wrap(tr, aug), test=wrap(te, None), train_labels=tr.y,
-        test_labels=te.y, num_classes=num_classes, in_channels=int(tr.x.shape[-1]),
+        name=name,
+        train=wrap(tr, aug),
+        test=wrap(te, None),
+        train_labels=tr.y,
+        test_labels=te.y,
+        num_classes=num_classes,
+        in_channels=int(tr.x.shape[-1]),
         image_size=size,
         train_domains=tr.d if has_domains else None,
         test_domains=te.d if has_domains and te.d is not None else None,
@@ -809,10 +916,19 @@ def load_dataset(name: str, *, root: str = "~/data", path: str | None = None,
     )
 
 
-def _read_source(name: str, root: str, *, path: str | None, download: bool,
-                 image_size: int | None, synthetic: dict | None, seed: int,
-                 domains: list | None, test_fraction: float, verify_md5: bool
-                 ) -> tuple[RawSplit, RawSplit, list, int | None]:
+def _read_source(
+    name: str,
+    root: str,
+    *,
+    path: str | None,
+    download: bool,
+    image_size: int | None,
+    synthetic: dict | None,
+    seed: int,
+    domains: list | None,
+    test_fraction: float,
+    verify_md5: bool,
+) -> tuple[RawSplit, RawSplit, list, int | None]:
     """The train and test images of source ``name`` (:data:`~fedrcl_flwr.config.catalog.
     DATASETS`), its domain names, and the number of classes its own class list names
     (CIFAR's ``batches.meta``; ``None`` for the others)."""
@@ -826,8 +942,7 @@ def _read_source(name: str, root: str, *, path: str | None, download: bool,
     if name == "tinyimagenet":
         return (*_tinyimagenet(root_p, image_size), [], None)
     if name == "imagefolder":
-        return (*_imagefolder(root_p, list(domains or []), image_size, test_fraction, seed),
-                None)
+        return (*_imagefolder(root_p, list(domains or []), image_size, test_fraction, seed), None)
     if name == "digit5":
         return (*_digit5(root_p, download, list(domains or []), verify_md5), None)
     if name == "npz":
@@ -845,28 +960,38 @@ def _synthetic(sy: dict, seed: int) -> tuple[RawSplit, RawSplit, list]:
     hw = int(sy.get("image_size", 32)) ** 2 * int(sy.get("channels", 3))
     n_all = int(sy.get("num_train", 20000)) + int(sy.get("num_test", 4000))
     bank = (int(sy.get("num_classes", 10)) * int(sy.get("subclusters", 3)) + 6) * 25 * hw
-    check_fits_memory(n_all * hw + 12 * bank + 16 * 4096 * hw, "dataset.synthetic",
-                      f"{n_all} images of {hw} uint8 values, plus float pattern banks")
+    check_fits_memory(
+        n_all * hw + 12 * bank + 16 * 4096 * hw,
+        "dataset.synthetic",
+        f"{n_all} images of {hw} uint8 values, plus float pattern banks",
+    )
     xtr, ytr, dtr, xte, yte, dte = make_synthetic(**sy, seed=seed)
     nd = int(sy.get("num_domains", 1))
-    return RawSplit(xtr, ytr, dtr), RawSplit(xte, yte, dte), \
-        [f"domain{i}" for i in range(nd)] if nd > 1 else []
+    return (
+        RawSplit(xtr, ytr, dtr),
+        RawSplit(xte, yte, dte),
+        [f"domain{i}" for i in range(nd)] if nd > 1 else [],
+    )
 
 
 def _check_splits(name: str, tr: RawSplit, te: RawSplit) -> None:
     if len(tr.y) == 0:
         raise DatasetError(f"dataset '{name}' has no training images")
     if len(te.y) == 0:
-        raise DatasetError(f"dataset '{name}' has no test images (every experiment is "
-                           "evaluated on a test set)")
+        raise DatasetError(
+            f"dataset '{name}' has no test images (every experiment is evaluated on a test set)"
+        )
     unseen = sorted(set(np.unique(te.y).tolist()) - set(np.unique(tr.y).tolist()))
     if unseen:
-        raise DatasetError(f"dataset '{name}': test classes {unseen[:10]} never occur in the "
-                           "training set (no client could learn them)")
+        raise DatasetError(
+            f"dataset '{name}': test classes {unseen[:10]} never occur in the "
+            "training set (no client could learn them)"
+        )
 
 
-def _num_classes(name: str, tr: RawSplit, te: RawSplit, synthetic: dict | None,
-                 class_list: int | None) -> int:
+def _num_classes(
+    name: str, tr: RawSplit, te: RawSplit, synthetic: dict | None, class_list: int | None
+) -> int:
     """The largest label + 1; synthetic: its ``num_classes``; CIFAR: the classes its
     ``batches.meta`` names (the authors' ``K``)."""
     num_classes = int(max(tr.y.max(), te.y.max() if len(te.y) else 0)) + 1
@@ -874,14 +999,17 @@ def _num_classes(name: str, tr: RawSplit, te: RawSplit, synthetic: dict | None,
         num_classes = int((synthetic or {}).get("num_classes", num_classes))
     if class_list is not None:  # CIFAR: the classes batches.meta names (their K)
         if num_classes > class_list:
-            raise DatasetError(f"dataset '{name}': label {num_classes - 1} but the class "
-                               f"list names only {class_list} classes")
+            raise DatasetError(
+                f"dataset '{name}': label {num_classes - 1} but the class "
+                f"list names only {class_list} classes"
+            )
         num_classes = class_list
     return num_classes
 
 
-def _hold_out_validation(tr: RawSplit, val_fraction: float, seed: int
-                         ) -> tuple[RawSplit, RawSplit | None]:
+def _hold_out_validation(
+    tr: RawSplit, val_fraction: float, seed: int
+) -> tuple[RawSplit, RawSplit | None]:
     """A seeded, stratified validation share of the training set (UniVarFL: 90/10):
     ``(training set without it, validation set)``; none when ``val_fraction`` is 0."""
     if val_fraction <= 0:
@@ -891,8 +1019,10 @@ def _hold_out_validation(tr: RawSplit, val_fraction: float, seed: int
     for c in np.unique(tr.y):
         idx = np.flatnonzero(tr.y == c)
         hold[rng.choice(idx, int(round(val_fraction * len(idx))), replace=False)] = True
-    return (RawSplit(tr.x[~hold], tr.y[~hold], None if tr.d is None else tr.d[~hold]),
-            RawSplit(tr.x[hold], tr.y[hold]))
+    return (
+        RawSplit(tr.x[~hold], tr.y[~hold], None if tr.d is None else tr.d[~hold]),
+        RawSplit(tr.x[hold], tr.y[hold]),
+    )
 
 
 def _takes_device(get_batch) -> bool:
@@ -904,9 +1034,14 @@ def _takes_device(get_batch) -> bool:
         return False
 
 
-def iterate_batches(dataset, indices, batch_size: int, *,
-                    generator: torch.Generator | None = None,
-                    device: torch.device | None = None):
+def iterate_batches(
+    dataset,
+    indices,
+    batch_size: int,
+    *,
+    generator: torch.Generator | None = None,
+    device: torch.device | None = None,
+):
     """The project's one batch iterator: ``(x, y)`` batches of ``dataset[indices]``.
 
     Without ``generator``: in order and un-augmented (evaluation, embedding). With it
@@ -923,10 +1058,11 @@ def iterate_batches(dataset, indices, batch_size: int, *,
         ds = dataset.plain() if hasattr(dataset, "plain") else dataset
     else:
         indices = indices[torch.randperm(len(indices), generator=generator).numpy()]
-    batch_has_device = device is not None and hasattr(ds, "get_batch") and \
-        _takes_device(ds.get_batch)
+    batch_has_device = (
+        device is not None and hasattr(ds, "get_batch") and _takes_device(ds.get_batch)
+    )
     for i in range(0, len(indices), batch_size):
-        chunk = indices[i:i + batch_size]
+        chunk = indices[i : i + batch_size]
         if batch_has_device:
             yield ds.get_batch(chunk, generator=generator, device=device)
             continue

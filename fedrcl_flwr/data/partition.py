@@ -140,9 +140,14 @@ def authors_trainer_draws(n: int) -> None:
         torch.rand(1)
 
 
-def dirichlet_balanced(labels: np.ndarray, num_clients: int, alpha: float,
-                       seed: int, num_classes: int | None = None,
-                       trainer_draws: bool = True) -> list[np.ndarray]:
+def dirichlet_balanced(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    seed: int,
+    num_classes: int | None = None,
+    trainer_draws: bool = True,
+) -> list[np.ndarray]:
     """The FedRCL authors' balanced Dirichlet split (``datasets/cifar.py:
     cifar_dirichlet_balanced`` in skynbe/FedRCL, also in geehokim/FedACG), with the same
     random calls.
@@ -170,8 +175,9 @@ def dirichlet_balanced(labels: np.ndarray, num_clients: int, alpha: float,
     size = n // num_clients
     k = int(labels.max()) + 1 if num_classes is None else int(num_classes)
     if k <= int(labels.max()):
-        raise PartitionError(f"balanced Dirichlet split: label {int(labels.max())} but only "
-                             f"{k} classes")
+        raise PartitionError(
+            f"balanced Dirichlet split: label {int(labels.max())} but only {k} classes"
+        )
     lab = torch.from_numpy(labels)
     free = torch.ones(n, dtype=torch.bool)
     tiny = torch.finfo(torch.float32).tiny
@@ -224,8 +230,9 @@ def authors_iid(n: int, num_clients: int, seed: int) -> list[np.ndarray]:
     return [np.asarray(p, dtype=np.int64) for p in parts]
 
 
-def authors_shards(labels: np.ndarray, num_clients: int, per_client: int,
-                   seed: int) -> list[np.ndarray]:
+def authors_shards(
+    labels: np.ndarray, num_clients: int, per_client: int, seed: int
+) -> list[np.ndarray]:
     """The FedRCL authors' ``cifar_noniid`` (``split.mode: skew``, ``class_per_client`` =
     ``per_client``): the sample indices ordered by NumPy's default ``argsort`` of the
     labels, cut into ``per_client * C`` shards of ``N // (per_client * C)``; client by
@@ -240,7 +247,8 @@ def authors_shards(labels: np.ndarray, num_clients: int, per_client: int,
         raise PartitionError(
             f"shards (fedrcl): {n} samples do not cut into {num_clients} clients x "
             f"{per_client} shards of equal size (the authors' cifar_noniid needs N to be a "
-            "multiple of num_clients * shards_per_client); use partition.generator project")
+            "multiple of num_clients * shards_per_client); use partition.generator project"
+        )
     by_label = np.arange(n)[labels.argsort()]
     left = list(range(total))
     parts = []
@@ -248,13 +256,19 @@ def authors_shards(labels: np.ndarray, num_clients: int, per_client: int,
         for _ in range(num_clients):
             chosen = set(np.random.choice(left, per_client, replace=False).tolist())
             left = list(set(left) - chosen)
-            parts.append(np.concatenate([by_label[s * size:(s + 1) * size] for s in chosen]))
+            parts.append(np.concatenate([by_label[s * size : (s + 1) * size] for s in chosen]))
     return _as_parts(parts)
 
 
-def authors_dirichlet_unbalanced(labels: np.ndarray, num_clients: int, alpha: float,
-                                 min_size: int, seed: int, num_classes: int | None = None,
-                                 max_tries: int = 1000) -> list[np.ndarray]:
+def authors_dirichlet_unbalanced(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    min_size: int,
+    seed: int,
+    num_classes: int | None = None,
+    max_tries: int = 1000,
+) -> list[np.ndarray]:
     """The FedRCL authors' ``cifar_dirichlet_unbalanced`` with its calls (NumPy's global
     generator seeded with ``seed``): per try, class ``k = 0 .. K-1`` in turn: shuffle its
     samples, ``q = np.random.dirichlet([α] * C)``, zero for clients already holding
@@ -281,11 +295,18 @@ def authors_dirichlet_unbalanced(labels: np.ndarray, num_clients: int, alpha: fl
                 return _as_parts(batch)
     raise PartitionError(
         f"unbalanced Dirichlet split (fedrcl): no draw in {max_tries} tries gave every one "
-        f"of {num_clients} clients >= {min_size} samples (alpha={alpha}, {n} samples)")
+        f"of {num_clients} clients >= {min_size} samples (alpha={alpha}, {n} samples)"
+    )
 
 
-def dirichlet_unbalanced(labels: np.ndarray, num_clients: int, alpha: float, min_size: int,
-                         rng: np.random.Generator, max_tries: int = 100) -> list[np.ndarray]:
+def dirichlet_unbalanced(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    min_size: int,
+    rng: np.random.Generator,
+    max_tries: int = 100,
+) -> list[np.ndarray]:
     n = len(labels)
     classes = np.unique(labels)
     for _ in range(max_tries):
@@ -304,16 +325,20 @@ def dirichlet_unbalanced(labels: np.ndarray, num_clients: int, alpha: float, min
     raise PartitionError(
         f"unbalanced Dirichlet split: no draw in {max_tries} tries gave every one of "
         f"{num_clients} clients >= {min_size} samples (alpha={alpha}, {n} samples); lower "
-        "partition.min_size, raise partition.alpha or use fewer clients")
+        "partition.min_size, raise partition.alpha or use fewer clients"
+    )
 
 
-def shards(labels: np.ndarray, num_clients: int, per_client: int,
-           rng: np.random.Generator) -> list[np.ndarray]:
+def shards(
+    labels: np.ndarray, num_clients: int, per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     n = len(labels)
     total = num_clients * per_client
     if total > n:
-        raise PartitionError(f"shards: {num_clients} clients x {per_client} shards = {total} "
-                             f"shards but only {n} samples")
+        raise PartitionError(
+            f"shards: {num_clients} clients x {per_client} shards = {total} "
+            f"shards but only {n} samples"
+        )
     # sort by label, ties in random order
     order = np.lexsort((rng.random(n), labels))
     pieces = np.array_split(order, total)
@@ -324,23 +349,33 @@ def shards(labels: np.ndarray, num_clients: int, per_client: int,
 def _domain_owners(dom_ids: np.ndarray, num_clients: int, per_client: int) -> dict:
     nd = len(dom_ids)
     if per_client > nd:
-        raise PartitionError(f"domain split: domains_per_client={per_client} but the data has "
-                             f"only {nd} domains")
+        raise PartitionError(
+            f"domain split: domains_per_client={per_client} but the data has only {nd} domains"
+        )
     owners: dict[int, list[int]] = {int(d): [] for d in dom_ids}
     for i in range(num_clients):
         for j in range(per_client):
             owners[int(dom_ids[(i * per_client + j) % nd])].append(i)
     orphan = [int(d) for d, o in owners.items() if not o]
     if orphan:
-        raise PartitionError(f"domain split: {num_clients} clients x {per_client} domain(s) "
-                             f"leave domain(s) {orphan} without a client (of {nd} domains); "
-                             "use more clients or partition.domains_per_client")
+        raise PartitionError(
+            f"domain split: {num_clients} clients x {per_client} domain(s) "
+            f"leave domain(s) {orphan} without a client (of {nd} domains); "
+            "use more clients or partition.domains_per_client"
+        )
     return owners
 
 
-def by_domain(labels: np.ndarray, domains: np.ndarray, num_clients: int, per_client: int,
-              balanced: bool, alpha: float, rng: np.random.Generator,
-              samples_per_class: int | None = None) -> list[np.ndarray]:
+def by_domain(
+    labels: np.ndarray,
+    domains: np.ndarray,
+    num_clients: int,
+    per_client: int,
+    balanced: bool,
+    alpha: float,
+    rng: np.random.Generator,
+    samples_per_class: int | None = None,
+) -> list[np.ndarray]:
     """Inter-domain split (FedCCL Sec. 3.1: ``P_i(x) != P_j(x)`` for every pair of clients).
 
     Owners: see the module docstring (round robin, ``m_d`` slots of domain *d*; a slot is
@@ -379,16 +414,23 @@ def by_domain(labels: np.ndarray, domains: np.ndarray, num_clients: int, per_cli
     owners = _domain_owners(dom_ids, num_clients, per_client)
     pools = _domain_class_pools(labels, domains, dom_ids, owners, rng)
     if balanced:
-        parts = _balanced_domain_draw(pools, dom_ids, np.unique(labels), owners,
-                                      num_clients, samples_per_class)
+        parts = _balanced_domain_draw(
+            pools, dom_ids, np.unique(labels), owners, num_clients, samples_per_class
+        )
     else:
-        parts = _imbalanced_domain_draw(pools, dom_ids, np.unique(labels), owners,
-                                        num_clients, alpha, rng)
+        parts = _imbalanced_domain_draw(
+            pools, dom_ids, np.unique(labels), owners, num_clients, alpha, rng
+        )
     return _as_parts(parts)
 
 
-def _domain_class_pools(labels: np.ndarray, domains: np.ndarray, dom_ids: np.ndarray,
-                        owners: dict, rng: np.random.Generator) -> dict:
+def _domain_class_pools(
+    labels: np.ndarray,
+    domains: np.ndarray,
+    dom_ids: np.ndarray,
+    owners: dict,
+    rng: np.random.Generator,
+) -> dict:
     """``(domain, class) ->`` its training indices in a seeded random order (every draw of
     :func:`by_domain` takes from the front of these, so clients are disjoint)."""
     pools = {}
@@ -396,51 +438,72 @@ def _domain_class_pools(labels: np.ndarray, domains: np.ndarray, dom_ids: np.nda
         in_d = domains == d
         n_d = int(in_d.sum())
         if n_d < len(owners[int(d)]):
-            raise PartitionError(f"domain {int(d)} has {n_d} samples for "
-                                 f"{len(owners[int(d)])} clients")
+            raise PartitionError(
+                f"domain {int(d)} has {n_d} samples for {len(owners[int(d)])} clients"
+            )
         for c in np.unique(labels):
             pools[int(d), int(c)] = rng.permutation(np.flatnonzero(in_d & (labels == c)))
     return pools
 
 
-def _balanced_domain_draw(pools: dict, dom_ids: np.ndarray, classes: np.ndarray,
-                          owners: dict, num_clients: int,
-                          samples_per_class: int | None) -> list[list]:
+def _balanced_domain_draw(
+    pools: dict,
+    dom_ids: np.ndarray,
+    classes: np.ndarray,
+    owners: dict,
+    num_clients: int,
+    samples_per_class: int | None,
+) -> list[list]:
     """:func:`by_domain`, ``balanced``: ``c`` samples of every used class per slot."""
-    used = [int(c) for c in classes
-            if all(len(pools[int(d), int(c)]) >= len(owners[int(d)]) for d in dom_ids)]
+    used = [
+        int(c)
+        for c in classes
+        if all(len(pools[int(d), int(c)]) >= len(owners[int(d)]) for d in dom_ids)
+    ]
     dropped = sorted(set(int(c) for c in classes) - set(used))
     if not used:
-        raise PartitionError("balanced domain split: no class has at least one sample "
-                             "per client in every domain")
+        raise PartitionError(
+            "balanced domain split: no class has at least one sample per client in every domain"
+        )
     if dropped:
         import warnings
 
-        warnings.warn(f"balanced domain split: class(es) {dropped} are missing from (or "
-                      "too rare in) some domain and are left out for every client so "
-                      "that all clients keep the same label distribution", stacklevel=4)
-    limit, where = min((len(pools[int(d), c]) // len(owners[int(d)]), (int(d), c))
-                       for d in dom_ids for c in used)
+        warnings.warn(
+            f"balanced domain split: class(es) {dropped} are missing from (or "
+            "too rare in) some domain and are left out for every client so "
+            "that all clients keep the same label distribution",
+            stacklevel=4,
+        )
+    limit, where = min(
+        (len(pools[int(d), c]) // len(owners[int(d)]), (int(d), c)) for d in dom_ids for c in used
+    )
     per_class = limit if samples_per_class is None else int(samples_per_class)
     if per_class > limit:
         d, c = where
         raise PartitionError(
             f"balanced domain split: partition.samples_per_class={per_class} but domain "
             f"{d} has only {len(pools[d, c])} samples of class {c} for "
-            f"{len(owners[d])} client(s) (at most {limit} per client)")
+            f"{len(owners[d])} client(s) (at most {limit} per client)"
+        )
     parts: list[list] = [[] for _ in range(num_clients)]
     for d in dom_ids:
         own = owners[int(d)]
         for c in used:
             pool = pools[int(d), c]
             for j, i in enumerate(own):
-                parts[i].extend(pool[j * per_class:(j + 1) * per_class].tolist())
+                parts[i].extend(pool[j * per_class : (j + 1) * per_class].tolist())
     return parts
 
 
-def _imbalanced_domain_draw(pools: dict, dom_ids: np.ndarray, classes: np.ndarray,
-                            owners: dict, num_clients: int, alpha: float,
-                            rng: np.random.Generator) -> list[list]:
+def _imbalanced_domain_draw(
+    pools: dict,
+    dom_ids: np.ndarray,
+    classes: np.ndarray,
+    owners: dict,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+) -> list[list]:
     """:func:`by_domain`, not ``balanced``: per client ``p_i ~ Dir_K(alpha)``, a share of
     each (domain, class) pool kept in proportion to ``p_ik / max_k p_ik``."""
     props = rng.dirichlet(np.full(len(classes), alpha), size=num_clients)  # (clients, K)
@@ -455,9 +518,11 @@ def _imbalanced_domain_draw(pools: dict, dom_ids: np.ndarray, classes: np.ndarra
                 parts[i].extend(share[:keep].tolist())
     empty = [i for i, p in enumerate(parts) if not p]
     if empty:
-        raise PartitionError(f"imbalanced domain split: client(s) {empty[:5]} got no sample "
-                             f"(alpha={alpha}); use fewer clients per domain or a larger "
-                             "partition.alpha")
+        raise PartitionError(
+            f"imbalanced domain split: client(s) {empty[:5]} got no sample "
+            f"(alpha={alpha}); use fewer clients per domain or a larger "
+            "partition.alpha"
+        )
     return parts
 
 
@@ -474,10 +539,13 @@ def _no_duplicate_keys(where: str):
         seen = set()
         for k, _ in pairs:
             if k in seen:
-                raise PartitionError(f"{where}: client {k!r} appears twice (a key given "
-                                     "twice in one mapping; the first list would be lost)")
+                raise PartitionError(
+                    f"{where}: client {k!r} appears twice (a key given "
+                    "twice in one mapping; the first list would be lost)"
+                )
             seen.add(k)
         return dict(pairs)
+
     return hook
 
 
@@ -492,7 +560,8 @@ def _parse_dict_literal(text: str, where: str):
     if _LITERAL_ITEM is None:
         _LITERAL_ITEM = re.compile(
             r"\s*(-?\d+)\s*:\s*(?:\[([-\d,\s]*)\]|\(([-\d,\s]*)\)|\{([-\d,\s]*)\})"
-            r"\s*(,|\})")
+            r"\s*(,|\})"
+        )
     body = text.strip()
     if not (body.startswith("{") and body.endswith("}")):
         return None
@@ -512,11 +581,13 @@ def _parse_dict_literal(text: str, where: str):
         if any(not re.fullmatch(r"-?\d+", v) for v in vals):
             return None
         if key in out:
-            raise PartitionError(f"{where}: client {key} appears twice (a key given twice "
-                                 "in one mapping; the first list would be lost)")
+            raise PartitionError(
+                f"{where}: client {key} appears twice (a key given twice "
+                "in one mapping; the first list would be lost)"
+            )
         ints = [int(v) for v in vals]
         if m.group(4) is not None:  # a set (the authors' iid files): Python's set order,
-            as_set = set(ints)      # as their trainer and ast.literal_eval build it
+            as_set = set(ints)  # as their trainer and ast.literal_eval build it
             if len(as_set) != len(ints):
                 raise PartitionError(f"{where}: client {key}: an index is given twice")
             ints = list(as_set)
@@ -547,8 +618,10 @@ def load_split_file(path: str, n: int, num_clients: int) -> list[np.ndarray]:
     if len(uniq) != len(allidx):
         dup = int(uniq[counts > 1][0])
         owners = [c for c, a in enumerate(out) if dup in a]
-        raise PartitionError(f"{where}: index {dup} is given more than once "
-                             f"(clients {owners}); client splits must be disjoint")
+        raise PartitionError(
+            f"{where}: index {dup} is given more than once "
+            f"(clients {owners}); client splits must be disjoint"
+        )
     return out
 
 
@@ -562,31 +635,36 @@ def _read_split_mapping(p, where: str, n: int) -> dict:
     limit = SPLIT_BYTES_BASE + SPLIT_BYTES_PER_INDEX * int(n)
     if not p.exists():
         raise PartitionError(f"{where}: cannot read the split file (no such file)")
-    text = read_text_file(p, limit, f"a split of {n} training samples", label=where,
-                          error=PartitionError)
+    text = read_text_file(
+        p, limit, f"a split of {n} training samples", label=where, error=PartitionError
+    )
     if "\0" in text:
-        raise PartitionError(f"{where}: binary content (NUL bytes); a split file is JSON or "
-                             "the authors' dict-literal text")
+        raise PartitionError(
+            f"{where}: binary content (NUL bytes); a split file is JSON or "
+            "the authors' dict-literal text"
+        )
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicate_keys(where))
     except RecursionError:
-        raise PartitionError(f"{where}: nested too deeply (a split file is one mapping of "
-                             "index lists)") from None
+        raise PartitionError(
+            f"{where}: nested too deeply (a split file is one mapping of index lists)"
+        ) from None
     except ValueError as exc:
         if isinstance(exc, PartitionError):
             raise
         data = _parse_dict_literal(text, where)
         if data is None:
-            raise PartitionError(f"{where}: neither JSON nor a Python dict literal "
-                                 "{client: [indices], ...}") from None
+            raise PartitionError(
+                f"{where}: neither JSON nor a Python dict literal {{client: [indices], ...}}"
+            ) from None
     if not isinstance(data, dict):
-        raise PartitionError(f"{where}: must map client ids to index lists, got "
-                             f"{type(data).__name__}")
+        raise PartitionError(
+            f"{where}: must map client ids to index lists, got {type(data).__name__}"
+        )
     return data
 
 
-def _client_index_lists(data: dict, where: str, n: int, num_clients: int
-                        ) -> list[np.ndarray]:
+def _client_index_lists(data: dict, where: str, n: int, num_clients: int) -> list[np.ndarray]:
     """One ``int64`` index array per client ``0 .. num_clients-1`` from the file's mapping,
     each id given once, each list non-empty, every index in ``[0, n)``."""
     parts: dict[int, list] = {}
@@ -602,26 +680,31 @@ def _client_index_lists(data: dict, where: str, n: int, num_clients: int
         if isinstance(idx, (set, frozenset)):  # the authors' iid files: {0: {16406, ...}}
             idx = list(idx)
         if not isinstance(idx, (list, tuple)) or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in idx):
+            isinstance(i, int) and not isinstance(i, bool) for i in idx
+        ):
             raise PartitionError(f"{where}: client {cid}: indices must be a list of integers")
         parts[cid] = list(idx)
     if sorted(parts) != list(range(num_clients)):
-        raise PartitionError(f"{where}: holds {len(parts)} clients (ids {_span(parts)}) but "
-                             f"federation.num_clients is {num_clients} (ids 0..{num_clients - 1})")
+        raise PartitionError(
+            f"{where}: holds {len(parts)} clients (ids {_span(parts)}) but "
+            f"federation.num_clients is {num_clients} (ids 0..{num_clients - 1})"
+        )
     out = []
     for c in range(num_clients):
         try:
             out.append(np.asarray(parts[c], dtype=np.int64))
         except OverflowError:
-            raise PartitionError(f"{where}: client {c}: an index is out of range for {n} "
-                                 "training samples") from None
+            raise PartitionError(
+                f"{where}: client {c}: an index is out of range for {n} training samples"
+            ) from None
     for c, a in enumerate(out):
         if len(a) == 0:
             raise PartitionError(f"{where}: client {c} has no samples")
         if a.min() < 0 or a.max() >= n:
             bad = int(a[(a < 0) | (a >= n)][0])
-            raise PartitionError(f"{where}: client {c}: index {bad} out of range for "
-                                 f"{n} training samples")
+            raise PartitionError(
+                f"{where}: client {c}: index {bad} out of range for {n} training samples"
+            )
     return out
 
 
@@ -647,28 +730,45 @@ def resolve_generator(scheme: str, balanced: bool, generator: str | None) -> str
     ignores it. Anything else is a :class:`PartitionError` (also raised by the config
     check, before a run)."""
     if generator is not None and generator not in GENERATORS:
-        raise PartitionError(f"partition.generator must be one of {', '.join(GENERATORS)} "
-                             f"(or null), got {generator!r}")
+        raise PartitionError(
+            f"partition.generator must be one of {', '.join(GENERATORS)} "
+            f"(or null), got {generator!r}"
+        )
     if scheme == "dirichlet" and balanced:
         if generator == "project":
-            raise PartitionError("partition.generator project has no balanced Dirichlet "
-                                 "split (it is the FedRCL authors' algorithm): use fedrcl "
-                                 "(their trainer's draws, the default) or fedrcl_labels")
+            raise PartitionError(
+                "partition.generator project has no balanced Dirichlet "
+                "split (it is the FedRCL authors' algorithm): use fedrcl "
+                "(their trainer's draws, the default) or fedrcl_labels"
+            )
         return generator or "fedrcl"
     if scheme == "file":
         return "project"
     if scheme == "domain" and generator not in (None, "project"):
-        raise PartitionError(f"partition.generator {generator} has no '{scheme}' split "
-                             "(the authors' code has none): leave it null or project")
+        raise PartitionError(
+            f"partition.generator {generator} has no '{scheme}' split "
+            "(the authors' code has none): leave it null or project"
+        )
     return generator or "project"
 
 
-def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float = 0.3,
-              balanced: bool = True, shards_per_client: int = 2, min_size: int = 10,
-              domains: np.ndarray | None = None, domains_per_client: int = 1,
-              samples_per_class: int | None = None, seed: int = 0,
-              path: str | None = None, generator: str | None = None,
-              num_classes: int | None = None) -> list[np.ndarray]:
+def partition(
+    labels: np.ndarray,
+    num_clients: int,
+    scheme: str,
+    *,
+    alpha: float = 0.3,
+    balanced: bool = True,
+    shards_per_client: int = 2,
+    min_size: int = 10,
+    domains: np.ndarray | None = None,
+    domains_per_client: int = 1,
+    samples_per_class: int | None = None,
+    seed: int = 0,
+    path: str | None = None,
+    generator: str | None = None,
+    num_classes: int | None = None,
+) -> list[np.ndarray]:
     """Index arrays of ``num_clients`` clients (see the module docstring). ``generator``:
     ``project`` | ``fedrcl`` | ``fedrcl_labels`` | ``None`` (see :func:`resolve_generator`);
     ``num_classes``: the dataset's number of classes (the authors' ``K``; default
@@ -679,8 +779,9 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float
     if num_clients < 1:
         raise PartitionError(f"num_clients must be >= 1, got {num_clients}")
     if num_clients > n:
-        raise PartitionError(f"{num_clients} clients but only {n} training samples: every "
-                             "client needs at least one")
+        raise PartitionError(
+            f"{num_clients} clients but only {n} training samples: every client needs at least one"
+        )
     if alpha <= 0:
         raise PartitionError(f"alpha must be > 0, got {alpha}")
     if scheme == "file":
@@ -693,15 +794,22 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float
         return authors_iid(n, num_clients, seed) if authors else iid(n, num_clients, rng)
     if scheme == "dirichlet":
         if balanced:
-            return dirichlet_balanced(labels, num_clients, alpha, seed,
-                                      num_classes=num_classes,
-                                      trainer_draws=gen == "fedrcl")
+            return dirichlet_balanced(
+                labels,
+                num_clients,
+                alpha,
+                seed,
+                num_classes=num_classes,
+                trainer_draws=gen == "fedrcl",
+            )
         if num_clients * min_size > n:
-            raise PartitionError(f"{num_clients} clients x min_size {min_size} exceeds the "
-                                 f"{n} training samples")
+            raise PartitionError(
+                f"{num_clients} clients x min_size {min_size} exceeds the {n} training samples"
+            )
         if authors:
-            return authors_dirichlet_unbalanced(labels, num_clients, alpha, min_size, seed,
-                                                num_classes=num_classes)
+            return authors_dirichlet_unbalanced(
+                labels, num_clients, alpha, min_size, seed, num_classes=num_classes
+            )
         return dirichlet_unbalanced(labels, num_clients, alpha, min_size, rng)
     if scheme == "shards":
         if authors:
@@ -709,13 +817,22 @@ def partition(labels: np.ndarray, num_clients: int, scheme: str, *, alpha: float
         return shards(labels, num_clients, shards_per_client, rng)
     if scheme == "domain":
         if domains is None:
-            raise PartitionError("partition.scheme 'domain' needs a dataset with domains "
-                                 "(synthetic with num_domains >= 2, digit5, or imagefolder "
-                                 "with dataset.domains)")
+            raise PartitionError(
+                "partition.scheme 'domain' needs a dataset with domains "
+                "(synthetic with num_domains >= 2, digit5, or imagefolder "
+                "with dataset.domains)"
+            )
         domains = np.asarray(domains)
         if len(domains) != n:
             raise PartitionError(f"domain split: {len(domains)} domain ids for {n} samples")
-        return by_domain(labels, domains, num_clients, domains_per_client, balanced, alpha,
-                         rng, samples_per_class=samples_per_class)
-    raise PartitionError(f"unknown partition scheme {scheme!r} "
-                         f"({' | '.join(SCHEME_NAMES)})")
+        return by_domain(
+            labels,
+            domains,
+            num_clients,
+            domains_per_client,
+            balanced,
+            alpha,
+            rng,
+            samples_per_class=samples_per_class,
+        )
+    raise PartitionError(f"unknown partition scheme {scheme!r} ({' | '.join(SCHEME_NAMES)})")

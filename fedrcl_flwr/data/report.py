@@ -17,8 +17,9 @@ def class_counts(parts: list, labels: np.ndarray, num_classes: int) -> np.ndarra
     return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
 
 
-def client_domains(parts: list, domains: np.ndarray | None,
-                   names: list | None = None) -> list | None:
+def client_domains(
+    parts: list, domains: np.ndarray | None, names: list | None = None
+) -> list | None:
     """Per client, the ``+``-joined names of the domains its samples come from (``None``
     for single-domain data). ``names[d]`` names domain id ``d`` (default ``domain<d>``)."""
     if domains is None:
@@ -32,32 +33,45 @@ def client_domains(parts: list, domains: np.ndarray | None,
     return ["+".join(name(int(d)) for d in np.unique(domains[p])) for p in parts]
 
 
-def format_counts_table(counts: np.ndarray, max_rows: int | None = None,
-                        domains: list | None = None) -> str:
+def format_counts_table(
+    counts: np.ndarray, max_rows: int | None = None, domains: list | None = None
+) -> str:
     """Markdown table: one row per client (size and count per class) plus a summary;
     ``domains`` (from :func:`client_domains`) adds a column naming each client's domains."""
     n_clients, k = counts.shape
-    header = ["client"] + (["domains"] if domains else []) + ["size", "classes"] + [
-        str(c) for c in range(k)]
+    header = (
+        ["client"]
+        + (["domains"] if domains else [])
+        + ["size", "classes"]
+        + [str(c) for c in range(k)]
+    )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     rows = range(n_clients) if max_rows is None else range(min(max_rows, n_clients))
     for i in rows:
         row = counts[i]
         lead = [str(i)] + ([domains[i]] if domains else [])
-        lines.append("| " + " | ".join(lead + [str(int(row.sum())), str(int((row > 0).sum()))]
-                                       + [str(int(v)) for v in row]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                lead + [str(int(row.sum())), str(int((row > 0).sum()))] + [str(int(v)) for v in row]
+            )
+            + " |"
+        )
     if max_rows is not None and n_clients > max_rows:
         lines.append(f"| ... {n_clients - max_rows} more clients |")
     sizes = counts.sum(1)
     lines.append("")
-    lines.append(f"{n_clients} clients, {int(sizes.sum())} samples; size min/mean/max "
-                 f"{int(sizes.min())}/{sizes.mean():.1f}/{int(sizes.max())}; classes per "
-                 f"client mean {(counts > 0).sum(1).mean():.2f}")
+    lines.append(
+        f"{n_clients} clients, {int(sizes.sum())} samples; size min/mean/max "
+        f"{int(sizes.min())}/{sizes.mean():.1f}/{int(sizes.max())}; classes per "
+        f"client mean {(counts > 0).sum(1).mean():.2f}"
+    )
     return "\n".join(lines)
 
 
-def plot_counts_heatmap(counts: np.ndarray, path: str | Path, title: str = "",
-                        domains: list | None = None) -> None:
+def plot_counts_heatmap(
+    counts: np.ndarray, path: str | Path, title: str = "", domains: list | None = None
+) -> None:
     """Write :func:`counts_heatmap_figure` to ``path``."""
     import matplotlib.pyplot as plt
 
@@ -66,8 +80,7 @@ def plot_counts_heatmap(counts: np.ndarray, path: str | Path, title: str = "",
     plt.close(fig)
 
 
-def counts_heatmap_figure(counts: np.ndarray, title: str = "",
-                          domains: list | None = None):
+def counts_heatmap_figure(counts: np.ndarray, title: str = "", domains: list | None = None):
     """Heatmap of samples per client (rows) and class (columns), ticks on whole client
     and class numbers; with ``domains`` (from :func:`client_domains`) rows are labelled
     ``client: domains`` and a strip on the left colours each row by its domain set."""
@@ -81,12 +94,21 @@ def counts_heatmap_figure(counts: np.ndarray, title: str = "",
     height = min(2 + (0.25 if domains else 0.08) * n_clients, 14)
     if domains:
         fig, (strip, ax) = plt.subplots(
-            1, 2, figsize=(min(4 + 0.4 * k, 16), height),
-            gridspec_kw={"width_ratios": [1, max(k, 4)], "wspace": 0.02}, sharey=True)
+            1,
+            2,
+            figsize=(min(4 + 0.4 * k, 16), height),
+            gridspec_kw={"width_ratios": [1, max(k, 4)], "wspace": 0.02},
+            sharey=True,
+        )
         kinds = sorted(set(domains))
-        strip.imshow(np.array([[kinds.index(d)] for d in domains]), aspect="auto",
-                     cmap="tab10" if len(kinds) <= 10 else "tab20", interpolation="nearest",
-                     vmin=0, vmax=max(len(kinds) - 1, 1))
+        strip.imshow(
+            np.array([[kinds.index(d)] for d in domains]),
+            aspect="auto",
+            cmap="tab10" if len(kinds) <= 10 else "tab20",
+            interpolation="nearest",
+            vmin=0,
+            vmax=max(len(kinds) - 1, 1),
+        )
         strip.set_xticks([0], ["domain"])
         strip.set_yticks(range(n_clients), [f"{i}: {d}" for i, d in enumerate(domains)])
         strip.set_ylabel("client")

@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 
-def _smooth_patterns(rng: np.random.Generator, n: int, size: int, channels: int,
-                     grid: int = 4) -> np.ndarray:
+def _smooth_patterns(
+    rng: np.random.Generator, n: int, size: int, channels: int, grid: int = 4
+) -> np.ndarray:
     """``n`` smooth random images (n, C, H, W): a ``grid x grid`` Gaussian field upsampled
     bilinearly to ``size``, with zero mean and unit RMS."""
     coarse = rng.standard_normal((n, channels, grid, grid))
@@ -34,33 +35,55 @@ def _smooth_patterns(rng: np.random.Generator, n: int, size: int, channels: int,
     i0 = np.floor(pos).astype(int).clip(0, grid - 2)
     t = pos - i0
     # separable bilinear interpolation: rows then columns
-    rows = coarse[:, :, i0, :] * (1 - t)[None, None, :, None] + \
-        coarse[:, :, i0 + 1, :] * t[None, None, :, None]
-    img = rows[:, :, :, i0] * (1 - t)[None, None, None, :] + \
-        rows[:, :, :, i0 + 1] * t[None, None, None, :]
+    rows = (
+        coarse[:, :, i0, :] * (1 - t)[None, None, :, None]
+        + coarse[:, :, i0 + 1, :] * t[None, None, :, None]
+    )
+    img = (
+        rows[:, :, :, i0] * (1 - t)[None, None, None, :]
+        + rows[:, :, :, i0 + 1] * t[None, None, None, :]
+    )
     img -= img.mean(axis=(1, 2, 3), keepdims=True)
-    img /= np.sqrt((img ** 2).mean(axis=(1, 2, 3), keepdims=True)) + 1e-8
+    img /= np.sqrt((img**2).mean(axis=(1, 2, 3), keepdims=True)) + 1e-8
     return img
 
 
 def _domain_style(rng: np.random.Generator, d: int, channels: int, size: int) -> dict:
     """Style of domain ``d`` (domain 0 is the plain style)."""
     if d == 0:
-        return {"mix": np.eye(channels), "gamma": 1.0, "contrast": 1.0, "blur": 1,
-                "texture": np.zeros((channels, size, size))}
+        return {
+            "mix": np.eye(channels),
+            "gamma": 1.0,
+            "contrast": 1.0,
+            "blur": 1,
+            "texture": np.zeros((channels, size, size)),
+        }
     mix = np.eye(channels) + 0.6 * rng.standard_normal((channels, channels))
     texture = rng.standard_normal((channels, size, size))
     texture = 0.35 * (texture - texture.mean()) / texture.std()
-    return {"mix": mix / np.abs(mix).sum(1, keepdims=True) * 1.2,
-            "gamma": float(rng.uniform(0.6, 1.6)), "contrast": float(rng.uniform(0.5, 1.5)),
-            "blur": int(rng.choice([1, 3])) if size >= 16 else 1, "texture": texture}
+    return {
+        "mix": mix / np.abs(mix).sum(1, keepdims=True) * 1.2,
+        "gamma": float(rng.uniform(0.6, 1.6)),
+        "contrast": float(rng.uniform(0.5, 1.5)),
+        "blur": int(rng.choice([1, 3])) if size >= 16 else 1,
+        "texture": texture,
+    }
 
 
-def make_synthetic(num_train: int = 20000, num_test: int = 4000, num_classes: int = 10,
-                   image_size: int = 32, channels: int = 3, subclusters: int = 3,
-                   num_domains: int = 1, seed: int = 0, noise: float = 0.9,
-                   distractors: int = 6, distractor_strength: float = 1.0,
-                   class_weight: float = 1.0):
+def make_synthetic(
+    num_train: int = 20000,
+    num_test: int = 4000,
+    num_classes: int = 10,
+    image_size: int = 32,
+    channels: int = 3,
+    subclusters: int = 3,
+    num_domains: int = 1,
+    seed: int = 0,
+    noise: float = 0.9,
+    distractors: int = 6,
+    distractor_strength: float = 1.0,
+    class_weight: float = 1.0,
+):
     """Generate ``(x_train, y_train, d_train, x_test, y_test, d_test)``.
 
     ``x_*`` are uint8 (N, H, W, C); ``y_*`` int64 labels; ``d_*`` int64 domain ids (all zero
@@ -75,15 +98,17 @@ def make_synthetic(num_train: int = 20000, num_test: int = 4000, num_classes: in
     pool = _smooth_patterns(rng, max(k * s // 2, s + 1), size, c, grid=5)
     pick = np.stack([rng.choice(len(pool), s, replace=False) for _ in range(k)])
     protos = class_weight * class_pat[:, None] + pool[pick]
-    protos /= np.sqrt((protos ** 2).mean(axis=(2, 3, 4), keepdims=True))
+    protos /= np.sqrt((protos**2).mean(axis=(2, 3, 4), keepdims=True))
     distract = _smooth_patterns(rng, distractors, size, c, grid=3)
     styles = [_domain_style(rng, d, c, size) for d in range(num_domains)]
 
     banks = _Banks.of(protos, distract, styles)
-    xtr, ytr, dtr = _draw(banks, num_train, seed, 1, k, s, num_domains, noise, distractors,
-                          distractor_strength)
-    xte, yte, dte = _draw(banks, num_test, seed, 2, k, s, num_domains, noise, distractors,
-                          distractor_strength)
+    xtr, ytr, dtr = _draw(
+        banks, num_train, seed, 1, k, s, num_domains, noise, distractors, distractor_strength
+    )
+    xte, yte, dte = _draw(
+        banks, num_test, seed, 2, k, s, num_domains, noise, distractors, distractor_strength
+    )
     return xtr, ytr, dtr, xte, yte, dte
 
 
@@ -102,19 +127,39 @@ class _Banks:
     def of(cls, protos: np.ndarray, distract: np.ndarray, styles: list) -> _Banks:
         k, s, c, size = protos.shape[0], protos.shape[1], protos.shape[2], protos.shape[3]
         flat_protos = protos.reshape(k * s, c, size, size)
-        bank_p = torch.from_numpy(np.stack([np.roll(flat_protos, sh, axis=(2, 3))
-                                            for sh in _SHIFTS], 1).astype(np.float32))
-        bank_d = torch.from_numpy(np.stack([np.roll(distract, sh, axis=(2, 3))
-                                            for sh in _SHIFTS], 1).astype(np.float32))
-        style_t = [{"mix": torch.from_numpy(st["mix"].astype(np.float32)),
-                    "texture": torch.from_numpy(st["texture"].astype(np.float32)),
-                    "gamma": st["gamma"], "contrast": st["contrast"], "blur": st["blur"]}
-                   for st in styles]
+        bank_p = torch.from_numpy(
+            np.stack([np.roll(flat_protos, sh, axis=(2, 3)) for sh in _SHIFTS], 1).astype(
+                np.float32
+            )
+        )
+        bank_d = torch.from_numpy(
+            np.stack([np.roll(distract, sh, axis=(2, 3)) for sh in _SHIFTS], 1).astype(np.float32)
+        )
+        style_t = [
+            {
+                "mix": torch.from_numpy(st["mix"].astype(np.float32)),
+                "texture": torch.from_numpy(st["texture"].astype(np.float32)),
+                "gamma": st["gamma"],
+                "contrast": st["contrast"],
+                "blur": st["blur"],
+            }
+            for st in styles
+        ]
         return cls(bank_p, bank_d, style_t)
 
 
-def _draw(banks: _Banks, n: int, seed: int, stream: int, k: int, s: int, num_domains: int,
-          noise: float, distractors: int, distractor_strength: float):
+def _draw(
+    banks: _Banks,
+    n: int,
+    seed: int,
+    stream: int,
+    k: int,
+    s: int,
+    num_domains: int,
+    noise: float,
+    distractors: int,
+    distractor_strength: float,
+):
     """``n`` images of split ``stream`` (1 train, 2 test): balanced classes and domains in
     a seeded order, each a shifted, scaled prototype of a random sub-cluster plus a
     distractor and pixel noise, then its domain's style; ``(x uint8, y, domain)``."""
@@ -134,19 +179,23 @@ def _draw(banks: _Banks, n: int, seed: int, stream: int, k: int, s: int, num_dom
     for d, st in enumerate(banks.styles):
         m = np.flatnonzero(dom == d)
         for i in range(0, len(m), 4096):
-            j = m[i:i + 4096]
+            j = m[i : i + 4096]
             jt = torch.from_numpy(j)
-            x = amp[jt, None, None, None] * banks.protos[torch.from_numpy(y[j] * s + sub[j]),
-                                                         torch.from_numpy(sh[j])]
-            x += dstr[jt, None, None, None] * banks.distract[torch.from_numpy(dsel[j]),
-                                                             torch.from_numpy(sh[j])]
+            x = (
+                amp[jt, None, None, None]
+                * banks.protos[torch.from_numpy(y[j] * s + sub[j]), torch.from_numpy(sh[j])]
+            )
+            x += (
+                dstr[jt, None, None, None]
+                * banks.distract[torch.from_numpy(dsel[j]), torch.from_numpy(sh[j])]
+            )
             x += noise * torch.randn(x.shape, generator=g)
             if d > 0:
                 x = torch.einsum("ij,njhw->nihw", st["mix"], x) + st["texture"]
                 if st["blur"] > 1:
                     x = torch.nn.functional.avg_pool2d(
-                        x, st["blur"], stride=1, padding=st["blur"] // 2,
-                        count_include_pad=False)
+                        x, st["blur"], stride=1, padding=st["blur"] // 2, count_include_pad=False
+                    )
             u = torch.sigmoid(st["contrast"] * x / 1.5) ** st["gamma"]
             out[j] = (255 * u).round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
     return out, y.astype(np.int64), dom.astype(np.int64)

@@ -43,8 +43,9 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------ MOON
-def moon_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor,
-                          tau: float = 0.5) -> torch.Tensor:
+def moon_contrastive_loss(
+    z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float = 0.5
+) -> torch.Tensor:
     """MOON model-contrastive loss (Li, He & Song, CVPR 2021, "Model-Contrastive Federated
     Learning", model-contrastive loss ℓ_con):
 
@@ -56,13 +57,17 @@ def moon_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.T
     pos = F.cosine_similarity(z, z_glob, dim=-1)
     neg = F.cosine_similarity(z, z_prev, dim=-1)
     logits = torch.stack([pos, neg], dim=1) / tau
-    return F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long,
-                                               device=z.device))
+    return F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long, device=z.device))
 
 
 # ----------------------------------------------------------------------------- FedLC
-def fedlc_loss(logits: torch.Tensor, y: torch.Tensor, class_counts: torch.Tensor,
-               tau: float = 1.0, absent: str = "drop") -> torch.Tensor:
+def fedlc_loss(
+    logits: torch.Tensor,
+    y: torch.Tensor,
+    class_counts: torch.Tensor,
+    tau: float = 1.0,
+    absent: str = "drop",
+) -> torch.Tensor:
     """FedLC calibrated cross-entropy (Zhang et al., ICML 2022, "Federated Learning with
     Label Distribution Skew via Logits Calibration", calibrated loss):
 
@@ -101,12 +106,13 @@ def _not_true(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The (B, C − 1) logits without each row's true class, in class order (a gather)."""
     b, c = logits.shape
     cols = torch.arange(c - 1, device=logits.device).expand(b, c - 1)
-    cols = cols + (cols >= y.view(-1, 1)).to(cols.dtype)   # skip column y of each row
+    cols = cols + (cols >= y.view(-1, 1)).to(cols.dtype)  # skip column y of each row
     return logits.gather(1, cols)
 
 
-def fedntd_loss(logits: torch.Tensor, global_logits: torch.Tensor, y: torch.Tensor,
-                T: float = 1.0) -> torch.Tensor:
+def fedntd_loss(
+    logits: torch.Tensor, global_logits: torch.Tensor, y: torch.Tensor, T: float = 1.0
+) -> torch.Tensor:
     """FedNTD not-true distillation (Lee et al., NeurIPS 2022, "Preservation of the Global
     Knowledge by Not-True Distillation in Federated Learning", not-true distillation loss):
 
@@ -116,7 +122,7 @@ def fedntd_loss(logits: torch.Tensor, global_logits: torch.Tensor, y: torch.Tens
     true-class logit removed), of the global (teacher, no gradient) and the local model.
     Batchmean, multiplied by τ² as the official FedNTD code (irrelevant at τ = 1)."""
     g = _not_true(global_logits.detach(), y)
-    return (T ** 2) * kd_kl(g, _not_true(logits, y), T)
+    return (T**2) * kd_kl(g, _not_true(logits, y), T)
 
 
 # ------------------------------------------------------------------------- FedDecorr
@@ -145,9 +151,12 @@ def feddecorr_loss(z: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- FedMLB
-def fedmlb_branch_losses(main_logits: torch.Tensor, hybrid_logits: Sequence[torch.Tensor],
-                         y: torch.Tensor, T: float = 1.0
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+def fedmlb_branch_losses(
+    main_logits: torch.Tensor,
+    hybrid_logits: Sequence[torch.Tensor],
+    y: torch.Tensor,
+    T: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """FedMLB hybrid-branch losses (Kim, Kim & Han, ICML 2022, "Multi-Level Branched
     Regularization for Federated Learning", the local objective):
 
@@ -172,8 +181,9 @@ def fitnet_hint_loss(z: torch.Tensor, z_glob: torch.Tensor) -> torch.Tensor:
 
 
 # -------------------------------------------------------------- prototype methods
-def prototype_table(vectors: torch.Tensor, labels: torch.Tensor, num_classes: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def prototype_table(
+    vectors: torch.Tensor, labels: torch.Tensor, num_classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense (C, d) table of one prototype per class (the mean of a class's vectors when a
     class has several) and a (C,) mask of classes that have one."""
     d = vectors.shape[1]
@@ -186,8 +196,7 @@ def prototype_table(vectors: torch.Tensor, labels: torch.Tensor, num_classes: in
     return table, has
 
 
-def _positives(proto_labels: torch.Tensor, y: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def _positives(proto_labels: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(pos, valid)``: (B, K) which prototypes share each sample's class, and (B,) the
     samples that have one. A row without any is made all-true (``pos``), so that its
     positive log-sum-exp equals the full one (finite) instead of −inf: its value is
@@ -209,8 +218,13 @@ def _mean_valid(valid: torch.Tensor, per: torch.Tensor) -> torch.Tensor:
     return _where_valid(valid, per).sum() / valid.sum().clamp(min=1)
 
 
-def fedproc_loss(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor,
-                 proto_labels: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+def fedproc_loss(
+    z: torch.Tensor,
+    y: torch.Tensor,
+    protos: torch.Tensor,
+    proto_labels: torch.Tensor,
+    tau: float = 1.0,
+) -> torch.Tensor:
     """FedProc global prototypical contrastive loss (Mu et al., FGCS 2023, "FedProc:
     Prototypical Contrastive Federated Learning on Non-IID Data", the global prototypical
     contrastive loss):
@@ -228,8 +242,13 @@ def fedproc_loss(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor,
     return per.sum() / z.shape[0]
 
 
-def fedproto_loss(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor,
-                  proto_labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+def fedproto_loss(
+    z: torch.Tensor,
+    y: torch.Tensor,
+    protos: torch.Tensor,
+    proto_labels: torch.Tensor,
+    num_classes: int,
+) -> torch.Tensor:
     """FedProto prototype regulariser (Tan et al., AAAI 2022, "FedProto: Federated
     Prototype Learning across Heterogeneous Clients", the prototype regulariser
     of the local objective):
@@ -244,9 +263,14 @@ def fedproto_loss(z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor,
     return F.mse_loss(z, target)
 
 
-def fpl_loss(z: torch.Tensor, y: torch.Tensor, cluster_protos: torch.Tensor,
-             cluster_labels: torch.Tensor, num_classes: int, tau: float = 0.02
-             ) -> torch.Tensor:
+def fpl_loss(
+    z: torch.Tensor,
+    y: torch.Tensor,
+    cluster_protos: torch.Tensor,
+    cluster_labels: torch.Tensor,
+    num_classes: int,
+    tau: float = 0.02,
+) -> torch.Tensor:
     """FPL (Huang et al., CVPR 2023, "Rethinking Federated Learning with Domain Shift: A
     Prototype View", the FPL local objective): cluster-prototype contrast plus the
     unbiased prototype:
@@ -260,16 +284,22 @@ def fpl_loss(z: torch.Tensor, y: torch.Tensor, cluster_protos: torch.Tensor,
     sims = F.cosine_similarity(z[:, None, :], cluster_protos[None, :, :], dim=-1) / tau
     pos, valid = _positives(cluster_labels, y)
     info = torch.logsumexp(sims, dim=1) - torch.logsumexp(
-        sims.masked_fill(~pos, float("-inf")), dim=1)
+        sims.masked_fill(~pos, float("-inf")), dim=1
+    )
     table, _ = prototype_table(cluster_protos, cluster_labels, num_classes)
     mse = ((z - table[y]) ** 2).mean(dim=1)
     return _mean_valid(valid, info + mse)
 
 
-def fedpcl_loss(z: torch.Tensor, y: torch.Tensor, global_protos: torch.Tensor,
-                global_labels: torch.Tensor, local_protos: torch.Tensor | None = None,
-                local_labels: torch.Tensor | None = None, tau: float = 0.07
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def fedpcl_loss(
+    z: torch.Tensor,
+    y: torch.Tensor,
+    global_protos: torch.Tensor,
+    global_labels: torch.Tensor,
+    local_protos: torch.Tensor | None = None,
+    local_labels: torch.Tensor | None = None,
+    tau: float = 0.07,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """FedPCL prototype-wise contrastive losses (Tan et al., NeurIPS 2022, "Federated
     Learning from Pre-Trained Models: A Contrastive Learning Approach", the prototype-wise
     contrastive objective), with s(z, c) = ⟨z/‖z‖, c⟩ and prototypes = means of
@@ -290,15 +320,14 @@ def fedpcl_loss(z: torch.Tensor, y: torch.Tensor, global_protos: torch.Tensor,
     def global_term():
         s = zn @ global_protos.t() / tau
         pos, valid = _positives(global_labels, y)
-        per = torch.logsumexp(s, dim=1) - torch.logsumexp(
-            s.masked_fill(~pos, float("-inf")), dim=1)
+        per = torch.logsumexp(s, dim=1) - torch.logsumexp(s.masked_fill(~pos, float("-inf")), dim=1)
         return _mean_valid(valid, per)
 
     def local_term():
         if local_protos is None or local_protos.shape[0] == 0:
             return zero
-        s = zn @ local_protos.t() / tau                       # (B, K)
-        pos = local_labels[None, :] == y[:, None]             # (B, K)
+        s = zn @ local_protos.t() / tau  # (B, K)
+        pos = local_labels[None, :] == y[:, None]  # (B, K)
         valid = pos.any(dim=1)
         neg_lse = torch.logsumexp(s.masked_fill(pos, float("-inf")), dim=1)  # (B,)
         # −log(e^{s_p} / (e^{s_p} + Σ_n e^{s_n})) for every positive p
@@ -310,8 +339,12 @@ def fedpcl_loss(z: torch.Tensor, y: torch.Tensor, global_protos: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------- FedDyn
-def feddyn_penalty(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor],
-                   grads: Sequence[torch.Tensor] | None, alpha: float) -> torch.Tensor:
+def feddyn_penalty(
+    params: Sequence[torch.Tensor],
+    anchors: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor] | None,
+    alpha: float,
+) -> torch.Tensor:
     """FedDyn dynamic regulariser (Acar et al., ICLR 2021, "Federated Learning Based on
     Dynamic Regularization", Algorithm 1):
 

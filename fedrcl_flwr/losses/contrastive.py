@@ -18,6 +18,5 @@ def info_nce(z1: torch.Tensor, z2: torch.Tensor, tau: float = 0.5) -> torch.Tens
     sim = z @ z.t() / tau
     eye = torch.eye(2 * n, dtype=torch.bool, device=z.device)
     sim = sim.masked_fill(eye, float("-inf"))
-    pos = torch.cat([torch.arange(n, 2 * n, device=z.device),
-                     torch.arange(0, n, device=z.device)])
+    pos = torch.cat([torch.arange(n, 2 * n, device=z.device), torch.arange(0, n, device=z.device)])
     return F.cross_entropy(sim, pos)

@@ -48,8 +48,9 @@ def _cosine_logits(features: torch.Tensor, signals: torch.Tensor, tau: float) ->
     return F.normalize(features, dim=1) @ F.normalize(signals, dim=1).t() / tau
 
 
-def _reduce(per_sample: torch.Tensor, valid: torch.Tensor, features: torch.Tensor,
-            reduction: str) -> torch.Tensor:
+def _reduce(
+    per_sample: torch.Tensor, valid: torch.Tensor, features: torch.Tensor, reduction: str
+) -> torch.Tensor:
     """Reduce per-sample losses (garbage where ``~valid``). On the device, no host read:
     with no valid sample the sum is 0 and the count is clamped to 1, so the result is 0
     (what the former early return gave)."""
@@ -66,10 +67,16 @@ def _check_reduction(reduction: str) -> None:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
 
 
-def cluster_contrast(features: torch.Tensor, labels: torch.Tensor,
-                     signal_vectors: torch.Tensor, signal_labels: torch.Tensor, *,
-                     tau: float = 0.07, reduction: str = "mean",
-                     form: str = "sum") -> torch.Tensor:
+def cluster_contrast(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    signal_vectors: torch.Tensor,
+    signal_labels: torch.Tensor,
+    *,
+    tau: float = 0.07,
+    reduction: str = "mean",
+    form: str = "sum",
+) -> torch.Tensor:
     """−log(Σ_pos e^{cos/τ} / Σ_all e^{cos/τ}) of each feature against a set of labelled
     signal vectors (positives: signals with the feature's label). The common form of
     Eqs. (16), (17), (22), (23).
@@ -104,35 +111,55 @@ def cluster_contrast(features: torch.Tensor, labels: torch.Tensor,
     return _reduce(per, valid, features, reduction)
 
 
-def local_cluster_contrast(features: torch.Tensor, labels: torch.Tensor,
-                           signal_vectors: torch.Tensor, signal_labels: torch.Tensor, *,
-                           tau: float = 0.07, reduction: str = "mean",
-                           form: str = "sum") -> torch.Tensor:
+def local_cluster_contrast(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    signal_vectors: torch.Tensor,
+    signal_labels: torch.Tensor,
+    *,
+    tau: float = 0.07,
+    reduction: str = "mean",
+    form: str = "sum",
+) -> torch.Tensor:
     """FedCCL Eq. (16) (Eq. 22 on adversarial features): each feature against all local
     cluster signals of all clients; positives P_j^L = the signals of its class.
 
     Samples whose class has no signal are excluded from the mean (see
     :func:`cluster_contrast` for ``reduction`` / ``form``).
     """
-    return cluster_contrast(features, labels, signal_vectors, signal_labels, tau=tau,
-                            reduction=reduction, form=form)
+    return cluster_contrast(
+        features, labels, signal_vectors, signal_labels, tau=tau, reduction=reduction, form=form
+    )
 
 
-def global_cluster_contrast(features: torch.Tensor, labels: torch.Tensor,
-                            signal_vectors: torch.Tensor, signal_labels: torch.Tensor, *,
-                            tau: float = 0.07, reduction: str = "mean") -> torch.Tensor:
+def global_cluster_contrast(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    signal_vectors: torch.Tensor,
+    signal_labels: torch.Tensor,
+    *,
+    tau: float = 0.07,
+    reduction: str = "mean",
+) -> torch.Tensor:
     """FedCCL Eq. (17) (Eq. 23 on adversarial features): each feature against the global
     signals U (Eq. 15: the mean of the FINCH cluster means of a class, one per class), so
     the positive is the single global signal of its class and the negatives are the other
     classes' global signals. Several signals per class are accepted (summed positives).
     """
-    return cluster_contrast(features, labels, signal_vectors, signal_labels, tau=tau,
-                            reduction=reduction, form="sum")
+    return cluster_contrast(
+        features, labels, signal_vectors, signal_labels, tau=tau, reduction=reduction, form="sum"
+    )
 
 
-def fpl_prototype_loss(features: torch.Tensor, labels: torch.Tensor,
-                       proto_vectors: torch.Tensor, proto_labels: torch.Tensor, *,
-                       tau: float = 0.02, reduction: str = "batch") -> torch.Tensor:
+def fpl_prototype_loss(
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    proto_vectors: torch.Tensor,
+    proto_labels: torch.Tensor,
+    *,
+    tau: float = 0.02,
+    reduction: str = "batch",
+) -> torch.Tensor:
     """FPL's hierarchical prototype loss (RethinkFL ``FPL.hierarchical_info_loss``).
 
     Per sample of class c with cluster prototypes: InfoNCE against all the global cluster
@@ -148,13 +175,15 @@ def fpl_prototype_loss(features: torch.Tensor, labels: torch.Tensor,
     _check_reduction(reduction)
     b = features.shape[0]
     if proto_vectors is None or proto_vectors.numel() == 0 or b == 0:
-        return features.new_zeros(b) + features.sum(1) * 0.0 if reduction == "none" \
+        return (
+            features.new_zeros(b) + features.sum(1) * 0.0
+            if reduction == "none"
             else features.sum() * 0.0
+        )
     labels = labels.to(features.device).view(-1)
     proto_labels = proto_labels.to(features.device).view(-1)
     protos = proto_vectors.to(device=features.device, dtype=features.dtype)
-    info = cluster_contrast(features, labels, protos, proto_labels, tau=tau,
-                            reduction="none")
+    info = cluster_contrast(features, labels, protos, proto_labels, tau=tau, reduction="none")
     classes, inverse = torch.unique(proto_labels, return_inverse=True)
     sums = protos.new_zeros(len(classes), protos.shape[1]).index_add_(0, inverse, protos)
     counts = torch.bincount(inverse, minlength=len(classes)).to(protos.dtype)
@@ -230,9 +259,16 @@ def _pixel_mode(model, x, mean, std):
     return PixelSpace(model, m, s), x.detach() * s + m, lambda a: (a - m) / s
 
 
-def fgsm_attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float,
-                clamp: tuple[float, float] | None = None, mean=None,
-                std=None) -> torch.Tensor:
+def fgsm_attack(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    eps: float,
+    clamp: tuple[float, float] | None = None,
+    mean=None,
+    std=None,
+) -> torch.Tensor:
     """FGSM (Goodfellow et al., 2015): x + ε·sign(∇_x CE(f(x), y)), optionally clamped to
     ``clamp = (lo, hi)``. The model runs in eval mode (each module's mode restored after);
     no gradient is left on its parameters. Returns a detached tensor (FedCCL Table 8).
@@ -249,9 +285,19 @@ def fgsm_attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: floa
     return back(_clamp(xp.detach() + eps * grad.sign(), clamp)).detach()
 
 
-def pgd_attack(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, eps: float,
-               step: float, steps: int, clamp: tuple[float, float] | None = None,
-               random_start: bool = True, mean=None, std=None) -> torch.Tensor:
+def pgd_attack(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    eps: float,
+    step: float,
+    steps: int,
+    clamp: tuple[float, float] | None = None,
+    random_start: bool = True,
+    mean=None,
+    std=None,
+) -> torch.Tensor:
     """L∞ PGD (Madry et al., 2018), the inner max of FedCCL Eq. (19) used for Eq. (21):
     from x (+ U(−ε, ε) noise if ``random_start``), ``steps`` times
     x ← Π_{‖x − x₀‖∞ ≤ ε}(x + step·sign(∇_x CE(f(x), y))), clamped to ``clamp`` if given.

@@ -110,8 +110,16 @@ def _smallest(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.topk(x, k, dim=-1, largest=False, sorted=False).values
 
 
-def _official(sim: torch.Tensor, same: torch.Tensor, eye: torch.Tensor, tau: float,
-              lam: float, beta: float, kp: int, kn: int):
+def _official(
+    sim: torch.Tensor,
+    same: torch.Tensor,
+    eye: torch.Tensor,
+    tau: float,
+    lam: float,
+    beta: float,
+    kp: int,
+    kn: int,
+):
     """Per-anchor SCL and penalty of the released FedRCL code, shape (L, B) each.
 
     How many negatives a row keeps depends on the labels of the batch (``n_other``, the
@@ -126,32 +134,30 @@ def _official(sim: torch.Tensor, same: torch.Tensor, eye: torch.Tensor, tau: flo
 
     # --- SCL: k_p hardest positives (self included) vs k_n hardest negatives ---
     kp_eff = min(kp, B)
-    pos = _smallest(sim.masked_fill(~same, inf), kp_eff)              # (L, B, kp')
-    n_other = B - same.sum(1).min()                                   # fewest negatives of a row
-    keep_top = n_other > kn                                           # else: every negative kept
-    negatives = sim.masked_fill(same, -inf)                           # -inf: not a negative
-    candidates = [negatives * inv_t]                                  # all: (L, B, B)
-    if min(kn, B - 1) >= 1:                                           # (B = 1: never hard-mined)
+    pos = _smallest(sim.masked_fill(~same, inf), kp_eff)  # (L, B, kp')
+    n_other = B - same.sum(1).min()  # fewest negatives of a row
+    keep_top = n_other > kn  # else: every negative kept
+    negatives = sim.masked_fill(same, -inf)  # -inf: not a negative
+    candidates = [negatives * inv_t]  # all: (L, B, B)
+    if min(kn, B - 1) >= 1:  # (B = 1: never hard-mined)
         top = torch.topk(negatives, min(kn, B - 1), dim=-1, largest=True, sorted=False)
-        candidates.append(top.values * inv_t)                         # hardest: (L, B, kn)
-    if kp_eff == 1:                                                   # self is always a positive
-        p = pos * inv_t                                               # (L, B, 1)
+        candidates.append(top.values * inv_t)  # hardest: (L, B, kn)
+    if kp_eff == 1:  # self is always a positive
+        p = pos * inv_t  # (L, B, 1)
         # a single-class batch has no negative: lse([p, -inf, ...]) - p = 0, as p - p
-        per_neg = [torch.logsumexp(torch.cat([p, neg], -1), -1) - p[..., 0]
-                   for neg in candidates]
-        rows = per_neg[0] if len(per_neg) == 1 else torch.where(keep_top, per_neg[1],
-                                                                 per_neg[0])
+        per_neg = [torch.logsumexp(torch.cat([p, neg], -1), -1) - p[..., 0] for neg in candidates]
+        rows = per_neg[0] if len(per_neg) == 1 else torch.where(keep_top, per_neg[1], per_neg[0])
         scl = rows / kp
     else:
         valid = torch.isfinite(pos)
-        p = torch.where(valid, pos, torch.zeros_like(pos)) * inv_t    # (L, B, kp')
+        p = torch.where(valid, pos, torch.zeros_like(pos)) * inv_t  # (L, B, kp')
         per_neg = []
         for neg in candidates:
-            z = torch.cat([p.unsqueeze(-1),
-                           neg.unsqueeze(-2).expand(L, B, kp_eff, neg.shape[-1])], -1)
+            z = torch.cat(
+                [p.unsqueeze(-1), neg.unsqueeze(-2).expand(L, B, kp_eff, neg.shape[-1])], -1
+            )
             per_neg.append(torch.logsumexp(z, -1) - p)
-        rows = per_neg[0] if len(per_neg) == 1 else torch.where(keep_top, per_neg[1],
-                                                                 per_neg[0])
+        rows = per_neg[0] if len(per_neg) == 1 else torch.where(keep_top, per_neg[1], per_neg[0])
         scl = (rows * valid).sum(-1) / kp
 
     if beta == 0:
@@ -166,33 +172,44 @@ def _official(sim: torch.Tensor, same: torch.Tensor, eye: torch.Tensor, tau: flo
     return scl, pen
 
 
-def _paper(sim: torch.Tensor, same: torch.Tensor, eye: torch.Tensor, tau: float,
-           lam: float, beta: float):
+def _paper(
+    sim: torch.Tensor, same: torch.Tensor, eye: torch.Tensor, tau: float, lam: float, beta: float
+):
     """Per-anchor Eq. 2 / Eq. 5 terms (mean over positives), shape (L, B) each, and the
     (B,) mask of anchors that have at least one positive."""
     inv_t = 1.0 / tau
     pos_mask = same & ~eye
-    n_pos = pos_mask.sum(1)                                           # (B,)
+    n_pos = pos_mask.sum(1)  # (B,)
     valid = n_pos > 0
-    if sim.shape[-1] < 2:                                             # no k != i at all
+    if sim.shape[-1] < 2:  # no k != i at all
         zero = sim.sum((-2, -1), keepdim=False)[..., None] * 0.0
         return zero, (zero if beta != 0 else None), valid
     logits = sim * inv_t
     lse = torch.logsumexp(logits.masked_fill(eye, float("-inf")), -1)  # (L, B)
-    pos_sum = (logits * pos_mask).sum(-1)                             # Σ_j s_ij / τ
+    pos_sum = (logits * pos_mask).sum(-1)  # Σ_j s_ij / τ
     scl = (lse - pos_sum / n_pos.clamp(min=1)) * valid
     if beta == 0:
         return scl, None, valid
-    in_p = pos_mask & (sim > lam)                                     # P(i), self excluded
-    z = torch.cat([logits.masked_fill(~in_p, float("-inf")),
-                   torch.full_like(logits[..., :1], inv_t)], -1)
+    in_p = pos_mask & (sim > lam)  # P(i), self excluded
+    z = torch.cat(
+        [logits.masked_fill(~in_p, float("-inf")), torch.full_like(logits[..., :1], inv_t)], -1
+    )
     pen = torch.logsumexp(z, -1) * valid
     return scl, pen, valid
 
 
-def rcl_loss(features: Features, labels: torch.Tensor, *, tau: float = 0.05,
-             lam: float = 0.7, beta: float = 1.0, variant: str = "official",
-             topk_pos: int = 1, topk_neg: int = 2, return_per_anchor: bool = False):
+def rcl_loss(
+    features: Features,
+    labels: torch.Tensor,
+    *,
+    tau: float = 0.05,
+    lam: float = 0.7,
+    beta: float = 1.0,
+    variant: str = "official",
+    topk_pos: int = 1,
+    topk_neg: int = 2,
+    return_per_anchor: bool = False,
+):
     """Relaxed contrastive loss (paper Eq. 5), averaged over levels (Sec. 4.4, Alg. 1).
 
     ``features``: a (B, D) tensor or a list of (B, D_l) tensors, one per level (result =
@@ -219,25 +236,45 @@ def rcl_loss(features: Features, labels: torch.Tensor, *, tau: float = 0.05,
         pen_mean = pen.mean() if pen is not None else None
     else:
         scl, pen, valid = _paper(sim, same, eye, tau, lam, beta)
-        denom = (valid.sum() * sim.shape[0]).clamp(min=1)            # on the device
+        denom = (valid.sum() * sim.shape[0]).clamp(min=1)  # on the device
         scl_mean = scl.sum() / denom
         pen_mean = pen.sum() / denom if pen is not None else None
     total = scl_mean if pen_mean is None else scl_mean + beta * pen_mean
     if not return_per_anchor:
         return total
-    return total, {"scl": scl, "penalty": pen, "scl_mean": scl_mean,
-                   "penalty_mean": pen_mean, "valid": valid}
+    return total, {
+        "scl": scl,
+        "penalty": pen,
+        "scl_mean": scl_mean,
+        "penalty_mean": pen_mean,
+        "valid": valid,
+    }
 
 
-def scl_loss(features: Features, labels: torch.Tensor, *, tau: float = 0.05,
-             variant: str = "official", topk_pos: int = 1, topk_neg: int = 2,
-             return_per_anchor: bool = False):
+def scl_loss(
+    features: Features,
+    labels: torch.Tensor,
+    *,
+    tau: float = 0.05,
+    variant: str = "official",
+    topk_pos: int = 1,
+    topk_neg: int = 2,
+    return_per_anchor: bool = False,
+):
     """Supervised contrastive loss, averaged over levels (FedSCL ablation, Table 3).
 
     ``variant="paper"``: Eq. 2 (mean over positives, mean over anchors that have a
     positive); ``variant="official"``: the released code's hard-mined SCL, i.e.
     :func:`rcl_loss` with ``beta=0``.
     """
-    return rcl_loss(features, labels, tau=tau, lam=1.0, beta=0.0, variant=variant,
-                    topk_pos=topk_pos, topk_neg=topk_neg,
-                    return_per_anchor=return_per_anchor)
+    return rcl_loss(
+        features,
+        labels,
+        tau=tau,
+        lam=1.0,
+        beta=0.0,
+        variant=variant,
+        topk_pos=topk_pos,
+        topk_neg=topk_neg,
+        return_per_anchor=return_per_anchor,
+    )

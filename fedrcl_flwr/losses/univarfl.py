@@ -84,8 +84,13 @@ def _convention(unbiased: bool | str) -> bool:
     return bool(unbiased)
 
 
-def variance_threshold(num_classes: int, *, unbiased: bool | str = True,
-                       dtype: torch.dtype = torch.float64, device=None) -> torch.Tensor:
+def variance_threshold(
+    num_classes: int,
+    *,
+    unbiased: bool | str = True,
+    dtype: torch.dtype = torch.float64,
+    device=None,
+) -> torch.Tensor:
     """Variance floor c of Eq. (2): mean over the columns A_j of I_D of Var(A_j).
 
     Each column holds one 1 and D − 1 zeros, so Σ(a − 1/D)² = (D − 1)/D and
@@ -97,9 +102,9 @@ def variance_threshold(num_classes: int, *, unbiased: bool | str = True,
     return eye.var(dim=0, correction=correction).mean()
 
 
-def classifier_variance_loss(logits: torch.Tensor, *,
-                             threshold: None | float | str = None,
-                             unbiased: bool | str = True) -> torch.Tensor:
+def classifier_variance_loss(
+    logits: torch.Tensor, *, threshold: None | float | str = None, unbiased: bool | str = True
+) -> torch.Tensor:
     """Classifier variance regulariser L_V, Eq. (1) of UniVarFL.
 
     L_V = (1/D) Σ_j max(0, c − Var_batch(softmax(logits)_{:, j})),
@@ -123,11 +128,11 @@ def classifier_variance_loss(logits: torch.Tensor, *,
     n, num_classes = logits.shape
     ub = _convention(unbiased)
     if threshold is None:
-        c = variance_threshold(num_classes, unbiased=ub, dtype=logits.dtype,
-                               device=logits.device)
+        c = variance_threshold(num_classes, unbiased=ub, dtype=logits.dtype, device=logits.device)
     elif isinstance(threshold, str):
-        c = variance_threshold(num_classes, unbiased=threshold, dtype=logits.dtype,
-                               device=logits.device)
+        c = variance_threshold(
+            num_classes, unbiased=threshold, dtype=logits.dtype, device=logits.device
+        )
     else:
         c = torch.as_tensor(float(threshold), dtype=logits.dtype, device=logits.device)
     probs = logits.softmax(dim=1)
@@ -136,9 +141,15 @@ def classifier_variance_loss(logits: torch.Tensor, *,
     return F.relu(c - var).mean()
 
 
-def hyperspherical_energy(features: torch.Tensor, *, eps: float = DEFAULT_HE_EPS,
-                          include_diagonal: bool = False, normalization: str = "n2",
-                          l2_normalize: bool = True, clamp: bool = True) -> torch.Tensor:
+def hyperspherical_energy(
+    features: torch.Tensor,
+    *,
+    eps: float = DEFAULT_HE_EPS,
+    include_diagonal: bool = False,
+    normalization: str = "n2",
+    l2_normalize: bool = True,
+    clamp: bool = True,
+) -> torch.Tensor:
     """Hyperspherical energy L_HE, Eq. (3) of UniVarFL.
 
     L_HE = (1/n²) Σ_{i≠j} 1 / (1 − z_iᵀz_j + ε),  z_i = x_i / ‖x_i‖.
@@ -180,12 +191,20 @@ def hyperspherical_energy(features: torch.Tensor, *, eps: float = DEFAULT_HE_EPS
     return energy.sum() / denom
 
 
-def univarfl_loss(logits: torch.Tensor, labels: torch.Tensor, features: torch.Tensor, *,
-                  mu: float = 0.5, lam: float | None = None,
-                  eps: float = DEFAULT_HE_EPS, include_diagonal: bool = False,
-                  normalization: str = "n2", unbiased: bool | str = True,
-                  threshold: None | float | str = None,
-                  return_terms: bool = False):
+def univarfl_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    features: torch.Tensor,
+    *,
+    mu: float = 0.5,
+    lam: float | None = None,
+    eps: float = DEFAULT_HE_EPS,
+    include_diagonal: bool = False,
+    normalization: str = "n2",
+    unbiased: bool | str = True,
+    threshold: None | float | str = None,
+    return_terms: bool = False,
+):
     """UniVarFL local objective, Eq. (4): L = L_CE + μ·L_HE + λ·L_V.
 
     Defaults μ = 0.5 and λ = D/4 (D = number of classes, ``logits.shape[1]``) as in the
@@ -197,8 +216,9 @@ def univarfl_loss(logits: torch.Tensor, labels: torch.Tensor, features: torch.Te
     num_classes = logits.shape[1]
     lam = num_classes / 4.0 if lam is None else float(lam)
     ce = F.cross_entropy(logits, labels)
-    he = hyperspherical_energy(features, eps=eps, include_diagonal=include_diagonal,
-                               normalization=normalization)
+    he = hyperspherical_energy(
+        features, eps=eps, include_diagonal=include_diagonal, normalization=normalization
+    )
     var = classifier_variance_loss(logits, threshold=threshold, unbiased=unbiased)
     total = ce + mu * he.to(ce.dtype) + lam * var
     if return_terms:
@@ -221,16 +241,19 @@ def univarfl_loss(logits: torch.Tensor, labels: torch.Tensor, features: torch.Te
 # normalisation) instead of the Riesz energy of Eq. (3).
 # ---------------------------------------------------------------------------------------
 
-def feduv_gamma(num_classes: int, *, dtype: torch.dtype = torch.float64,
-                device=None) -> torch.Tensor:
+
+def feduv_gamma(
+    num_classes: int, *, dtype: torch.dtype = torch.float64, device=None
+) -> torch.Tensor:
     """FedUV's γ: mean over the columns of I_D of their unbiased std (= 1/√D)."""
     eye = torch.eye(num_classes, dtype=dtype, device=device)
     correction = 1 if num_classes > 1 else 0
     return eye.std(dim=0, correction=correction).mean()
 
 
-def feduv_std_loss(logits: torch.Tensor, *, gamma: float | None = None,
-                   unbiased: bool | str = True) -> torch.Tensor:
+def feduv_std_loss(
+    logits: torch.Tensor, *, gamma: float | None = None, unbiased: bool | str = True
+) -> torch.Tensor:
     """FedUV std hinge: mean_j relu(γ − std_batch(softmax(logits))_j).
 
     ``gamma=None`` uses :func:`feduv_gamma` evaluated in the logits' dtype (FedUV evaluates
@@ -248,8 +271,9 @@ def feduv_std_loss(logits: torch.Tensor, *, gamma: float | None = None,
     return F.relu(g - std).mean()
 
 
-def feduv_uniformity_loss(features: torch.Tensor, *, sigma: float | None = None,
-                          detach_sigma: bool = False) -> torch.Tensor:
+def feduv_uniformity_loss(
+    features: torch.Tensor, *, sigma: float | None = None, detach_sigma: bool = False
+) -> torch.Tensor:
     """FedUV uniformity: mean over pairs i < j of exp(−‖p_i − p_j‖² / σ) on raw features.
 
     σ defaults to the median of the non-zero squared pairwise distances (``torch.median``,
@@ -290,14 +314,15 @@ def _median_of_nonzero(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     is_zero = d == 0
     m = n - is_zero.sum()
     below = (n - 1) // 2 - torch.div(m - 1, 2, rounding_mode="floor")
-    zero_rank = torch.cumsum(is_zero.to(torch.int64), 0) - 1      # 0, 1, ... over the zeros
-    fill = torch.where(zero_rank < below, torch.full_like(d, float("-inf")),
-                       torch.full_like(d, float("inf")))
+    zero_rank = torch.cumsum(is_zero.to(torch.int64), 0) - 1  # 0, 1, ... over the zeros
+    fill = torch.where(
+        zero_rank < below, torch.full_like(d, float("-inf")), torch.full_like(d, float("inf"))
+    )
     return torch.where(is_zero, fill, d).median(), m > 0
 
 
-def feduv_reg_loss(logits: torch.Tensor, features: torch.Tensor, *,
-                   std_coeff: float = 2.5, unif_coeff: float = 0.5) -> torch.Tensor:
+def feduv_reg_loss(
+    logits: torch.Tensor, features: torch.Tensor, *, std_coeff: float = 2.5, unif_coeff: float = 0.5
+) -> torch.Tensor:
     """FedUV's UVReg output: std_coeff·std_loss + unif_coeff·unif_loss (CE excluded)."""
-    return (std_coeff * feduv_std_loss(logits)
-            + unif_coeff * feduv_uniformity_loss(features))
+    return std_coeff * feduv_std_loss(logits) + unif_coeff * feduv_uniformity_loss(features)

@@ -18,67 +18,67 @@ from torch import nn
 def _resnet18_gn(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
     from fedrcl_flwr.models.resnet import ResNet18GN
 
-    return ResNet18GN(num_classes=num_classes, in_channels=in_channels,
-                      image_size=image_size, **params)
+    return ResNet18GN(
+        num_classes=num_classes, in_channels=in_channels, image_size=image_size, **params
+    )
 
 
 def _cnn4(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
     from fedrcl_flwr.models.cnn import CNN4
 
-    return CNN4(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
-                **params)
+    return CNN4(num_classes=num_classes, in_channels=in_channels, image_size=image_size, **params)
 
 
 def _cnn5(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
     from fedrcl_flwr.models.cnn import CNN5
 
-    return CNN5(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
-                **params)
+    return CNN5(num_classes=num_classes, in_channels=in_channels, image_size=image_size, **params)
 
 
 def _lightcnn(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
     from fedrcl_flwr.models.lightcnn import LightCNN
 
-    return LightCNN(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
-                    **params)
+    return LightCNN(
+        num_classes=num_classes, in_channels=in_channels, image_size=image_size, **params
+    )
 
 
 def _backbone_mlp(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
     from fedrcl_flwr.models.backbone import BackboneMLP
 
-    return BackboneMLP(num_classes=num_classes, in_channels=in_channels,
-                       image_size=image_size, **params)
+    return BackboneMLP(
+        num_classes=num_classes, in_channels=in_channels, image_size=image_size, **params
+    )
 
 
 def _vgg9_gn(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
     from fedrcl_flwr.models.vgg import VGG9GN
 
-    return VGG9GN(num_classes=num_classes, in_channels=in_channels, image_size=image_size,
-                  **params)
+    return VGG9GN(num_classes=num_classes, in_channels=in_channels, image_size=image_size, **params)
 
 
-def _mobilenet_v2_gn(num_classes: int, in_channels: int, image_size: int,
-                     **params) -> nn.Module:
+def _mobilenet_v2_gn(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
     from fedrcl_flwr.models.mobilenet import MobileNetV2GN
 
-    return MobileNetV2GN(num_classes=num_classes, in_channels=in_channels,
-                         image_size=image_size, **params)
+    return MobileNetV2GN(
+        num_classes=num_classes, in_channels=in_channels, image_size=image_size, **params
+    )
 
 
-def _shufflenet_v2_gn(num_classes: int, in_channels: int, image_size: int,
-                      **params) -> nn.Module:
+def _shufflenet_v2_gn(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
     from fedrcl_flwr.models.shufflenet import ShuffleNetV2GN
 
-    return ShuffleNetV2GN(num_classes=num_classes, in_channels=in_channels,
-                          image_size=image_size, **params)
+    return ShuffleNetV2GN(
+        num_classes=num_classes, in_channels=in_channels, image_size=image_size, **params
+    )
 
 
-def _squeezenet_gn(num_classes: int, in_channels: int, image_size: int,
-                   **params) -> nn.Module:
+def _squeezenet_gn(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
     from fedrcl_flwr.models.squeezenet import SqueezeNetGN
 
-    return SqueezeNetGN(num_classes=num_classes, in_channels=in_channels,
-                        image_size=image_size, **params)
+    return SqueezeNetGN(
+        num_classes=num_classes, in_channels=in_channels, image_size=image_size, **params
+    )
 
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
@@ -103,8 +103,9 @@ def register_model(name: str, builder: Callable[..., nn.Module]) -> None:
     MODEL_NAMES = frozenset(MODELS)
 
 
-def build_model(name: str, *, num_classes: int, in_channels: int, image_size: int,
-                params: dict | None = None) -> nn.Module:
+def build_model(
+    name: str, *, num_classes: int, in_channels: int, image_size: int, params: dict | None = None
+) -> nn.Module:
     """Build a registered model. ``params.projector: W`` (W > 0) inserts UniVarFL's
     two-layer projector of width W before a new classifier. The model is checked against
     the model interface (``fedrcl_flwr/models/interface.py``): a builder whose model

@@ -60,8 +60,15 @@ from torch import nn
 
 TIMM_ALIASES = {"tiny_vit_5m": "tiny_vit_5m_224", "vit_tiny": "vit_tiny_patch16_224"}
 TORCHVISION_BACKBONES = (
-    "resnet18", "resnet34", "resnet50", "mobilenet_v2", "mobilenet_v3_small",
-    "mobilenet_v3_large", "shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "squeezenet1_0",
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "mobilenet_v2",
+    "mobilenet_v3_small",
+    "mobilenet_v3_large",
+    "shufflenet_v2_x0_5",
+    "shufflenet_v2_x1_0",
+    "squeezenet1_0",
     "squeezenet1_1",
 )
 # keys of the original classifier that a headless backbone does not have
@@ -72,16 +79,17 @@ def _timm_backbone(name: str, image_size: int) -> nn.Module:
     try:
         import timm
     except ImportError:
-        raise ValueError(f"model.params.backbone {name!r} needs the 'timm' package, which "
-                         "is not installed: pip install timm") from None
+        raise ValueError(
+            f"model.params.backbone {name!r} needs the 'timm' package, which "
+            "is not installed: pip install timm"
+        ) from None
     kwargs: dict[str, Any] = {"pretrained": False, "num_classes": 0}
     if name.startswith("vit_"):
         kwargs["img_size"] = image_size  # plain ViTs fix their position grid at creation
     try:
         return timm.create_model(name, **kwargs)
     except RuntimeError as exc:  # unknown model name
-        raise ValueError(f"model.params.backbone: timm cannot create {name!r} ({exc})") \
-            from None
+        raise ValueError(f"model.params.backbone: timm cannot create {name!r} ({exc})") from None
 
 
 def _torchvision_backbone(name: str) -> nn.Module:
@@ -102,28 +110,32 @@ def make_backbone(name: str, image_size: int) -> nn.Module:
     if name in TIMM_ALIASES:
         return _timm_backbone(TIMM_ALIASES[name], image_size)
     if name.startswith("timm:"):
-        return _timm_backbone(name[len("timm:"):], image_size)
+        return _timm_backbone(name[len("timm:") :], image_size)
     if name in TORCHVISION_BACKBONES:
         return _torchvision_backbone(name)
     known = sorted(TIMM_ALIASES) + list(TORCHVISION_BACKBONES) + ["timm:<name>"]
-    raise ValueError(f"model.params.backbone must be one of {', '.join(known)}; "
-                     f"got {name!r}")
+    raise ValueError(f"model.params.backbone must be one of {', '.join(known)}; got {name!r}")
 
 
 def _unwrap_state_dict(obj, path: Path) -> dict:
     if isinstance(obj, dict):
         for key in ("state_dict", "model"):
             inner = obj.get(key)
-            if isinstance(inner, dict) and inner and all(
-                    isinstance(v, torch.Tensor) for v in inner.values()):
+            if (
+                isinstance(inner, dict)
+                and inner
+                and all(isinstance(v, torch.Tensor) for v in inner.values())
+            ):
                 obj = inner
                 break
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ValueError(f"model.params.weights: {path} does not hold a state_dict "
-                         "(a mapping of parameter names to tensors)")
+        raise ValueError(
+            f"model.params.weights: {path} does not hold a state_dict "
+            "(a mapping of parameter names to tensors)"
+        )
     prefix = "module."
     if obj and all(k.startswith(prefix) for k in obj):
-        obj = {k[len(prefix):]: v for k, v in obj.items()}
+        obj = {k[len(prefix) :]: v for k, v in obj.items()}
     return obj
 
 
@@ -141,8 +153,9 @@ def _resample_vit_pos_embed(state: dict, backbone: nn.Module) -> dict:
     patch_embed: Any = backbone.patch_embed  # a timm ViT's (has grid_size)
     grid = patch_embed.grid_size
     state = dict(state)
-    state["pos_embed"] = resample_abs_pos_embed(given, new_size=list(grid),
-                                                num_prefix_tokens=prefix)
+    state["pos_embed"] = resample_abs_pos_embed(
+        given, new_size=list(grid), num_prefix_tokens=prefix
+    )
     return state
 
 
@@ -150,8 +163,7 @@ def weights_source(name: str) -> tuple[str, str]:
     """``(where, command)`` for a backbone's pre-trained weights: the Hugging Face hub id
     (timm) or URL (torchvision) they come from, and a one-line command that saves them as
     ``<model>.pth`` on a machine with a network."""
-    timm_name = TIMM_ALIASES.get(name, name[len("timm:"):] if name.startswith("timm:")
-                                 else None)
+    timm_name = TIMM_ALIASES.get(name, name[len("timm:") :] if name.startswith("timm:") else None)
     if timm_name is not None:
         where = f"timm model {timm_name!r}"
         try:
@@ -162,8 +174,10 @@ def weights_source(name: str) -> tuple[str, str]:
                 where = f"Hugging Face hub {cfg.hf_hub_id}"
         except Exception:  # noqa: BLE001 - timm missing / unknown name: generic wording
             pass
-        cmd = (f"python -c \"import timm, torch; torch.save(timm.create_model("
-               f"'{timm_name}', pretrained=True).state_dict(), '{timm_name}.pth')\"")
+        cmd = (
+            f'python -c "import timm, torch; torch.save(timm.create_model('
+            f"'{timm_name}', pretrained=True).state_dict(), '{timm_name}.pth')\""
+        )
         return where, cmd
     where = f"torchvision {name} DEFAULT weights"
     try:
@@ -172,8 +186,10 @@ def weights_source(name: str) -> tuple[str, str]:
         where = torchvision.models.get_model_weights(name).DEFAULT.url
     except Exception:  # noqa: BLE001 - no torchvision / no such weights: the generic name
         pass
-    cmd = (f"python -c \"import torch, torchvision; torch.save(torchvision.models.get_model("
-           f"'{name}', weights='DEFAULT').state_dict(), '{name}.pth')\"")
+    cmd = (
+        f'python -c "import torch, torchvision; torch.save(torchvision.models.get_model('
+        f"'{name}', weights='DEFAULT').state_dict(), '{name}.pth')\""
+    )
     return where, cmd
 
 
@@ -184,11 +200,15 @@ def load_backbone_weights(backbone: nn.Module, weights: str, name: str = "") -> 
         hint = ""
         if name:
             where, cmd = weights_source(name)
-            hint = (f"; a run never downloads: fetch the pre-trained weights ({where}) on a "
-                    f"machine with a network, e.g. {cmd}, and set model.params.weights to "
-                    "that file")
-        raise ValueError(f"model.params.weights: file not found: {path}{hint} (or "
-                         "weights: null for a random initialisation)")
+            hint = (
+                f"; a run never downloads: fetch the pre-trained weights ({where}) on a "
+                f"machine with a network, e.g. {cmd}, and set model.params.weights to "
+                "that file"
+            )
+        raise ValueError(
+            f"model.params.weights: file not found: {path}{hint} (or "
+            "weights: null for a random initialisation)"
+        )
     from fedrcl_flwr.run.checkpoint import CheckpointError, safe_load
 
     try:
@@ -201,16 +221,20 @@ def load_backbone_weights(backbone: nn.Module, weights: str, name: str = "") -> 
     bad_unexpected = [k for k in unexpected if not k.startswith(_HEAD_PREFIXES)]
     missing = [k for k in own if k not in state]
     if missing or bad_unexpected:
-        raise ValueError(f"model.params.weights: {path} does not match the backbone "
-                         f"(missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                         f"unexpected {bad_unexpected[:5]}"
-                         f"{'...' if len(bad_unexpected) > 5 else ''})")
+        raise ValueError(
+            f"model.params.weights: {path} does not match the backbone "
+            f"(missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {bad_unexpected[:5]}"
+            f"{'...' if len(bad_unexpected) > 5 else ''})"
+        )
     wrong = [k for k in own if tuple(state[k].shape) != tuple(own[k].shape)]
     if wrong:
         k = wrong[0]
-        raise ValueError(f"model.params.weights: {path}: '{k}' has shape "
-                         f"{tuple(state[k].shape)}, the backbone expects "
-                         f"{tuple(own[k].shape)} ({len(wrong)} mismatched tensor(s))")
+        raise ValueError(
+            f"model.params.weights: {path}: '{k}' has shape "
+            f"{tuple(state[k].shape)}, the backbone expects "
+            f"{tuple(own[k].shape)} ({len(wrong)} mismatched tensor(s))"
+        )
     backbone.load_state_dict({k: state[k] for k in own}, strict=True)
 
 
@@ -219,9 +243,16 @@ class BackboneMLP(nn.Module):
 
     levels = ("backbone", "penultimate")
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 224,
-                 backbone: str = "tiny_vit_5m", weights: str | None = None,
-                 freeze_backbone: bool = True, hidden: int = 128):
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        image_size: int = 224,
+        backbone: str = "tiny_vit_5m",
+        weights: str | None = None,
+        freeze_backbone: bool = True,
+        hidden: int = 128,
+    ):
         super().__init__()
         if in_channels not in (1, 3):
             raise ValueError(f"backbone_mlp takes 1- or 3-channel images, got {in_channels}")

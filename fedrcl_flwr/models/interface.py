@@ -34,8 +34,7 @@ class FeatureModel(Protocol):
 class BlockModel(FeatureModel, Protocol):
     def block_forward(self, x: torch.Tensor) -> list[torch.Tensor]: ...
 
-    def forward_from(self, k: int, h: torch.Tensor,
-                     return_features: bool = False) -> Any: ...
+    def forward_from(self, k: int, h: torch.Tensor, return_features: bool = False) -> Any: ...
 
 
 class ModelInterfaceError(ValueError):
@@ -57,22 +56,32 @@ def check_model_interface(model: nn.Module, name: str) -> None:
     if not isinstance(model, nn.Module):
         raise ModelInterfaceError(f"{where} is not a torch.nn.Module")
     levels = getattr(model, "levels", None)
-    if not isinstance(levels, tuple) or not levels or \
-            not all(isinstance(lv, str) and lv for lv in levels):
-        raise ModelInterfaceError(f"{where}: 'levels' must be a non-empty tuple of tap "
-                                  f"names, got {levels!r}")
+    if (
+        not isinstance(levels, tuple)
+        or not levels
+        or not all(isinstance(lv, str) and lv for lv in levels)
+    ):
+        raise ModelInterfaceError(
+            f"{where}: 'levels' must be a non-empty tuple of tap names, got {levels!r}"
+        )
     if not isinstance(getattr(model, "fc", None), nn.Module):
         raise ModelInterfaceError(f"{where}: 'fc' (the final linear classifier) is missing")
     if not _has_parameters(model.forward, ("x", "return_features")):
         raise ModelInterfaceError(f"{where}: forward(x, return_features=False) is required")
     has = [m for m in ("block_forward", "forward_from") if callable(getattr(model, m, None))]
     if len(has) == 1:
-        raise ModelInterfaceError(f"{where}: has {has[0]} but not the other half of the "
-                                  "block interface (block_forward / forward_from)")
-    if has and not (_has_parameters(model.block_forward, ("x",)) and _has_parameters(
-            model.forward_from, ("k", "h", "return_features"))):
-        raise ModelInterfaceError(f"{where}: block_forward(x) / forward_from(k, h, "
-                                  "return_features=False) have other parameters")
+        raise ModelInterfaceError(
+            f"{where}: has {has[0]} but not the other half of the "
+            "block interface (block_forward / forward_from)"
+        )
+    if has and not (
+        _has_parameters(model.block_forward, ("x",))
+        and _has_parameters(model.forward_from, ("k", "h", "return_features"))
+    ):
+        raise ModelInterfaceError(
+            f"{where}: block_forward(x) / forward_from(k, h, "
+            "return_features=False) have other parameters"
+        )
 
 
 def has_blocks(model: nn.Module) -> bool:

@@ -11,14 +11,19 @@ from torch import nn
 class LightCNN(nn.Module):
     levels = ("block1", "block2", "block3", "block4")
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 96,
-                 width: int = 32):
+    def __init__(
+        self, num_classes: int = 10, in_channels: int = 3, image_size: int = 96, width: int = 32
+    ):
         super().__init__()
         chans = [in_channels, width, 2 * width, 4 * width, 8 * width]
         self.blocks = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(chans[i], chans[i + 1], 3, padding=1, bias=False),
-                          nn.BatchNorm2d(chans[i + 1]), nn.ReLU(inplace=True))
-            for i in range(4))
+            nn.Sequential(
+                nn.Conv2d(chans[i], chans[i + 1], 3, padding=1, bias=False),
+                nn.BatchNorm2d(chans[i + 1]),
+                nn.ReLU(inplace=True),
+            )
+            for i in range(4)
+        )
         self.pool = nn.MaxPool2d(2)
         self.feature_dim = chans[-1]
         self.fc = nn.Linear(self.feature_dim, num_classes)

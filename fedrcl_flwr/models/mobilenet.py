@@ -39,8 +39,15 @@ from torch import nn
 from fedrcl_flwr.models.staged import StagedNet
 
 # (t, c, n, s) of the paper's Table 2, with the CIFAR strides (see the module docstring)
-_CFG = ((1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
-        (6, 160, 3, 2), (6, 320, 1, 1))
+_CFG = (
+    (1, 16, 1, 1),
+    (6, 24, 2, 1),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+)
 
 
 class InvertedResidual(nn.Module):
@@ -49,12 +56,18 @@ class InvertedResidual(nn.Module):
         hidden = cin * t
         layers: list[nn.Module] = []
         if t != 1:
-            layers += [nn.Conv2d(cin, hidden, 1, bias=False), nn.GroupNorm(groups, hidden),
-                       nn.ReLU6(inplace=True)]
-        layers += [nn.Conv2d(hidden, hidden, 3, stride=stride, padding=1, groups=hidden,
-                             bias=False),
-                   nn.GroupNorm(groups, hidden), nn.ReLU6(inplace=True),
-                   nn.Conv2d(hidden, cout, 1, bias=False), nn.GroupNorm(groups, cout)]
+            layers += [
+                nn.Conv2d(cin, hidden, 1, bias=False),
+                nn.GroupNorm(groups, hidden),
+                nn.ReLU6(inplace=True),
+            ]
+        layers += [
+            nn.Conv2d(hidden, hidden, 3, stride=stride, padding=1, groups=hidden, bias=False),
+            nn.GroupNorm(groups, hidden),
+            nn.ReLU6(inplace=True),
+            nn.Conv2d(hidden, cout, 1, bias=False),
+            nn.GroupNorm(groups, cout),
+        ]
         self.body = nn.Sequential(*layers)
         self.shortcut = stride == 1 and cin == cout
 
@@ -69,22 +82,29 @@ class MobileNetV2GN(StagedNet):
     levels = tuple(f"layer{i}" for i in range(len(_CFG) + 1))
     feature_dim = 1280
 
-    def __init__(self, num_classes: int = 100, in_channels: int = 3, image_size: int = 32,
-                 *, groups: int = 2):
+    def __init__(
+        self, num_classes: int = 100, in_channels: int = 3, image_size: int = 32, *, groups: int = 2
+    ):
         super().__init__()
         if 16 % int(groups):
             raise ValueError(f"groups={groups} must divide 16")
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, 32, 3, padding=1, bias=False),
-                                  nn.GroupNorm(groups, 32), nn.ReLU6(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 3, padding=1, bias=False),
+            nn.GroupNorm(groups, 32),
+            nn.ReLU6(inplace=True),
+        )
         stages, cin = [], 32
         for t, c, n, s in _CFG:
-            blocks = [InvertedResidual(cin if i == 0 else c, c, s if i == 0 else 1, t, groups)
-                      for i in range(n)]
+            blocks = [
+                InvertedResidual(cin if i == 0 else c, c, s if i == 0 else 1, t, groups)
+                for i in range(n)
+            ]
             stages.append(nn.Sequential(*blocks))
             cin = c
         self.stages = nn.ModuleList(stages)
-        self.last = nn.Sequential(nn.Conv2d(cin, 1280, 1, bias=False),
-                                  nn.GroupNorm(groups, 1280), nn.ReLU6(inplace=True))
+        self.last = nn.Sequential(
+            nn.Conv2d(cin, 1280, 1, bias=False), nn.GroupNorm(groups, 1280), nn.ReLU6(inplace=True)
+        )
         self.fc = nn.Linear(1280, num_classes)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):

@@ -26,12 +26,18 @@ class WithProjector(nn.Module):
         enc: Any = encoder
         in_dim = enc.feature_dim
         self.projector = nn.Sequential(
-            nn.Linear(in_dim, width), nn.BatchNorm1d(width), nn.ReLU(inplace=True),
-            nn.Linear(width, width), nn.BatchNorm1d(width), nn.ReLU(inplace=True))
+            nn.Linear(in_dim, width),
+            nn.BatchNorm1d(width),
+            nn.ReLU(inplace=True),
+            nn.Linear(width, width),
+            nn.BatchNorm1d(width),
+            nn.ReLU(inplace=True),
+        )
         self.fc = nn.Linear(width, num_classes)
         self.feature_dim = width
-        self.levels = tuple("encoder" if lv == "penultimate" else lv
-                            for lv in enc.levels) + ("projector",)
+        self.levels = tuple("encoder" if lv == "penultimate" else lv for lv in enc.levels) + (
+            "projector",
+        )
         # the encoder's own classifier is unused: freeze it so it neither trains nor
         # costs optimizer state (it still travels with the weights, unchanged)
         for p in enc.fc.parameters():

@@ -79,8 +79,15 @@ class ResNet18GN(nn.Module):
     layer3: nn.Sequential
     layer4: nn.Sequential
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, image_size: int = 32,
-                 *, groups: int = 2, stem: str = "auto"):
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        image_size: int = 32,
+        *,
+        groups: int = 2,
+        stem: str = "auto",
+    ):
         super().__init__()
         if stem == "auto":
             stem = "imagenet" if image_size > 64 else "cifar"
@@ -100,8 +107,9 @@ class ResNet18GN(nn.Module):
         in_planes = 64
         for idx, planes in enumerate(widths, start=1):
             stride = 1 if idx == 1 else 2
-            stage = nn.Sequential(BasicBlock(in_planes, planes, stride, groups),
-                                  BasicBlock(planes, planes, 1, groups))
+            stage = nn.Sequential(
+                BasicBlock(in_planes, planes, stride, groups), BasicBlock(planes, planes, 1, groups)
+            )
             setattr(self, f"layer{idx}", stage)
             in_planes = planes
         self.fc = nn.Linear(512, num_classes)

@@ -41,8 +41,12 @@ from torch import nn
 
 from fedrcl_flwr.models.staged import StagedNet
 
-_WIDTHS = {0.5: (48, 96, 192, 1024), 1.0: (116, 232, 464, 1024),
-           1.5: (176, 352, 704, 1024), 2.0: (244, 488, 976, 2048)}
+_WIDTHS = {
+    0.5: (48, 96, 192, 1024),
+    1.0: (116, 232, 464, 1024),
+    1.5: (176, 352, 704, 1024),
+    2.0: (244, 488, 976, 2048),
+}
 _REPEATS = (4, 8, 4)
 
 
@@ -53,13 +57,14 @@ def channel_shuffle(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def _dw(ch: int, stride: int, groups: int) -> list[nn.Module]:
-    return [nn.Conv2d(ch, ch, 3, stride=stride, padding=1, groups=ch, bias=False),
-            nn.GroupNorm(groups, ch)]
+    return [
+        nn.Conv2d(ch, ch, 3, stride=stride, padding=1, groups=ch, bias=False),
+        nn.GroupNorm(groups, ch),
+    ]
 
 
 def _pw(cin: int, cout: int, groups: int) -> list[nn.Module]:
-    return [nn.Conv2d(cin, cout, 1, bias=False), nn.GroupNorm(groups, cout),
-            nn.ReLU(inplace=True)]
+    return [nn.Conv2d(cin, cout, 1, bias=False), nn.GroupNorm(groups, cout), nn.ReLU(inplace=True)]
 
 
 class ShuffleUnit(nn.Module):
@@ -75,8 +80,9 @@ class ShuffleUnit(nn.Module):
         else:
             self.left = nn.Sequential(*_dw(cin, stride, groups), *_pw(cin, half, groups))
             right_in = cin
-        self.right = nn.Sequential(*_pw(right_in, half, groups), *_dw(half, stride, groups),
-                                   *_pw(half, half, groups))
+        self.right = nn.Sequential(
+            *_pw(right_in, half, groups), *_dw(half, stride, groups), *_pw(half, half, groups)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.left is None:
@@ -93,8 +99,15 @@ class ShuffleNetV2GN(StagedNet):
 
     levels = ("layer0", "layer1", "layer2", "layer3")
 
-    def __init__(self, num_classes: int = 100, in_channels: int = 3, image_size: int = 32,
-                 *, width: float = 1.0, groups: int = 2):
+    def __init__(
+        self,
+        num_classes: int = 100,
+        in_channels: int = 3,
+        image_size: int = 32,
+        *,
+        width: float = 1.0,
+        groups: int = 2,
+    ):
         super().__init__()
         if float(width) not in _WIDTHS:
             raise ValueError(f"width must be one of {sorted(_WIDTHS)}, got {width}")
@@ -102,12 +115,17 @@ class ShuffleNetV2GN(StagedNet):
         bad = [c for c in (24, *(w // 2 for w in stage_widths), head) if c % int(groups)]
         if bad:
             raise ValueError(f"groups={groups} must divide every GroupNorm width (not {bad})")
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, 24, 3, padding=1, bias=False),
-                                  nn.GroupNorm(groups, 24), nn.ReLU(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, 24, 3, padding=1, bias=False),
+            nn.GroupNorm(groups, 24),
+            nn.ReLU(inplace=True),
+        )
         stages, cin = [], 24
         for cout, n in zip(stage_widths, _REPEATS):
-            units = [ShuffleUnit(cin if i == 0 else cout, cout, 2 if i == 0 else 1, groups)
-                     for i in range(n)]
+            units = [
+                ShuffleUnit(cin if i == 0 else cout, cout, 2 if i == 0 else 1, groups)
+                for i in range(n)
+            ]
             stages.append(nn.Sequential(*units))
             cin = cout
         self.stages = nn.ModuleList(stages)

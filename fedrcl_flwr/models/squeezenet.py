@@ -41,21 +41,31 @@ from torch import nn
 from fedrcl_flwr.models.staged import StagedNet
 
 # (squeeze, output = 2 * expand, bypass, max-pool after) for fire2..fire9
-_FIRES = ((16, 128, False, False), (16, 128, True, False), (32, 256, False, True),
-          (32, 256, True, False), (48, 384, False, False), (48, 384, True, False),
-          (64, 512, False, True), (64, 512, True, False))
+_FIRES = (
+    (16, 128, False, False),
+    (16, 128, True, False),
+    (32, 256, False, True),
+    (32, 256, True, False),
+    (48, 384, False, False),
+    (48, 384, True, False),
+    (64, 512, False, True),
+    (64, 512, True, False),
+)
 
 
 class Fire(nn.Module):
     def __init__(self, cin: int, squeeze: int, cout: int, groups: int):
         super().__init__()
         e = cout // 2
-        self.squeeze = nn.Sequential(nn.Conv2d(cin, squeeze, 1), nn.GroupNorm(groups, squeeze),
-                                     nn.ReLU(inplace=True))
-        self.expand1 = nn.Sequential(nn.Conv2d(squeeze, e, 1), nn.GroupNorm(groups, e),
-                                     nn.ReLU(inplace=True))
-        self.expand3 = nn.Sequential(nn.Conv2d(squeeze, e, 3, padding=1),
-                                     nn.GroupNorm(groups, e), nn.ReLU(inplace=True))
+        self.squeeze = nn.Sequential(
+            nn.Conv2d(cin, squeeze, 1), nn.GroupNorm(groups, squeeze), nn.ReLU(inplace=True)
+        )
+        self.expand1 = nn.Sequential(
+            nn.Conv2d(squeeze, e, 1), nn.GroupNorm(groups, e), nn.ReLU(inplace=True)
+        )
+        self.expand3 = nn.Sequential(
+            nn.Conv2d(squeeze, e, 3, padding=1), nn.GroupNorm(groups, e), nn.ReLU(inplace=True)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = self.squeeze(x)
@@ -69,14 +79,24 @@ class SqueezeNetGN(StagedNet):
     levels = tuple(f"layer{i}" for i in range(len(_FIRES)))
     feature_dim = 512
 
-    def __init__(self, num_classes: int = 100, in_channels: int = 3, image_size: int = 32,
-                 *, groups: int = 2, bypass: bool = True):
+    def __init__(
+        self,
+        num_classes: int = 100,
+        in_channels: int = 3,
+        image_size: int = 32,
+        *,
+        groups: int = 2,
+        bypass: bool = True,
+    ):
         super().__init__()
         if 16 % int(groups):
             raise ValueError(f"groups={groups} must divide 16")
-        self.stem = nn.Sequential(nn.Conv2d(in_channels, 96, 3, padding=1),
-                                  nn.GroupNorm(groups, 96), nn.ReLU(inplace=True),
-                                  nn.MaxPool2d(2, 2))
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, 96, 3, padding=1),
+            nn.GroupNorm(groups, 96),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2, 2),
+        )
         fires, cin = [], 96
         for squeeze, cout, _, _ in _FIRES:
             fires.append(Fire(cin, squeeze, cout, groups))

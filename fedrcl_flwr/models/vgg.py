@@ -48,8 +48,9 @@ class VGG9GN(StagedNet):
     levels = tuple(f"layer{i}" for i in range(len(_CFG)))
     feature_dim = 512
 
-    def __init__(self, num_classes: int = 100, in_channels: int = 3, image_size: int = 32,
-                 *, groups: int = 2):
+    def __init__(
+        self, num_classes: int = 100, in_channels: int = 3, image_size: int = 32, *, groups: int = 2
+    ):
         super().__init__()
         if 32 % int(groups):
             raise ValueError(f"groups={groups} must divide 32")
@@ -57,8 +58,11 @@ class VGG9GN(StagedNet):
             raise ValueError(f"image_size {image_size} is too small for three 2x2 poolings")
         blocks, cin = [], in_channels
         for width, pool in _CFG:
-            layers = [nn.Conv2d(cin, width, 3, padding=1), nn.GroupNorm(groups, width),
-                      nn.ReLU(inplace=True)]
+            layers = [
+                nn.Conv2d(cin, width, 3, padding=1),
+                nn.GroupNorm(groups, width),
+                nn.ReLU(inplace=True),
+            ]
             if pool:
                 layers.append(nn.MaxPool2d(2, 2))
             blocks.append(nn.Sequential(*layers))

@@ -128,8 +128,9 @@ class Group:
     @property
     def private(self) -> bool:
         """The runs ran with ``privacy.dp`` (their records carry ``dp_delta``)."""
-        return any("dp_delta" in r.summary or any("dp_delta" in x for x in r.records)
-                   for r in self.runs)
+        return any(
+            "dp_delta" in r.summary or any("dp_delta" in x for x in r.records) for r in self.runs
+        )
 
     @property
     def epsilon(self) -> float | None:
@@ -152,7 +153,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-MAX_SUMMARY_BYTES = 16 << 20   # a run's summary.json is a few KB
+MAX_SUMMARY_BYTES = 16 << 20  # a run's summary.json is a few KB
 MAX_METRICS_BYTES = 512 << 20  # metrics.jsonl: ~1-10 KB per round
 
 
@@ -200,13 +201,16 @@ def read_summary(run_dir: Path) -> dict:
         if why:
             raise ConfigError(f"{path}: '{k}' {why}, got {data[k]!r}")
     at = data.get("accuracy_at")
-    if at is not None and (not isinstance(at, dict) or not all(
-            _accuracy_problem(v) is None for v in at.values())):
-        raise ConfigError(f"{path}: 'accuracy_at' must map rounds to accuracies in [0, 1], "
-                          f"got {str(at)[:200]}")
+    if at is not None and (
+        not isinstance(at, dict) or not all(_accuracy_problem(v) is None for v in at.values())
+    ):
+        raise ConfigError(
+            f"{path}: 'accuracy_at' must map rounds to accuracies in [0, 1], got {str(at)[:200]}"
+        )
     if data.get("rounds") is not None and _round_problem(data["rounds"]):
-        raise ConfigError(f"{path}: 'rounds' {_round_problem(data['rounds'])}, got "
-                          f"{data['rounds']!r}")
+        raise ConfigError(
+            f"{path}: 'rounds' {_round_problem(data['rounds'])}, got {data['rounds']!r}"
+        )
     return data
 
 
@@ -229,8 +233,9 @@ def read_records(run_dir: Path) -> list:
                 break  # torn last line
             raise ConfigError(f"{path}: line {i} is not valid JSON ({exc})") from None
         if not isinstance(rec, dict) or _round_problem(rec.get("round")):
-            raise ConfigError(f"{path}: line {i} must be a JSON object with 'round' a whole "
-                              "number >= 0")
+            raise ConfigError(
+                f"{path}: line {i} must be a JSON object with 'round' a whole number >= 0"
+            )
         for k in ("test_accuracy", "ema_accuracy"):
             why = _accuracy_problem(rec.get(k))
             if why:
@@ -253,8 +258,7 @@ def read_config(run_dir: Path) -> dict:
     data = read_yaml(path)
     for section, value in data.items():  # what grouping and labelling read
         if section in _SECTIONS and value is not None and not isinstance(value, dict):
-            raise ConfigError(f"{path}: '{section}' must be a mapping, got "
-                              f"{type(value).__name__}")
+            raise ConfigError(f"{path}: '{section}' must be a mapping, got {type(value).__name__}")
     for section, key in (("client", "method"), ("server", "strategy")):
         v = (data.get(section) or {}).get(key)
         if v is not None and not isinstance(v, str):
@@ -263,9 +267,18 @@ def read_config(run_dir: Path) -> dict:
     return data
 
 
-_SECTIONS = ("dataset", "partition", "model", "federation", "client", "server",
-             "evaluation", "simulation", "output")
-MAX_SCAN_DEPTH = 4          # a sweep's runs are OUT/<run>; room for nesting sweeps
+_SECTIONS = (
+    "dataset",
+    "partition",
+    "model",
+    "federation",
+    "client",
+    "server",
+    "evaluation",
+    "simulation",
+    "output",
+)
+MAX_SCAN_DEPTH = 4  # a sweep's runs are OUT/<run>; room for nesting sweeps
 MAX_SCAN_ENTRIES = 200_000  # directory entries looked at below one DIR
 
 
@@ -283,10 +296,13 @@ def _dirs_below(d: Path) -> list[Path]:
         depth = len(Path(root).relative_to(d).parts)
         seen += len(dirnames) + len(filenames)
         if seen > MAX_SCAN_ENTRIES:
-            raise ConfigError(f"{d}: more than {MAX_SCAN_ENTRIES} files and directories "
-                              "below it; name a run directory or a sweep's --out")
-        dirnames[:] = sorted(n for n in dirnames if n not in SKIP_DIRS
-                             and not os.path.islink(os.path.join(root, n)))
+            raise ConfigError(
+                f"{d}: more than {MAX_SCAN_ENTRIES} files and directories "
+                "below it; name a run directory or a sweep's --out"
+            )
+        dirnames[:] = sorted(
+            n for n in dirnames if n not in SKIP_DIRS and not os.path.islink(os.path.join(root, n))
+        )
         if depth >= MAX_SCAN_DEPTH:
             dirnames[:] = []
         out.extend(Path(root) / n for n in dirnames)
@@ -303,8 +319,9 @@ def find_runs(dirs: list) -> list[tuple[Path, bool]]:
             continue
         below = [sub for sub in _dirs_below(d) if _is_run(sub)] if d.is_dir() else []
         if not below:
-            raise ConfigError(f"{d}: no {SUMMARY_FILE} (is this a finished run dir, or a "
-                              "sweep's --out?)")
+            raise ConfigError(
+                f"{d}: no {SUMMARY_FILE} (is this a finished run dir, or a sweep's --out?)"
+            )
         found.extend((b, False) for b in below)
     seen, out = set(), []
     for p, explicit in found:
@@ -322,16 +339,20 @@ def load_runs(dirs: list) -> list[Run]:
         run = Run(d, read_config(d), read_summary(d), read_records(d))
         if not run.summary and not run.records:
             if explicit:
-                raise ConfigError(f"{d}: no {SUMMARY_FILE} and no evaluated round in "
-                                  f"{METRICS_FILE} yet")
+                raise ConfigError(
+                    f"{d}: no {SUMMARY_FILE} and no evaluated round in {METRICS_FILE} yet"
+                )
             waiting.append(d)
             continue
         runs.append(run)
     if waiting:
         import sys
 
-        print(f"fedrcl-flwr: {len(waiting)} run dir(s) without an evaluated round yet left "
-              f"out (e.g. {waiting[0]})", file=sys.stderr)
+        print(
+            f"fedrcl-flwr: {len(waiting)} run dir(s) without an evaluated round yet left "
+            f"out (e.g. {waiting[0]})",
+            file=sys.stderr,
+        )
     if not runs:
         raise ConfigError(f"{', '.join(map(str, dirs))}: no run has an evaluated round yet")
     return runs
@@ -342,8 +363,7 @@ def load_runs(dirs: list) -> list[Run]:
 
 def check_metric(metric: str) -> str:
     if not is_report_metric(metric, per_client=True):
-        raise ConfigError(f"--metric must be {metric_choices(per_client=True)}, got "
-                          f"{metric!r}")
+        raise ConfigError(f"--metric must be {metric_choices(per_client=True)}, got {metric!r}")
     return metric
 
 
@@ -375,7 +395,7 @@ def metric_value(run: Run, metric: str) -> float | None:
         tail = ev[-LAST_K:]
         return sum(float(r["test_accuracy"]) for r in tail) / len(tail) if tail else None
     if metric.startswith("client_"):  # per-client evaluation: its last evaluated round
-        key = "client_acc_" + metric[len("client_"):]
+        key = "client_acc_" + metric[len("client_") :]
         if _is_number(s.get(key)):
             return float(s[key])
         with_key = [r for r in run.records if _is_number(r.get(key))]
@@ -411,8 +431,7 @@ def default_metric(runs: list[Run]) -> str:
 def method_label(config: dict, summary: dict | None = None) -> str:
     summary = summary or {}
     method = (config.get("client") or {}).get("method") or summary.get("method") or "?"
-    strategy = (config.get("server") or {}).get("strategy") or summary.get("strategy") \
-        or "fedavg"
+    strategy = (config.get("server") or {}).get("strategy") or summary.get("strategy") or "fedavg"
     return str(method) if strategy == "fedavg" else f"{strategy}+{method}"
 
 
@@ -429,8 +448,10 @@ def flatten_keys(d: Any, prefix: str = "") -> dict:
 
 def _setting(config: dict, summary: dict) -> dict:
     if not config:  # hand-made run dirs without a config: method and strategy only
-        return {"client.method": summary.get("method"),
-                "server.strategy": summary.get("strategy") or "fedavg"}
+        return {
+            "client.method": summary.get("method"),
+            "server.strategy": summary.get("strategy") or "fedavg",
+        }
     return {k: v for k, v in config.items() if k not in NOT_A_SETTING}
 
 
@@ -479,8 +500,15 @@ def group_runs(runs: list[Run]) -> list[Group]:
         label = run.config.get("label")
         key = _jkey([label, setting])
         if key not in groups:
-            groups[key] = Group(key, [], run.config or {"client": {"method": run.summary.get(
-                "method")}, "server": {"strategy": run.summary.get("strategy") or "fedavg"}})
+            groups[key] = Group(
+                key,
+                [],
+                run.config
+                or {
+                    "client": {"method": run.summary.get("method")},
+                    "server": {"strategy": run.summary.get("strategy") or "fedavg"},
+                },
+            )
         groups[key].runs.append(run)
     gs = list(groups.values())
     for g in gs:
@@ -498,8 +526,9 @@ def group_runs(runs: list[Run]) -> list[Group]:
             seen.setdefault(base(g), set()).add(_jkey(g.flat.get(k)))
         return any(len(v) > 1 for v in seen.values())
 
-    col_keys = [k for k in vary if not k.startswith(("client.", "server."))
-                and varies_within_a_row(k)]
+    col_keys = [
+        k for k in vary if not k.startswith(("client.", "server.")) and varies_within_a_row(k)
+    ]
     attr_keys = [k for k in vary if k not in col_keys and k not in ident]
     names = _short_names(col_keys + attr_keys)
     for g in gs:
@@ -515,8 +544,7 @@ def group_runs(runs: list[Run]) -> list[Group]:
             continue
         # a labelled row: the label, plus what tells apart groups that share it
         same = [h for h in gs if h.config.get("label") == label]
-        split = [(k, v) for k, v in attrs
-                 if len({_jkey(h.flat.get(k)) for h in same}) > 1]
+        split = [(k, v) for k, v in attrs if len({_jkey(h.flat.get(k)) for h in same}) > 1]
         g.row = f"{label} ({_describe(split, names)})" if split else str(label)
     return gs
 
@@ -527,6 +555,7 @@ _VARIES = object()
 def setting_title(groups: list[Group]) -> str:
     """What every run of the table shares, in words: dataset, partition (and α),
     clients per round, rounds — the settings that vary are the columns instead."""
+
     def common(key: str) -> Any:
         vals = {_jkey(g.flat.get(key)) for g in groups}
         return groups[0].flat.get(key) if len(vals) == 1 else _VARIES
@@ -577,8 +606,9 @@ def _resolved_params(method: str | None, params: Any) -> Any:
         from fedrcl_flwr.components import resolve_params
 
         defaults, rules = CLIENTS.params(method)
-        return resolve_params("client.params", f"method '{method}'", defaults, rules,
-                              dict(params or {}))
+        return resolve_params(
+            "client.params", f"method '{method}'", defaults, rules, dict(params or {})
+        )
     except Exception:  # noqa: BLE001 - unknown method / params: compare as written
         return params or {}
 
@@ -592,8 +622,11 @@ def _when_matches(when: dict, config: dict) -> bool:
         if key == "client.params":
             if _resolved_params(method, node) != _resolved_params(method, want):
                 return False
-        elif isinstance(want, (int, float)) and isinstance(node, (int, float)) \
-                and not isinstance(want, bool):
+        elif (
+            isinstance(want, (int, float))
+            and isinstance(node, (int, float))
+            and not isinstance(want, bool)
+        ):
             if not math.isclose(float(node), float(want)):
                 return False
         elif _jkey(node) != _jkey(want):
@@ -606,9 +639,12 @@ def paper_value(group: Group, metric: str) -> tuple[float | None, str]:
     label = method_label(group.config, group.runs[0].summary)
     blocks = check_reference(group.config.get("reference"), str(group.runs[0].path))
     for b in blocks:
-        if b["metric"] == metric and label in b["values"] and \
-                _when_matches(b.get("when") or {}, group.config) and \
-                b["values"][label] is not None:
+        if (
+            b["metric"] == metric
+            and label in b["values"]
+            and _when_matches(b.get("when") or {}, group.config)
+            and b["values"][label] is not None
+        ):
             return float(b["values"][label]) / 100.0, b["source"]
     return None, ""
 
@@ -666,8 +702,13 @@ def find_row(groups: list[Group], name: str) -> str:
     rows = list(dict.fromkeys(g.row for g in groups))
     if name in rows:
         return name
-    hits = list(dict.fromkeys(g.row for g in groups if name in (
-        g.config.get("label"), method_label(g.config, g.runs[0].summary))))
+    hits = list(
+        dict.fromkeys(
+            g.row
+            for g in groups
+            if name in (g.config.get("label"), method_label(g.config, g.runs[0].summary))
+        )
+    )
     if len(hits) == 1:
         return hits[0]
     what = "matches several rows" if hits else "is not a row of this table"
@@ -686,8 +727,7 @@ def paired(groups: list[Group], vs: str) -> list[Paired]:
         if g.row == ref_row or ref is None:
             continue
         mine, theirs = g.by_seed, ref.by_seed
-        out.append(Paired(g, ref, {s: mine[s] - theirs[s] for s in sorted(mine)
-                                   if s in theirs}))
+        out.append(Paired(g, ref, {s: mine[s] - theirs[s] for s in sorted(mine) if s in theirs}))
     return out
 
 
@@ -715,8 +755,7 @@ def _pct(v: float | None, signed: bool = False) -> str:
     return f"{x:+.2f}" if signed else f"{x:.2f}"
 
 
-def _ours(g: Group | None, best: float | None, bold: tuple[str, str],
-          pm: str) -> str:
+def _ours(g: Group | None, best: float | None, bold: tuple[str, str], pm: str) -> str:
     if g is None:
         return ""
     if g.mean is None:
@@ -762,23 +801,36 @@ def _unpaired_text(p: Paired, pm: str = "±") -> str:
         if g.mean is None:
             return "missing"
         return _pct(g.mean) + (f" {pm} {_pct(g.std)}" if g.std is not None else "")
+
     return f"{one(p.group)} vs {one(p.ref)}"
 
 
 def format_paired_markdown(pairs: list[Paired], vs: str, metric: str) -> str:
     level = f"{100 * CONFIDENCE:g} %"
-    lines = [f"Paired with {vs} (the same seed: the same partition and the same clients in "
-             f"every round), {metric} difference in points:", "",
-             f"| method | setting | per seed (seed: diff) | mean ± std | {level} CI | n | "
-             f"unpaired (this vs {vs}) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Paired with {vs} (the same seed: the same partition and the same clients in "
+        f"every round), {metric} difference in points:",
+        "",
+        f"| method | setting | per seed (seed: diff) | mean ± std | {level} CI | n | "
+        f"unpaired (this vs {vs}) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for p in pairs:
         per = ", ".join(f"{s}: {_pct(d, True)}" for s, d in p.diffs.items()) or "no common seed"
-        mean = "" if p.mean is None else _pct(p.mean, True) + (
-            f" ± {_pct(p.std)}" if p.std is not None else "")
-        lines.append(f"| {p.group.row} | {p.group.col or metric} | {per} | {mean} | "
-                     f"{_ci_text(p)} | {p.n} | {_unpaired_text(p)} |")
-    lines += ["", f"CI: two-sided {level} Student-t interval of the mean paired difference, "
-              "mean ± t(n−1) · std / √n (none for n < 2); std: sample std (n − 1)."]
+        mean = (
+            ""
+            if p.mean is None
+            else _pct(p.mean, True) + (f" ± {_pct(p.std)}" if p.std is not None else "")
+        )
+        lines.append(
+            f"| {p.group.row} | {p.group.col or metric} | {per} | {mean} | "
+            f"{_ci_text(p)} | {p.n} | {_unpaired_text(p)} |"
+        )
+    lines += [
+        "",
+        f"CI: two-sided {level} Student-t interval of the mean paired difference, "
+        "mean ± t(n−1) · std / √n (none for n < 2); std: sample std (n − 1).",
+    ]
     return "\n".join(lines)
 
 
@@ -799,8 +851,7 @@ def format_markdown(groups: list[Group], metric: str) -> str:
             if c in with_paper:
                 cells += [_pct(g.paper) if g else "", _pct(g.diff, True) if g else ""]
         lines.append("| " + " | ".join(cells) + " |")
-    note = f"\nmetric: {metric}; mean ± sample std over seeds (%), n runs; best per column " \
-           "in bold"
+    note = f"\nmetric: {metric}; mean ± sample std over seeds (%), n runs; best per column in bold"
     if any(g.private for g in groups):
         note += "; ε: the largest (ε, δ)-DP budget of the cell's runs (privacy.dp)"
     if _sources(groups):
@@ -812,8 +863,7 @@ def format_markdown(groups: list[Group], metric: str) -> str:
     return head + "\n".join(lines) + "\n" + note
 
 
-def format_csv(groups: list[Group], metric: str, pairs: list | None = None,
-               vs: str = "") -> str:
+def format_csv(groups: list[Group], metric: str, pairs: list | None = None, vs: str = "") -> str:
     """One row per group; with ``--vs`` also the paired columns (empty for the reference
     row): ``vs, paired_n, paired_mean, paired_std, ci_low, ci_high, per_seed``."""
     _, cols, _, best, _ = _layout(groups)
@@ -821,33 +871,68 @@ def format_csv(groups: list[Group], metric: str, pairs: list | None = None,
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     private = any(g.private for g in groups)  # privacy.dp: one more column, dp_epsilon
-    head = ["method", "setting", "metric", "n", "missing", "mean", "std", "best",
-            "paper", "diff", "source", "runs"] + (["dp_epsilon"] if private else [])
+    head = [
+        "method",
+        "setting",
+        "metric",
+        "n",
+        "missing",
+        "mean",
+        "std",
+        "best",
+        "paper",
+        "diff",
+        "source",
+        "runs",
+    ] + (["dp_epsilon"] if private else [])
     if pairs is not None:
-        head += ["vs", "paired_n", "paired_mean", "paired_std", "ci_low", "ci_high",
-                 "per_seed"]
+        head += ["vs", "paired_n", "paired_mean", "paired_std", "ci_low", "ci_high", "per_seed"]
     w.writerow(head)
     for g in groups:
-        is_best = g.mean is not None and best[g.col] is not None and \
-            math.isclose(g.mean, best[g.col])
-        row = [g.row, g.col, metric, g.n, len(g.values) - g.n, _pct(g.mean),
-               _pct(g.std), int(is_best), _pct(g.paper), _pct(g.diff, True),
-               g.source, ";".join(str(r.path) for r in g.runs)] \
-            + ([_eps(g, "{}")] if private else [])
+        is_best = (
+            g.mean is not None and best[g.col] is not None and math.isclose(g.mean, best[g.col])
+        )
+        row = [
+            g.row,
+            g.col,
+            metric,
+            g.n,
+            len(g.values) - g.n,
+            _pct(g.mean),
+            _pct(g.std),
+            int(is_best),
+            _pct(g.paper),
+            _pct(g.diff, True),
+            g.source,
+            ";".join(str(r.path) for r in g.runs),
+        ] + ([_eps(g, "{}")] if private else [])
         if pairs is not None:
             p = by_group.get(id(g))
             ci = p.interval if p else None
-            row += [vs, p.n if p else "", _pct(p.mean, True) if p else "",
-                    _pct(p.std) if p else "", _pct(ci[0], True) if ci else "",
-                    _pct(ci[1], True) if ci else "",
-                    ";".join(f"{s}:{_pct(d, True)}" for s, d in p.diffs.items()) if p else ""]
+            row += [
+                vs,
+                p.n if p else "",
+                _pct(p.mean, True) if p else "",
+                _pct(p.std) if p else "",
+                _pct(ci[0], True) if ci else "",
+                _pct(ci[1], True) if ci else "",
+                ";".join(f"{s}:{_pct(d, True)}" for s, d in p.diffs.items()) if p else "",
+            ]
         w.writerow(row)
     return buf.getvalue()
 
 
 def _tex(s: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
-                 ("#", r"\#"), ("{", r"\{"), ("}", r"\}"), ("$", r"\$")):
+    for a, b in (
+        ("\\", r"\textbackslash{}"),
+        ("&", r"\&"),
+        ("%", r"\%"),
+        ("_", r"\_"),
+        ("#", r"\#"),
+        ("{", r"\{"),
+        ("}", r"\}"),
+        ("$", r"\$"),
+    ):
         s = s.replace(a, b)
     return s
 
@@ -860,8 +945,7 @@ def format_latex(groups: list[Group], metric: str) -> str:
         head.append(_tex(c or metric))
         if c in with_paper:
             head += ["Paper", r"$\Delta$"]
-    out = [r"\begin{tabular}{" + spec + "}", r"\toprule", " & ".join(head) + r" \\",
-           r"\midrule"]
+    out = [r"\begin{tabular}{" + spec + "}", r"\toprule", " & ".join(head) + r" \\", r"\midrule"]
     for r in rows:
         cells = [_tex(r)]
         for c in cols:
@@ -875,12 +959,17 @@ def format_latex(groups: list[Group], metric: str) -> str:
                     text = rf"\mathbf{{{text}}}"
                 cells.append(f"${text}$")
             if c in with_paper:
-                cells += [_pct(g.paper) if g else "", f"${_pct(g.diff, True)}$"
-                          if g and g.diff is not None else ""]
+                cells += [
+                    _pct(g.paper) if g else "",
+                    f"${_pct(g.diff, True)}$" if g and g.diff is not None else "",
+                ]
         out.append(" & ".join(cells) + r" \\")
-    out += [r"\bottomrule", r"\end{tabular}",
-            f"% metric: {metric}; mean $\\pm$ sample std over seeds (%); n per cell: " +
-            ", ".join(f"{_tex(g.row)}/{_tex(g.col or metric)}={g.n}" for g in groups)]
+    out += [
+        r"\bottomrule",
+        r"\end{tabular}",
+        f"% metric: {metric}; mean $\\pm$ sample std over seeds (%); n per cell: "
+        + ", ".join(f"{_tex(g.row)}/{_tex(g.col or metric)}={g.n}" for g in groups),
+    ]
     if setting_title(groups):
         out.append(f"% setting: {_tex(setting_title(groups))}")
     if _rows_note(groups):
@@ -889,27 +978,39 @@ def format_latex(groups: list[Group], metric: str) -> str:
 
 
 def format_paired_latex(pairs: list[Paired], vs: str, metric: str) -> str:
-    out = [r"\begin{tabular}{llrrr}", r"\toprule",
-           rf"Method & Setting & $\Delta$ vs {_tex(vs)} & {100 * CONFIDENCE:g}\% CI & $n$ \\",
-           r"\midrule"]
+    out = [
+        r"\begin{tabular}{llrrr}",
+        r"\toprule",
+        rf"Method & Setting & $\Delta$ vs {_tex(vs)} & {100 * CONFIDENCE:g}\% CI & $n$ \\",
+        r"\midrule",
+    ]
     for p in pairs:
-        mean = "--" if p.mean is None else _pct(p.mean, True) + (
-            rf" \pm {_pct(p.std)}" if p.std is not None else "")
+        mean = (
+            "--"
+            if p.mean is None
+            else _pct(p.mean, True) + (rf" \pm {_pct(p.std)}" if p.std is not None else "")
+        )
         ci = p.interval
-        out.append(f"{_tex(p.group.row)} & {_tex(p.group.col or metric)} & ${mean}$ & " +
-                   (f"$[{_pct(ci[0], True)}, {_pct(ci[1], True)}]$" if ci else "--") +
-                   rf" & {p.n} \\")
-    out += [r"\bottomrule", r"\end{tabular}",
-            f"% paired by seed, {metric} difference in points, mean $\\pm$ sample std; CI: "
-            f"two-sided Student-t interval of the mean difference"]
+        out.append(
+            f"{_tex(p.group.row)} & {_tex(p.group.col or metric)} & ${mean}$ & "
+            + (f"$[{_pct(ci[0], True)}, {_pct(ci[1], True)}]$" if ci else "--")
+            + rf" & {p.n} \\"
+        )
+    out += [
+        r"\bottomrule",
+        r"\end{tabular}",
+        f"% paired by seed, {metric} difference in points, mean $\\pm$ sample std; CI: "
+        f"two-sided Student-t interval of the mean difference",
+    ]
     return "\n".join(out) + "\n"
 
 
 FORMATS = {"markdown": format_markdown, "csv": format_csv, "latex": format_latex}
 
 
-def report(dirs: list, fmt: str = "markdown", metric: str | None = None,
-           vs: str | None = None) -> str:
+def report(
+    dirs: list, fmt: str = "markdown", metric: str | None = None, vs: str | None = None
+) -> str:
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     groups, metric = build_table(dirs, metric)
@@ -921,8 +1022,7 @@ def report(dirs: list, fmt: str = "markdown", metric: str | None = None,
         return format_csv(groups, metric, pairs, ref)
     if fmt == "latex":
         return format_latex(groups, metric) + "\n" + format_paired_latex(pairs, ref, metric)
-    return format_markdown(groups, metric) + "\n\n" + format_paired_markdown(pairs, ref,
-                                                                             metric)
+    return format_markdown(groups, metric) + "\n\n" + format_paired_markdown(pairs, ref, metric)
 
 
 # ----------------------------------------------------------------------------- plots
@@ -956,13 +1056,18 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
 
     cols = list(dict.fromkeys(g.col for g in groups))
     rows = list(dict.fromkeys(g.row for g in groups))
-    style = {r: dict(color=plt.cm.tab10(i % 10), linestyle=LINESTYLES[i % len(LINESTYLES)],
-                     marker=MARKERS[i % len(MARKERS)]) for i, r in enumerate(rows)}
+    style = {
+        r: dict(
+            color=plt.cm.tab10(i % 10),
+            linestyle=LINESTYLES[i % len(LINESTYLES)],
+            marker=MARKERS[i % len(MARKERS)],
+        )
+        for i, r in enumerate(rows)
+    }
     percent = metric_key.endswith("accuracy")
     ncol = min(len(cols), 3)
     nrow = math.ceil(len(cols) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.8 * nrow), squeeze=False,
-                             sharey=True)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.8 * nrow), squeeze=False, sharey=True)
     lows, highs = [], []
     for ax, c in zip(axes.flat, cols):
         for g in (g for g in groups if g.col == c):
@@ -975,10 +1080,17 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
             lows.append(float(lo.min()))
             highs.append(float(hi.max()))
             st = style[g.row]
-            ax.plot(rounds, mean, color=st["color"], linestyle=st["linestyle"],
-                    marker=st["marker"], markersize=4,
-                    markevery=max(1, len(rounds) // 10), linewidth=1.5,
-                    label=f"{g.row} (n={len(g.runs)})")
+            ax.plot(
+                rounds,
+                mean,
+                color=st["color"],
+                linestyle=st["linestyle"],
+                marker=st["marker"],
+                markersize=4,
+                markevery=max(1, len(rounds) // 10),
+                linewidth=1.5,
+                label=f"{g.row} (n={len(g.runs)})",
+            )
             ax.fill_between(rounds, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
         ax.set_title(c or "", fontsize=10)
         ax.set_xlabel("round")
@@ -986,15 +1098,18 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     for ax in axes[:, 0]:
-        ax.set_ylabel("test accuracy (%)" if metric_key == "test_accuracy"
-                      else metric_key + (" (%)" if percent else ""))
+        ax.set_ylabel(
+            "test accuracy (%)"
+            if metric_key == "test_accuracy"
+            else metric_key + (" (%)" if percent else "")
+        )
     if lows:
         pad = 0.03 * max(max(highs) - min(lows), 1.0)
         y0, y1 = min(lows) - pad, max(highs) + pad
         if percent:
             y0, y1 = max(y0, 0.0), min(y1, 100.0)
         axes.flat[0].set_ylim(y0, y1)  # shared by every panel
-    for ax in list(axes.flat)[len(cols):]:
+    for ax in list(axes.flat)[len(cols) :]:
         ax.set_visible(False)
     title = setting_title(groups)
     fig.suptitle((title + ": " if title else "") + "mean ± std over seeds", fontsize=11)
@@ -1068,16 +1183,19 @@ def plot_client_distribution(groups: list[Group], paths: list[Path]) -> list[Pat
     import matplotlib.pyplot as plt
     import numpy as np
 
-    data = {(g.row, g.col): [100 * a for run in g.runs for a in last_client_accuracies(run)]
-            for g in groups}
+    data = {
+        (g.row, g.col): [100 * a for run in g.runs for a in last_client_accuracies(run)]
+        for g in groups
+    }
     if not any(data.values()):
         return []
     cols = list(dict.fromkeys(g.col for g in groups))
     rows = list(dict.fromkeys(g.row for g in groups))
     ncol = min(len(cols), 3)
     nrow = math.ceil(len(cols) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(max(5, 1.4 * len(rows) + 2) * ncol,
-                                                  3.8 * nrow), squeeze=False)
+    fig, axes = plt.subplots(
+        nrow, ncol, figsize=(max(5, 1.4 * len(rows) + 2) * ncol, 3.8 * nrow), squeeze=False
+    )
     rng = np.random.default_rng(0)  # the dots' horizontal jitter only
     for ax, c in zip(axes.flat, cols):
         present = [r for r in rows if data.get((r, c))]
@@ -1088,12 +1206,11 @@ def plot_client_distribution(groups: list[Group], paths: list[Path]) -> list[Pat
                 ax.scatter(i + rng.uniform(-0.15, 0.15, len(v)), v, s=8, alpha=0.5)
                 ax.scatter([i], [float(np.mean(v))], marker="^", color="black", zorder=3)
             ax.set_xticks(range(1, len(present) + 1))
-            ax.set_xticklabels([f"{r}\n(n={len(v)})" for r, v in zip(present, values)],
-                               fontsize=8)
+            ax.set_xticklabels([f"{r}\n(n={len(v)})" for r, v in zip(present, values)], fontsize=8)
         ax.set_title(c or "all runs", fontsize=10)
         ax.set_ylabel("per-client accuracy (%)")
         ax.grid(alpha=0.3, axis="y")
-    for ax in list(axes.flat)[len(cols):]:
+    for ax in list(axes.flat)[len(cols) :]:
         ax.set_visible(False)
     fig.tight_layout()
     _save_figure(fig, paths)

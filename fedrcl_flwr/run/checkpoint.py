@@ -67,8 +67,9 @@ def safe_load(path: Path, what: str = "file"):
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - truncated, foreign or code-carrying files
         one = " ".join(str(exc).split())[:300]
-        raise CheckpointError(f"{path}: not a readable {what} ({type(exc).__name__}: {one})"
-                              ) from None
+        raise CheckpointError(
+            f"{path}: not a readable {what} ({type(exc).__name__}: {one})"
+        ) from None
 
 
 def save_checkpoint(run_dir: Path, state: dict) -> Path:
@@ -85,8 +86,10 @@ def save_checkpoint(run_dir: Path, state: dict) -> Path:
 def load_checkpoint(run_dir: Path) -> dict:
     path = Path(run_dir) / CHECKPOINT_FILE
     if not path.exists():
-        raise CheckpointError(f"no checkpoint in {run_dir} (was output.checkpoint_every "
-                              f"> 0 when the run was started?)")
+        raise CheckpointError(
+            f"no checkpoint in {run_dir} (was output.checkpoint_every "
+            f"> 0 when the run was started?)"
+        )
     state = from_safe(safe_load(path, "checkpoint"))
     if not isinstance(state, dict) or not {"round", "strategy"} <= set(state):
         raise CheckpointError(f"{path}: not a fedrcl-flwr checkpoint (no round/strategy)")

@@ -50,8 +50,7 @@ if TYPE_CHECKING:  # only for annotations (the sweep imports this module)
 # ----------------------------------------------------------------------------- the config
 
 
-def load_experiment(path: str, sets: list[str] | None, out: str | None
-                    ) -> ExperimentConfig:
+def load_experiment(path: str, sets: list[str] | None, out: str | None) -> ExperimentConfig:
     """The experiment of ``path`` with the ``--set`` overrides and ``--out`` applied,
     every key checked, and the method's / strategy's parameters checked against their
     declared contract (:func:`check_components`). ``partition.path`` is made absolute
@@ -96,12 +95,12 @@ def check_output_dir(out_dir: Path, what: str = "output directory") -> None:
             p = p.parent
         is_dir = p.is_dir()
     except OSError as exc:  # e.g. a name longer than the file system allows
-        raise ConfigError(f"{what} {str(out_dir)[:200]}: not a usable path "
-                          f"({exc.strerror or exc})") from None
+        raise ConfigError(
+            f"{what} {str(out_dir)[:200]}: not a usable path ({exc.strerror or exc})"
+        ) from None
     if not is_dir:
         where = "is a file" if p == out_dir else f"is under the file {p}"
-        raise ConfigError(f"{what} {out_dir} {where}; choose another --out / "
-                          "output.dir")
+        raise ConfigError(f"{what} {out_dir} {where}; choose another --out / output.dir")
     if not os.access(p, os.W_OK | os.X_OK):
         raise ConfigError(f"{what} {out_dir}: {p} is not writable")
 
@@ -120,8 +119,9 @@ def check_output_file(path: Path, flag: str, *, create_parent: bool = False) -> 
         if not create_parent and not parent.exists():
             raise ConfigError(f"{flag} {path}: directory {parent} does not exist")
     except OSError as exc:
-        raise ConfigError(f"{flag} {str(path)[:200]}: not a usable path "
-                          f"({exc.strerror or exc})") from None
+        raise ConfigError(
+            f"{flag} {str(path)[:200]}: not a usable path ({exc.strerror or exc})"
+        ) from None
     check_output_dir(parent, f"{flag} {path}: directory")
 
 
@@ -137,20 +137,22 @@ def check_plot_path(path: str) -> None:
     formats = Figure().canvas.get_supported_filetypes()
     ext = p.suffix.lower().lstrip(".")
     if ext not in formats:
-        raise ConfigError(f"--plot {path}: unknown image type {p.suffix or '(none)'!r}; use "
-                          f"one of {', '.join('.' + f for f in sorted(formats))}")
+        raise ConfigError(
+            f"--plot {path}: unknown image type {p.suffix or '(none)'!r}; use "
+            f"one of {', '.join('.' + f for f in sorted(formats))}"
+        )
     try:
         if p.is_dir():
             raise ConfigError(f"--plot {path}: is a directory")
         parent = p.parent if str(p.parent) else Path(".")
         if not parent.is_dir():
             raise ConfigError(f"--plot {path}: directory {parent} does not exist")
-        if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and
-                                                         not os.access(p, os.W_OK)):
+        if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
             raise ConfigError(f"--plot {path}: not writable")
     except OSError as exc:
-        raise ConfigError(f"--plot {str(path)[:200]}: not a usable path "
-                          f"({exc.strerror or exc})") from None
+        raise ConfigError(
+            f"--plot {str(path)[:200]}: not a usable path ({exc.strerror or exc})"
+        ) from None
 
 
 def check_run_dir(out_dir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -164,24 +166,32 @@ def check_run_dir(out_dir: Path, *, resume: bool, overwrite: bool) -> None:
     check_output_dir(out_dir)
     holder = OutputLock.holder(out_dir)
     if holder is not None:
-        raise ConfigError(f"output directory {out_dir} is in use by another run (PID "
-                          f"{holder}); wait for it to end or choose another --out")
+        raise ConfigError(
+            f"output directory {out_dir} is in use by another run (PID "
+            f"{holder}); wait for it to end or choose another --out"
+        )
     if not resume:
-        old = [f for f in RESULT_FILES + RUN_SUBDIRS
-               if (out_dir / f).exists() or (out_dir / f).is_symlink()]
+        old = [
+            f
+            for f in RESULT_FILES + RUN_SUBDIRS
+            if (out_dir / f).exists() or (out_dir / f).is_symlink()
+        ]
         if old and not overwrite:
-            raise ConfigError(f"output directory {out_dir} holds an earlier run "
-                              f"({', '.join(old)}): pass --overwrite to replace it, --resume "
-                              f"{out_dir} to continue it, or choose another --out")
+            raise ConfigError(
+                f"output directory {out_dir} holds an earlier run "
+                f"({', '.join(old)}): pass --overwrite to replace it, --resume "
+                f"{out_dir} to continue it, or choose another --out"
+            )
         why = overwrite_problem(out_dir)
         if why:  # a run writes (and --overwrite clears) only a directory the tool created
-            raise ConfigError(f"output directory {why}" if not overwrite
-                              else f"--overwrite: {why}")
+            raise ConfigError(f"output directory {why}" if not overwrite else f"--overwrite: {why}")
     links = [] if overwrite else linked_run_entries(out_dir)
     if links:  # writing through them would write outside the output directory
-        raise ConfigError(f"output directory {out_dir}: {', '.join(links)} "
-                          f"{'is a link' if len(links) == 1 else 'are links'}; a run writes "
-                          "only inside its directory (remove the link, or --overwrite)")
+        raise ConfigError(
+            f"output directory {out_dir}: {', '.join(links)} "
+            f"{'is a link' if len(links) == 1 else 'are links'}; a run writes "
+            "only inside its directory (remove the link, or --overwrite)"
+        )
 
 
 # ----------------------------------------------------------------------------- resources
@@ -199,25 +209,33 @@ def check_resources(cfg: ExperimentConfig) -> None:
     if cfg.simulation.num_gpus > 0 and not cuda:
         raise ConfigError(
             f"simulation.num_gpus={cfg.simulation.num_gpus} but no CUDA GPU is visible "
-            "on this machine; set simulation.num_gpus=0 (and client.device=cpu)")
+            "on this machine; set simulation.num_gpus=0 (and client.device=cpu)"
+        )
     if cfg.simulation.init_num_gpus and not cuda:
         raise ConfigError(
             f"simulation.init_num_gpus={cfg.simulation.init_num_gpus} but no CUDA GPU is "
-            "visible on this machine; leave it null")
+            "visible on this machine; leave it null"
+        )
     if cfg.client.device == "cuda" and not cuda:
-        raise ConfigError("client.device is 'cuda' but no CUDA device is visible on this "
-                          "machine; use client.device=auto or cpu")
+        raise ConfigError(
+            "client.device is 'cuda' but no CUDA device is visible on this "
+            "machine; use client.device=auto or cpu"
+        )
     if cfg.client.amp == "fp16" and not cuda:
-        raise ConfigError("client.amp is fp16 but no CUDA device is visible on this "
-                          "machine (fp16 training needs CUDA); use client.amp=bf16 or off")
+        raise ConfigError(
+            "client.amp is fp16 but no CUDA device is visible on this "
+            "machine (fp16 training needs CUDA); use client.amp=bf16 or off"
+        )
     from fedrcl_flwr.tracking import check_tracker_environment
 
     check_tracker_environment(cfg)  # W&B's API key, the MLflow server answering
     if cfg.simulation.ray_address:  # the cluster's resources count, not this machine's
         if cfg.simulation.init_num_cpus or cfg.simulation.init_num_gpus is not None:
-            raise ConfigError("simulation.init_num_cpus / init_num_gpus size a private local "
-                              "Ray; with simulation.ray_address the cluster is already sized"
-                              " (leave them null)")
+            raise ConfigError(
+                "simulation.init_num_cpus / init_num_gpus size a private local "
+                "Ray; with simulation.ray_address the cluster is already sized"
+                " (leave them null)"
+            )
         check_ray_address(cfg.simulation.ray_address)
         return
     ncpu = os.cpu_count() or 1
@@ -225,7 +243,8 @@ def check_resources(cfg: ExperimentConfig) -> None:
     if cfg.simulation.num_cpus > cap:
         raise ConfigError(
             f"simulation.num_cpus={cfg.simulation.num_cpus} per client exceeds the "
-            f"{cap} CPUs available to Ray; no client could ever be scheduled")
+            f"{cap} CPUs available to Ray; no client could ever be scheduled"
+        )
 
 
 def check_ray_address(address: str, timeout: float = 3.0) -> None:
@@ -240,21 +259,26 @@ def check_ray_address(address: str, timeout: float = 3.0) -> None:
     if address == "auto":
         return
     host, _, port = address.rpartition(":")
-    hint = ("start the cluster first (ray start --head) or leave the key null for a private "
-            "local Ray")
+    hint = (
+        "start the cluster first (ray start --head) or leave the key null for a private local Ray"
+    )
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
             pass
     except OSError as exc:
-        raise ConfigError(f"simulation.ray_address={address}: no Ray head node answers there "
-                          f"({exc.strerror or exc}); {hint}") from None
+        raise ConfigError(
+            f"simulation.ray_address={address}: no Ray head node answers there "
+            f"({exc.strerror or exc}); {hint}"
+        ) from None
     if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
         return  # a TLS cluster: the handshake would need its certificates (Ray's job)
     why = _ray_gcs_problem(address, timeout)
     if why:
-        raise ConfigError(f"simulation.ray_address={address}: something listens there but "
-                          f"it is not a Ray head node (the Ray handshake failed: {why}); "
-                          f"give the head's GCS address (HOST:6379 by default); {hint}")
+        raise ConfigError(
+            f"simulation.ray_address={address}: something listens there but "
+            f"it is not a Ray head node (the Ray handshake failed: {why}); "
+            f"give the head's GCS address (HOST:6379 by default); {hint}"
+        )
 
 
 def _ray_gcs_problem(address: str, timeout: float) -> str | None:
@@ -302,11 +326,14 @@ def prepare_data(cfg: ExperimentConfig, source: str) -> Path:
     except cache.CacheForeign as exc:
         raise ConfigError(f"{source}: dataset.cache_dir: {exc}") from None
     except MemoryError:
-        raise ConfigError(f"{source}: the dataset does not fit in memory (dataset."
-                          f"name={cfg.dataset.name})") from None
+        raise ConfigError(
+            f"{source}: the dataset does not fit in memory (dataset.name={cfg.dataset.name})"
+        ) from None
     except OSError as exc:
-        raise ConfigError(f"{source}: dataset.cache_dir {root}: cannot write the dataset "
-                          f"cache ({exc.strerror or exc})") from None
+        raise ConfigError(
+            f"{source}: dataset.cache_dir {root}: cannot write the dataset "
+            f"cache ({exc.strerror or exc})"
+        ) from None
 
 
 def check_split(cfg: ExperimentConfig, label: str) -> list:
@@ -336,8 +363,9 @@ def check_model(cfg: ExperimentConfig, label: str, *, on_data: bool = False) -> 
 # ----------------------------------------------------------------------------- per command
 
 
-def before_run(cfg: ExperimentConfig, source: str, out_dir: Path, *, resume: bool,
-               overwrite: bool) -> Path:
+def before_run(
+    cfg: ExperimentConfig, source: str, out_dir: Path, *, resume: bool, overwrite: bool
+) -> Path:
     """Everything ``run`` checks before it writes a file, in order (module docstring);
     returns the dataset cache entry it prepared. Every dataset (synthetic included) is
     prepared into the dataset cache and split here, before any Flower process starts: a
@@ -369,8 +397,9 @@ def before_sweep(runs: list[PlannedRun], out_dir: Path) -> None:
     check_pending_runs(runs, frozenset(earlier_runs(runs, out_dir)[0]))
 
 
-def before_partition(experiment: str, sets: list[str] | None, plot: str | None,
-                     save: str | None) -> tuple[ExperimentConfig, Any, list]:
+def before_partition(
+    experiment: str, sets: list[str] | None, plot: str | None, save: str | None
+) -> tuple[ExperimentConfig, Any, list]:
     """Everything ``partition`` checks before it prints or writes: the ``--plot`` and
     ``--save`` files, the config, the dataset and the split. Returns the config, the
     dataset and the clients' partitions."""
@@ -403,19 +432,24 @@ def check_existing(runs: list[PlannedRun]) -> None:
         if not cfg_file.exists():
             held = [f for f in RESULT_FILES if (run.out_dir / f).exists()]
             if held:
-                raise ConfigError(f"{run.out_dir} holds {', '.join(held)} but no "
-                                  f"{CONFIG_FILE}: it cannot be shown to be run "
-                                  f"'{run.name}' of this sweep; move it away or use "
-                                  "another --out")
+                raise ConfigError(
+                    f"{run.out_dir} holds {', '.join(held)} but no "
+                    f"{CONFIG_FILE}: it cannot be shown to be run "
+                    f"'{run.name}' of this sweep; move it away or use "
+                    "another --out"
+                )
             continue
         try:
             there = config_from_dict(read_yaml(cfg_file), str(cfg_file))
         except ConfigError as exc:
-            raise ConfigError(f"{cfg_file}: unreadable run config ({exc}); remove the "
-                              "directory to rerun it") from None
+            raise ConfigError(
+                f"{cfg_file}: unreadable run config ({exc}); remove the directory to rerun it"
+            ) from None
         if experiment_hash(there) != experiment_hash(run.cfg):
-            raise ConfigError(f"{run.out_dir} holds a different experiment than the sweep "
-                              f"plans for run '{run.name}'; remove it or use another --out")
+            raise ConfigError(
+                f"{run.out_dir} holds a different experiment than the sweep "
+                f"plans for run '{run.name}'; remove it or use another --out"
+            )
 
 
 def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
@@ -432,14 +466,18 @@ def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
     check_output_dir(out_dir)
     holder = OutputLock.holder(out_dir)
     if holder is not None:
-        raise ConfigError(f"sweep directory {out_dir} is in use by another sweep or run (PID "
-                          f"{holder}); wait for it to end or choose another --out")
+        raise ConfigError(
+            f"sweep directory {out_dir} is in use by another sweep or run (PID "
+            f"{holder}); wait for it to end or choose another --out"
+        )
     for run in runs:
         d = run.out_dir
         holder = OutputLock.holder(d) if d.is_dir() and not d.is_symlink() else None
         if holder is not None:
-            raise ConfigError(f"run '{run.name}': {d} is in use by another run (PID "
-                              f"{holder}); wait for it to end or choose another --out")
+            raise ConfigError(
+                f"run '{run.name}': {d} is in use by another run (PID "
+                f"{holder}); wait for it to end or choose another --out"
+            )
     check_existing(runs)
     _check_sweep_entries(out_dir)
     for run in runs:
@@ -452,13 +490,17 @@ def _check_sweep_entries(out_dir: Path) -> None:
     for sub in (SWEEP_CONFIGS_DIR, SWEEP_LOGS_DIR):
         p = out_dir / sub
         if p.is_symlink() or (p.exists() and not p.is_dir()):
-            raise ConfigError(f"{p} must be the sweep's own directory (it is a link or a "
-                              "file); move it away or choose another --out")
+            raise ConfigError(
+                f"{p} must be the sweep's own directory (it is a link or a "
+                "file); move it away or choose another --out"
+            )
     for name in (SWEEP_STATUS_FILE, LOCK_FILE):
         p = out_dir / name
         if p.is_symlink() or (p.exists() and not p.is_file()):
-            raise ConfigError(f"{p} must be a regular file (it is a link or a directory); "
-                              "move it away or choose another --out")
+            raise ConfigError(
+                f"{p} must be a regular file (it is a link or a directory); "
+                "move it away or choose another --out"
+            )
 
 
 def _check_run_entries(run: PlannedRun, out_dir: Path) -> None:
@@ -469,12 +511,16 @@ def _check_run_entries(run: PlannedRun, out_dir: Path) -> None:
 
     for p in (sweep_config_path(out_dir, run.name), sweep_log_path(out_dir, run.name)):
         if p.is_symlink() or (p.exists() and not p.is_file()):
-            raise ConfigError(f"{p} must be a regular file written by the sweep (it is "
-                              "a link or a directory); move it away")
+            raise ConfigError(
+                f"{p} must be a regular file written by the sweep (it is "
+                "a link or a directory); move it away"
+            )
     d = run.out_dir
     if d.is_symlink() or (d.exists() and not d.is_dir()):
-        raise ConfigError(f"run '{run.name}': {d} is a link or a file, not a run "
-                          "directory; move it away or choose another --out")
+        raise ConfigError(
+            f"run '{run.name}': {d} is a link or a file, not a run "
+            "directory; move it away or choose another --out"
+        )
     if d.exists() and run.state() == "new":
         why = overwrite_problem(d)
         if why:

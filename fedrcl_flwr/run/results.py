@@ -84,16 +84,20 @@ def overwrite_problem(out_dir: Path) -> str | None:
     if not present:
         return None
     if not has_marker(out_dir, "run"):
-        return (f"{out_dir} holds {', '.join(p.name for p in present[:4])} but was not "
-                f"created by fedrcl-flwr (no {MARKER_FILE} marker); nothing there is "
-                "removed: move those files away yourself or choose another --out")
+        return (
+            f"{out_dir} holds {', '.join(p.name for p in present[:4])} but was not "
+            f"created by fedrcl-flwr (no {MARKER_FILE} marker); nothing there is "
+            "removed: move those files away yourself or choose another --out"
+        )
     for p in files:
         if p.exists() and not p.is_symlink() and not p.is_file():
             return f"{p} is not a regular file; remove it yourself or choose another --out"
     for d in dirs:
         if (d.exists() or d.is_symlink()) and not has_marker(d, d.name):
-            return (f"{d} was not created by fedrcl-flwr (a link, a file, or no "
-                    f"{MARKER_FILE} marker); remove it yourself or choose another --out")
+            return (
+                f"{d} was not created by fedrcl-flwr (a link, a file, or no "
+                f"{MARKER_FILE} marker); remove it yourself or choose another --out"
+            )
     return None
 
 
@@ -154,9 +158,11 @@ def shows_ema(report_metric: str) -> bool:
 def ema_note(factor: float, report_metric: str) -> str:
     """What ``ema`` on the progress lines is, printed once before them."""
     lag = 1.0 / (1.0 - factor) if factor < 1 else float("inf")
-    return (f"'ema' is the reported metric ({report_metric}): EMA_t = {factor:g}·EMA_(t-1) + "
-            f"{1 - factor:g}·acc_t from EMA_1 = acc_1, the exponential moving average "
-            f"FedRCL reports; it trails 'acc' by about {lag:.0f} rounds")
+    return (
+        f"'ema' is the reported metric ({report_metric}): EMA_t = {factor:g}·EMA_(t-1) + "
+        f"{1 - factor:g}·acc_t from EMA_1 = acc_1, the exponential moving average "
+        f"FedRCL reports; it trails 'acc' by about {lag:.0f} rounds"
+    )
 
 
 def format_round_line(rec: dict, total_rounds: int, show_ema: bool = False) -> str:
@@ -175,8 +181,10 @@ def format_round_line(rec: dict, total_rounds: int, show_ema: bool = False) -> s
         eps = rec.get("dp_epsilon")
         parts.append(f"eps {eps:.2f}" if eps is not None else "eps inf")
     if rec.get("client_acc_mean") is not None:  # per-client evaluation (client_eval.py)
-        parts.append(f"clients' acc {100 * rec['client_acc_mean']:.2f}% (worst 10% "
-                     f"{100 * rec['client_acc_worst10']:.2f}%)")
+        parts.append(
+            f"clients' acc {100 * rec['client_acc_mean']:.2f}% (worst 10% "
+            f"{100 * rec['client_acc_worst10']:.2f}%)"
+        )
     parts.append(f"clients {rec.get('num_clients', 0)}")
     if rec.get("dropped"):  # unreliable clients (availability.py)
         parts.append(f"dropped {rec['dropped']}")
@@ -206,9 +214,18 @@ def last_k_per_domain(evaluated: list[dict], k: int = LAST_K) -> dict:
 class RunRecorder:
     """Appends round records, writes the summary, plot and model at the end."""
 
-    def __init__(self, out_dir: Path, *, method: str, strategy: str, rounds: int,
-                 target_rounds: Iterable[int] = (), start_time: float | None = None,
-                 elapsed_before: float = 0.0, report_metric: str = "final"):
+    def __init__(
+        self,
+        out_dir: Path,
+        *,
+        method: str,
+        strategy: str,
+        rounds: int,
+        target_rounds: Iterable[int] = (),
+        start_time: float | None = None,
+        elapsed_before: float = 0.0,
+        report_metric: str = "final",
+    ):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.method = method
@@ -230,8 +247,7 @@ class RunRecorder:
     def load_existing(self, up_to_round: int) -> None:
         """Resume: keep records up to ``up_to_round`` and truncate the file to them."""
         self.records = [r for r in read_metrics(self.out_dir) if r["round"] <= up_to_round]
-        atomic_write_text(self.metrics_path,
-                          "".join(json.dumps(r) + "\n" for r in self.records))
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in self.records))
 
     def append(self, record: dict) -> dict:
         record = _clean(record)
@@ -272,8 +288,9 @@ class RunRecorder:
             "report_metric": self.report_metric,
             "wall_time_s": round(self.wall_time(), 3),
         }
-        private = [r for r in self.records if r.get("dp_epsilon", None) is not None
-                   or "dp_delta" in r]
+        private = [
+            r for r in self.records if r.get("dp_epsilon", None) is not None or "dp_delta" in r
+        ]
         if private:  # privacy.dp: the budget spent by the end of the run (privacy.py)
             out["dp_epsilon"] = private[-1].get("dp_epsilon")
             out["dp_delta"] = private[-1].get("dp_delta")
@@ -294,11 +311,14 @@ class RunRecorder:
             tmp = self.out_dir / (MODEL_FILE + TMP_SUFFIX)
             torch.save(model_state, tmp)
             os.replace(tmp, self.out_dir / MODEL_FILE)
-        plot_accuracy(self.records, self.out_dir / PLOT_FILE,
-                      title=f"{self.method} + {self.strategy}")
+        plot_accuracy(
+            self.records, self.out_dir / PLOT_FILE, title=f"{self.method} + {self.strategy}"
+        )
         if before_summary is not None:
-            before_summary(summary, sorted(p for p in self.out_dir.glob("*.png")
-                                           if not p.name.endswith(".tmp.png")))
+            before_summary(
+                summary,
+                sorted(p for p in self.out_dir.glob("*.png") if not p.name.endswith(".tmp.png")),
+            )
         atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         return summary
 
@@ -373,8 +393,11 @@ def plot_accuracy(records: list[dict], path: Path, title: str = "") -> None:
     if rs:
         x = [r["round"] for r in rs]
         ax.plot(x, [100 * r["test_accuracy"] for r in rs], label="test accuracy", alpha=0.6)
-        ax.plot(x, [100 * r["ema_accuracy"] for r in rs],
-                label="EMA accuracy (moving average: trails the test accuracy)")
+        ax.plot(
+            x,
+            [100 * r["ema_accuracy"] for r in rs],
+            label="EMA accuracy (moving average: trails the test accuracy)",
+        )
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy (%)")
     ax.set_title(title)
@@ -403,14 +426,21 @@ def report_table(run_dirs: list[Path]) -> str:
     def pct(v):
         return "-" if v is None else f"{100 * v:.2f}"
 
-    header = ["run", "method", "strategy"] + [f"EMA@{t}" for t in tcols] + [
-        "EMA final", "final acc", "rounds", "time (s)"]
+    header = (
+        ["run", "method", "strategy"]
+        + [f"EMA@{t}" for t in tcols]
+        + ["EMA final", "final acc", "rounds", "time (s)"]
+    )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, s in rows:
         at = s.get("accuracy_at") or {}
         cells = [name, str(s.get("method")), str(s.get("strategy"))]
         cells += [pct(at.get(t)) for t in tcols]
-        cells += [pct(s.get("ema_accuracy")), pct(s.get("final_accuracy")),
-                  str(s.get("rounds")), f"{s.get('wall_time_s', 0):.0f}"]
+        cells += [
+            pct(s.get("ema_accuracy")),
+            pct(s.get("final_accuracy")),
+            str(s.get("rounds")),
+            f"{s.get('wall_time_s', 0):.0f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

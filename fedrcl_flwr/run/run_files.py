@@ -50,8 +50,17 @@ LOCK_FILE = ".fedrcl-flwr.lock"
 
 # what a run writes into its output directory (``run --overwrite`` removes exactly these,
 # their temporary siblings and RUN_SUBDIRS, in a directory carrying the run marker)
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, MODEL_FILE, PLOT_FILE,
-             CHECKPOINT_FILE, RUN_LOG, FLOWER_LOG, TRACKER_STATE_FILE)
+RUN_FILES = (
+    CONFIG_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    MODEL_FILE,
+    PLOT_FILE,
+    CHECKPOINT_FILE,
+    RUN_LOG,
+    FLOWER_LOG,
+    TRACKER_STATE_FILE,
+)
 # the files that make a directory "hold an earlier run"
 RESULT_FILES = (METRICS_FILE, SUMMARY_FILE, MODEL_FILE, CHECKPOINT_FILE)
 # directories a run writes (trackers' local files; an MLflow store is left alone)

@@ -144,8 +144,9 @@ def client_partitions(cfg: ExperimentConfig) -> list:
     return WORKER.get("partitions", key, lambda: _partition(cfg, *key))
 
 
-def _partition(cfg: ExperimentConfig, dataset_key: str, partition_key: str,
-               num_clients: int, seed: int) -> list:
+def _partition(
+    cfg: ExperimentConfig, dataset_key: str, partition_key: str, num_clients: int, seed: int
+) -> list:
     from fedrcl_flwr.data import cache
     from fedrcl_flwr.data.partition import partition
 
@@ -154,19 +155,27 @@ def _partition(cfg: ExperimentConfig, dataset_key: str, partition_key: str,
 
     def compute():
         return partition(
-            bundle.train_labels, num_clients, p["scheme"], alpha=p["alpha"],
-            balanced=p["balanced"], shards_per_client=p["shards_per_client"],
-            min_size=p["min_size"], domains=bundle.train_domains,
+            bundle.train_labels,
+            num_clients,
+            p["scheme"],
+            alpha=p["alpha"],
+            balanced=p["balanced"],
+            shards_per_client=p["shards_per_client"],
+            min_size=p["min_size"],
+            domains=bundle.train_domains,
             domains_per_client=p["domains_per_client"],
             samples_per_class=p.get("samples_per_class"),
-            seed=seed if p["seed"] is None else p["seed"], path=p["path"],
-            generator=p.get("generator"), num_classes=bundle.num_classes,
+            seed=seed if p["seed"] is None else p["seed"],
+            path=p["path"],
+            generator=p.get("generator"),
+            num_classes=bundle.num_classes,
         )
 
     if p["path"]:  # a split file: read, nothing drawn
         return compute()
-    return cache.load_partition(entry, [dataset_key, partition_key, num_clients, seed],
-                                num_clients, compute)
+    return cache.load_partition(
+        entry, [dataset_key, partition_key, num_clients, seed], num_clients, compute
+    )
 
 
 def set_node_name(name: str) -> None:
@@ -195,9 +204,13 @@ def pick_device(name: str = "auto") -> torch.device:
 
 
 def new_model(cfg: ExperimentConfig, bundle) -> nn.Module:
-    model = build_model(cfg.model.name, num_classes=cfg.model.num_classes or bundle.num_classes,
-                        in_channels=bundle.in_channels, image_size=bundle.image_size,
-                        params=cfg.model.params)
+    model = build_model(
+        cfg.model.name,
+        num_classes=cfg.model.num_classes or bundle.num_classes,
+        in_channels=bundle.in_channels,
+        image_size=bundle.image_size,
+        params=cfg.model.params,
+    )
     if cfg.model.init == "pytorch":
         from fedrcl_flwr.models import reset_to_pytorch_default
 
@@ -249,8 +262,13 @@ def _build_probe(name: str, params_key: str, classes: int, channels: int, size: 
     """``(model, None)``, or ``(None, the exception that stopped it)``."""
     try:
         with torch.random.fork_rng(devices=[]):
-            model = build_model(name, num_classes=classes, in_channels=channels,
-                                image_size=size, params=json.loads(params_key))
+            model = build_model(
+                name,
+                num_classes=classes,
+                in_channels=channels,
+                image_size=size,
+                params=json.loads(params_key),
+            )
     except Exception as exc:  # noqa: BLE001 - see probe_model
         return None, exc
     # a plain attribute; nn.Module.__getattr__'s declared type (Tensor | Module) is not it
@@ -265,17 +283,24 @@ def initial_model(cfg: ExperimentConfig, bundle) -> nn.Module:
         return new_model(cfg, bundle)
 
 
-def worker_model(cfg: ExperimentConfig, bundle, device: torch.device,
-                 slot: str = "local") -> nn.Module:
+def worker_model(
+    cfg: ExperimentConfig, bundle, device: torch.device, slot: str = "local"
+) -> nn.Module:
     """One model instance per ``slot`` and process, re-used by every virtual client it
     serves: ``local`` is the model a client trains; other slots are second instances
     (the frozen global / previous models of FedNTD, FitNet, MOON, FedMLB; see
     ``FederatedClient.frozen_model``), so a process holds one model per slot whatever the
     number of clients. Building one does not consume the caller's RNG (a client's
     randomness must not depend on whether its process had built the model already)."""
-    key = (cfg.model.name, _key(cfg.model.params), cfg.model.num_classes, bundle.num_classes,
-           bundle.in_channels,
-           bundle.image_size, str(device))
+    key = (
+        cfg.model.name,
+        _key(cfg.model.params),
+        cfg.model.num_classes,
+        bundle.num_classes,
+        bundle.in_channels,
+        bundle.image_size,
+        str(device),
+    )
     with WORKER._lock:
         if WORKER.models[0] != key:  # a new configuration empties the pool
             WORKER.models = (key, {})
@@ -307,8 +332,9 @@ def set_weights(model: nn.Module, weights: list[np.ndarray]) -> None:
     new = {}
     for (k, v), w in zip(sd.items(), weights):
         if tuple(v.shape) != tuple(np.shape(w)):
-            raise ValueError(f"shape mismatch for '{k}': model {tuple(v.shape)} vs "
-                             f"received {tuple(np.shape(w))}")
+            raise ValueError(
+                f"shape mismatch for '{k}': model {tuple(v.shape)} vs received {tuple(np.shape(w))}"
+            )
         new[k] = constant_tensor(np.asarray(w), dtype=v.dtype)
     model.load_state_dict(new, strict=True)
 
@@ -337,8 +363,9 @@ def sample_partitions(seed: int, server_round: int, num_clients: int, k: int) ->
     return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
 
 
-def make_batches(dataset, indices: np.ndarray, batch_size: int, seed: int,
-                 device: torch.device | None = None):
+def make_batches(
+    dataset, indices: np.ndarray, batch_size: int, seed: int, device: torch.device | None = None
+):
     """``batches(epoch)`` for :func:`fedrcl_flwr.training.train_local`: the shuffled,
     augmented batches of :func:`fedrcl_flwr.data.datasets.iterate_batches`, with a
     generator seeded with ``(seed, epoch)`` only (the permutation and the augmentation

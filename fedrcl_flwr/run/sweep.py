@@ -129,8 +129,10 @@ class PlannedRun:
         """The run's directory (``<sweep out>/<name>``); every run ``plan_sweep``
         returns is placed."""
         if self.placed_dir is None:
-            raise RuntimeError(f"sweep run {self.name!r} has no directory yet (_place_runs "
-                               "gives each planned run one)")
+            raise RuntimeError(
+                f"sweep run {self.name!r} has no directory yet (_place_runs "
+                "gives each planned run one)"
+            )
         return self.placed_dir
 
     @out_dir.setter
@@ -171,10 +173,16 @@ def experiment_hash(cfg: ExperimentConfig) -> str:
 
     skip = ("name", "label", "output", "simulation", "reference", "dataset.cache_dir")
     defaults = flat(to_dict(ExperimentConfig()))
-    mine = {k: v for k, v in flat(to_dict(cfg)).items()
-            if not any(k == s or k.startswith(s + ".") for s in skip)
-            and (k not in defaults or json.dumps(defaults[k], sort_keys=True, default=str)
-                 != json.dumps(v, sort_keys=True, default=str))}
+    mine = {
+        k: v
+        for k, v in flat(to_dict(cfg)).items()
+        if not any(k == s or k.startswith(s + ".") for s in skip)
+        and (
+            k not in defaults
+            or json.dumps(defaults[k], sort_keys=True, default=str)
+            != json.dumps(v, sort_keys=True, default=str)
+        )
+    }
     text = json.dumps(mine, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
@@ -186,8 +194,9 @@ def run_name(cfg: ExperimentConfig) -> str:
     seed to a sweep leaves every earlier run's name, and so its results, in place."""
     from fedrcl_flwr.report.tables import method_label
 
-    what = cfg.label or method_label({"client": {"method": cfg.client.method},
-                                      "server": {"strategy": cfg.server.strategy}})
+    what = cfg.label or method_label(
+        {"client": {"method": cfg.client.method}, "server": {"strategy": cfg.server.strategy}}
+    )
     return f"{_fmt_value(what)}_seed={cfg.seed}_{experiment_hash(cfg)}"
 
 
@@ -229,11 +238,13 @@ def _resolve_base(text: Any, sweep_path: Path) -> Path:
     if not isinstance(text, str) or not text:
         raise ConfigError(f"{sweep_path}: 'base' must be a YAML path or a list of them")
     p = Path(text).expanduser()
-    for cand in ([p] if p.is_absolute() else [sweep_path.parent / p, Path.cwd() / p]):
+    for cand in [p] if p.is_absolute() else [sweep_path.parent / p, Path.cwd() / p]:
         if cand.is_file():
             return cand.resolve()
-    raise ConfigError(f"{sweep_path}: base experiment '{text}' not found (relative to the "
-                      "sweep file or the working directory)")
+    raise ConfigError(
+        f"{sweep_path}: base experiment '{text}' not found (relative to the "
+        "sweep file or the working directory)"
+    )
 
 
 @dataclass
@@ -255,20 +266,28 @@ class SweepSpec:
 
     def variant_keys(self) -> list[tuple[str, list[str]]]:
         """``(where, keys)`` of each variant (``label`` is not a key)."""
-        return [(f"variants[{i}]", [k for k in v if k != "label"])
-                for i, v in enumerate(self.variants)]
+        return [
+            (f"variants[{i}]", [k for k in v if k != "label"]) for i, v in enumerate(self.variants)
+        ]
 
     def size(self) -> int:
-        n = len(self.bases) * len(self.variants) * (len(self.seeds) if self.seeds is not None
-                                                    else 1)
+        n = (
+            len(self.bases)
+            * len(self.variants)
+            * (len(self.seeds) if self.seeds is not None else 1)
+        )
         for vs in self.grid.values():
             n *= len(vs)
         return n
 
 
-def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
-               sets: list[str] | None = None, *, check_components: bool = True
-               ) -> tuple[list[PlannedRun], Path]:
+def plan_sweep(
+    sweep_path: str | Path,
+    out: str | Path | None = None,
+    sets: list[str] | None = None,
+    *,
+    check_components: bool = True,
+) -> tuple[list[PlannedRun], Path]:
     """Expand and validate a sweep file; returns the runs and the output directory.
     Steps: read and check the file (:func:`read_sweep_spec`), refuse a key set in two
     places, a plan over :data:`MAX_SWEEP_RUNS` runs and a ``--set`` of a key the sweep
@@ -277,8 +296,10 @@ def plan_sweep(sweep_path: str | Path, out: str | Path | None = None,
     spec = read_sweep_spec(Path(sweep_path))
     _check_one_place_per_key(spec)
     if spec.size() > MAX_SWEEP_RUNS:
-        raise ConfigError(f"{spec.src}: plans {spec.size()} runs (bases x variants x grid x "
-                          f"seeds), more than {MAX_SWEEP_RUNS}; split it into several sweeps")
+        raise ConfigError(
+            f"{spec.src}: plans {spec.size()} runs (bases x variants x grid x "
+            f"seeds), more than {MAX_SWEEP_RUNS}; split it into several sweeps"
+        )
     cli_sets = _cli_sets(spec, sets)
     _check_sweep_name(spec)
     out_dir = Path(out) if out else Path("runs") / "sweeps" / str(spec.name)
@@ -297,8 +318,9 @@ def read_sweep_spec(sweep_path: Path) -> SweepSpec:
     src = str(sweep_path)
     unknown = sorted(set(spec) - set(SWEEP_KEYS))
     if unknown:
-        raise ConfigError(f"{src}: unknown sweep key '{unknown[0]}' (allowed: "
-                          f"{', '.join(SWEEP_KEYS)})")
+        raise ConfigError(
+            f"{src}: unknown sweep key '{unknown[0]}' (allowed: {', '.join(SWEEP_KEYS)})"
+        )
     if "base" not in spec:
         raise ConfigError(f"{src}: 'base' (the experiment YAML) is required")
     bases_raw = spec["base"] if isinstance(spec["base"], list) else [spec["base"]]
@@ -313,13 +335,22 @@ def read_sweep_spec(sweep_path: Path) -> SweepSpec:
     seeds = spec.get("seeds")
     if seeds is not None:
         seeds = _as_list(seeds, "seeds", src)
-        if not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32
-                   for s in seeds):
+        if not all(
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32 for s in seeds
+        ):
             raise ConfigError(f"{src}: 'seeds' must be a list of integers in [0, 2**32)")
         if len(set(seeds)) != len(seeds):
             raise ConfigError(f"{src}: 'seeds' lists a seed twice")
-    return SweepSpec(sweep_path, bases, grid, fixed, variants, seeds,
-                     spec["name"] if "name" in spec else sweep_path.stem, "name" in spec)
+    return SweepSpec(
+        sweep_path,
+        bases,
+        grid,
+        fixed,
+        variants,
+        seeds,
+        spec["name"] if "name" in spec else sweep_path.stem,
+        "name" in spec,
+    )
 
 
 def _variants(variants: Any, src: str) -> list[dict]:
@@ -333,11 +364,16 @@ def _variants(variants: Any, src: str) -> list[dict]:
         _mapping(v, f"variants[{i}]", src)
         if "label" in v:
             label = v["label"]
-            why = "must be a string" if not isinstance(label, (str, int)) or isinstance(
-                label, bool) else run_name_problem(str(label), MAX_NAME_BYTES)
+            why = (
+                "must be a string"
+                if not isinstance(label, (str, int)) or isinstance(label, bool)
+                else run_name_problem(str(label), MAX_NAME_BYTES)
+            )
             if why:
-                raise ConfigError(f"{src}: variants[{i}].label {why} (it names run "
-                                  f"directories), got {_shorten(label)}")
+                raise ConfigError(
+                    f"{src}: variants[{i}].label {why} (it names run "
+                    f"directories), got {_shorten(label)}"
+                )
     return variants
 
 
@@ -349,22 +385,27 @@ def _check_one_place_per_key(spec: SweepSpec) -> None:
         for vk in keys:
             for gk in grid:
                 if _overlaps(vk, gk):
-                    raise ConfigError(f"{src}: 'grid.{gk}' and {where} '{vk}' set the "
-                                      "same key (the grid would silently win); vary it in "
-                                      "one place only")
+                    raise ConfigError(
+                        f"{src}: 'grid.{gk}' and {where} '{vk}' set the "
+                        "same key (the grid would silently win); vary it in "
+                        "one place only"
+                    )
     for fk in spec.fixed:
         for where, keys in [("grid", list(grid))] + spec.variant_keys():
             hit = next((k for k in keys if _overlaps(fk, k)), None)
             if hit is not None:
-                raise ConfigError(f"{src}: 'set.{fk}' and {where} '{hit}' set the same key "
-                                  f"('set' is for what every run shares; the {where.split('[')[0]}"
-                                  " would silently win); keep it in one place")
+                raise ConfigError(
+                    f"{src}: 'set.{fk}' and {where} '{hit}' set the same key "
+                    f"('set' is for what every run shares; the {where.split('[')[0]}"
+                    " would silently win); keep it in one place"
+                )
     if spec.seeds is not None:
-        for where, keys in [("grid", list(grid)), ("set", list(spec.fixed))] + \
-                spec.variant_keys():
+        for where, keys in [("grid", list(grid)), ("set", list(spec.fixed))] + spec.variant_keys():
             if any(_overlaps(k, "seed") for k in keys):
-                raise ConfigError(f"{src}: {where} sets 'seed' and 'seeds' is given (seeds "
-                                  "would silently win); use one of them")
+                raise ConfigError(
+                    f"{src}: {where} sets 'seed' and 'seeds' is given (seeds "
+                    "would silently win); use one of them"
+                )
 
 
 def _cli_sets(spec: SweepSpec, sets: list[str] | None) -> list[tuple[str, Any]]:
@@ -375,8 +416,10 @@ def _cli_sets(spec: SweepSpec, sets: list[str] | None) -> list[tuple[str, Any]]:
         varying_keys.add("seed")
     for k, _ in cli_sets:
         if any(_overlaps(k, vk) for vk in varying_keys):
-            raise ConfigError(f"--set {k}: the sweep {spec.src} varies this key (grid/"
-                              "variants/seeds); edit the sweep file instead")
+            raise ConfigError(
+                f"--set {k}: the sweep {spec.src} varies this key (grid/"
+                "variants/seeds); edit the sweep file instead"
+            )
     return cli_sets
 
 
@@ -386,10 +429,14 @@ def _check_sweep_name(spec: SweepSpec) -> None:
     if not why:
         return
     if spec.named_in_file:
-        raise ConfigError(f"{spec.src}: 'name' {why} (it names the sweep's directory and "
-                          f"runs), got {_shorten(spec.name)}")
-    raise ConfigError(f"{spec.src}: the file's name {why}, got {_shorten(spec.name)}; "
-                      "set 'name' in the sweep file")
+        raise ConfigError(
+            f"{spec.src}: 'name' {why} (it names the sweep's directory and "
+            f"runs), got {_shorten(spec.name)}"
+        )
+    raise ConfigError(
+        f"{spec.src}: the file's name {why}, got {_shorten(spec.name)}; "
+        "set 'name' in the sweep file"
+    )
 
 
 def _expand(spec: SweepSpec, cli_sets: list, check_components: bool) -> list[PlannedRun]:
@@ -397,8 +444,7 @@ def _expand(spec: SweepSpec, cli_sets: list, check_components: bool) -> list[Pla
     ``set``, the variant, the grid point, the seed and ``--set`` applied, checked as a
     config (and, with ``check_components``, against the method's contract)."""
     grid_keys = list(spec.grid)
-    combos = list(itertools.product(*[spec.grid[k] for k in grid_keys])) if grid_keys \
-        else [()]
+    combos = list(itertools.product(*[spec.grid[k] for k in grid_keys])) if grid_keys else [()]
     runs: list[PlannedRun] = []
     fixed_items = list(spec.fixed.items())
     for base in spec.bases:
@@ -406,7 +452,7 @@ def _expand(spec: SweepSpec, cli_sets: list, check_components: bool) -> list[Pla
         for variant in spec.variants:
             vitems = [(k, v) for k, v in variant.items() if k != "label"]
             for combo in combos:
-                for seed in (spec.seeds if spec.seeds is not None else [None]):
+                for seed in spec.seeds if spec.seeds is not None else [None]:
                     ov = fixed_items + vitems + list(zip(grid_keys, combo))
                     if seed is not None:
                         ov.append(("seed", seed))
@@ -434,19 +480,24 @@ def _place_runs(runs: list[PlannedRun], spec: SweepSpec, out_dir: Path) -> None:
     for run in runs:
         why = run_name_problem(run.name)
         if why:
-            raise ConfigError(f"{spec.src}: run {run.index + 1}'s directory name {why}, got "
-                              f"{_shorten(run.name)}; give the variants short labels")
+            raise ConfigError(
+                f"{spec.src}: run {run.index + 1}'s directory name {why}, got "
+                f"{_shorten(run.name)}; give the variants short labels"
+            )
         same = experiment_hash(run.cfg)
         if same in seen:
-            raise ConfigError(f"{spec.src}: runs {seen[same] + 1} and {run.index + 1} are "
-                              f"the same experiment ('{run.name}': they differ at most in "
-                              "name, label, output, simulation or reference, which do not "
-                              "change what a run computes); remove the duplicate")
+            raise ConfigError(
+                f"{spec.src}: runs {seen[same] + 1} and {run.index + 1} are "
+                f"the same experiment ('{run.name}': they differ at most in "
+                "name, label, output, simulation or reference, which do not "
+                "change what a run computes); remove the duplicate"
+            )
         seen[same] = run.index
         run.out_dir = out_dir / run.name
         run.cfg.output.dir = str(run.out_dir)
         if run.cfg.output.tracker_group is None and {"wandb", "mlflow"} & set(
-                run.cfg.output.tracker):  # the sweep groups its runs in W&B / MLflow
+            run.cfg.output.tracker
+        ):  # the sweep groups its runs in W&B / MLflow
             run.cfg.output.tracker_group = str(spec.name)
         if run.cfg.output.checkpoint_every < 1:
             run.cfg.output.checkpoint_every = 1  # resumable from round 1 on
@@ -474,24 +525,36 @@ def earlier_runs(runs: list[PlannedRun], out_dir: Path) -> tuple[dict, list]:
     if not out_dir.is_dir():
         return found, others
     for d in sorted(out_dir.iterdir()):
-        if d.is_symlink() or not d.is_dir() or d.name in planned \
-                or d.name in (CONFIGS_DIR, LOGS_DIR) or not (d / CONFIG_FILE).is_file():
+        if (
+            d.is_symlink()
+            or not d.is_dir()
+            or d.name in planned
+            or d.name in (CONFIGS_DIR, LOGS_DIR)
+            or not (d / CONFIG_FILE).is_file()
+        ):
             continue  # (a link is never taken over: writing into it would leave --out)
         try:
-            run = by_hash.get(experiment_hash(config_from_dict(read_yaml(d / CONFIG_FILE),
-                                                               str(d / CONFIG_FILE))))
+            run = by_hash.get(
+                experiment_hash(config_from_dict(read_yaml(d / CONFIG_FILE), str(d / CONFIG_FILE)))
+            )
         except ConfigError:
             run = None
-        if run is None or run.index in found or run.out_dir.exists() \
-                or _dir_state(d) == "new" or OutputLock.holder(d) is not None:
+        if (
+            run is None
+            or run.index in found
+            or run.out_dir.exists()
+            or _dir_state(d) == "new"
+            or OutputLock.holder(d) is not None
+        ):
             others.append(d)
         else:
             found[run.index] = d
     return found, others
 
 
-def take_over_earlier_runs(runs: list[PlannedRun], out_dir: Path, *,
-                           dry_run: bool = False) -> list[str]:
+def take_over_earlier_runs(
+    runs: list[PlannedRun], out_dir: Path, *, dry_run: bool = False
+) -> list[str]:
     """Move each directory :func:`earlier_runs` matched to its planned name (a rename in
     ``out_dir``: nothing is deleted or recomputed), with its log, and its ``config.yaml``
     rewritten as planned (the same experiment: only its name, label and paths change).
@@ -500,8 +563,10 @@ def take_over_earlier_runs(runs: list[PlannedRun], out_dir: Path, *,
     lines = []
     for index, d in sorted(found.items()):
         run = runs[index]
-        lines.append(f"{d.name}: holds run {index + 1} ({_dir_state(d)}), "
-                     f"{'to be ' if dry_run else ''}renamed {run.name}")
+        lines.append(
+            f"{d.name}: holds run {index + 1} ({_dir_state(d)}), "
+            f"{'to be ' if dry_run else ''}renamed {run.name}"
+        )
         if dry_run:
             continue
         os.rename(d, run.out_dir)
@@ -518,10 +583,12 @@ def take_over_earlier_runs(runs: list[PlannedRun], out_dir: Path, *,
             status.pop(d.name)
             atomic_write_text(status_path, json.dumps(status, indent=2) + "\n")
     if others:
-        lines.append(f"{len(others)} other run director{'y' if len(others) == 1 else 'ies'} "
-                     f"in {out_dir} left untouched (not planned by this sweep, e.g. "
-                     f"{others[0].name}); `fedrcl-flwr report {out_dir}` reads them too: "
-                     "move them elsewhere if they are not part of this study")
+        lines.append(
+            f"{len(others)} other run director{'y' if len(others) == 1 else 'ies'} "
+            f"in {out_dir} left untouched (not planned by this sweep, e.g. "
+            f"{others[0].name}); `fedrcl-flwr report {out_dir}` reads them too: "
+            "move them elsewhere if they are not part of this study"
+        )
     return lines
 
 
@@ -586,7 +653,7 @@ class SweepEta:
         self.finished.append((float(seconds), int(rounds)))
 
     def round_s(self) -> float | None:
-        recent = self.rounds[-self.window:]
+        recent = self.rounds[-self.window :]
         return sum(recent) / len(recent) if recent else None
 
     def eta(self, in_flight: list[int], queued: list[int]) -> float | None:
@@ -629,8 +696,14 @@ class _Job:
         self.rounds_run = 0  # rounds recorded since the launch
 
 
-def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
-              verbose: bool = False, poll_s: float = 1.0) -> int:
+def run_sweep(
+    runs: list[PlannedRun],
+    out_dir: Path,
+    *,
+    jobs: int = 1,
+    verbose: bool = False,
+    poll_s: float = 1.0,
+) -> int:
     """Run every planned run not finished yet; returns 0, or 1 if any failed.
 
     The sweep holds ``out_dir``'s lock (:class:`fedrcl_flwr.runner.OutputLock`: a second
@@ -656,8 +729,15 @@ def run_sweep(runs: list[PlannedRun], out_dir: Path, *, jobs: int = 1,
         raise
     returned = False
     try:
-        rc = _SweepSession(runs, out_dir, jobs=jobs, verbose=verbose, poll_s=poll_s,
-                           watchdog=watchdog, env_mark={SWEEP_VAR: str(home)}).execute()
+        rc = _SweepSession(
+            runs,
+            out_dir,
+            jobs=jobs,
+            verbose=verbose,
+            poll_s=poll_s,
+            watchdog=watchdog,
+            env_mark={SWEEP_VAR: str(home)},
+        ).execute()
         returned = True
         return rc
     finally:
@@ -678,8 +758,17 @@ class _SweepSession:
     :meth:`_ended` for those that exited); :meth:`_stop_all` on Ctrl-C / SIGTERM;
     :meth:`_close` prints the closing lines."""
 
-    def __init__(self, runs: list[PlannedRun], out_dir: Path, *, jobs: int, verbose: bool,
-                 poll_s: float, watchdog: Any, env_mark: dict):
+    def __init__(
+        self,
+        runs: list[PlannedRun],
+        out_dir: Path,
+        *,
+        jobs: int,
+        verbose: bool,
+        poll_s: float,
+        watchdog: Any,
+        env_mark: dict,
+    ):
         self.runs, self.out_dir, self.jobs = runs, out_dir, jobs
         self.verbose, self.poll_s = verbose, poll_s
         self.watchdog, self.env_mark = watchdog, env_mark
@@ -720,19 +809,27 @@ class _SweepSession:
         self.group_env = prepare_sweep_group([r.cfg for r in self.runs], self.out_dir)
         for run in self.runs:
             if run.state() == "done":
-                self.status[run.name] = {**self.status.get(run.name, {}), "status": "done",
-                                         "dir": str(run.out_dir)}
+                self.status[run.name] = {
+                    **self.status.get(run.name, {}),
+                    "status": "done",
+                    "dir": str(run.out_dir),
+                }
             else:
                 self.queue.append(run)
         self.save_status()
         todo = self.queue
-        print(f"fedrcl-flwr sweep: {self.n} runs, {self.n - len(todo)} finished already, "
-              f"{len(todo)} to run ({self.jobs} at a time) -> {self.out_dir}", flush=True)
+        print(
+            f"fedrcl-flwr sweep: {self.n} runs, {self.n - len(todo)} finished already, "
+            f"{len(todo)} to run ({self.jobs} at a time) -> {self.out_dir}",
+            flush=True,
+        )
         r0 = next((r for r in todo if shows_ema(r.cfg.evaluation.report_metric)), None)
         if r0 is not None:
-            print("fedrcl-flwr sweep: " + ema_note(r0.cfg.evaluation.ema,
-                                                   r0.cfg.evaluation.report_metric),
-                  flush=True)
+            print(
+                "fedrcl-flwr sweep: "
+                + ema_note(r0.cfg.evaluation.ema, r0.cfg.evaluation.report_metric),
+                flush=True,
+            )
         self.rounds_left = {r.name: r.cfg.federation.rounds - _rounds_done(r) for r in todo}
         self.t_start = time.time()
 
@@ -740,8 +837,10 @@ class _SweepSession:
         atomic_write_text(self.status_path, json.dumps(self.status, indent=2) + "\n")
 
     def eta(self) -> float | None:
-        return self.timer.eta([max(self.rounds_left[j.run.name], 0) for j in self.running],
-                              [max(self.rounds_left[r.name], 0) for r in self.queue])
+        return self.timer.eta(
+            [max(self.rounds_left[j.run.name], 0) for j in self.running],
+            [max(self.rounds_left[r.name], 0) for r in self.queue],
+        )
 
     def _tag(self, run: PlannedRun) -> str:
         return f"run {run.index + 1}/{self.n} {run.name}"
@@ -761,8 +860,7 @@ class _SweepSession:
         holder = OutputLock.holder(run.out_dir)
         if holder is not None:  # never launched into a directory a live run holds
             msg = f"{run.out_dir} is in use by another run (PID {holder})"
-            self.status[run.name] = {"status": "failed", "dir": str(run.out_dir),
-                                     "error": msg}
+            self.status[run.name] = {"status": "failed", "dir": str(run.out_dir), "error": msg}
             self.failed.append(run.name)
             self.rounds_left[run.name] = 0
             print(f"{self._tag(run)}: NOT STARTED: {msg}", file=sys.stderr, flush=True)
@@ -781,8 +879,9 @@ class _SweepSession:
         # own session: a terminal's Ctrl-C reaches the sweep only, which then stops each
         # run once with SIGTERM (the run command's clean teardown); the watchdog kills the
         # session's group should the sweep die
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         self.watchdog.watch_group(proc.pid)
         kept = _rounds_done(run) if resume else 0
         what = f"resuming after round {kept}" if resume else "started"
@@ -801,9 +900,14 @@ class _SweepSession:
         if self.verbose:
             cmd.append("--verbose")
         if resume:
-            cmd += ["--resume", str(run.out_dir), "--set",
-                    f"simulation.init_num_cpus={run.cfg.simulation.init_num_cpus}"
-                    if run.cfg.simulation.init_num_cpus else "simulation.init_num_cpus=null"]
+            cmd += [
+                "--resume",
+                str(run.out_dir),
+                "--set",
+                f"simulation.init_num_cpus={run.cfg.simulation.init_num_cpus}"
+                if run.cfg.simulation.init_num_cpus
+                else "simulation.init_num_cpus=null",
+            ]
         else:
             cmd += [str(cfg_path), "--out", str(run.out_dir)]
             if run.out_dir.exists():
@@ -857,19 +961,31 @@ class _SweepSession:
         if rc == 0 and (run.out_dir / SUMMARY_FILE).is_file():
             self.timer.observe_finish(took, job.rounds_run)
             acc = _summary_value(run.out_dir, "final_accuracy")
-            self.status[run.name] = {"status": "done", "dir": str(run.out_dir),
-                                     "seconds": round(took, 1)}
+            self.status[run.name] = {
+                "status": "done",
+                "dir": str(run.out_dir),
+                "seconds": round(took, 1),
+            }
             accs = f"final acc {100 * acc:.2f}%" if acc is not None else "no accuracy"
-            print(f"{self._tag(run)}: done in {took:.0f}s, {accs} | ETA "
-                  f"{_fmt_eta(self.eta())}", flush=True)
+            print(
+                f"{self._tag(run)}: done in {took:.0f}s, {accs} | ETA {_fmt_eta(self.eta())}",
+                flush=True,
+            )
         else:
             log = sweep_log_path(self.out_dir, run.name)
             tail = _log_tail(log)
-            self.status[run.name] = {"status": "failed", "exit_code": rc,
-                                     "dir": str(run.out_dir), "error": tail}
+            self.status[run.name] = {
+                "status": "failed",
+                "exit_code": rc,
+                "dir": str(run.out_dir),
+                "error": tail,
+            }
             self.failed.append(run.name)
-            print(f"{self._tag(run)}: FAILED (exit {rc}): {tail} (log: {log})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{self._tag(run)}: FAILED (exit {rc}): {tail} (log: {log})",
+                file=sys.stderr,
+                flush=True,
+            )
         self.save_status()
 
     # ------------------------------------------------------------------ the end
@@ -898,15 +1014,21 @@ class _SweepSession:
             if (run.out_dir / SUMMARY_FILE).exists():  # finished before the signal
                 self.status[run.name] = {"status": "done", "dir": str(run.out_dir)}
             else:
-                self.status[run.name] = {"status": "interrupted", "dir": str(run.out_dir),
-                                         "rounds": _rounds_done(run)}
+                self.status[run.name] = {
+                    "status": "interrupted",
+                    "dir": str(run.out_dir),
+                    "rounds": _rounds_done(run),
+                }
         self.save_status()
 
     def _close(self) -> int:
         took = time.time() - self.t_start
         failed = self.failed
-        print(f"fedrcl-flwr sweep: {self.n - len(failed)}/{self.n} runs finished, "
-              f"{len(failed)} failed ({took:.0f}s) -> {self.out_dir}", flush=True)
+        print(
+            f"fedrcl-flwr sweep: {self.n - len(failed)}/{self.n} runs finished, "
+            f"{len(failed)} failed ({took:.0f}s) -> {self.out_dir}",
+            flush=True,
+        )
         if failed:
             print("failed runs: " + ", ".join(failed), file=sys.stderr)
         return 1 if failed else 0
@@ -932,7 +1054,7 @@ def _summary_value(run_dir: Path, key: str) -> float | None:
     """A number from a finished run's ``summary.json`` (``None`` if absent or unreadable:
     only shown on the progress line)."""
     try:
-        value = json.loads((run_dir / SUMMARY_FILE).read_bytes()[:1 << 20]).get(key)
+        value = json.loads((run_dir / SUMMARY_FILE).read_bytes()[: 1 << 20]).get(key)
     except (ValueError, OSError, AttributeError, RecursionError):
         return None
     return float(value) if _is_number(value) else None
@@ -962,22 +1084,35 @@ def _log_tail(path: Path) -> str:
 
 
 def _flow(v: Any) -> str:
-    return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix(
-        "\n...").strip()
+    return (
+        yaml.safe_dump(v, default_flow_style=True, width=10**6)
+        .strip()
+        .removesuffix("\n...")
+        .strip()
+    )
 
 
 def format_plan(runs: list[PlannedRun], out_dir: Path) -> str:
     lines = [f"{len(runs)} runs -> {out_dir}"]
-    common = [kv for kv in runs[0].overrides
-              if all(any(_flow(kv) == _flow(o) for o in r.overrides) for r in runs)] \
-        if len(runs) > 1 else []
+    common = (
+        [
+            kv
+            for kv in runs[0].overrides
+            if all(any(_flow(kv) == _flow(o) for o in r.overrides) for r in runs)
+        ]
+        if len(runs) > 1
+        else []
+    )
     if common:
         lines.append("every run: " + ", ".join(f"{k}={_flow(v)}" for k, v in common))
     for run in runs:
         st = run.state()
         if st == "resume":
             st = f"resume after round {_rounds_done(run)}"
-        ov = ", ".join(f"{k}={_flow(v)}" for k, v in run.overrides
-                       if not any(_flow((k, v)) == _flow(c) for c in common))
+        ov = ", ".join(
+            f"{k}={_flow(v)}"
+            for k, v in run.overrides
+            if not any(_flow((k, v)) == _flow(c) for c in common)
+        )
         lines.append(f"{run.index + 1:>4}. {run.name}  [{st}]  {run.base.name}: {ov}")
     return "\n".join(lines)

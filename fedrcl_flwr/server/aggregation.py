@@ -43,8 +43,9 @@ def client_coefficients(num_examples: Sequence[int], weighting: str) -> np.ndarr
     raise ValueError(f"unknown weighting '{weighting}' (uniform | samples)")
 
 
-def weighted_average(client_weights: Sequence[Sequence[np.ndarray]],
-                     coefficients: np.ndarray, kinds: Sequence[str]) -> list[np.ndarray]:
+def weighted_average(
+    client_weights: Sequence[Sequence[np.ndarray]], coefficients: np.ndarray, kinds: Sequence[str]
+) -> list[np.ndarray]:
     """Entry-wise sum_i c_i * w_i for float entries (in float64, clients in the given
     order); max for integer counters. Each product ``c_i * float64(w_i)`` is computed
     into one reused buffer (``np.multiply(..., dtype=float64)``: the same IEEE operations

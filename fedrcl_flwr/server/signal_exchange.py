@@ -45,16 +45,27 @@ GLOBAL_MODES = ("finch_mean", "mean", "finch_clusters")
 
 
 class SignalExchange:
-    defaults = {"max_age": 5, "global_mode": "finch_mean", "distance": "cosine",
-                "max_signals_per_client": 1000, "send_local": True,
-                "mean_weighting": "samples", "finch_early_exit": True}
-    rules = {"max_age": at_least(1), "global_mode": one_of(*GLOBAL_MODES),
-             "distance": one_of(*DISTANCES), "max_signals_per_client": at_least(1),
-             "mean_weighting": one_of("samples", "uniform")}
+    defaults = {
+        "max_age": 5,
+        "global_mode": "finch_mean",
+        "distance": "cosine",
+        "max_signals_per_client": 1000,
+        "send_local": True,
+        "mean_weighting": "samples",
+        "finch_early_exit": True,
+    }
+    rules = {
+        "max_age": at_least(1),
+        "global_mode": one_of(*GLOBAL_MODES),
+        "distance": one_of(*DISTANCES),
+        "max_signals_per_client": at_least(1),
+        "mean_weighting": one_of("samples", "uniform"),
+    }
 
     def __init__(self, params: dict | None = None, num_classes: int | None = None):
-        self.p = resolve_params("server.signals", "the signal exchange", self.defaults,
-                                self.rules, params)
+        self.p = resolve_params(
+            "server.signals", "the signal exchange", self.defaults, self.rules, params
+        )
         self.num_classes = num_classes
         self.dim: int | None = None
         self.bank: dict[int, tuple[int, SignalSet]] = {}
@@ -82,8 +93,11 @@ class SignalExchange:
             if len(v) >= 2:
                 from fedrcl_flwr.clustering import finch
 
-                parts, _ = finch(v, distance=self.p["distance"],
-                                 ensure_early_exit=bool(self.p["finch_early_exit"]))
+                parts, _ = finch(
+                    v,
+                    distance=self.p["distance"],
+                    ensure_early_exit=bool(self.p["finch_early_exit"]),
+                )
                 assign = parts[:, -1]
             else:
                 assign = np.zeros(len(v), np.int64)
@@ -97,8 +111,9 @@ class SignalExchange:
                 vecs.extend(centers)
                 labs.extend([c] * len(centers))
                 cnts.extend(sizes)
-        return SignalSet(np.asarray(vecs, np.float32), np.asarray(labs, np.int64),
-                         np.asarray(cnts, np.int64))
+        return SignalSet(
+            np.asarray(vecs, np.float32), np.asarray(labs, np.int64), np.asarray(cnts, np.int64)
+        )
 
     def _prepare(self, rnd: int) -> tuple[bytes | None, bytes | None]:
         if self._round_cache and self._round_cache[0] == rnd:
@@ -109,8 +124,10 @@ class SignalExchange:
         self.global_signals = self.compute_global(local)
         sent: tuple[bytes | None, bytes | None] = (None, None)
         if len(local):
-            sent = (encode_signals(local) if self.p["send_local"] else None,
-                    encode_signals(self.global_signals))
+            sent = (
+                encode_signals(local) if self.p["send_local"] else None,
+                encode_signals(self.global_signals),
+            )
         self._round_cache = (rnd, sent)
         return sent
 
@@ -133,8 +150,12 @@ class SignalExchange:
                 continue
             up += len(blob) if isinstance(blob, (bytes, bytearray)) else 0
             try:
-                s = decode_signals(blob, dim=self.dim, num_classes=self.num_classes,
-                                   max_signals=int(self.p["max_signals_per_client"]))
+                s = decode_signals(
+                    blob,
+                    dim=self.dim,
+                    num_classes=self.num_classes,
+                    max_signals=int(self.p["max_signals_per_client"]),
+                )
             except SignalError as exc:
                 rejected += 1
                 log.warning("round %d: rejected signals from partition %d: %s", rnd, pid, exc)
@@ -144,15 +165,23 @@ class SignalExchange:
                 self.bank[pid] = (rnd, s)
                 accepted += 1
         self.rejected += rejected
-        return {"signal_bytes_up": up, "signals_accepted": accepted,
-                "signals_rejected": rejected, "signal_bank_clients": len(self.bank)}
+        return {
+            "signal_bytes_up": up,
+            "signals_accepted": accepted,
+            "signals_rejected": rejected,
+            "signal_bank_clients": len(self.bank),
+        }
 
     def state_dict(self) -> dict:
-        return {"bank": {pid: (r, s.vectors, s.labels, s.counts)
-                         for pid, (r, s) in self.bank.items()}, "dim": self.dim}
+        return {
+            "bank": {pid: (r, s.vectors, s.labels, s.counts) for pid, (r, s) in self.bank.items()},
+            "dim": self.dim,
+        }
 
     def load_state_dict(self, state: dict) -> None:
-        self.bank = {int(pid): (int(r), SignalSet(np.array(v), np.array(lab), np.array(c)))
-                     for pid, (r, v, lab, c) in state["bank"].items()}
+        self.bank = {
+            int(pid): (int(r), SignalSet(np.array(v), np.array(lab), np.array(c)))
+            for pid, (r, v, lab, c) in state["bank"].items()
+        }
         self.dim = state.get("dim")
         self._round_cache = None

@@ -25,8 +25,9 @@ import numpy as np
 def main(src: str) -> None:
     src_dir = Path(src)
     out = Path(__file__).resolve().parent
-    shutil.copyfile(src_dir / "model_forward_step_seed1234.npz",
-                    out / "model_forward_step_seed1234.npz")
+    shutil.copyfile(
+        src_dir / "model_forward_step_seed1234.npz", out / "model_forward_step_seed1234.npz"
+    )
     meta = json.loads((src_dir / "README.json").read_text())
     order = meta["model_forward_step_seed1234.npz"]["param_order"]
     (out / "param_order.json").write_text(json.dumps(order) + "\n")
