@@ -772,7 +772,11 @@ def partition(
     """Index arrays of ``num_clients`` clients (see the module docstring). ``generator``:
     ``project`` | ``fedrcl`` | ``fedrcl_labels`` | ``None`` (see :func:`resolve_generator`);
     ``num_classes``: the dataset's number of classes (the authors' ``K``; default
-    ``max(labels) + 1``)."""
+    ``max(labels) + 1``).
+
+    Long on purpose: one flat dispatch over the schemes, each branch the checks its
+    builder needs and one call (a table of builders would hide which checks go with which
+    scheme)."""
     labels = np.asarray(labels)
     n = len(labels)
     gen = resolve_generator(scheme, balanced, generator)

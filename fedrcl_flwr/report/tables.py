@@ -1046,7 +1046,8 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     panel shares one y-range (the panels are settings of one study: the same scale lets
     them be compared at a glance); each row has its own colour, line style and marker
     (a line hidden under another stays visible at its markers); the title names what
-    the runs share and the panels what differs."""
+    the runs share and the panels what differs. (Long because matplotlib is set up call by
+    call; every step is one styling decision named above.)"""
     import matplotlib
 
     matplotlib.use("Agg")
