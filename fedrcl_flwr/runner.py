@@ -265,6 +265,9 @@ class LocalSuperLink:
         # only took CPU from the start-up (and so does the usage-stats reporter)
         self.env.setdefault("RAY_prestart_worker_first_driver", "0")
         self.env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # the actors import the ClientApp while the ServerApp starts, not on round 1's
+        # first message (fedrcl_flwr/app/worker_warmup.py)
+        self.env.setdefault("RAY_RUNTIME_ENV_HOOK", "fedrcl_flwr.app.worker_warmup.add_setup_hook")
         if ray_address:  # Flower's ray.init() joins the cluster Ray finds in RAY_ADDRESS
             self.env["RAY_ADDRESS"] = ray_address
         else:

@@ -341,3 +341,42 @@ def test_defaults_are_one_single_threaded_actor_per_core(tiny, tmp_path):
     finally:
         torch.set_num_threads(before)
         runtime.WORKER.clear()
+
+
+def test_ray_workers_import_the_client_app_as_they_start(monkeypatch):
+    """Issue 24: the simulation's SuperLink environment names Ray's runtime-env hook, which
+    adds the setup hook that imports the ClientApp in every worker (a hook of the user's
+    is kept, and so is Flower's own runtime env); the hook resolves and imports the
+    ClientApp module."""
+    import importlib
+    import sys
+
+    import ray._private.ray_constants as ray_constants
+
+    from fedrcl_flwr.app import worker_warmup
+    from fedrcl_flwr.runner import LocalSuperLink
+
+    monkeypatch.delenv("RAY_RUNTIME_ENV_HOOK", raising=False)
+    link = LocalSuperLink(log_path=None)
+    try:
+        hook = link.env[ray_constants.RAY_RUNTIME_ENV_HOOK]
+    finally:
+        import shutil
+
+        shutil.rmtree(link.home, ignore_errors=True)
+    module, _, name = hook.rpartition(".")
+    add = getattr(importlib.import_module(module), name)
+    flowers = {"env_vars": {"PYTHONPATH": "/x"}}
+    env = add(flowers)
+    assert env == {
+        "env_vars": {"PYTHONPATH": "/x"},
+        "worker_process_setup_hook": worker_warmup.SETUP_HOOK,
+    }
+    assert flowers == {"env_vars": {"PYTHONPATH": "/x"}}  # not modified in place
+    assert (
+        add({"worker_process_setup_hook": "mine.hook"})["worker_process_setup_hook"] == "mine.hook"
+    )
+    assert add(None) == {"worker_process_setup_hook": worker_warmup.SETUP_HOOK}
+    module, _, name = worker_warmup.SETUP_HOOK.rpartition(".")
+    getattr(importlib.import_module(module), name)()  # what Ray calls in a new worker
+    assert "fedrcl_flwr.app.client_app" in sys.modules
