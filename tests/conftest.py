@@ -61,6 +61,17 @@ def _dataset_cache_dir(tmp_path_factory):
         os.environ[ENV_VAR] = before
 
 
+# the synthetic data of tiny_config: tests that need a variant spread it ({**TINY_SYNTHETIC, ...})
+TINY_SYNTHETIC = {
+    "num_train": 800,
+    "num_test": 300,
+    "num_classes": 4,
+    "image_size": 16,
+    "channels": 3,
+    "subclusters": 2,
+}
+
+
 def tiny_config(tmp_path=None, **sections):
     """A seconds-sized experiment: 8 clients, 2 per round, 16x16 synthetic images."""
     data = {
@@ -68,14 +79,7 @@ def tiny_config(tmp_path=None, **sections):
         "seed": 0,
         "dataset": {
             "name": "synthetic",
-            "synthetic": {
-                "num_train": 800,
-                "num_test": 300,
-                "num_classes": 4,
-                "image_size": 16,
-                "channels": 3,
-                "subclusters": 2,
-            },
+            "synthetic": dict(TINY_SYNTHETIC),
         },
         "partition": {"scheme": "dirichlet", "alpha": 0.5, "balanced": True},
         "model": {"name": "cnn5"},
@@ -197,3 +201,58 @@ def leftover_procs(grace: float = 10.0) -> dict[int, str]:
         except OSError:
             continue
     return out
+
+
+# ------------------------------------------------------------- strategies in process
+# (tests/test_fedavg_strategy.py, tests/test_privacy.py: a strategy driven round by round
+# without Flower's server loop)
+
+
+class FakeProxy:
+    """A client proxy as a strategy sees it: only its id."""
+
+    def __init__(self, cid):
+        self.cid = cid
+
+
+class FakeManager:
+    """A client manager with ``n`` connected proxies (ids ``"0"`` .. ``"n-1"``)."""
+
+    def __init__(self, n):
+        self.proxies = {str(i): FakeProxy(str(i)) for i in range(n)}
+
+    def wait_for(self, num, timeout=0):
+        return len(self.proxies) >= num
+
+    def all(self):
+        return self.proxies
+
+
+def fitres(arrays, n, pid, loss=1.0):
+    """A successful FitRes of partition ``pid`` with ``n`` examples."""
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+
+    return FitRes(
+        Status(Code.OK, ""),
+        ndarrays_to_parameters(arrays),
+        n,
+        {"partition_id": pid, "train_loss": loss},
+    )
+
+
+def make_strategy(weights, **kw):
+    """The registered strategy ``kw["name"]`` (default fedavg): 10 clients, 3 per round,
+    2 rounds, seed 0, every entry trainable; other keywords override."""
+    from strategies import strategy_class
+
+    cls = strategy_class(kw.pop("name", "fedavg"))
+    args = dict(
+        initial_weights=weights,
+        trainable=[True] * len(weights),
+        num_clients=10,
+        clients_per_round=3,
+        rounds=2,
+        seed=0,
+    )
+    args.update(kw)
+    return cls(**args)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_run_refused
+from conftest import TINY_SYNTHETIC, assert_run_refused
 
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.availability import Availability, local_steps, per_client_values
@@ -252,12 +252,7 @@ def test_both_features_off_change_no_number(tiny, tmp_path):
     easy = {
         "name": "synthetic",
         "synthetic": {
-            "num_train": 800,
-            "num_test": 300,
-            "num_classes": 4,
-            "image_size": 16,
-            "channels": 3,
-            "subclusters": 2,
+            **TINY_SYNTHETIC,
             "noise": 0.3,
             "class_weight": 3.0,
             "distractor_strength": 0.2,

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import yaml
-from conftest import assert_run_refused
+from conftest import TINY_SYNTHETIC, assert_run_refused
 
 from fedrcl_flwr import client_eval
 from fedrcl_flwr.app.inprocess import _Manager, evaluate_clients, run_inprocess
@@ -20,15 +20,7 @@ from fedrcl_flwr.run.results import read_metrics
 
 DOMAINS = {
     "name": "synthetic",
-    "synthetic": {
-        "num_train": 800,
-        "num_test": 300,
-        "num_classes": 4,
-        "image_size": 16,
-        "channels": 3,
-        "subclusters": 2,
-        "num_domains": 2,
-    },
+    "synthetic": {**TINY_SYNTHETIC, "num_domains": 2},
 }
 CLIENT_KEYS = ("client_acc_", "client_loss_mean", "client_eval_failures", "client_accuracy")
 

@@ -2,51 +2,13 @@
 
 import numpy as np
 import pytest
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from conftest import FakeManager, FakeProxy, fitres
+from conftest import make_strategy as make
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from fedrcl_flwr.run.runtime import sample_partitions
 from fedrcl_flwr.server.aggregation import client_coefficients, entry_kinds, weighted_average
-from strategies import strategy_class
 from strategies.base import AllClientsFailed
-
-
-class FakeProxy:
-    def __init__(self, cid):
-        self.cid = cid
-
-
-class FakeManager:
-    def __init__(self, n):
-        self.proxies = {str(i): FakeProxy(str(i)) for i in range(n)}
-
-    def wait_for(self, num, timeout=0):
-        return len(self.proxies) >= num
-
-    def all(self):
-        return self.proxies
-
-
-def fitres(arrays, n, pid, loss=1.0):
-    return FitRes(
-        Status(Code.OK, ""),
-        ndarrays_to_parameters(arrays),
-        n,
-        {"partition_id": pid, "train_loss": loss},
-    )
-
-
-def make(weights, **kw):
-    cls = strategy_class(kw.pop("name", "fedavg"))
-    args = dict(
-        initial_weights=weights,
-        trainable=[True] * len(weights),
-        num_clients=10,
-        clients_per_round=3,
-        rounds=2,
-        seed=0,
-    )
-    args.update(kw)
-    return cls(**args)
 
 
 def test_uniform_and_weighted_average_by_hand():

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FakeManager, fitres
+from conftest import make_strategy as make
 from flwr.common import parameters_to_ndarrays
 
 from fedrcl_flwr.app.inprocess import run_inprocess
@@ -21,44 +23,6 @@ from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.runtime import sample_partitions
 
 pytest.importorskip("dp_accounting")
-
-
-class FakeManager:
-    def __init__(self, n):
-        self.proxies = {str(i): object() for i in range(n)}
-
-    def wait_for(self, num, timeout=0):
-        return len(self.proxies) >= num
-
-    def all(self):
-        return self.proxies
-
-
-def fitres(arrays, n, pid, loss=1.0):
-    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-
-    return FitRes(
-        Status(Code.OK, ""),
-        ndarrays_to_parameters(arrays),
-        n,
-        {"partition_id": pid, "train_loss": loss},
-    )
-
-
-def make(weights, **kw):
-    from strategies import strategy_class
-
-    cls = strategy_class(kw.pop("name", "fedavg"))
-    args = dict(
-        initial_weights=weights,
-        trainable=[True] * len(weights),
-        num_clients=10,
-        clients_per_round=3,
-        rounds=2,
-        seed=0,
-    )
-    args.update(kw)
-    return cls(**args)
 
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import TINY_SYNTHETIC
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.run.results import read_metrics
@@ -27,14 +28,7 @@ BASE = {
     "seed": 0,
     "dataset": {
         "name": "synthetic",
-        "synthetic": {
-            "num_train": 800,
-            "num_test": 300,
-            "num_classes": 4,
-            "image_size": 16,
-            "channels": 3,
-            "subclusters": 2,
-        },
+        "synthetic": dict(TINY_SYNTHETIC),
     },
     "partition": {"scheme": "dirichlet", "alpha": 0.5, "balanced": True},
     "model": {"name": "cnn5"},

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import TINY_SYNTHETIC
 
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
@@ -40,15 +41,7 @@ def test_events_carry_the_metrics_records(tiny, tmp_path):
         federation={"rounds": 3},
         dataset={
             "name": "synthetic",
-            "synthetic": {
-                "num_train": 800,
-                "num_test": 300,
-                "num_classes": 4,
-                "image_size": 16,
-                "channels": 3,
-                "subclusters": 2,
-                "num_domains": 2,
-            },
+            "synthetic": {**TINY_SYNTHETIC, "num_domains": 2},
         },
         evaluation={"target_rounds": [2], "representation_every": 1},
         output={"dir": str(tmp_path / "run"), "tensorboard": True},
