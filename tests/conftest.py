@@ -256,3 +256,22 @@ def make_strategy(weights, **kw):
     )
     args.update(kw)
     return cls(**args)
+
+
+def quickstart_run_args(out, *sets) -> list[str]:
+    """``python -m fedrcl_flwr.cli run experiments/quickstart.yaml --out OUT`` with a
+    ``--set`` per item of ``sets``: the command line of the real-run tests."""
+    import sys
+
+    args = [
+        sys.executable,
+        "-m",
+        "fedrcl_flwr.cli",
+        "run",
+        str(Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"),
+        "--out",
+        str(out),
+    ]
+    for item in sets:
+        args += ["--set", item]
+    return args

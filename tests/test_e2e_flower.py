@@ -4,11 +4,10 @@ and no SuperLink / simulation / Ray process left behind."""
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import leftover_procs
+from conftest import leftover_procs, quickstart_run_args
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.flwr
@@ -30,17 +29,7 @@ SMALL = [
 
 
 def _run(tmp_path, *sets, rounds=4, env=None):
-    args = [
-        sys.executable,
-        "-m",
-        "fedrcl_flwr.cli",
-        "run",
-        str(ROOT / "experiments" / "quickstart.yaml"),
-        "--out",
-        str(tmp_path / "run"),
-    ]
-    for s in [*SMALL, f"federation.rounds={rounds}", *sets]:
-        args += ["--set", s]
+    args = quickstart_run_args(tmp_path / "run", *SMALL, f"federation.rounds={rounds}", *sets)
     return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
 
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import leftover_procs
+from conftest import leftover_procs, quickstart_run_args
 
 from fedrcl_flwr.run.results import read_metrics
 
@@ -31,17 +31,7 @@ SMALL = [
 
 
 def _args(out, *sets):
-    args = [
-        sys.executable,
-        "-m",
-        "fedrcl_flwr.cli",
-        "run",
-        str(ROOT / "experiments" / "quickstart.yaml"),
-        "--out",
-        str(out),
-    ]
-    for s in [*SMALL, *sets]:
-        args += ["--set", s]
+    args = quickstart_run_args(out, *SMALL, *sets)
     return args
 
 

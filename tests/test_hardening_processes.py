@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from conftest import quickstart_run_args
 
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.runner import LOCK_FILE, OutputLock, procs_with
@@ -39,17 +39,7 @@ SMALL = [
 
 
 def _start(out: Path, *sets, tag: str):
-    args = [
-        sys.executable,
-        "-m",
-        "fedrcl_flwr.cli",
-        "run",
-        str(ROOT / "experiments" / "quickstart.yaml"),
-        "--out",
-        str(out),
-    ]
-    for s in [*SMALL, *sets]:
-        args += ["--set", s]
+    args = quickstart_run_args(out, *SMALL, *sets)
     env = {**os.environ, "FEDRCL_TEST_TAG": tag}
     return subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
