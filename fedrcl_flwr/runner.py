@@ -265,13 +265,16 @@ class LocalSuperLink:
         # only took CPU from the start-up (and so does the usage-stats reporter)
         self.env.setdefault("RAY_prestart_worker_first_driver", "0")
         self.env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        # the actors import the ClientApp while the ServerApp starts, not on round 1's
-        # first message (fedrcl_flwr/app/worker_warmup.py)
-        self.env.setdefault("RAY_RUNTIME_ENV_HOOK", "fedrcl_flwr.app.worker_warmup.add_setup_hook")
         if ray_address:  # Flower's ray.init() joins the cluster Ray finds in RAY_ADDRESS
             self.env["RAY_ADDRESS"] = ray_address
         else:
             self.env.pop("RAY_ADDRESS", None)
+            # the actors of a private Ray import the ClientApp while the ServerApp starts,
+            # not on round 1's first message (fedrcl_flwr/app/worker_warmup.py); a cluster's
+            # workers are the cluster's: their start-up is left as the cluster runs it
+            self.env.setdefault(
+                "RAY_RUNTIME_ENV_HOOK", "fedrcl_flwr.app.worker_warmup.add_setup_hook"
+            )
         if not verbose:
             self.env["PYTHONWARNINGS"] = "ignore"
         (self.home / "config.toml").write_text(

@@ -349,6 +349,7 @@ def test_ray_workers_import_the_client_app_as_they_start(monkeypatch):
     is kept, and so is Flower's own runtime env); the hook resolves and imports the
     ClientApp module."""
     import importlib
+    import shutil
     import sys
 
     import ray._private.ray_constants as ray_constants
@@ -358,12 +359,12 @@ def test_ray_workers_import_the_client_app_as_they_start(monkeypatch):
 
     monkeypatch.delenv("RAY_RUNTIME_ENV_HOOK", raising=False)
     link = LocalSuperLink(log_path=None)
-    try:
-        hook = link.env[ray_constants.RAY_RUNTIME_ENV_HOOK]
-    finally:
-        import shutil
-
-        shutil.rmtree(link.home, ignore_errors=True)
+    cluster = LocalSuperLink(log_path=None, ray_address="10.0.0.1:6379")
+    shutil.rmtree(link.home, ignore_errors=True)
+    shutil.rmtree(cluster.home, ignore_errors=True)
+    hook = link.env[ray_constants.RAY_RUNTIME_ENV_HOOK]
+    # a cluster's workers are started the cluster's way (no hook of ours)
+    assert ray_constants.RAY_RUNTIME_ENV_HOOK not in cluster.env
     module, _, name = hook.rpartition(".")
     add = getattr(importlib.import_module(module), name)
     flowers = {"env_vars": {"PYTHONPATH": "/x"}}
