@@ -349,19 +349,20 @@ def test_ray_workers_import_the_client_app_as_they_start(monkeypatch):
     is kept, and so is Flower's own runtime env); the hook resolves and imports the
     ClientApp module."""
     import importlib
-    import shutil
     import sys
 
     import ray._private.ray_constants as ray_constants
 
     from fedrcl_flwr.app import worker_warmup
-    from fedrcl_flwr.runner import LocalSuperLink
+    from fedrcl_flwr.runner import LocalSuperLink, procs_with
 
     monkeypatch.delenv("RAY_RUNTIME_ENV_HOOK", raising=False)
-    link = LocalSuperLink(log_path=None)
+    link = LocalSuperLink(log_path=None)  # (its watchdog starts now: stopped below)
     cluster = LocalSuperLink(log_path=None, ray_address="10.0.0.1:6379")
-    shutil.rmtree(link.home, ignore_errors=True)
-    shutil.rmtree(cluster.home, ignore_errors=True)
+    link.stop()
+    cluster.stop()
+    assert not link.home.exists() and not cluster.home.exists()
+    assert not procs_with(str(link.home)) and not procs_with(str(cluster.home))  # no watchdog left
     hook = link.env[ray_constants.RAY_RUNTIME_ENV_HOOK]
     # a cluster's workers are started the cluster's way (no hook of ours)
     assert ray_constants.RAY_RUNTIME_ENV_HOOK not in cluster.env
