@@ -670,19 +670,6 @@ def list_entries(root: Path) -> list[dict]:
     if not Path(root).is_dir():
         return out
     for entry in sorted(Path(root).iterdir()):
-        if entry.name.startswith("."):
-            if not is_own_entry(entry):
-                out.append(
-                    {
-                        "key": entry.name,
-                        "bytes": 0,
-                        "name": "-",
-                        "settings": {},
-                        "created": None,
-                        "status": "foreign",
-                    }
-                )
-            continue
         if not is_own_entry(entry):
             out.append(
                 {
@@ -694,6 +681,8 @@ def list_entries(root: Path) -> list[dict]:
                     "status": "foreign",
                 }
             )
+            continue
+        if entry.name.startswith("."):  # the cache's own temporary directories
             continue
         row = {
             "key": entry.name,

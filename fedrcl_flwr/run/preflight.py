@@ -161,15 +161,8 @@ def check_run_dir(out_dir: Path, *, resume: bool, overwrite: bool) -> None:
     created, or ``resume``) and without links among the run's entries (a run writes only
     inside its directory). Reads only."""
     from fedrcl_flwr.run.results import linked_run_entries, overwrite_problem
-    from fedrcl_flwr.runner import OutputLock
 
-    check_output_dir(out_dir)
-    holder = OutputLock.holder(out_dir)
-    if holder is not None:
-        raise ConfigError(
-            f"output directory {out_dir} is in use by another run (PID "
-            f"{holder}); wait for it to end or choose another --out"
-        )
+    _check_free_output_dir(out_dir, "output directory", "another run")
     if not resume:
         old = [
             f
@@ -463,13 +456,7 @@ def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
     :func:`fedrcl_flwr.run.results.overwrite_problem`)."""
     from fedrcl_flwr.runner import OutputLock
 
-    check_output_dir(out_dir)
-    holder = OutputLock.holder(out_dir)
-    if holder is not None:
-        raise ConfigError(
-            f"sweep directory {out_dir} is in use by another sweep or run (PID "
-            f"{holder}); wait for it to end or choose another --out"
-        )
+    _check_free_output_dir(out_dir, "sweep directory", "another sweep or run")
     for run in runs:
         d = run.out_dir
         holder = OutputLock.holder(d) if d.is_dir() and not d.is_symlink() else None
@@ -566,3 +553,17 @@ def _forget_datasets() -> None:
     from fedrcl_flwr.run import runtime
 
     runtime.WORKER.clear_datasets()
+
+
+def _check_free_output_dir(out_dir: Path, what: str, holder_kind: str) -> None:
+    """``out_dir`` is a usable output directory (:func:`check_output_dir`) that no live
+    run or sweep holds (its :class:`fedrcl_flwr.runner.OutputLock`)."""
+    from fedrcl_flwr.runner import OutputLock
+
+    check_output_dir(out_dir)
+    holder = OutputLock.holder(out_dir)
+    if holder is not None:
+        raise ConfigError(
+            f"{what} {out_dir} is in use by {holder_kind} (PID {holder}); wait for it "
+            "to end or choose another --out"
+        )
