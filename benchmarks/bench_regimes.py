@@ -261,10 +261,57 @@ def measure(
     sim = timed_process(cli, {**env, timers.ENV_VAR: str(timer_dir)}, LoadWatch(marker))
     sim["steady"] = steady_round(out_b)
     _, server = timers.read_records(timer_dir)
-    starts = [e["t"] for e in server if e["event"] == "configure" and e["round"] == 1]
-    if starts:  # precise: the ServerApp's own clock at round 1's start
-        sim["startup"] = starts[0] - sim["t_launch"]
+    sim["marks"] = startup_marks(server, sim["t_launch"])
+    if "round1" in sim["marks"]:  # precise: the ServerApp's own clock at round 1's start
+        sim["startup"] = sim["marks"]["round1"] - sim["t_launch"]
     return bare, sim, timer_dir
+
+
+# the start-up, process launch to round 1, in segments: (label, from mark, to mark)
+STARTUP_SEGMENTS = [
+    ("CLI imports and pre-run checks (before any Flower process)", "launch", "superlink"),
+    ("SuperLink launch -> simulation process starts", "superlink", "process"),
+    ("process start -> ServerApp module imported", "process", "imported"),
+    ("module imported -> ServerApp called", "imported", "called"),
+    ("ServerApp set-up (data, model, strategy)", "called", "built"),
+    ("set-up done -> round 1 starts", "built", "round1"),
+]
+
+
+def startup_marks(server: list[dict], t_launch: float) -> dict:
+    """The wall-clock marks of STARTUP_SEGMENTS from a run's timer events
+    (:mod:`fedrcl_flwr.run.timers`; the first of each, so a resumed run's later
+    events do not count); a mark whose event is missing is left out."""
+    marks = {"launch": t_launch}
+    firsts: dict[str, dict] = {}
+    for e in server:
+        if e["event"] == "configure" and e.get("round") != 1:
+            continue
+        firsts.setdefault(e["event"], e)
+    if "superlink_launch" in firsts:
+        marks["superlink"] = firsts["superlink_launch"]["t"]
+    if "serverapp_start" in firsts:
+        e = firsts["serverapp_start"]
+        marks.update(process=e["process_start"], imported=e["imported"], called=e["t"])
+    if "serverapp_built" in firsts:
+        marks["built"] = firsts["serverapp_built"]["t"]
+    if "configure" in firsts:
+        marks["round1"] = firsts["configure"]["t"]
+    return marks
+
+
+def print_startup(ours: dict, floor: dict) -> None:
+    """Ours against Flower's floor, segment by segment (seconds)."""
+    print(f"  start-up in segments, s: {'ours':>6s} {'floor':>6s} {'extra':>6s}")
+
+    def seg(marks: dict, a: str, b: str) -> float:
+        return marks[b] - marks[a] if a in marks and b in marks else float("nan")
+
+    for label, a, b in STARTUP_SEGMENTS:
+        x, f = seg(ours, a, b), seg(floor, a, b)
+        print(f"    {label:<60} {x:6.2f} {f:6.2f} {x - f:+6.2f}")
+    x, f = seg(ours, "launch", "round1"), seg(floor, "launch", "round1")
+    print(f"    {'total':<60} {x:6.2f} {f:6.2f} {x - f:+6.2f}")
 
 
 # ------------------------------------------------------------------------ breakdown
@@ -317,7 +364,8 @@ def breakdown(timer_dir: Path, first_round: int) -> dict | None:
     out["dispatch"] = mean(gaps) if gaps else float("nan")
     events: dict[tuple[str, int], float] = {}
     for e in server:
-        events.setdefault((e["event"], e["round"]), e["t"])
+        if "round" in e:  # round events (start-up events have none)
+            events.setdefault((e["event"], e["round"]), e["t"])
     rounds = sorted({c["round"] for c in steady})
     link_in, link_out, between = [], [], []
     for r in rounds:
@@ -376,12 +424,24 @@ def print_breakdown(b: dict, steady_s: float) -> float:
 
 FLOOR_APP = '''
 import json
+import os
 import time
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
+
+IMPORTED_AT = time.time()
+
+
+def process_start_time():
+    """This process's start (as fedrcl_flwr.run.timers.process_start_time)."""
+    with open("/proc/self/stat") as fh:
+        ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as fh:
+        uptime = float(fh.read().split()[0])
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 client = ClientApp()
 
@@ -400,6 +460,8 @@ server = ServerApp()
 
 @server.main()
 def main(grid: Grid, context: Context) -> None:
+    started = {"main_start": time.time(), "process_start": process_start_time(),
+               "imported": IMPORTED_AT}
     out, k = str(context.run_config["out"]), int(context.run_config["per-round"])
     payload = int(context.run_config["payload-bytes"])
 
@@ -420,7 +482,7 @@ def main(grid: Grid, context: Context) -> None:
                 for n in nodes[:k]]
         replies = list(grid.send_and_receive(msgs))
         note(round=r, start=t, end=time.time(), replies=len(replies),
-             errors=sum(m.has_error() for m in replies))
+             errors=sum(m.has_error() for m in replies), **(started if r == 1 else {}))
 '''
 
 FLOOR_TOML = """
@@ -543,8 +605,18 @@ def measure_floor(
     if len(recs) < rounds:
         return {"ok": False, "load": watch.describe(), "others": watch.others_cores}
     steady = [r["end"] - r["start"] for r in recs[2:]]
+    first = recs[0]
     return {
         "ok": True,
+        "marks": {  # the floor's start-up in the segments of STARTUP_SEGMENTS
+            "launch": t_launch,
+            "superlink": t_launch,
+            "process": first["process_start"],
+            "imported": first["imported"],
+            "called": first["main_start"],
+            "built": first["main_start"],
+            "round1": first["start"],
+        },
         "startup": recs[0]["start"] - t_launch,
         "round1": recs[0]["end"] - recs[0]["start"],
         "noop_round": median(steady) if steady else float("nan"),
@@ -747,6 +819,7 @@ def run_regime(
                     f"{floor['startup']:.1f} s, round 1 {floor['round1']:.2f} s, no-op "
                     f"round {floor['noop_round']:.3f} s  [{floor['load']}]"
                 )
+                print_startup(sim.get("marks", {}), floor["marks"])
                 q = quiet and floor["others"] < args.quiet_cores
                 print(f"  start-up = Flower's floor + {extra:.1f} s{verdict(extra, 3.0, q)}")
             else:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from fedrcl_flwr.config import ConfigError, ExperimentConfig
+from fedrcl_flwr.run import timers
 from fedrcl_flwr.run.preflight import check_ray_address, check_resources  # noqa: F401 - re-exported
 from fedrcl_flwr.run.results import format_round_line, read_metrics, shows_ema
 from fedrcl_flwr.run.run_files import CONFIG_FILE, FLOWER_LOG, LOCK_FILE, RUN_LOG, SUMMARY_FILE
@@ -288,6 +289,7 @@ class LocalSuperLink:
 
     def start(self, timeout: float = 60.0) -> None:
         self._log = open(self.log_path, "ab")
+        timers.server_event("superlink_launch")  # where Flower's own start-up begins
         self.proc = subprocess.Popen(
             [
                 _bin("flower-superlink"),

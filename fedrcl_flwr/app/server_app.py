@@ -21,21 +21,27 @@ from flwr.server import (
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
 from fedrcl_flwr.config import ConfigError, dump_config
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
-from fedrcl_flwr.run import runtime
+from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.run.checkpoint import load_checkpoint, save_checkpoint
 from fedrcl_flwr.run.results import CONFIG_FILE, RunRecorder, format_round_line, shows_ema
 from strategies import strategy_class
+
+# when this module (torch, Flower, the project) finished importing: the start-up breakdown
+# of ``benchmarks/bench_regimes.py`` (event ``serverapp_start``)
+IMPORTED_AT = time.time()
 
 
 def make_exchange(cfg, num_classes: int):
     """The signal exchange the client method needs (``None`` for most methods)."""
     from clients import client_class
-    from fedrcl_flwr.server.signal_exchange import SignalExchange
 
     cls = client_class(cfg.client.method)
     settings = cls.exchange_settings(cls.resolve(cfg))
     if settings is None:
         return None
+    # imported only here: its clustering imports SciPy (0.3 s of a run's start-up)
+    from fedrcl_flwr.server.signal_exchange import SignalExchange
+
     return SignalExchange({**settings, **cfg.server.signals}, num_classes=num_classes)
 
 
@@ -296,6 +302,10 @@ def checkpoint_writer(cfg, out_dir, recorder: RunRecorder, tracker, ema: EMATrac
 
 def server_components(context: Context):
     """The run's experiment, strategy and Flower server config."""
+    if timers.enabled():
+        timers.server_event(
+            "serverapp_start", process_start=timers.process_start_time(), imported=IMPORTED_AT
+        )
     quiet()
     cfg = config_from_run_config(context.run_config)
     # the server evaluates round r while round r+1 trains: as many threads as a client
@@ -310,6 +320,7 @@ def server_components(context: Context):
         expected_nodes=int(nodes) if nodes else None,
         overlap_evaluation=True,
     )
+    timers.server_event("serverapp_built")
     print(
         f"[fedrcl-flwr] {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
         f"{rounds_left} rounds to run, output {out_dir}",

@@ -11,7 +11,11 @@ appends one JSON line per event to ``DIR/<role>-<pid>.jsonl``:
   ``load``, ``train``, ``encode`` in :meth:`clients.base.FederatedClient.fit`);
 * server events (``role`` ``server``): a round's instructions handed to Flower
   (``sent``), its results handed back (``results``), the background round end
-  (``eval_start`` / ``eval_end``).
+  (``eval_start`` / ``eval_end``);
+* start-up events: the CLI launching the SuperLink (``superlink_launch``, written by
+  :mod:`fedrcl_flwr.runner` after the pre-run checks), the ServerApp called by Flower
+  (``serverapp_start``, with its process's start time and the time its module finished
+  importing) and set up (``serverapp_built``: data, model, strategy).
 
 The benchmark turns them into the per-client breakdown (Ray dispatch, decode, client
 construction, model load, training, encode, SuperLink round trip). Timers only read
@@ -114,6 +118,20 @@ def server_event(event: str, **fields) -> None:
     """A server-side event with its wall-clock time."""
     if _DIR is not None:
         _write("server", {"event": event, "t": time.time(), **fields})
+
+
+def process_start_time() -> float:
+    """Wall-clock time at which this process started (Linux: its start in clock ticks
+    after boot, ``/proc/self/stat`` field 22, against ``/proc/uptime``; 10 ms
+    resolution); ``nan`` where ``/proc`` is not there."""
+    try:
+        with open("/proc/self/stat") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+    return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def read_records(directory: Path) -> tuple[list[dict], list[dict]]:
