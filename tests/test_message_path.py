@@ -7,6 +7,7 @@ import io
 import json
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -382,3 +383,79 @@ def test_ray_workers_import_the_client_app_as_they_start(monkeypatch):
     module, _, name = worker_warmup.SETUP_HOOK.rpartition(".")
     getattr(importlib.import_module(module), name)()  # what Ray calls in a new worker
     assert "fedrcl_flwr.app.client_app" in sys.modules
+
+
+def test_process_start_time_is_when_the_process_started(tmp_path):
+    """``timers.process_start_time`` (the start-up breakdown's "process start"): a child
+    reports a start between its spawn and its report, not its import time."""
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import time; time.sleep(0.5); "
+        "from fedrcl_flwr.run import timers; print(timers.process_start_time(), time.time())"
+    )
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    started, reported = map(float, out.stdout.split())
+    assert before - 0.05 <= started <= before + 0.4  # 10 ms ticks; the sleep comes after
+    assert reported - started >= 0.5
+
+
+def test_startup_marks_split_the_start_up_into_segments_that_add_up():
+    """``bench_regimes.startup_marks``: the run's start-up events (CLI launch, SuperLink
+    launch, ServerApp process start / module imported / called / built, round 1's
+    configure) in order; later rounds' and a resumed run's second events are ignored;
+    the segments chain, so they add up to the whole start-up."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_regimes
+
+    events = [
+        {"event": "superlink_launch", "t": 101.5},
+        {"event": "serverapp_start", "t": 106.0, "process_start": 103.0, "imported": 105.9},
+        {"event": "serverapp_built", "t": 106.3},
+        {"event": "configure", "t": 106.4, "round": 1},
+        {"event": "sent", "t": 106.5, "round": 1, "clients": 5},
+        {"event": "configure", "t": 110.0, "round": 2},
+        {"event": "serverapp_start", "t": 200.0, "process_start": 199.0, "imported": 199.5},
+    ]
+    marks = bench_regimes.startup_marks(events, 100.0)
+    assert marks == {
+        "launch": 100.0,
+        "superlink": 101.5,
+        "process": 103.0,
+        "imported": 105.9,
+        "called": 106.0,
+        "built": 106.3,
+        "round1": 106.4,
+    }
+    segs = bench_regimes.STARTUP_SEGMENTS
+    assert segs[0][1] == "launch" and segs[-1][2] == "round1"
+    assert all(a[2] == b[1] for a, b in zip(segs, segs[1:]))  # chained: they add up
+    assert bench_regimes.startup_marks([], 5.0) == {"launch": 5.0}  # timers off: nothing
+
+
+def test_methods_without_signals_do_not_import_the_signal_exchange():
+    """The ServerApp of a method that exchanges no signals leaves the signal exchange (and
+    the SciPy its clustering imports: 0.3 s of every run's start-up) unimported; a method
+    that exchanges signals gets its exchange."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from fedrcl_flwr.app.server_app import make_exchange
+from fedrcl_flwr.config import config_from_dict
+plain = config_from_dict({"client": {"method": "fedavg"}}, "test")
+assert make_exchange(plain, 10) is None
+assert "fedrcl_flwr.server.signal_exchange" not in sys.modules, "imported for fedavg"
+assert "scipy" not in sys.modules, "SciPy imported for fedavg"
+fpl = config_from_dict({"client": {"method": "fpl"}}, "test")
+assert type(make_exchange(fpl, 10)).__name__ == "SignalExchange"
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
