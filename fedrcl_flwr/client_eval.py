@@ -47,58 +47,15 @@ import math
 import numpy as np
 
 from fedrcl_flwr.config.catalog import CLIENT_STAT_KEYS as STAT_KEYS
+from fedrcl_flwr.config.sections import test_source
 from fedrcl_flwr.protocol import decode_client_eval, encode_client_eval
 
 HOLDOUT_SALT = 0x7E57
 FINETUNE_SALT = 0xF1E7
 
 
-def _cfg_error(source: str, msg: str):
-    from fedrcl_flwr.config import ConfigError
-
-    return ConfigError(f"{source}: {msg}")
-
-
-def check_config(cfg, source: str) -> None:
-    """``evaluation.per_client`` consistent with the rest of the experiment (one
-    ``ConfigError`` naming the key and ``source``; each key's own range is a rule in
-    ``fedrcl_flwr.config.CONFIG_RULES``)."""
-    pc = cfg.evaluation.per_client
-    key = "evaluation.per_client"
-    if not pc.every:
-        return
-    every = cfg.federation.eval_every
-    if pc.every % every:
-        raise _cfg_error(
-            source,
-            f"'{key}.every' ({pc.every}) must be a multiple of "
-            f"'federation.eval_every' ({every}): client metrics go "
-            "into the evaluated rounds' records",
-        )
-    if pc.local_test == "domain" and cfg.partition.scheme != "domain":
-        raise _cfg_error(
-            source,
-            f"'{key}.local_test' domain needs partition.scheme domain "
-            f"(got {cfg.partition.scheme}); use holdout",
-        )
-    if test_source(cfg) == "holdout" and pc.local_test_fraction <= 0:
-        raise _cfg_error(
-            source,
-            f"'{key}.local_test_fraction' must be > 0 for a held-out "
-            "local test share (local_test holdout)",
-        )
-
-
 def enabled(cfg) -> bool:
     return cfg.evaluation.per_client.every > 0
-
-
-def test_source(cfg) -> str:
-    """``holdout`` or ``domain`` (``auto`` resolved)."""
-    lt = cfg.evaluation.per_client.local_test
-    if lt == "auto":
-        return "domain" if cfg.partition.scheme == "domain" else "holdout"
-    return lt
 
 
 def holds_out(cfg) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fedrcl_flwr.config import config_from_dict
-from fedrcl_flwr.runner import procs_with
+from fedrcl_flwr.run.processes import procs_with
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import quickstart_run_args
 
+from fedrcl_flwr.run.processes import OutputLock, procs_with
 from fedrcl_flwr.run.results import read_metrics
-from fedrcl_flwr.runner import LOCK_FILE, OutputLock, procs_with
+from fedrcl_flwr.run.run_files import LOCK_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.flwr

@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 from fedrcl_flwr.config import config_from_dict, load_config, read_yaml
-from fedrcl_flwr.data.partition import PartitionError, partition
+from fedrcl_flwr.data.partition import partition
 from fedrcl_flwr.data.report import (
     class_counts,
     client_domains,
     format_counts_table,
     plot_counts_heatmap,
 )
+from fedrcl_flwr.errors import PartitionError
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 10

@@ -355,7 +355,8 @@ def test_ray_workers_import_the_client_app_as_they_start(monkeypatch):
     import ray._private.ray_constants as ray_constants
 
     from fedrcl_flwr.app import worker_warmup
-    from fedrcl_flwr.runner import LocalSuperLink, procs_with
+    from fedrcl_flwr.run.processes import procs_with
+    from fedrcl_flwr.runner import LocalSuperLink
 
     monkeypatch.delenv("RAY_RUNTIME_ENV_HOOK", raising=False)
     link = LocalSuperLink(log_path=None)  # (its watchdog starts now: stopped below)

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import leftover_procs
 
-from fedrcl_flwr.runner import free_port, procs_with
+from fedrcl_flwr.run.processes import procs_with
+from fedrcl_flwr.runner import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.flwr
@@ -217,7 +218,8 @@ def test_cluster_resources_are_not_this_machines(tiny):
     """With a cluster, per-client CPUs are not capped by this machine's cores, and the
     private-Ray caps are refused."""
     from fedrcl_flwr.config import ConfigError
-    from fedrcl_flwr.runner import check_resources, federation_config
+    from fedrcl_flwr.run.preflight import check_resources
+    from fedrcl_flwr.runner import federation_config
 
     cfg = tiny(simulation={"ray_address": "auto", "num_cpus": 64})
     check_resources(cfg)  # 64 CPUs per client: fine on a big cluster

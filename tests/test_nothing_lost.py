@@ -30,9 +30,10 @@ from test_hardening_inputs import TINY
 from test_hardening_processes import _alive
 
 from fedrcl_flwr.cli import main
+from fedrcl_flwr.run.processes import OutputLock, procs_with
 from fedrcl_flwr.run.results import read_metrics
+from fedrcl_flwr.run.run_files import LOCK_FILE
 from fedrcl_flwr.run.sweep import plan_sweep
-from fedrcl_flwr.runner import LOCK_FILE, OutputLock, procs_with
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -322,8 +323,8 @@ def _calls(tree: ast.AST):
 
 def test_no_code_path_unpickles_or_bypasses_the_safe_loaders():
     """Scan the project's source: no call passes ``weights_only=False`` (tests included);
-    outside ``fedrcl_flwr/run/checkpoint.py`` nothing calls ``torch.load`` (every load goes
-    through ``checkpoint.safe_load``); no ``pickle`` loads, ``allow_pickle=True``,
+    outside ``fedrcl_flwr/serialization.py`` nothing calls ``torch.load`` (every load goes
+    through ``serialization.safe_load``); no ``pickle`` loads, ``allow_pickle=True``,
     ``yaml.load``/``unsafe_load``/``safe_load`` outside ``config/loading.py``'s hardened reader,
     ``eval``/``exec``/``ast.literal_eval`` of data."""
     bad = []
@@ -354,8 +355,8 @@ def test_no_code_path_unpickles_or_bypasses_the_safe_loaders():
                     bad.append(f"{where}: allow_pickle=True")
             if is_test:
                 continue
-            if owner == "torch" and name == "load" and rel != "fedrcl_flwr/run/checkpoint.py":
-                bad.append(f"{where}: torch.load outside checkpoint.safe_load")
+            if owner == "torch" and name == "load" and rel != "fedrcl_flwr/serialization.py":
+                bad.append(f"{where}: torch.load outside serialization.safe_load")
             if owner in ("pickle", "cPickle", "dill", "joblib") and name in ("load", "loads"):
                 bad.append(f"{where}: {owner}.{name}")
             if (

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from fedrcl_flwr.config import ConfigError
-from fedrcl_flwr.data.partition import PartitionError, partition
+from fedrcl_flwr.data.partition import partition
 from fedrcl_flwr.data.report import class_counts, format_counts_table
+from fedrcl_flwr.errors import PartitionError
 
 K = 10  # classes
 N = 2000  # samples, 200 per class

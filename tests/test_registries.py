@@ -20,8 +20,8 @@ from clients import CLIENTS
 from fedrcl_flwr.config.catalog import DATASET_NAMES, SCHEME_NAMES
 from fedrcl_flwr.data import datasets as data_readers
 from fedrcl_flwr.data.datasets import DatasetError
-from fedrcl_flwr.data.partition import PartitionError, partition
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.data.partition import partition
+from fedrcl_flwr.errors import ConfigError, PartitionError
 from fedrcl_flwr.models import MODELS, build_model
 from fedrcl_flwr.models.interface import FeatureModel
 from strategies import STRATEGIES

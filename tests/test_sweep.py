@@ -17,9 +17,10 @@ import yaml
 from conftest import TINY_SYNTHETIC
 
 from fedrcl_flwr.cli import main
+from fedrcl_flwr.run.processes import procs_with
 from fedrcl_flwr.run.results import read_metrics
+from fedrcl_flwr.run.run_files import LOCK_FILE
 from fedrcl_flwr.run.sweep import plan_sweep
-from fedrcl_flwr.runner import LOCK_FILE, procs_with
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,7 +136,7 @@ def test_run_names_are_stable_when_the_sweep_grows(tmp_path):
     """Issue #25: names came from whatever varied, so adding one setting renamed every
     run and recomputed the finished ones. A name is the label / method, the seed and a
     hash of the run's own experiment: adding a setting, a method or a seed keeps them."""
-    from fedrcl_flwr.run.sweep import experiment_hash
+    from fedrcl_flwr.run.plan import experiment_hash
 
     small = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"]}, seeds=[0])
     before = {r.name for r in plan_sweep(small, tmp_path / "o")[0]}
@@ -203,7 +204,7 @@ def test_a_regrown_sweep_takes_over_runs_named_the_old_way(tmp_path, capsys):
     assert (runs[0].out_dir / "metrics.jsonl").read_text().startswith('{"round": 3')
     assert (out / "_logs" / f"{runs[0].name}.log").read_text() == "the old log\n"
     assert stranger.exists() and unfinished.exists() and runs[1].state() == "new"
-    from fedrcl_flwr.run.sweep import check_existing
+    from fedrcl_flwr.run.preflight import check_existing
 
     check_existing(runs)  # the renamed directory holds the planned experiment
 

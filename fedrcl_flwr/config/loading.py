@@ -339,6 +339,17 @@ def to_dict(cfg: ExperimentConfig) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def flatten_keys(d: Any, prefix: str = "") -> dict:
+    """Dotted keys of the leaves; an empty mapping has none (``params: {}`` and a missing
+    ``params`` are the same setting)."""
+    if isinstance(d, dict):
+        out = {}
+        for k, v in d.items():
+            out.update(flatten_keys(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: d}
+
+
 def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:
     """Write the resolved config (after defaults and overrides) as YAML."""
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -80,12 +80,9 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from fedrcl_flwr.config import ConfigError
-from fedrcl_flwr.config.catalog import GENERATORS, SCHEME_NAMES
-
-
-class PartitionError(ConfigError):
-    """A partition request that cannot be met (too many clients, min size too large...)."""
+from fedrcl_flwr.config.catalog import SCHEME_NAMES
+from fedrcl_flwr.config.sections import resolve_generator
+from fedrcl_flwr.errors import PartitionError
 
 
 def _as_parts(chunks) -> list[np.ndarray]:
@@ -720,36 +717,6 @@ def save_split_file(parts, path) -> None:
 
     data = {str(c): [int(i) for i in p] for c, p in enumerate(parts)}
     Path(path).expanduser().write_text(json.dumps(data) + "\n")
-
-
-def resolve_generator(scheme: str, balanced: bool, generator: str | None) -> str:
-    """The generator a split uses (``partition.generator``, see the module docstring):
-    ``None`` is ``fedrcl`` for the balanced Dirichlet split and ``project`` otherwise. The
-    balanced Dirichlet split exists only as the authors' algorithm (``fedrcl`` /
-    ``fedrcl_labels``); ``domain`` only as the project's; ``file`` draws nothing and
-    ignores it. Anything else is a :class:`PartitionError` (also raised by the config
-    check, before a run)."""
-    if generator is not None and generator not in GENERATORS:
-        raise PartitionError(
-            f"partition.generator must be one of {', '.join(GENERATORS)} "
-            f"(or null), got {generator!r}"
-        )
-    if scheme == "dirichlet" and balanced:
-        if generator == "project":
-            raise PartitionError(
-                "partition.generator project has no balanced Dirichlet "
-                "split (it is the FedRCL authors' algorithm): use fedrcl "
-                "(their trainer's draws, the default) or fedrcl_labels"
-            )
-        return generator or "fedrcl"
-    if scheme == "file":
-        return "project"
-    if scheme == "domain" and generator not in (None, "project"):
-        raise PartitionError(
-            f"partition.generator {generator} has no '{scheme}' split "
-            "(the authors' code has none): leave it null or project"
-        )
-    return generator or "project"
 
 
 def partition(
