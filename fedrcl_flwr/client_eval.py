@@ -123,10 +123,9 @@ def finetune(
 
     from fedrcl_flwr.run import runtime
     from fedrcl_flwr.training import (
-        LocalTrainSettings,
         batch_size_for,
         cross_entropy_term,
-        round_lr,
+        local_train_settings,
         train_local,
     )
 
@@ -140,18 +139,9 @@ def finetune(
     def batches(_epoch: int):  # one "epoch" of exactly `steps` steps, epochs chained
         return itertools.chain.from_iterable(epoch_batches(e) for e in itertools.count())
 
-    settings = LocalTrainSettings(
-        lr=round_lr(c.lr, c.lr_decay, run_round),
-        epochs=1,
-        momentum=c.momentum,
-        weight_decay=c.weight_decay,
-        grad_clip=c.grad_clip,
-        iterations_per_epoch=steps,
-        optimizer=c.optimizer,
-        nesterov=c.nesterov,
-        betas=tuple(c.betas),
-        eps=c.eps,
-        amp=c.amp,
+    # one "epoch" of exactly `steps` steps, without the local round's in-round decay
+    settings = local_train_settings(
+        c, run_round, epochs=1, iterations_per_epoch=steps, epoch_lr_decay=1.0
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

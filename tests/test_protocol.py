@@ -45,7 +45,8 @@ def test_fit_instructions_wire_entries_round_trip():
     assert config == {"run_round": 7, "partition_id": 3, "signals_global": sig, "acg_beta": 0.002}
     # Flower's own entries (its client-side DP clipping norm) pass through untouched
     back = FitInstructions.from_config({**config, "clipping_norm": 1.5})
-    assert (back.run_round, back.partition_id, back.lr) == (7, 3, None)
+    assert (back.run_round, back.partition_id) == (7, 3)
+    assert not hasattr(back, "lr")  # the learning rate is the client's schedule, never sent
     assert back.signals_local is None and back.signals_global == sig
     assert back.strategy_entries == {"acg_beta": 0.002, "clipping_norm": 1.5}
     assert back.strategy_params(FedACGParams) == FedACGParams(acg_beta=0.002)

@@ -58,7 +58,7 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _resolve_float(loader_cls) -> None:
+def _resolve_float(loader_cls: Any) -> None:
     # drop the YAML 1.1 float resolver and add one for 1e-3, 1E-3, .5, 1., -2.5e+4 (and .inf/.nan,
     # which the schema then refuses with a clear message)
     for ch, resolvers in list(loader_cls.yaml_implicit_resolvers.items()):
@@ -79,11 +79,11 @@ _resolve_float(_Loader)
 
 
 class _RecursiveAlias(Exception):
-    def __init__(self, node):
+    def __init__(self, node: Any) -> None:
         self.node = node
 
 
-def _expanded_size(node, memo: dict) -> int:
+def _expanded_size(node: Any, memo: dict) -> int:
     """Nodes in the tree ``node`` stands for once aliases are expanded (memoised, so an
     alias bomb is measured without being expanded). A node that contains itself (a
     recursive alias, ``&a {x: *a}``) raises :class:`_RecursiveAlias`: no configuration

@@ -62,7 +62,7 @@ def _shorten(text: Any, limit: int = 60) -> str:
     return r if len(r) <= limit else r[:limit] + "...'"
 
 
-def _ray_address_ok(v) -> bool:
+def _ray_address_ok(v: Any) -> bool:
     if v is None or v == "auto":
         return True
     host, sep, port = str(v).rpartition(":")
