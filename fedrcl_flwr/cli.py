@@ -333,7 +333,7 @@ def partition_title(cfg) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: every subcommand and flag, declared in one place
-    (``tests/test_docs.py`` walks it against docs/cli.md). Long because it is a list of
+    (``tests/project/test_docs.py`` walks it against docs/cli.md). Long because it is a list of
     ``add_argument`` calls, one per flag; the commands themselves are the ``cmd_*``
     functions."""
     from fedrcl_flwr.config.catalog import METRIC_NAMES

@@ -209,7 +209,7 @@ def train_local(
     ``GradScaler.step``).
 
     Steps per mini-batch: :func:`_forward_pass`, the loss terms (kept here: the one call
-    site of every term, which ``tests/test_hot_loop.py`` names when a term reads back),
+    site of every term, which ``tests/clients/test_training_loop.py`` names when a term reads back),
     :func:`_optimiser_step`; the sums stay on the device (:class:`_DeviceSums`).
     """
     active = [t for t in terms if t.weight != 0.0]

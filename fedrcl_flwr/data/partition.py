@@ -31,7 +31,7 @@ Schemes:
   on the same training set (same sample order and labels, ``K`` = its number of classes)
   and ``seed`` (their ``temp_seed(0)``: ``seed: 0``) it gives, client for client and in
   the same order, the index lists their trainer computes with the same torch and NumPy
-  versions (tests/test_authors_split.py checks it against their function run on
+  versions (tests/datasets/test_authors_split.py checks it against their function run on
   torchvision's ``CIFAR10`` with their transform chain). Their trainer reads
   ``client_data/<DATASET>/balanced/dirichlet<α>_clients<C>.txt`` instead when that file
   exists (100 clients in skynbe/FedRCL, 100 and 500 in geehokim/FedACG): those were drawn

@@ -11,7 +11,7 @@ import pytest
 from fedrcl_flwr.app import flower_private
 from fedrcl_flwr.app.flower_private import PRIVATE_API, PrivateSymbol, problem
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOOR = ROOT / "fedrcl_flwr" / "app" / "flower_private.py"
 # Flower's documented public API: these modules' __all__
 PUBLIC = (

@@ -411,7 +411,7 @@ def test_startup_marks_split_the_start_up_into_segments_that_add_up():
     the segments chain, so they add up to the whole start-up."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import bench_regimes
 
     events = [

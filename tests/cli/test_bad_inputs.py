@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from helpers import TINY
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.config import ConfigError, config_from_dict, load_config, read_yaml
@@ -28,21 +29,7 @@ from fedrcl_flwr.run.results import format_round_line
 from fedrcl_flwr.run.run_files import LOCK_FILE
 from fedrcl_flwr.runner import toml_string
 
-ROOT = Path(__file__).resolve().parents[1]
-
-TINY = {
-    "name": "tiny",
-    "seed": 0,
-    "dataset": {
-        "name": "synthetic",
-        "synthetic": {"num_train": 400, "num_test": 100, "num_classes": 4, "image_size": 16},
-    },
-    "partition": {"scheme": "iid"},
-    "model": {"name": "cnn5"},
-    "federation": {"num_clients": 4, "rounds": 2, "participation": None, "clients_per_round": 2},
-    "client": {"method": "fedavg", "local_epochs": 1, "batch_size": 32, "device": "cpu"},
-    "output": {"checkpoint_every": 1},
-}
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _yaml(tmp_path, data=None, text=None, name="exp.yaml") -> str:

@@ -26,8 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_hardening_inputs import TINY
-from test_hardening_processes import _alive
+from helpers import TINY, alive
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.run.processes import OutputLock, procs_with
@@ -35,7 +34,7 @@ from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.run_files import LOCK_FILE
 from fedrcl_flwr.run.sweep import plan_sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 BASE = TINY  # a seconds-sized experiment on the embedded synthetic data
 
@@ -917,12 +916,12 @@ def test_kill_9_of_a_sweep_takes_its_runs_with_it(tmp_path, capsys):
         assert sweep_home and Path(sweep_home).is_dir()
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        left = _alive(home, tag, grace=40)
+        left = alive(home, tag, grace=40)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for pid in _alive(home or tag, tag, grace=0):  # never leave a run behind
+        for pid in alive(home or tag, tag, grace=0):  # never leave a run behind
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fedrcl_flwr.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "experiments" / "quickstart.yaml")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import yaml
-from conftest import tiny_config
+from helpers import tiny_config
 
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import parameters_to_ndarrays
+from helpers import FakeManager, fit_result
 
 from clients import client_class
 from fedrcl_flwr.augment import random_rotation, rotate
@@ -82,33 +83,9 @@ def _fedadam(**params):
     )
 
 
-class _P:
-    cid = "x"
-
-
-class _Mgr:
-    def __init__(self):
-        self.p = {str(i): _P() for i in range(4)}
-
-    def wait_for(self, n, timeout=0):
-        return True
-
-    def all(self):
-        return self.p
-
-
 def _step(st, rnd, value):
-    st.configure_fit(rnd, None, _Mgr())
-    res = (
-        _P(),
-        FitRes(
-            Status(Code.OK, ""),
-            ndarrays_to_parameters([np.array([value])]),
-            10,
-            {"partition_id": 0, "train_loss": 0.5},
-        ),
-    )
-    out, _ = st.aggregate_fit(rnd, [res], [])
+    st.configure_fit(rnd, None, FakeManager(4))
+    out, _ = st.aggregate_fit(rnd, [fit_result([np.array([value])])], [])
     return float(parameters_to_ndarrays(out)[0][0])
 
 
@@ -287,7 +264,7 @@ def test_fedrcl_paper_yamls_use_the_authors_protocol():
 
     from fedrcl_flwr.config import load_config
 
-    root = Path(__file__).resolve().parents[1] / "experiments" / "fedrcl"
+    root = Path(__file__).resolve().parents[2] / "experiments" / "fedrcl"
     files = sorted(glob.glob(str(root / "table[12345ACD]*.yaml")))
     assert len(files) == 49
     for f in files:

@@ -39,7 +39,7 @@ from fedrcl_flwr.training import (
     train_local,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUR_CODE = tuple(str(ROOT / d) for d in ("fedrcl_flwr", "clients", "strategies"))
 
 

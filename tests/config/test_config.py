@@ -15,7 +15,7 @@ from fedrcl_flwr.config import (
     load_config,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_are_valid():

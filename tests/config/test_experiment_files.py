@@ -22,7 +22,7 @@ from clients import CLIENTS
 from fedrcl_flwr.app.validate import validate_components
 from fedrcl_flwr.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ROOT / "experiments"
 FILES = sorted(
     p for p in EXPERIMENTS.rglob("*.yaml") if "sweeps" not in p.relative_to(EXPERIMENTS).parts

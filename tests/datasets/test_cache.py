@@ -1,6 +1,6 @@
 """The dataset cache (fedrcl_flwr/data/cache.py): keyed entries, built once, memory-mapped,
 atomic under races, corrupt entries rebuilt, prepared entries only opened, `cache ls|clear`.
-The real-run proof that no Flower process builds the data is in tests/test_e2e_flower.py."""
+The real-run proof that no Flower process builds the data is in tests/e2e/test_cli_run.py."""
 
 import dataclasses
 import subprocess
@@ -15,7 +15,7 @@ from fedrcl_flwr.data import cache
 from fedrcl_flwr.data.datasets import DatasetError
 from fedrcl_flwr.run import runtime
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -204,7 +204,7 @@ def test_paper_yamls_pad_black_with_the_authors_constants():
 
     from fedrcl_flwr.config import load_config
 
-    root = Path(__file__).resolve().parents[1] / "experiments" / "fedrcl"
+    root = Path(__file__).resolve().parents[2] / "experiments" / "fedrcl"
     theirs = {
         "cifar10": (CIFAR10_MEAN, CIFAR10_STD),
         "cifar100": ([0.5071, 0.4867, 0.4408], [0.2675, 0.2565, 0.2761]),

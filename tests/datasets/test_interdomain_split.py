@@ -21,7 +21,7 @@ from fedrcl_flwr.data.report import (
 )
 from fedrcl_flwr.errors import PartitionError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 K = 10
 
 

@@ -84,7 +84,7 @@ def test_disjoint_and_nonempty(scheme, kw):
 
 
 # balanced Dirichlet and both domain splits (equal per-class counts / Dirichlet label skew
-# inside a domain, see tests/test_interdomain.py) leave samples unused by design
+# inside a domain, see tests/datasets/test_interdomain_split.py) leave samples unused by design
 COMPLETE = [
     (s, kw) for s, kw in SCHEMES if not (s == "dirichlet" and kw["balanced"]) and s != "domain"
 ]

@@ -17,27 +17,17 @@ from __future__ import annotations
 import bz2
 import gzip
 import hashlib
-import pickle
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import BLUE, GREEN, RED, cifar_rows, images, write_cifar10, write_pickle
 
 from fedrcl_flwr.data.datasets import DatasetError, load_dataset
 
-ROOT = Path(__file__).resolve().parents[1]
-RED, GREEN, BLUE = (255, 0, 0), (0, 255, 0), (0, 0, 255)
-
-
-def _images(n: int, size: int, channels: int, seed: int) -> np.ndarray:
-    """Random uint8 (n, size, size, channels); in colour images pixel (0, 3) of every
-    image is red, (3, 0) green and (1, 1) blue (asymmetric: a transposed image fails)."""
-    x = np.random.default_rng(seed).integers(0, 256, (n, size, size, channels), np.uint8)
-    if channels == 3:
-        x[:, 0, 3], x[:, 3, 0], x[:, 1, 1] = RED, GREEN, BLUE
-    return x
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _md5(path: Path) -> str:
@@ -80,77 +70,26 @@ def _check_bundle(b, x_train, y_train, x_test, y_test):
 # --------------------------------------------------------------------------------------
 
 
-def _cifar_rows(x: np.ndarray) -> np.ndarray:
-    """The CIFAR row layout: 1024 red, 1024 green, 1024 blue values, each row-major."""
-    return x.transpose(0, 3, 1, 2).reshape(len(x), 3072)
-
-
-def _pickle(path: Path, obj) -> None:
-    with open(path, "wb") as f:
-        pickle.dump(obj, f, protocol=2)
-
-
-def write_cifar10(root: Path, per_class_batch: int = 1, per_class_test: int = 2, seed=0):
-    """cifar-10-batches-py/data_batch_1..5, test_batch, batches.meta (as distributed)."""
-    d = root / "cifar-10-batches-py"
-    d.mkdir(parents=True)
-    xs, ys = [], []
-    for b in range(1, 6):
-        y = np.tile(np.arange(10), per_class_batch)
-        x = _images(len(y), 32, 3, seed + b)
-        _pickle(
-            d / f"data_batch_{b}",
-            {
-                "batch_label": f"training batch {b} of 5",
-                "labels": y.tolist(),
-                "data": _cifar_rows(x),
-                "filenames": [f"img_{b}_{i}.png" for i in range(len(y))],
-            },
-        )
-        xs.append(x)
-        ys.append(y)
-    yt = np.repeat(np.arange(10), per_class_test)
-    xt = _images(len(yt), 32, 3, seed + 99)
-    _pickle(
-        d / "test_batch",
-        {
-            "batch_label": "testing batch 1 of 1",
-            "labels": yt.tolist(),
-            "data": _cifar_rows(xt),
-            "filenames": [f"t{i}.png" for i in range(len(yt))],
-        },
-    )
-    _pickle(
-        d / "batches.meta",
-        {
-            "num_cases_per_batch": len(xs[0]),
-            "num_vis": 3072,
-            "label_names": [f"class{k}" for k in range(10)],
-        },
-    )
-    return np.concatenate(xs), np.concatenate(ys), xt, yt
-
-
 def write_cifar100(root: Path, seed=0):
     """cifar-100-python/train, test, meta with fine and coarse labels."""
     d = root / "cifar-100-python"
     d.mkdir(parents=True)
     y = np.tile(np.arange(100), 2)
-    x = _images(len(y), 32, 3, seed)
+    x = images(len(y), 32, 3, seed)
     yt = np.arange(100)[::-1].copy()
-    xt = _images(len(yt), 32, 3, seed + 1)
+    xt = images(len(yt), 32, 3, seed + 1)
     for name, xx, yy in (("train", x, y), ("test", xt, yt)):
-        _pickle(
+        write_pickle(
             d / name,
             {
                 "filenames": [f"{name}{i}.png" for i in range(len(yy))],
                 "batch_label": f"{name}ing batch 1 of 1",
                 "fine_labels": yy.tolist(),
                 "coarse_labels": (yy // 5).tolist(),
-                "data": _cifar_rows(xx),
+                "data": cifar_rows(xx),
             },
         )
-    _pickle(
+    write_pickle(
         d / "meta",
         {
             "fine_label_names": [f"f{k}" for k in range(100)],
@@ -246,9 +185,9 @@ def _idx(data: np.ndarray) -> bytes:
 def write_idx(raw: Path, gz: bool, seed=0):
     raw.mkdir(parents=True)
     y = np.tile(np.arange(10), 3)
-    x = _images(len(y), 28, 1, seed)[..., 0]
+    x = images(len(y), 28, 1, seed)[..., 0]
     yt = np.arange(10)[::-1].copy()
-    xt = _images(len(yt), 28, 1, seed + 1)[..., 0]
+    xt = images(len(yt), 28, 1, seed + 1)[..., 0]
     for prefix, xx, yy in (("train", x, y), ("t10k", xt, yt)):
         for kind, arr in (("images-idx3-ubyte", xx), ("labels-idx1-ubyte", yy)):
             path = raw / f"{prefix}-{kind}"
@@ -281,7 +220,7 @@ def write_svhn(folder: Path, seed=0):
     out = []
     for split, n_per in (("train", 3), ("test", 1)):
         digits = np.tile(np.arange(10), n_per)
-        x = _images(len(digits), 32, 3, seed + len(split))
+        x = images(len(digits), 32, 3, seed + len(split))
         mat_y = np.where(digits == 0, 10, digits).astype(np.uint8)[:, None]
         savemat(folder / f"{split}_32x32.mat", {"X": x.transpose(1, 2, 3, 0), "y": mat_y})
         out += [x, digits]
@@ -310,7 +249,7 @@ def write_usps(folder: Path, seed=0):
     out = []
     for fname, n_per in (("usps.bz2", 3), ("usps.t.bz2", 1)):
         digits = np.tile(np.arange(10), n_per)
-        x = _images(len(digits), 16, 1, seed + n_per)[..., 0]
+        x = images(len(digits), 16, 1, seed + n_per)[..., 0]
         vals = x.astype(np.float64) / 255.0 * 2.0 - 1.0
         lines = [
             f"{d + 1} " + " ".join(f"{j + 1}:{v:.6f}" for j, v in enumerate(row.ravel()))
@@ -351,14 +290,14 @@ def write_stl10(root: Path, seed=0):
     d = root / "stl10_binary"
     d.mkdir(parents=True)
     y = np.arange(10)
-    x = _images(10, 96, 3, seed)
+    x = images(10, 96, 3, seed)
     yt = np.arange(10)[::-1].copy()
-    xt = _images(10, 96, 3, seed + 1)
+    xt = images(10, 96, 3, seed + 1)
     (d / "train_X.bin").write_bytes(_stl_bytes(x))
     (d / "train_y.bin").write_bytes((y + 1).astype(np.uint8).tobytes())
     (d / "test_X.bin").write_bytes(_stl_bytes(xt))
     (d / "test_y.bin").write_bytes((yt + 1).astype(np.uint8).tobytes())
-    (d / "unlabeled_X.bin").write_bytes(_stl_bytes(_images(2, 96, 3, seed + 2)))
+    (d / "unlabeled_X.bin").write_bytes(_stl_bytes(images(2, 96, 3, seed + 2)))
     (d / "class_names.txt").write_text("\n".join(f"c{k}" for k in range(10)) + "\n")
     (d / "fold_indices.txt").write_text(" ".join(map(str, range(10))) + "\n")
     return x, y, xt, yt
@@ -538,4 +477,4 @@ def test_digit5_all_five_real_formats(tmp_path, monkeypatch, no_network):
 
 
 # (`fedrcl-flwr run` on these CIFAR-10 files through Flower's worker processes:
-# tests/test_privacy.py::test_simulation_with_secagg_client_dp_and_trackers)
+# tests/strategies/test_privacy.py::test_simulation_with_secagg_client_dp_and_trackers)

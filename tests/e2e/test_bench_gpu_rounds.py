@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import leftover_procs
+from helpers import leftover_procs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.flwr

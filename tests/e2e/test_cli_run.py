@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import leftover_procs, quickstart_run_args
+from helpers import leftover_procs, quickstart_run_args
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.flwr
 
 SMALL = [

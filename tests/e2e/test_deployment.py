@@ -18,7 +18,7 @@ import pytest
 
 from fedrcl_flwr.runner import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.flwr
 

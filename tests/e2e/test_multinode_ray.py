@@ -15,12 +15,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import leftover_procs
+from helpers import leftover_procs
 
 from fedrcl_flwr.run.processes import procs_with
 from fedrcl_flwr.runner import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.flwr
 
 

@@ -16,13 +16,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import quickstart_run_args
+from helpers import alive, quickstart_run_args
 
 from fedrcl_flwr.run.processes import OutputLock, procs_with
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.run_files import LOCK_FILE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.flwr
 
 SMALL = [
@@ -53,23 +53,6 @@ def _home(out: Path) -> str:
     return lines[1]
 
 
-def _alive(home: str, tag: str, grace: float) -> dict[int, str]:
-    """Processes of the run still alive after up to ``grace`` seconds."""
-    deadline = time.time() + grace
-    while True:
-        left = set(procs_with(home)) | set(procs_with(f"FEDRCL_TEST_TAG={tag}"))
-        if not left or time.time() > deadline:
-            break
-        time.sleep(0.5)
-    out = {}
-    for pid in sorted(left):
-        try:
-            out[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
-        except OSError:
-            continue
-    return out
-
-
 def _wait_for_round(proc, out: Path, n: int, timeout: float = 240.0):
     deadline = time.time() + timeout
     while time.time() < deadline and len(read_metrics(out)) < n and proc.poll() is None:
@@ -94,7 +77,7 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == (130 if sig == signal.SIGTERM else -signal.SIGKILL)
-    left = _alive(home, tag, grace)
+    left = alive(home, tag, grace)
     assert not left, f"left behind after {sig!r}: {left}"
     assert not Path(home).exists()
     assert OutputLock.holder(out) is None  # the lock died with the run
@@ -123,7 +106,7 @@ def test_run_where_every_client_failed_exits_1_with_the_first_error(tmp_path):
     assert "ALL CLIENTS FAILED" in stdout
     assert not (out / "summary.json").exists()
     assert "AllClientsFailed" in (out / "run.log").read_text()  # details stay in run.log
-    assert not _alive(_home(out), tag, 30.0)
+    assert not alive(_home(out), tag, 30.0)
 
 
 def test_run_that_never_starts_times_out_cleanly(tmp_path, monkeypatch):
@@ -156,5 +139,5 @@ def test_run_that_never_starts_times_out_cleanly(tmp_path, monkeypatch):
     msg = str(ei.value)
     assert "\n" not in msg and "did not start: still 'pending'" in msg
     assert "startup_timeout_s=3" in msg
-    assert not _alive(homes[0], uuid.uuid4().hex, 30.0)
+    assert not alive(homes[0], uuid.uuid4().hex, 30.0)
     assert not Path(homes[0]).exists()

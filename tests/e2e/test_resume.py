@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import leftover_procs, quickstart_run_args
+from helpers import leftover_procs, quickstart_run_args
 
 from fedrcl_flwr.run.results import read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.flwr
 
 SMALL = [

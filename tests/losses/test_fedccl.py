@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from fedrcl_flwr.losses import fedccl as L
 
-DATA = Path(__file__).resolve().parent / "data" / "fedccl"
+DATA = Path(__file__).resolve().parents[1] / "data" / "fedccl"
 TAGS = ["first_ee0", "first_ee1", "last_ee0", "last_ee1"]
 
 

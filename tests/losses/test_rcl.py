@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from fedrcl_flwr.losses.rcl import rcl_loss, scl_loss
 
-DATA = Path(__file__).resolve().parent / "data" / "fedrcl"
+DATA = Path(__file__).resolve().parents[1] / "data" / "fedrcl"
 LEVELS = 5
 SETTINGS = {
     "S1_default": dict(tau=0.05, lam=0.7, beta=1.0, topk_pos=1, topk_neg=2),

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from fedrcl_flwr.losses import univarfl as U
 
-DATA = Path(__file__).resolve().parent / "data" / "univarfl"
+DATA = Path(__file__).resolve().parents[1] / "data" / "univarfl"
 CASES = sorted(p.name for p in DATA.glob("case*.npz"))
 EPS_TAGS = {"1e-08": 1e-8, "1e-06": 1e-6, "1e-03": 1e-3}
 DUP_CASE = "case3_uniform_logits_dupfeat.npz"

@@ -19,7 +19,7 @@ from torch import nn
 
 from fedrcl_flwr.config import ConfigError, load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TABLE_C = sorted((ROOT / "experiments" / "fedrcl").glob("tableC_*.yaml"))
 
 

@@ -27,7 +27,7 @@ from fedrcl_flwr.training import (
     train_local,
 )
 
-DATA = Path(__file__).resolve().parent / "data" / "fedrcl"
+DATA = Path(__file__).resolve().parents[1] / "data" / "fedrcl"
 LEVELS = ("layer0", "layer1", "layer2", "layer3", "layer4")
 
 

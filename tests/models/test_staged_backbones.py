@@ -18,7 +18,7 @@ from fedrcl_flwr.config import load_config
 from fedrcl_flwr.models import MODELS, build_model
 from fedrcl_flwr.run.results import read_metrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # level -> (channels, spatial side of the tapped map) for a 32x32 input, from each
 # architecture's paper with the CIFAR strides of its module docstring

@@ -20,7 +20,7 @@ from fedrcl_flwr.cli import build_parser
 from fedrcl_flwr.config import ExperimentConfig
 from strategies import STRATEGIES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted(DOCS.glob("*.md"))]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")

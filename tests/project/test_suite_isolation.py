@@ -5,7 +5,7 @@ import subprocess
 import sys
 import tempfile
 
-from conftest import leftover_procs, run_marker
+from helpers import leftover_procs, run_marker
 
 
 def test_leftover_check_sees_our_runs_and_never_anyone_elses():

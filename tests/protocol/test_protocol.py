@@ -5,7 +5,8 @@ results handed to ``server_update``. In process, seconds."""
 
 import numpy as np
 import pytest
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import parameters_to_ndarrays
+from helpers import FakeManager, fit_result
 
 from fedrcl_flwr.protocol import (
     EvaluateInstructions,
@@ -21,21 +22,6 @@ from strategies import STRATEGIES, strategy_class
 from strategies.base import FederatedStrategy
 from strategies.fedacg import FedACGParams
 from strategies.feddyn import FedDynParams
-
-
-class _Manager:
-    def __init__(self, n=4):
-        self.p = {str(i): object() for i in range(n)}
-
-    def wait_for(self, n, timeout=0):
-        return True
-
-    def all(self):
-        return self.p
-
-
-def _res(arrays, metrics, n=10):
-    return (None, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics))
 
 
 def test_fit_instructions_wire_entries_round_trip():
@@ -139,9 +125,13 @@ def test_malformed_fit_report_drops_the_result_not_the_round():
         clients_per_round=2,
         rounds=3,
     )
-    st.configure_fit(1, None, _Manager())
-    good = _res([np.array([2.0, 4.0], np.float32)], {"partition_id": 1, "train_loss": 0.5})
-    bad = _res([np.array([9.0, 9.0], np.float32)], {"partition_id": "one", "train_loss": 0.5})
+    st.configure_fit(1, None, FakeManager(4))
+    good = fit_result(
+        [np.array([2.0, 4.0], np.float32)], metrics={"partition_id": 1, "train_loss": 0.5}
+    )
+    bad = fit_result(
+        [np.array([9.0, 9.0], np.float32)], metrics={"partition_id": "one", "train_loss": 0.5}
+    )
     out, _ = st.aggregate_fit(1, [bad, good], [])
     np.testing.assert_allclose(parameters_to_ndarrays(out)[0], [2.0, 4.0])
     assert st._fit_info["num_clients"] == 1 and st._fit_info["failures"] == 1
@@ -173,11 +163,17 @@ def test_server_update_receives_the_rounds_kept_results():
         rounds=3,
         round_offset=5,
     )
-    st.configure_fit(1, None, _Manager())
+    st.configure_fit(1, None, FakeManager(4))
     results = [
-        _res([np.array([3.0], np.float32)], {"partition_id": 3, "train_loss": 0.3}, 7),
-        _res([np.array([np.nan], np.float32)], {"partition_id": 2, "train_loss": 0.2}),
-        _res([np.array([1.0], np.float32)], {"partition_id": 0, "train_loss": 0.1}, 5),
+        fit_result(
+            [np.array([3.0], np.float32)], metrics={"partition_id": 3, "train_loss": 0.3}, n=7
+        ),
+        fit_result(
+            [np.array([np.nan], np.float32)], metrics={"partition_id": 2, "train_loss": 0.2}
+        ),
+        fit_result(
+            [np.array([1.0], np.float32)], metrics={"partition_id": 0, "train_loss": 0.1}, n=5
+        ),
     ]
     out, _ = st.aggregate_fit(1, results, [])
     # the run's round (resumed: offset 5), the kept clients by partition id (NaN dropped)

@@ -240,7 +240,7 @@ def test_faulty_is_a_test_double_registered_by_the_tests_only(monkeypatch):
         "print(client_class('faulty').__name__ if 'faulty' in CLIENTS else '-')"
     )
     env = {k: v for k, v in os.environ.items() if k != EXTRA_COMPONENTS_ENV}
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = [
         subprocess.run(
             [sys.executable, "-c", probe],

@@ -26,7 +26,7 @@ from fedrcl_flwr.models import MODELS, build_model
 from fedrcl_flwr.models.interface import FeatureModel
 from strategies import STRATEGIES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 
@@ -53,7 +53,7 @@ def _classes_defined_in(package: str, base_name: str, attr: str) -> dict[str, st
 
 
 def _test_doubles() -> set[str]:
-    from tests.conftest import TEST_DOUBLES
+    from helpers import TEST_DOUBLES
 
     return set(TEST_DOUBLES["client.method"])
 

@@ -18,7 +18,7 @@ from fedrcl_flwr.cli import main
 from fedrcl_flwr.config import check_reference, load_config
 from fedrcl_flwr.report.tables import build_table, load_runs, method_label, metric_value
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 REFERENCE = [
     {
@@ -603,7 +603,7 @@ def test_partition_heatmap_has_integer_client_ticks_and_alpha_in_its_title(tmp_p
         ),
     )
     exp = tmp_path / "exp.yaml"
-    from conftest import tiny_config
+    from helpers import tiny_config
 
     from fedrcl_flwr.config import to_dict
 

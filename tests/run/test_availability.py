@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY_SYNTHETIC, assert_run_refused
+from helpers import TINY_SYNTHETIC, assert_run_refused
 
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.availability import Availability, local_steps, per_client_values
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.runtime import sample_partitions
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _strip(recs):

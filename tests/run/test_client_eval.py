@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import yaml
-from conftest import TINY_SYNTHETIC, assert_run_refused
+from helpers import TINY_SYNTHETIC, assert_run_refused
 
 from fedrcl_flwr import client_eval
 from fedrcl_flwr.app.inprocess import _Manager, evaluate_clients, run_inprocess

@@ -105,7 +105,7 @@ def test_progress_shows_the_ema_only_for_runs_that_report_it(tmp_path, capsys, m
     assert reported_value(summary, "last5") == 0.7 and reported_value(summary, "best") is None
 
     monkeypatch.setattr(runner, "run_simulation_via_flower", lambda *a, **k: summary)
-    from conftest import tiny_config
+    from helpers import tiny_config
 
     from fedrcl_flwr.config import to_dict
 

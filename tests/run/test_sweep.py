@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY_SYNTHETIC
+from helpers import TINY_SYNTHETIC
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.run.processes import procs_with
@@ -22,7 +22,7 @@ from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.run_files import LOCK_FILE
 from fedrcl_flwr.run.sweep import plan_sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 BASE = {
     "name": "tiny_sweep",

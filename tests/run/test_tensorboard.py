@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import TINY_SYNTHETIC
+from helpers import TINY_SYNTHETIC
 
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
@@ -104,7 +104,7 @@ def test_missing_extra_is_one_line_exit_2(monkeypatch, capsys):
         "find_spec",
         lambda name, *a: None if name == "tensorboard" else real(name, *a),
     )
-    quickstart = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
+    quickstart = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"
     assert (
         main(
             [

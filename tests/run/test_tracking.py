@@ -27,7 +27,7 @@ from fedrcl_flwr.tracking import (
 pytest.importorskip("wandb")
 pytest.importorskip("mlflow")
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 
 from fedrcl_flwr.clustering import canonical_labels, finch, first_neighbours
 
-DATA = Path(__file__).resolve().parent / "data" / "fedccl"
+DATA = Path(__file__).resolve().parents[1] / "data" / "fedccl"
 SETS = sorted(p.name for p in DATA.glob("finch_*.npz") if "reqclust" not in p.name)
 RUNS = [(m, ee) for m in ("cosine", "euclidean") for ee in (1, 0)]
 

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from conftest import FakeManager, FakeProxy, fitres
-from conftest import make_strategy as make
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+from helpers import FakeManager, FakeProxy, fitres
+from helpers import make_strategy as make
 
 from fedrcl_flwr.run.runtime import sample_partitions
 from fedrcl_flwr.server.aggregation import client_coefficients, entry_kinds, weighted_average

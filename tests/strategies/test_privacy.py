@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FakeManager, fitres
-from conftest import make_strategy as make
 from flwr.common import parameters_to_ndarrays
+from helpers import FakeManager, fitres
+from helpers import make_strategy as make
 
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
@@ -25,7 +25,7 @@ from fedrcl_flwr.run.runtime import sample_partitions
 pytest.importorskip("dp_accounting")
 
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"
 
 
 def _dp(mode="server", sigma=0.0, clip=1.0):
@@ -324,7 +324,7 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     """The real wiring, through ``fedrcl-flwr run`` (Flower's simulation): the ServerApp
     runs SecAgg+ with client-side DP, the ClientApps' mods mask and clip, the ServerApp
     process logs to MLflow (file store) and W&B (offline); nothing is left running. The
-    data are CIFAR-10 files in the distributed on-disk format (tests/test_real_formats.py
+    data are CIFAR-10 files in the distributed on-disk format (tests/datasets/test_real_formats.py
     writes them): the real loader runs inside Flower's worker processes."""
     import json
     import os
@@ -341,7 +341,7 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
         WANDB_CONFIG_DIR=str(tmp_path / "wbcfg"),
         WANDB_DATA_DIR=str(tmp_path / "wbd"),
     )
-    from test_real_formats import write_cifar10
+    from helpers import write_cifar10
 
     write_cifar10(tmp_path / "data", per_class_batch=2, per_class_test=2)
     sets = [

@@ -5,37 +5,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import parameters_to_ndarrays
+from helpers import FakeManager, fit_result
 
 from fedrcl_flwr.run.runtime import get_weights, trainable_mask
 from strategies import STRATEGIES, strategy_class
-
-
-class P:
-    cid = "x"
-
-
-class Mgr:
-    def __init__(self, n=4):
-        self.p = {str(i): P() for i in range(n)}
-
-    def wait_for(self, n, timeout=0):
-        return True
-
-    def all(self):
-        return self.p
-
-
-def res(arrays, pid=0):
-    return (
-        P(),
-        FitRes(
-            Status(Code.OK, ""),
-            ndarrays_to_parameters(arrays),
-            10,
-            {"partition_id": pid, "train_loss": 0.5},
-        ),
-    )
 
 
 def make(name, w0, trainable=None, **params):
@@ -50,8 +24,8 @@ def make(name, w0, trainable=None, **params):
 
 
 def step(st, rnd, *client_arrays):
-    st.configure_fit(rnd, None, Mgr())
-    out, _ = st.aggregate_fit(rnd, [res(a, i) for i, a in enumerate(client_arrays)], [])
+    st.configure_fit(rnd, None, FakeManager(4))
+    out, _ = st.aggregate_fit(rnd, [fit_result(a, i) for i, a in enumerate(client_arrays)], [])
     return parameters_to_ndarrays(out)
 
 
@@ -101,20 +75,20 @@ def test_fedadam_default_lr_is_not_one():
 
 def test_fedacg_lookahead_and_update():
     st = make("fedacg", [np.array([0.0])], lam=0.85, beta=0.001)
-    ins = st.configure_fit(1, None, Mgr())
+    ins = st.configure_fit(1, None, FakeManager(4))
     sent = parameters_to_ndarrays(ins[0][1].parameters)[0]
     np.testing.assert_allclose(sent, [0.0])
     assert ins[0][1].config["acg_beta"] == pytest.approx(0.001)
-    out, _ = st.aggregate_fit(1, [res([np.array([1.0])])], [])
+    out, _ = st.aggregate_fit(1, [fit_result([np.array([1.0])])], [])
     np.testing.assert_allclose(parameters_to_ndarrays(out)[0], [1.0])  # w = avg
-    ins = st.configure_fit(2, None, Mgr())
+    ins = st.configure_fit(2, None, FakeManager(4))
     # look-ahead: w + λM = 1 + 0.85*1
     np.testing.assert_allclose(parameters_to_ndarrays(ins[0][1].parameters)[0], [1.85])
-    out, _ = st.aggregate_fit(2, [res([np.array([2.0])])], [])
+    out, _ = st.aggregate_fit(2, [fit_result([np.array([2.0])])], [])
     # Δ = 2 - 1.85 = 0.15; M = 0.85 + 0.15 = 1.0; w = 2
     np.testing.assert_allclose(parameters_to_ndarrays(out)[0], [2.0])
     np.testing.assert_allclose(st.m_buf[0], [1.0])
-    ins = st.configure_fit(3, None, Mgr())
+    ins = st.configure_fit(3, None, FakeManager(4))
     np.testing.assert_allclose(parameters_to_ndarrays(ins[0][1].parameters)[0], [2.85])
 
 
@@ -134,8 +108,8 @@ def test_buffers_averaged_counters_kept_params_optimised(name):
     st = make(name, w0, trainable=mask)
     c1 = [w + 1.0 if np.issubdtype(w.dtype, np.floating) else w + 3 for w in w0]
     c2 = [w + 3.0 if np.issubdtype(w.dtype, np.floating) else w + 5 for w in w0]
-    st.configure_fit(1, None, Mgr())
-    out, _ = st.aggregate_fit(1, [res(c1, 0), res(c2, 1)], [])
+    st.configure_fit(1, None, FakeManager(4))
+    out, _ = st.aggregate_fit(1, [fit_result(c1, 0), fit_result(c2, 1)], [])
     out = dict(zip(keys, parameters_to_ndarrays(out)))
     base = dict(zip(keys, w0))
     # float buffers: plain average, whatever the server optimiser
@@ -194,5 +168,5 @@ def test_state_roundtrip(name):
 def test_resumed_round_is_the_run_round():
     st = make("fedavg", [np.array([0.0])])
     st.round_offset = 5
-    ins = st.configure_fit(1, None, Mgr())
+    ins = st.configure_fit(1, None, FakeManager(4))
     assert st.run_round(1) == 6 and {fi.config["run_round"] for _, fi in ins} == {6}
