@@ -50,6 +50,7 @@ DROPOUT_ROUND_SALT = 0xD209
 SPEED_SALT = 0x5BEED
 JITTER_SALT = 0x5B17
 
+
 def enabled(cfg) -> bool:
     av = cfg.federation.availability
     return _any_dropout(av.dropout) or av.stragglers.speed is not None

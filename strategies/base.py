@@ -109,6 +109,7 @@ class StrategyClient(Protocol):
 
     def distance_to_received_term(self, name: str, weight: float) -> LossTerm: ...
 
+
 log = logging.getLogger("fedrcl_flwr")
 
 
