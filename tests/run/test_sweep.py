@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import TINY_SYNTHETIC
+from helpers import TINY_SYNTHETIC, leftover_procs
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.run.processes import procs_with
 from fedrcl_flwr.run.results import read_metrics
-from fedrcl_flwr.run.run_files import LOCK_FILE
+from fedrcl_flwr.run.run_files import LOCK_FILE, sweep_log_path
 from fedrcl_flwr.run.sweep import plan_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -284,7 +284,9 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
     round by round), ``c`` with exactly its own rounds. (Two real runs and a resume, not
     the eight of a paper-table grid: the suite's time budget.) A fourth run ``d``, whose every
     client fails (fault injection), is reached only by the rerun: it is recorded as failed
-    with its first client error, the others still complete, and the rerun exits 1."""
+    with its first client error, the others still complete, and the rerun exits 1. ``d``
+    is also the suite's real ``run`` in which no client ever trains: exit 1 with one line
+    naming the first client error, its round line saying so, details in its run.log."""
     import torch
 
     from fedrcl_flwr.app.inprocess import run_inprocess
@@ -302,7 +304,8 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
                 "label": "d",
                 "client.method": "faulty",
                 "client.params": {"mode": "raise", "partitions": [-1]},
-                "federation.rounds": 1,
+                "federation.rounds": 2,  # round 1's line says so, round 2 ends the run
+                "federation.max_consecutive_failed_rounds": 5,
             },
         ],
         set={
@@ -381,6 +384,17 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
         d.name: "failed",
     }, status
     assert status[d.name]["exit_code"] == 1 and "injected" in status[d.name]["error"], status
+    # d is also the suite's real `run` whose every client fails: exit 1 (above) with one
+    # line naming the first client error, the round line says so, the details stay in its
+    # run.log, no summary, nothing of the run left behind
+    d_log = sweep_log_path(out, d.name).read_text()
+    err = [ln for ln in d_log.splitlines() if "no client trained" in ln]
+    assert len(err) == 1 and "no client trained in any of the 2 rounds" in err[0], d_log
+    assert "first client error: RuntimeError: injected failure on partition" in err[0]
+    assert "ALL CLIENTS FAILED" in d_log and "Traceback" not in d_log, d_log
+    assert not (d.out_dir / "summary.json").exists()
+    assert "AllClientsFailed" in (d.out_dir / "run.log").read_text()
+    assert not leftover_procs(), "the rerun left processes behind"
     assert res.stderr.count("FAILED") == 1 and "Traceback" not in res.stderr, res.stderr
     assert "3/4 runs finished, 1 failed" in res.stdout
     assert not (c.out_dir / "flower.log").read_text().startswith("stale")
