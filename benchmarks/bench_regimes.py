@@ -518,7 +518,8 @@ def measure_floor(
     with ``nodes`` SuperNodes (one CPU per client) whose messages carry ``payload`` bytes
     there and back (the model's size: Flower's own cost of moving it); times from the
     SuperLink's launch."""
-    from fedrcl_flwr.runner import free_port, teardown
+    from fedrcl_flwr.run.processes import teardown
+    from fedrcl_flwr.runner import free_port
 
     app = work / "floor-app"
     app.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,11 +59,10 @@ from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.run.run_files import CLIENT_STATE_DIR
 from fedrcl_flwr.signals import SignalSet, decode_signals, encode_signals
 from fedrcl_flwr.training import (
-    LocalTrainSettings,
     LossTerm,
     batch_size_for,
     cross_entropy_term,
-    round_lr,
+    local_train_settings,
     train_local,
 )
 from strategies import strategy_class
@@ -385,22 +384,7 @@ class FederatedClient(NumPyClient):
         channels_last = use_channels_last(c.channels_last, self.device, model)
         if channels_last:  # the pooled model keeps it; set_weights preserves the layout
             model.to(memory_format=torch.channels_last)
-        settings = LocalTrainSettings(
-            lr=ins.lr if ins.lr is not None else round_lr(c.lr, c.lr_decay, self.run_round),
-            epochs=c.local_epochs,
-            momentum=c.momentum,
-            weight_decay=c.weight_decay,
-            grad_clip=c.grad_clip,
-            iterations_per_epoch=c.iterations_per_epoch,
-            optimizer=c.optimizer,
-            nesterov=c.nesterov,
-            betas=tuple(c.betas),
-            eps=c.eps,
-            # a str once loaded: the schema maps YAML's bare `off` (False) to "off"
-            epoch_lr_decay=c.epoch_lr_decay,
-            amp=cast(str, c.amp),
-            channels_last=channels_last,
-        )
+        settings = local_train_settings(c, self.run_round, channels_last=channels_last)
         terms = self.loss_terms() + self.strategy_terms(ins)
         with timers.stage("train"):
             return train_local(

@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from fedrcl_flwr.config import ConfigError, ExperimentConfig
+from fedrcl_flwr.config import ExperimentConfig
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.run.preflight import (  # noqa: F401 - the checks' one home, re-exported
     check_output_dir,
     check_output_file,
@@ -136,7 +137,8 @@ def cmd_run(args) -> int:
     run (:func:`fedrcl_flwr.run.preflight.before_run`), the run directory claimed, the
     simulation, one line of result."""
     from fedrcl_flwr.run.preflight import before_run
-    from fedrcl_flwr.runner import OutputLock, RunFailed
+    from fedrcl_flwr.run.processes import OutputLock
+    from fedrcl_flwr.runner import RunFailed
 
     cfg, out_dir = _run_config(args)
     source = args.resume or args.experiment
@@ -331,7 +333,7 @@ def partition_title(cfg) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: every subcommand and flag, declared in one place
-    (``tests/test_docs.py`` walks it against docs/cli.md). Long because it is a list of
+    (``tests/project/test_docs.py`` walks it against docs/cli.md). Long because it is a list of
     ``add_argument`` calls, one per flag; the commands themselves are the ``cmd_*``
     functions."""
     from fedrcl_flwr.config.catalog import METRIC_NAMES

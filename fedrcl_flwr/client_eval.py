@@ -47,58 +47,15 @@ import math
 import numpy as np
 
 from fedrcl_flwr.config.catalog import CLIENT_STAT_KEYS as STAT_KEYS
+from fedrcl_flwr.config.sections import test_source
 from fedrcl_flwr.protocol import decode_client_eval, encode_client_eval
 
 HOLDOUT_SALT = 0x7E57
 FINETUNE_SALT = 0xF1E7
 
 
-def _cfg_error(source: str, msg: str):
-    from fedrcl_flwr.config import ConfigError
-
-    return ConfigError(f"{source}: {msg}")
-
-
-def check_config(cfg, source: str) -> None:
-    """``evaluation.per_client`` consistent with the rest of the experiment (one
-    ``ConfigError`` naming the key and ``source``; each key's own range is a rule in
-    ``fedrcl_flwr.config.CONFIG_RULES``)."""
-    pc = cfg.evaluation.per_client
-    key = "evaluation.per_client"
-    if not pc.every:
-        return
-    every = cfg.federation.eval_every
-    if pc.every % every:
-        raise _cfg_error(
-            source,
-            f"'{key}.every' ({pc.every}) must be a multiple of "
-            f"'federation.eval_every' ({every}): client metrics go "
-            "into the evaluated rounds' records",
-        )
-    if pc.local_test == "domain" and cfg.partition.scheme != "domain":
-        raise _cfg_error(
-            source,
-            f"'{key}.local_test' domain needs partition.scheme domain "
-            f"(got {cfg.partition.scheme}); use holdout",
-        )
-    if test_source(cfg) == "holdout" and pc.local_test_fraction <= 0:
-        raise _cfg_error(
-            source,
-            f"'{key}.local_test_fraction' must be > 0 for a held-out "
-            "local test share (local_test holdout)",
-        )
-
-
 def enabled(cfg) -> bool:
     return cfg.evaluation.per_client.every > 0
-
-
-def test_source(cfg) -> str:
-    """``holdout`` or ``domain`` (``auto`` resolved)."""
-    lt = cfg.evaluation.per_client.local_test
-    if lt == "auto":
-        return "domain" if cfg.partition.scheme == "domain" else "holdout"
-    return lt
 
 
 def holds_out(cfg) -> bool:
@@ -166,10 +123,9 @@ def finetune(
 
     from fedrcl_flwr.run import runtime
     from fedrcl_flwr.training import (
-        LocalTrainSettings,
         batch_size_for,
         cross_entropy_term,
-        round_lr,
+        local_train_settings,
         train_local,
     )
 
@@ -183,18 +139,9 @@ def finetune(
     def batches(_epoch: int):  # one "epoch" of exactly `steps` steps, epochs chained
         return itertools.chain.from_iterable(epoch_batches(e) for e in itertools.count())
 
-    settings = LocalTrainSettings(
-        lr=round_lr(c.lr, c.lr_decay, run_round),
-        epochs=1,
-        momentum=c.momentum,
-        weight_decay=c.weight_decay,
-        grad_clip=c.grad_clip,
-        iterations_per_epoch=steps,
-        optimizer=c.optimizer,
-        nesterov=c.nesterov,
-        betas=tuple(c.betas),
-        eps=c.eps,
-        amp=c.amp,
+    # one "epoch" of exactly `steps` steps, without the local round's in-round decay
+    settings = local_train_settings(
+        c, run_round, epochs=1, iterations_per_epoch=steps, epoch_lr_decay=1.0
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

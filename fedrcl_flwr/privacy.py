@@ -44,33 +44,6 @@ from __future__ import annotations
 import numpy as np
 
 
-def check_privacy_section(cfg, source: str) -> None:
-    """The ``privacy`` section on its own beyond each key's rule (types by the schema,
-    ranges by ``fedrcl_flwr.config.CONFIG_RULES``): the required keys of ``privacy.dp``,
-    the accountant installed, a threshold given as a proportion at most 1."""
-    from fedrcl_flwr.config import ConfigError
-    from fedrcl_flwr.config.extras import installed, pip_install
-
-    dp = cfg.privacy.dp
-    if dp is not None:
-        if dp.noise_multiplier is None or dp.clipping_norm is None:
-            missing = "noise_multiplier" if dp.noise_multiplier is None else "clipping_norm"
-            raise ConfigError(
-                f"{source}: 'privacy.dp.{missing}' is required when privacy.dp is set"
-            )
-        if not installed("privacy"):
-            raise ConfigError(
-                f"{source}: 'privacy.dp' needs the dp-accounting package for "
-                f"its privacy accountant ({pip_install('privacy')})"
-            )
-    p = cfg.privacy
-    if isinstance(p.secagg_threshold, float) and p.secagg_threshold > 1:
-        raise ConfigError(
-            f"{source}: 'privacy.secagg_threshold' as a proportion must be "
-            f"<= 1, got {p.secagg_threshold!r}"
-        )
-
-
 def integer_entries(model) -> list[str]:
     """Names of the model's state entries that are not floating point (BatchNorm's
     ``num_batches_tracked``)."""
@@ -83,7 +56,7 @@ def check_privacy(cfg, method_cls, exchange: dict | None, get_model) -> None:
     """Combinations of ``privacy`` with the method, strategy, model and federation that
     cannot be made correct (a ``ConfigError`` with the reason, one line). Called by
     ``fedrcl_flwr.app.validate`` with the method's class and signal-exchange settings."""
-    from fedrcl_flwr.config import ConfigError
+    from fedrcl_flwr.errors import ConfigError
 
     dp, secagg = cfg.privacy.dp, cfg.privacy.secagg
     if dp is None and not secagg:

@@ -63,47 +63,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from fedrcl_flwr.config.sections import enabled_trackers
 from fedrcl_flwr.run.run_files import MLRUNS_DIR, SUMMARY_FILE, WANDB_DIR
 from fedrcl_flwr.run.run_files import TENSORBOARD_DIR as TB_DIR
 from fedrcl_flwr.run.run_files import TRACKER_STATE_FILE as STATE_FILE
 
-# each tracker is installed by the extra of its name (fedrcl_flwr/config/extras.py)
-TRACKERS = ("tensorboard", "wandb", "mlflow")
 SWEEP_TAG = "fedrcl_flwr.sweep"
 
 
 # ----------------------------------------------------------------------------- config
-
-
-def enabled_trackers(cfg) -> list[str]:
-    """``output.tracker`` with the ``output.tensorboard: true`` alias, in order, once each."""
-    names = [str(t) for t in cfg.output.tracker]
-    if cfg.output.tensorboard:
-        names.append("tensorboard")
-    return list(dict.fromkeys(names))
-
-
-def check_trackers(cfg, source: str) -> None:
-    """``output.tracker`` names known trackers, each once, whose package is installed
-    (a :class:`~fedrcl_flwr.config.ConfigError` naming the key and ``source``)."""
-    from fedrcl_flwr.config import ConfigError
-    from fedrcl_flwr.config.extras import installed, pip_install
-
-    raw = cfg.output.tracker
-    for t in raw:
-        if t not in TRACKERS:
-            raise ConfigError(
-                f"{source}: 'output.tracker' must list trackers among "
-                f"{', '.join(TRACKERS)}, got {t!r}"
-            )
-    if len(set(raw)) != len(raw):
-        raise ConfigError(f"{source}: 'output.tracker' lists a tracker twice: {raw}")
-    for t in enabled_trackers(cfg):
-        if not installed(t):
-            raise ConfigError(
-                f"{source}: 'output.tracker' includes {t} but the {t} package "
-                f"is not installed ({pip_install(t)}, or remove it)"
-            )
 
 
 def mlflow_uri(default_dir: Path) -> str:
@@ -121,7 +89,7 @@ def check_tracker_environment(cfg) -> None:
     """What a tracker needs outside the config, checked before anything runs (a
     ``ConfigError``, exit 2): W&B online needs an API key; an ``http(s)`` MLflow tracking
     server must accept a connection."""
-    from fedrcl_flwr.config import ConfigError
+    from fedrcl_flwr.errors import ConfigError
 
     names = enabled_trackers(cfg)
     if (

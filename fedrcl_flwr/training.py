@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedrcl_flwr import accel
+
+if TYPE_CHECKING:
+    from fedrcl_flwr.config.schema import ClientConfig
 
 
 @dataclass
@@ -135,6 +138,32 @@ class TrainStats:
     grad_norm: float = 0.0
 
 
+def local_train_settings(
+    client: ClientConfig, run_round: int, **override: Any
+) -> LocalTrainSettings:
+    """The one builder of :class:`LocalTrainSettings` from the ``client`` section: the
+    round's learning rate (:func:`round_lr`) and every optimiser and loop setting as the
+    config gives it; ``override`` replaces fields for a loop that is not a local round
+    (``client_eval``'s fine-tuning: one "epoch" of exactly its steps, no in-round decay)
+    or that the caller decides (``channels_last`` for the device)."""
+    settings = LocalTrainSettings(
+        lr=round_lr(client.lr, client.lr_decay, run_round),
+        epochs=client.local_epochs,
+        momentum=client.momentum,
+        weight_decay=client.weight_decay,
+        grad_clip=client.grad_clip,
+        iterations_per_epoch=client.iterations_per_epoch,
+        optimizer=client.optimizer,
+        nesterov=client.nesterov,
+        betas=tuple(client.betas),
+        eps=client.eps,
+        epoch_lr_decay=client.epoch_lr_decay,
+        # a str once loaded: the schema maps YAML's bare `off` (False) to "off"
+        amp=cast(str, client.amp),
+    )
+    return replace(settings, **override)
+
+
 def round_lr(base_lr: float, decay: float, server_round: int) -> float:
     """Learning rate of round ``server_round`` (1-based): base * decay^(round-1)."""
     return base_lr * decay ** max(server_round - 1, 0)
@@ -180,7 +209,7 @@ def train_local(
     ``GradScaler.step``).
 
     Steps per mini-batch: :func:`_forward_pass`, the loss terms (kept here: the one call
-    site of every term, which ``tests/test_hot_loop.py`` names when a term reads back),
+    site of every term, which ``tests/clients/test_training_loop.py`` names when a term reads back),
     :func:`_optimiser_step`; the sums stay on the device (:class:`_DeviceSums`).
     """
     active = [t for t in terms if t.weight != 0.0]

@@ -65,7 +65,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from flwr.common import EvaluateIns, FitIns, FitRes, Parameters
@@ -94,11 +94,21 @@ from fedrcl_flwr.server.aggregation import (
     weighted_average,
 )
 
-if TYPE_CHECKING:  # the client-side hook's types (torch; no import cycle at run time)
+if TYPE_CHECKING:  # the client-side hook's types (torch)
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    from clients.base import FederatedClient
     from fedrcl_flwr.training import LossTerm
+
+
+class StrategyClient(Protocol):
+    """What a strategy's client-side hook (:meth:`FedRCLStrategy.client_loss_terms`) may
+    use of the client: ``clients/base.py``'s ``FederatedClient`` provides it. Named here so
+    that the strategies, a layer below the clients, never import them."""
+
+    def received_trainable(self) -> list[Any]: ...
+
+    def distance_to_received_term(self, name: str, weight: float) -> LossTerm: ...
+
 
 log = logging.getLogger("fedrcl_flwr")
 
@@ -312,7 +322,7 @@ class FederatedStrategy(Strategy):
         return None
 
     @classmethod
-    def client_loss_terms(cls, client: FederatedClient, ins: FitInstructions) -> list[LossTerm]:
+    def client_loss_terms(cls, client: StrategyClient, ins: FitInstructions) -> list[LossTerm]:
         """Runs on the client: the ``LossTerm``s this strategy adds to every method's
         objective, built from the client (``clients/base.py``: ``received_trainable``,
         ``distance_to_received_term``) and its fit instructions (FedACG's

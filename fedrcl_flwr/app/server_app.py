@@ -19,7 +19,8 @@ from flwr.server import (
 )
 
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
-from fedrcl_flwr.config import ConfigError, dump_config
+from fedrcl_flwr.config import dump_config
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
 from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.run.checkpoint import load_checkpoint, save_checkpoint
@@ -88,7 +89,7 @@ def check_resume(cfg, out_dir) -> None:
     """Can the run in ``out_dir`` continue under ``cfg``? A :class:`ConfigError` (exit 2)
     when the checkpoint is unreadable (truncated, foreign) or does not fit the configured
     model or strategy (e.g. a ``--set`` that changed the model). Reads only."""
-    from fedrcl_flwr.run.checkpoint import CheckpointError
+    from fedrcl_flwr.errors import CheckpointError
 
     try:
         ckpt = load_checkpoint(out_dir)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from clients import client_class
 from fedrcl_flwr.components import check_model_rules
-from fedrcl_flwr.config import ConfigError, ExperimentConfig
+from fedrcl_flwr.config import ExperimentConfig
+from fedrcl_flwr.errors import ConfigError
 from strategies import strategy_class
 
 

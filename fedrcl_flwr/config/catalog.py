@@ -12,6 +12,7 @@ Adding a dataset: an entry in :data:`DATASETS` and its reader in
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +85,7 @@ PER_CLIENT_LOCAL_TESTS = ("auto", "holdout", "domain")
 _EMA_RE = re.compile(r"ema@([1-9][0-9]*)")
 
 
-def in_words(names) -> str:
+def in_words(names: Iterable[str]) -> str:
     """``a, b or c``."""
     names = list(names)
     return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]

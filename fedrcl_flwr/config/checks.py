@@ -110,16 +110,19 @@ def _check_reference(cfg: ExperimentConfig, source: str) -> None:
 
 
 def _check_feature_sections(cfg: ExperimentConfig, source: str) -> None:
-    """The sections of optional features, each checked by the module that implements it
-    (per-client evaluation, unreliable clients, trackers, privacy), and the extras they
-    need installed (:mod:`fedrcl_flwr.config.extras`)."""
-    from fedrcl_flwr import availability, client_eval
+    """The sections of optional features (per-client evaluation, unreliable clients,
+    trackers, privacy: :mod:`fedrcl_flwr.config.sections`), and the extras they need
+    installed (:mod:`fedrcl_flwr.config.extras`)."""
     from fedrcl_flwr.config.extras import installed, pip_install
-    from fedrcl_flwr.privacy import check_privacy_section
-    from fedrcl_flwr.tracking import check_trackers
+    from fedrcl_flwr.config.sections import (
+        check_availability,
+        check_client_eval,
+        check_privacy_section,
+        check_trackers,
+    )
 
-    client_eval.check_config(cfg, source)
-    availability.check_config(cfg, source)
+    check_client_eval(cfg, source)
+    check_availability(cfg, source)
     if cfg.output.tensorboard and not installed("tensorboard"):
         raise ConfigError(
             f"{source}: 'output.tensorboard' is true but the tensorboard "
@@ -220,7 +223,8 @@ def check_normalize(d: DatasetConfig, source: str) -> None:
 
 
 def _check_generator(p: PartitionConfig, source: str) -> None:
-    from fedrcl_flwr.data.partition import PartitionError, resolve_generator
+    from fedrcl_flwr.config.sections import resolve_generator
+    from fedrcl_flwr.errors import PartitionError
 
     try:
         resolve_generator(p.scheme, p.balanced, p.generator)

@@ -58,7 +58,7 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _resolve_float(loader_cls) -> None:
+def _resolve_float(loader_cls: Any) -> None:
     # drop the YAML 1.1 float resolver and add one for 1e-3, 1E-3, .5, 1., -2.5e+4 (and .inf/.nan,
     # which the schema then refuses with a clear message)
     for ch, resolvers in list(loader_cls.yaml_implicit_resolvers.items()):
@@ -79,11 +79,11 @@ _resolve_float(_Loader)
 
 
 class _RecursiveAlias(Exception):
-    def __init__(self, node):
+    def __init__(self, node: Any) -> None:
         self.node = node
 
 
-def _expanded_size(node, memo: dict) -> int:
+def _expanded_size(node: Any, memo: dict) -> int:
     """Nodes in the tree ``node`` stands for once aliases are expanded (memoised, so an
     alias bomb is measured without being expanded). A node that contains itself (a
     recursive alias, ``&a {x: *a}``) raises :class:`_RecursiveAlias`: no configuration
@@ -337,6 +337,17 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
 
 def to_dict(cfg: ExperimentConfig) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def flatten_keys(d: Any, prefix: str = "") -> dict:
+    """Dotted keys of the leaves; an empty mapping has none (``params: {}`` and a missing
+    ``params`` are the same setting)."""
+    if isinstance(d, dict):
+        out = {}
+        for k, v in d.items():
+            out.update(flatten_keys(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: d}
 
 
 def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:

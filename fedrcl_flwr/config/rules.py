@@ -62,7 +62,7 @@ def _shorten(text: Any, limit: int = 60) -> str:
     return r if len(r) <= limit else r[:limit] + "...'"
 
 
-def _ray_address_ok(v) -> bool:
+def _ray_address_ok(v: Any) -> bool:
     if v is None or v == "auto":
         return True
     host, sep, port = str(v).rpartition(":")
@@ -78,7 +78,7 @@ def _ray_address_ok(v) -> bool:
 # --------------------------------------------------------------------------------------
 # Rules: the allowed values of each key that has a range or a set of choices, as the
 # component parameters declare theirs (fedrcl_flwr.components.Rule; ``bad`` holds values
-# tests/test_config.py feeds in). Types are checked from the annotations first; null
+# tests/config/test_config.py feeds in). Types are checked from the annotations first; null
 # (allowed only where the annotation is Optional) never reaches a rule.
 # --------------------------------------------------------------------------------------
 

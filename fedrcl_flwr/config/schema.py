@@ -218,7 +218,7 @@ class ClientConfig:
     amp: str | bool = "off"  # off | bf16 | fp16 (a bare YAML off is false)
     channels_last: str | bool = "auto"  # auto | true | false
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.amp is False:  # YAML 1.1 reads `amp: off` as a boolean
             self.amp = "off"
 

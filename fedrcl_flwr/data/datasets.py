@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from fedrcl_flwr.accel import gather_rows, to_device, transfer_plan
-from fedrcl_flwr.config import ConfigError
 from fedrcl_flwr.config.catalog import DATASET_NAMES, TORCHVISION_CLASSES
+from fedrcl_flwr.errors import ConfigError
 
 
 class DatasetError(ConfigError):

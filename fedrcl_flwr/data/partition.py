@@ -31,7 +31,7 @@ Schemes:
   on the same training set (same sample order and labels, ``K`` = its number of classes)
   and ``seed`` (their ``temp_seed(0)``: ``seed: 0``) it gives, client for client and in
   the same order, the index lists their trainer computes with the same torch and NumPy
-  versions (tests/test_authors_split.py checks it against their function run on
+  versions (tests/datasets/test_authors_split.py checks it against their function run on
   torchvision's ``CIFAR10`` with their transform chain). Their trainer reads
   ``client_data/<DATASET>/balanced/dirichlet<α>_clients<C>.txt`` instead when that file
   exists (100 clients in skynbe/FedRCL, 100 and 500 in geehokim/FedACG): those were drawn
@@ -80,12 +80,9 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from fedrcl_flwr.config import ConfigError
-from fedrcl_flwr.config.catalog import GENERATORS, SCHEME_NAMES
-
-
-class PartitionError(ConfigError):
-    """A partition request that cannot be met (too many clients, min size too large...)."""
+from fedrcl_flwr.config.catalog import SCHEME_NAMES
+from fedrcl_flwr.config.sections import resolve_generator
+from fedrcl_flwr.errors import PartitionError
 
 
 def _as_parts(chunks) -> list[np.ndarray]:
@@ -720,36 +717,6 @@ def save_split_file(parts, path) -> None:
 
     data = {str(c): [int(i) for i in p] for c, p in enumerate(parts)}
     Path(path).expanduser().write_text(json.dumps(data) + "\n")
-
-
-def resolve_generator(scheme: str, balanced: bool, generator: str | None) -> str:
-    """The generator a split uses (``partition.generator``, see the module docstring):
-    ``None`` is ``fedrcl`` for the balanced Dirichlet split and ``project`` otherwise. The
-    balanced Dirichlet split exists only as the authors' algorithm (``fedrcl`` /
-    ``fedrcl_labels``); ``domain`` only as the project's; ``file`` draws nothing and
-    ignores it. Anything else is a :class:`PartitionError` (also raised by the config
-    check, before a run)."""
-    if generator is not None and generator not in GENERATORS:
-        raise PartitionError(
-            f"partition.generator must be one of {', '.join(GENERATORS)} "
-            f"(or null), got {generator!r}"
-        )
-    if scheme == "dirichlet" and balanced:
-        if generator == "project":
-            raise PartitionError(
-                "partition.generator project has no balanced Dirichlet "
-                "split (it is the FedRCL authors' algorithm): use fedrcl "
-                "(their trainer's draws, the default) or fedrcl_labels"
-            )
-        return generator or "fedrcl"
-    if scheme == "file":
-        return "project"
-    if scheme == "domain" and generator not in (None, "project"):
-        raise PartitionError(
-            f"partition.generator {generator} has no '{scheme}' split "
-            "(the authors' code has none): leave it null or project"
-        )
-    return generator or "project"
 
 
 def partition(

@@ -49,13 +49,14 @@ from typing import Any
 
 import yaml
 
-from fedrcl_flwr.config import ConfigError, check_reference
+from fedrcl_flwr.config import check_reference, flatten_keys
 from fedrcl_flwr.config.catalog import (
     PARTITION_SCHEMES,
     ema_round,
     is_report_metric,
     metric_choices,
 )
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.run.results import LAST_K
 from fedrcl_flwr.run.run_files import CONFIG_FILE, METRICS_FILE, NOT_RUN_DIRS, SUMMARY_FILE
 
@@ -433,17 +434,6 @@ def method_label(config: dict, summary: dict | None = None) -> str:
     method = (config.get("client") or {}).get("method") or summary.get("method") or "?"
     strategy = (config.get("server") or {}).get("strategy") or summary.get("strategy") or "fedavg"
     return str(method) if strategy == "fedavg" else f"{strategy}+{method}"
-
-
-def flatten_keys(d: Any, prefix: str = "") -> dict:
-    """Dotted keys of the leaves; an empty mapping has none (``params: {}`` and a missing
-    ``params`` are the same setting)."""
-    if isinstance(d, dict):
-        out = {}
-        for k, v in d.items():
-            out.update(flatten_keys(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: d}
 
 
 def _setting(config: dict, summary: dict) -> dict:

@@ -26,13 +26,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedrcl_flwr.config import (
-    ConfigError,
-    ExperimentConfig,
-    apply_overrides,
-    config_from_dict,
-    read_yaml,
-)
+from fedrcl_flwr.config import ExperimentConfig, apply_overrides, config_from_dict, read_yaml
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.run.run_files import (
     LOCK_FILE,
     RESULT_FILES,
@@ -45,7 +40,7 @@ from fedrcl_flwr.run.run_files import (
 )
 
 if TYPE_CHECKING:  # only for annotations (the sweep imports this module)
-    from fedrcl_flwr.run.sweep import PlannedRun
+    from fedrcl_flwr.run.plan import PlannedRun
 
 # ----------------------------------------------------------------------------- the config
 
@@ -332,7 +327,7 @@ def prepare_data(cfg: ExperimentConfig, source: str) -> Path:
 def check_split(cfg: ExperimentConfig, label: str) -> list:
     """The clients' partitions (:func:`fedrcl_flwr.run.runtime.client_partitions`); an
     impossible split is one :class:`ConfigError` starting with ``label``."""
-    from fedrcl_flwr.data.partition import PartitionError
+    from fedrcl_flwr.errors import PartitionError
     from fedrcl_flwr.run import runtime
 
     try:
@@ -383,8 +378,8 @@ def before_sweep(runs: list[PlannedRun], out_dir: Path) -> None:
     """Everything ``sweep`` checks before it writes a file: its directory and every run
     directory (:func:`check_sweep_dir`), then the inputs of every run still to do — not
     finished, and not among the finished runs an earlier version of the sweep left under
-    another name (:func:`fedrcl_flwr.run.sweep.earlier_runs`) — (:func:`check_pending_runs`)."""
-    from fedrcl_flwr.run.sweep import earlier_runs
+    another name (:func:`fedrcl_flwr.run.plan.earlier_runs`) — (:func:`check_pending_runs`)."""
+    from fedrcl_flwr.run.plan import earlier_runs
 
     check_sweep_dir(runs, out_dir)
     check_pending_runs(runs, frozenset(earlier_runs(runs, out_dir)[0]))
@@ -414,11 +409,11 @@ def before_partition(
 
 def check_existing(runs: list[PlannedRun]) -> None:
     """A run directory that holds a different experiment
-    (:func:`fedrcl_flwr.run.sweep.experiment_hash`; e.g. edited by hand), or results without
+    (:func:`fedrcl_flwr.run.plan.experiment_hash`; e.g. edited by hand), or results without
     the configuration that produced them, stops the sweep: nothing is overwritten or
     counted silently."""
+    from fedrcl_flwr.run.plan import experiment_hash
     from fedrcl_flwr.run.run_files import CONFIG_FILE
-    from fedrcl_flwr.run.sweep import experiment_hash
 
     for run in runs:
         cfg_file = run.out_dir / CONFIG_FILE
@@ -454,7 +449,7 @@ def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
     (:func:`_check_run_entries`: for a run that will start afresh over an earlier attempt,
     a directory ``run --overwrite`` may clear, carrying the tool's marker; see
     :func:`fedrcl_flwr.run.results.overwrite_problem`)."""
-    from fedrcl_flwr.runner import OutputLock
+    from fedrcl_flwr.run.processes import OutputLock
 
     _check_free_output_dir(out_dir, "sweep directory", "another sweep or run")
     for run in runs:
@@ -557,8 +552,8 @@ def _forget_datasets() -> None:
 
 def _check_free_output_dir(out_dir: Path, what: str, holder_kind: str) -> None:
     """``out_dir`` is a usable output directory (:func:`check_output_dir`) that no live
-    run or sweep holds (its :class:`fedrcl_flwr.runner.OutputLock`)."""
-    from fedrcl_flwr.runner import OutputLock
+    run or sweep holds (its :class:`fedrcl_flwr.run.processes.OutputLock`)."""
+    from fedrcl_flwr.run.processes import OutputLock
 
     check_output_dir(out_dir)
     holder = OutputLock.holder(out_dir)

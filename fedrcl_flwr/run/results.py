@@ -328,7 +328,7 @@ def research_summary(records: list[dict]) -> dict:
     round that has them, and its ``client_acc_round``) and of unreliable clients
     (``dropped_total`` / ``late_total`` at the last record); nothing when the run has
     neither."""
-    from fedrcl_flwr.client_eval import STAT_KEYS
+    from fedrcl_flwr.config.catalog import CLIENT_STAT_KEYS as STAT_KEYS
 
     out: dict = {}
     with_clients = [r for r in records if r.get("client_acc_mean") is not None]

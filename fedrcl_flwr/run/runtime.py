@@ -225,7 +225,7 @@ def check_model(cfg: ExperimentConfig, bundle=None) -> None:
     Flower process starts rather than by every ServerApp/ClientApp. ``bundle`` gives the
     dataset's real shapes (the ``run`` command); without it the nominal shapes of
     :func:`probe_model` are used (the sweep's up-front check, cached per model)."""
-    from fedrcl_flwr.config import ConfigError
+    from fedrcl_flwr.errors import ConfigError
 
     if bundle is not None:
         try:

@@ -39,13 +39,12 @@ outcome.
 Safety (issue 21): the sweep's ``name``, every ``label`` and every run directory name are
 single safe path components (:func:`run_name_problem`); at most :data:`MAX_SWEEP_RUNS`
 runs; a key set in two places (``set``/grid/variant/``seeds``) is refused; every path the
-sweep will write or remove is checked before anything is (:func:`check_sweep_dir`); the
+sweep will write or remove is checked before anything is (:func:`fedrcl_flwr.run.preflight.check_sweep_dir`); the
 sweep holds ``OUT``'s lock and its runs die with it, however it dies (:func:`run_sweep`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -63,7 +62,6 @@ import yaml
 
 from fedrcl_flwr.config import (
     MAX_NAME_BYTES,
-    ConfigError,
     ExperimentConfig,
     _shorten,
     apply_overrides,
@@ -72,14 +70,10 @@ from fedrcl_flwr.config import (
     name_problem,
     parse_override,
     read_yaml,
-    to_dict,
 )
-
-# the sweep's checks before it writes anything live with every other pre-run check
-from fedrcl_flwr.run.preflight import (  # noqa: F401 - re-exported (the sweep's API)
-    check_existing,
-    check_sweep_dir,
-)
+from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.run.plan import PlannedRun, _dir_state, earlier_runs, experiment_hash
+from fedrcl_flwr.run.processes import HOME_PREFIX, SWEEP_VAR, OutputLock, Watchdog
 from fedrcl_flwr.run.results import (
     atomic_write_text,
     ema_note,
@@ -115,39 +109,6 @@ MAX_SWEEP_RUNS = 10_000
 MAX_RUN_NAME_BYTES = 200
 
 
-@dataclass
-class PlannedRun:
-    index: int
-    name: str
-    base: Path
-    overrides: list  # [(dotted key, value)]
-    cfg: ExperimentConfig
-    placed_dir: Path | None = None  # the run's directory, set by _place_runs
-
-    @property
-    def out_dir(self) -> Path:
-        """The run's directory (``<sweep out>/<name>``); every run ``plan_sweep``
-        returns is placed."""
-        if self.placed_dir is None:
-            raise RuntimeError(
-                f"sweep run {self.name!r} has no directory yet (_place_runs "
-                "gives each planned run one)"
-            )
-        return self.placed_dir
-
-    @out_dir.setter
-    def out_dir(self, value: Path) -> None:
-        self.placed_dir = value
-
-    def state(self) -> str:
-        """``done``, ``resume`` (checkpoint present) or ``new``."""
-        if (self.out_dir / SUMMARY_FILE).is_file():
-            return "done"
-        if (self.out_dir / CHECKPOINT_FILE).is_file():
-            return "resume"
-        return "new"
-
-
 def _fmt_value(v: Any) -> str:
     if isinstance(v, (dict, list)):
         if not v:
@@ -161,30 +122,6 @@ def _fmt_value(v: Any) -> str:
     else:
         text = str(v)
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", text.replace(": ", "-")).rstrip("-") or "x"
-
-
-def experiment_hash(cfg: ExperimentConfig) -> str:
-    """8 hex digits of SHA-256 over what the run computes: the resolved experiment's
-    values that differ from the schema's defaults, as dotted keys (so a key added to the
-    schema later, at its default, changes no name), without what only names, places or
-    resources a run (``name``, ``label``, ``output``, ``simulation``, ``reference``,
-    ``dataset.cache_dir``). ``client.params`` count as written."""
-    from fedrcl_flwr.report.tables import flatten_keys as flat
-
-    skip = ("name", "label", "output", "simulation", "reference", "dataset.cache_dir")
-    defaults = flat(to_dict(ExperimentConfig()))
-    mine = {
-        k: v
-        for k, v in flat(to_dict(cfg)).items()
-        if not any(k == s or k.startswith(s + ".") for s in skip)
-        and (
-            k not in defaults
-            or json.dumps(defaults[k], sort_keys=True, default=str)
-            != json.dumps(v, sort_keys=True, default=str)
-        )
-    }
-    text = json.dumps(mine, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def run_name(cfg: ExperimentConfig) -> str:
@@ -503,55 +440,6 @@ def _place_runs(runs: list[PlannedRun], spec: SweepSpec, out_dir: Path) -> None:
             run.cfg.output.checkpoint_every = 1  # resumable from round 1 on
 
 
-def _dir_state(d: Path) -> str:
-    if (d / SUMMARY_FILE).is_file():
-        return "done"
-    return "resume" if (d / CHECKPOINT_FILE).is_file() else "new"
-
-
-def earlier_runs(runs: list[PlannedRun], out_dir: Path) -> tuple[dict, list]:
-    """Run directories in ``out_dir`` under names this plan does not use — an earlier
-    version of the sweep named runs after what varied (``method=fedavg_alpha=0.1_seed=0``),
-    or a run was renamed by hand. Returns ``{run index: directory}`` for those holding a
-    planned experiment (the same :func:`experiment_hash`) that is finished or
-    checkpointed, not in use by a live run, whose planned directory does not exist yet;
-    and the list of the other directories, which the sweep leaves alone."""
-    from fedrcl_flwr.runner import OutputLock
-
-    planned = {r.out_dir.name for r in runs}
-    by_hash = {experiment_hash(r.cfg): r for r in runs}
-    found: dict = {}
-    others: list = []
-    if not out_dir.is_dir():
-        return found, others
-    for d in sorted(out_dir.iterdir()):
-        if (
-            d.is_symlink()
-            or not d.is_dir()
-            or d.name in planned
-            or d.name in (CONFIGS_DIR, LOGS_DIR)
-            or not (d / CONFIG_FILE).is_file()
-        ):
-            continue  # (a link is never taken over: writing into it would leave --out)
-        try:
-            run = by_hash.get(
-                experiment_hash(config_from_dict(read_yaml(d / CONFIG_FILE), str(d / CONFIG_FILE)))
-            )
-        except ConfigError:
-            run = None
-        if (
-            run is None
-            or run.index in found
-            or run.out_dir.exists()
-            or _dir_state(d) == "new"
-            or OutputLock.holder(d) is not None
-        ):
-            others.append(d)
-        else:
-            found[run.index] = d
-    return found, others
-
-
 def take_over_earlier_runs(
     runs: list[PlannedRun], out_dir: Path, *, dry_run: bool = False
 ) -> list[str]:
@@ -706,16 +594,14 @@ def run_sweep(
 ) -> int:
     """Run every planned run not finished yet; returns 0, or 1 if any failed.
 
-    The sweep holds ``out_dir``'s lock (:class:`fedrcl_flwr.runner.OutputLock`: a second
+    The sweep holds ``out_dir``'s lock (:class:`fedrcl_flwr.run.processes.OutputLock`: a second
     sweep there is one error naming this one's PID) and a watchdog
-    (:class:`fedrcl_flwr.runner.Watchdog`, the run command's teardown): every run is
+    (:class:`fedrcl_flwr.run.processes.Watchdog`, the run command's teardown): every run is
     started with the sweep's private home in ``FEDRCL_FLWR_SWEEP`` and in a process group
     the watchdog knows, so when the sweep ends in any way — ``kill -9`` included — its
     runs are killed, and each run's own watchdog then stops that run's Flower and Ray
     processes. The lock is released after that teardown."""
     import tempfile
-
-    from fedrcl_flwr.runner import HOME_PREFIX, SWEEP_VAR, OutputLock, Watchdog
 
     out_dir.mkdir(parents=True, exist_ok=True)
     lock = OutputLock(out_dir, "sweep")
@@ -855,8 +741,6 @@ class _SweepSession:
     def _launch(self, run: PlannedRun) -> _Job | None:
         """Start ``run`` in the first free slot (``None``: not started, because a live
         run holds its directory: it counts as failed)."""
-        from fedrcl_flwr.runner import OutputLock
-
         holder = OutputLock.holder(run.out_dir)
         if holder is not None:  # never launched into a directory a live run holds
             msg = f"{run.out_dir} is in use by another run (PID {holder})"
@@ -1063,7 +947,8 @@ def _summary_value(run_dir: Path, key: str) -> float | None:
 def _rounds_done(run: PlannedRun) -> int:
     """What a resume keeps: the rounds up to the checkpoint (read through the one safe
     loader, :func:`fedrcl_flwr.run.checkpoint.load_checkpoint`: data only, never code)."""
-    from fedrcl_flwr.run.checkpoint import CheckpointError, load_checkpoint
+    from fedrcl_flwr.errors import CheckpointError
+    from fedrcl_flwr.run.checkpoint import load_checkpoint
 
     if not read_metrics(run.out_dir) or not (run.out_dir / CHECKPOINT_FILE).is_file():
         return 0
