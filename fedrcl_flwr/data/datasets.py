@@ -778,6 +778,7 @@ _AUGMENT = {
     # a horizontal flip is wrong for most that are not natural photographs); opt in with
     # dataset.crop_pad / dataset.flip / dataset.rotation (issue #25)
     "npz": AugmentSpec(0, False),
+    "hf_disk": AugmentSpec(0, False),  # your data, like npz: opt in to augmentation
 }
 
 
@@ -860,6 +861,8 @@ def load_dataset(
     verify_md5: bool = True,
     flip: bool | None = None,
     pad_fill: str = "mean",
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> DataBundle:
     """Load a dataset into a :class:`DataBundle` (see the module docstring).
     ``normalize``: ``True`` | ``False`` | ``{"mean": [...], "std": [...]}``.
@@ -879,6 +882,7 @@ def load_dataset(
         domains=domains,
         test_fraction=test_fraction,
         verify_md5=verify_md5,
+        columns=(image_column, label_column),
     )
     _check_splits(name, tr, te)
     if image_size is not None:
@@ -928,6 +932,7 @@ def _read_source(
     domains: list | None,
     test_fraction: float,
     verify_md5: bool,
+    columns: tuple[str | None, str | None] = (None, None),
 ) -> tuple[RawSplit, RawSplit, list, int | None]:
     """The train and test images of source ``name`` (:data:`~fedrcl_flwr.config.catalog.
     DATASETS`), its domain names, and the number of classes its own class list names
@@ -949,6 +954,12 @@ def _read_source(
         if not path:
             raise DatasetError("dataset.path is required when dataset.name is npz")
         return (*_npz(Path(os.path.expanduser(path))), [], None)
+    if name == "hf_disk":
+        from fedrcl_flwr.data.hf import read_hf_disk
+
+        if not path:
+            raise DatasetError("dataset.path is required when dataset.name is hf_disk")
+        return (*read_hf_disk(path, *columns), [], None)
     raise DatasetError(f"unknown dataset {name!r} (known: {', '.join(DATASET_NAMES)})")
 
 
