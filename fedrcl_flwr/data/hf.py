@@ -106,9 +106,11 @@ def flwr_datasets_split(
 
 
 def _pick(features: dict, given: str | None, key: str, kind: str, names: tuple, path) -> str:
+    from fedrcl_flwr.data.datasets import DatasetError
+
     if given is not None:
         if given not in features:
-            raise ConfigError(
+            raise DatasetError(
                 f"{path}: '{key}' {given!r} is not a column (columns: {', '.join(features)})"
             )
         return given
@@ -118,7 +120,7 @@ def _pick(features: dict, given: str | None, key: str, kind: str, names: tuple, 
     named = [c for c in names if c in features]
     if len(typed) == 0 and named:
         return named[0]
-    raise ConfigError(
+    raise DatasetError(
         f"{path}: cannot tell the {'image' if kind == 'Image' else 'label'} column "
         f"(columns: {', '.join(features)}); set '{key}'"
     )
@@ -158,6 +160,7 @@ def read_hf_disk(
         raise DatasetError(f"hf_disk dataset {p} does not exist (dataset.path)")
     datasets = _datasets("dataset.name hf_disk")
     with offline():
+        datasets.disable_progress_bars()
         try:
             obj = datasets.load_from_disk(str(p))
         except Exception as exc:  # noqa: BLE001 - an unreadable folder is one line
