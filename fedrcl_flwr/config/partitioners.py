@@ -62,11 +62,11 @@ def offline() -> Iterator[None]:
     try:
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
+        for k, old in saved.items():
+            if old is None:
                 os.environ.pop(k, None)
             else:
-                os.environ[k] = v
+                os.environ[k] = old
 
 
 def install_hint() -> str:
