@@ -103,3 +103,19 @@ def test_hf_disk_through_the_cli_with_a_pathological_split(tmp_path, capsys):
     assert main(["partition", str(exp)]) == 2
     err = capsys.readouterr().err.strip()
     assert "'dataset.path' is required when dataset.name is hf_disk" in err and "\n" not in err
+
+
+def test_hf_disk_without_datasets_names_the_extra(tmp_path, monkeypatch):
+    import importlib.util
+
+    from fedrcl_flwr.errors import ConfigError
+    from tests.conftest import tiny_config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real(name, *a)
+    )
+    with pytest.raises(
+        ConfigError, match=r"hf_disk needs Hugging Face datasets .*\[flwr-datasets\]"
+    ):
+        tiny_config(tmp_path, dataset={"name": "hf_disk", "path": str(tmp_path)})

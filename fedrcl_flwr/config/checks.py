@@ -113,6 +113,14 @@ def _check_new_schemes(cfg: ExperimentConfig, source: str) -> None:
     (its partitioner spec, :mod:`fedrcl_flwr.config.partitioners`); ``partition.
     partitioner`` only with ``flwr_datasets``."""
     p = cfg.partition
+    if cfg.dataset.name == "hf_disk":
+        import importlib.util
+
+        if importlib.util.find_spec("datasets") is None:
+            raise ConfigError(
+                f"{source}: 'dataset.name' hf_disk needs Hugging Face datasets "
+                "(pip install 'fedrcl-flwr[flwr-datasets]')"
+            )
     if p.partitioner is not None and p.scheme != "flwr_datasets":
         raise ConfigError(
             f"{source}: 'partition.partitioner' applies to partition.scheme flwr_datasets "

@@ -23,6 +23,8 @@ Offline and quiet: every import and use goes through :func:`offline`, which sets
 ``FLWR_TELEMETRY_ENABLED=0`` (Flower Datasets' usage telemetry; read when it is first
 imported) and ``HF_DATASETS_OFFLINE=1`` / ``HF_HUB_OFFLINE=1`` (no Hugging Face Hub
 access) unless the environment already sets them, and restores the environment after.
+(In flwr-datasets 0.6.1 only ``FederatedDataset`` and the plotting helpers send telemetry,
+never a partitioner; it is off regardless.)
 """
 
 from __future__ import annotations
