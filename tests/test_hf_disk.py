@@ -108,8 +108,9 @@ def test_hf_disk_through_the_cli_with_a_pathological_split(tmp_path, capsys):
 def test_hf_disk_without_datasets_names_the_extra(tmp_path, monkeypatch):
     import importlib.util
 
+    from conftest import tiny_config
+
     from fedrcl_flwr.errors import ConfigError
-    from tests.conftest import tiny_config
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -10,11 +10,11 @@ import os
 import numpy as np
 import pytest
 import yaml
+from conftest import TINY_SYNTHETIC, assert_run_refused, tiny_config
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.data.partition import PartitionError, partition, pathological
 from fedrcl_flwr.errors import ConfigError
-from tests.conftest import TINY_SYNTHETIC, assert_run_refused, tiny_config
 
 pytest.importorskip("flwr_datasets")
 
