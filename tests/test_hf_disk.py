@@ -15,12 +15,12 @@ def _images(n, seed, channels=3):
     return np.random.default_rng(seed).integers(0, 256, (n, 8, 8, channels), dtype=np.uint8)
 
 
-def _save_pil(path, n_train=40, n_test=12):
+def _save_pil(path, n_train=40, n_test=12, classes=4):
     """Images as the Image feature (PNG inside the arrow files), labels a ClassLabel."""
     from PIL import Image
 
     feats = datasets.Features(
-        {"img": datasets.Image(), "label": datasets.ClassLabel(num_classes=4)}
+        {"img": datasets.Image(), "label": datasets.ClassLabel(num_classes=classes)}
     )
     out = {}
     for split, n, seed in (("train", n_train, 0), ("test", n_test, 1)):
@@ -44,6 +44,9 @@ def test_hf_disk_reads_detected_columns_pixel_exact(tmp_path):
     assert np.array_equal(b.train_labels, ref["train"][1])
     assert np.array_equal(b.test_labels, ref["test"][1])
     assert (b.num_classes, b.in_channels, b.image_size) == (4, 3, 8)
+    # the ClassLabel's class count, not the largest label + 1
+    _save_pil(str(tmp_path / "hf6"), classes=6)
+    assert load_dataset("hf_disk", path=str(tmp_path / "hf6")).num_classes == 6
 
 
 def test_hf_disk_named_columns_of_arrays_and_refusals(tmp_path):

@@ -959,7 +959,8 @@ def _read_source(
 
         if not path:
             raise DatasetError("dataset.path is required when dataset.name is hf_disk")
-        return (*read_hf_disk(path, *columns), [], None)
+        tr, te = read_hf_disk(path, *columns)
+        return tr, te, [], tr.classes
     raise DatasetError(f"unknown dataset {name!r} (known: {', '.join(DATASET_NAMES)})")
 
 

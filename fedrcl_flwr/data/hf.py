@@ -189,4 +189,7 @@ def read_hf_disk(
 
     x, y = read(splits["train"], "train")
     xt, yt = read(splits["test"], "test")
-    return RawSplit(x, y), RawSplit(xt, yt)
+    # a ClassLabel names the classes (some may be absent from both splits): its count
+    # is the number of classes, as CIFAR's class list is
+    classes = getattr(features[lab], "num_classes", None)
+    return RawSplit(x, y, classes=classes), RawSplit(xt, yt)
