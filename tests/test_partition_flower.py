@@ -233,3 +233,18 @@ def test_partition_save_writes_the_new_schemes(tmp_path, capsys, part):
         )
         == 0
     )
+
+
+def test_a_run_gets_the_flwr_datasets_split(tiny):
+    """The run's path (config -> runtime.client_partitions, cached beside the dataset):
+    the clients' partitions are Flower's, read twice the same."""
+    from fedrcl_flwr.run import runtime
+
+    spec = {"name": "SizePartitioner", "partition_sizes": [50, 60, 70, 80, 100, 120, 150, 170]}
+    cfg = tiny(partition={"scheme": "flwr_datasets", "partitioner": spec})
+    parts = runtime.client_partitions(cfg)
+    assert [len(p) for p in parts] == spec["partition_sizes"]
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(800))
+    runtime.WORKER.clear_datasets()
+    again = runtime.client_partitions(cfg)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
