@@ -1,8 +1,8 @@
 """Splitting a training set over clients (NumPy, and torch for the authors' split; seeded).
 
 Every scheme returns one ``int64`` index array per client; the arrays are disjoint. They are
-sorted, except for the balanced Dirichlet split (the authors' shuffled order) and ``file``
-(the file's order). Only the labels (domains), the number of classes, ``num_clients``, the
+sorted, except for the balanced Dirichlet split (the authors' shuffled order), ``file``
+(the file's order) and ``flwr_datasets`` (Flower's order). Only the labels (domains), the number of classes, ``num_clients``, the
 scheme's parameters, ``generator`` and ``seed`` (``partition.seed``, default the
 experiment's ``seed``) decide a split: never the images, never the training augmentation.
 
