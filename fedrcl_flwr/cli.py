@@ -325,6 +325,8 @@ def partition_title(cfg) -> str:
     what += {
         "dirichlet": f" α={p.alpha:g}" + ("" if p.balanced else ", unbalanced"),
         "shards": f" γ={p.shards_per_client}",
+        "pathological": f" k={p.classes_per_client}",
+        "flwr_datasets": f" {(p.partitioner or {}).get('name', '')}",
         "domain": "" if p.balanced else f", imbalanced α={p.alpha:g}",
         "file": f" {Path(str(p.path)).name}",
     }.get(p.scheme, "")

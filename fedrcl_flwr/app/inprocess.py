@@ -147,7 +147,11 @@ class InProcessGrid(Grid):
     def push_messages(self, messages):
         raise NotImplementedError("InProcessGrid answers in send_and_receive only")
 
-    def pull_messages(self, message_ids):
+    def pull_messages(self, reply_to_message_ids=None, *, message_ids=None):
+        """Flower 1.41 / 1.42 call it ``pull_messages(message_ids)``, 1.43
+        ``pull_messages(reply_to_message_ids=None, *, message_ids=None)`` (``message_ids``
+        deprecated): both forms are accepted; replies come only from
+        :meth:`send_and_receive`."""
         raise NotImplementedError("InProcessGrid answers in send_and_receive only")
 
     def send_and_receive(self, messages, *, timeout=None):

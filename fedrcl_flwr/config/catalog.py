@@ -47,6 +47,7 @@ DATASETS: dict[str, DatasetInfo] = {
     "imagefolder": DatasetInfo(3, domains=True),
     "digit5": DatasetInfo(3, domains=True),
     "npz": DatasetInfo(channels=None, domains=True),  # your arrays: d_train gives domains
+    "hf_disk": DatasetInfo(channels=None),  # a Hugging Face DatasetDict (save_to_disk)
 }
 DATASET_NAMES = tuple(DATASETS)
 TORCHVISION_CLASSES = {n: d.torchvision for n, d in DATASETS.items() if d.torchvision}
@@ -60,6 +61,8 @@ PARTITION_SCHEMES: dict[str, str] = {
     "dirichlet": "Dirichlet",
     "shards": "shards",
     "domain": "by domain",
+    "pathological": "pathological",
+    "flwr_datasets": "Flower Datasets",
     "file": "split file",
 }
 SCHEME_NAMES = tuple(PARTITION_SCHEMES)

@@ -77,8 +77,11 @@ def _check_local_optimiser(cfg: ExperimentConfig, source: str) -> None:
 
 def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
     """What the dataset and the partition scheme need of each other."""
-    if cfg.dataset.name == "npz" and not cfg.dataset.path:
-        raise ConfigError(f"{source}: 'dataset.path' is required when dataset.name is npz")
+    if cfg.dataset.name in ("npz", "hf_disk") and not cfg.dataset.path:
+        raise ConfigError(
+            f"{source}: 'dataset.path' is required when dataset.name is {cfg.dataset.name}"
+        )
+    _check_new_schemes(cfg, source)
     check_normalize(cfg.dataset, source)
     _check_generator(cfg.partition, source)
     if cfg.partition.scheme == "file" and not cfg.partition.path:
@@ -103,6 +106,45 @@ def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
                 f"domains (synthetic, digit5, imagefolder, npz with d_train), "
                 f"not {ds.name!r}"
             )
+
+
+def _check_new_schemes(cfg: ExperimentConfig, source: str) -> None:
+    """``pathological`` (k within the classes the config can tell) and ``flwr_datasets``
+    (its partitioner spec, :mod:`fedrcl_flwr.config.partitioners`); ``partition.
+    partitioner`` only with ``flwr_datasets``."""
+    p = cfg.partition
+    if cfg.dataset.name == "hf_disk":
+        import importlib.util
+
+        if importlib.util.find_spec("datasets") is None:
+            raise ConfigError(
+                f"{source}: 'dataset.name' hf_disk needs Hugging Face datasets "
+                "(pip install 'fedrcl-flwr[flwr-datasets]')"
+            )
+    if p.partitioner is not None and p.scheme != "flwr_datasets":
+        raise ConfigError(
+            f"{source}: 'partition.partitioner' applies to partition.scheme flwr_datasets "
+            f"only (scheme is {p.scheme}); remove it"
+        )
+    if p.scheme == "pathological":
+        known = cfg.model.num_classes
+        if cfg.dataset.name == "synthetic":
+            known = cfg.dataset.synthetic.num_classes
+        if known is not None and p.classes_per_client > known:
+            raise ConfigError(
+                f"{source}: 'partition.classes_per_client' ({p.classes_per_client}) exceeds "
+                f"the {known} classes of the dataset"
+            )
+    if p.scheme == "flwr_datasets":
+        from fedrcl_flwr.config.partitioners import check_spec
+
+        if not p.partitioner:
+            raise ConfigError(
+                f"{source}: 'partition.partitioner' is required when partition.scheme is "
+                "flwr_datasets ({name: <a flwr_datasets partitioner class>, <its arguments>})"
+            )
+        seed = cfg.seed if p.seed is None else p.seed
+        check_spec(p.partitioner, cfg.federation.num_clients, seed, source)
 
 
 def _check_reference(cfg: ExperimentConfig, source: str) -> None:

@@ -137,6 +137,7 @@ CONFIG_RULES: dict[str, Rule] = {
     ),
     "partition.alpha": positive(),
     "partition.shards_per_client": at_least(1),
+    "partition.classes_per_client": at_least(1),
     "partition.min_size": non_negative(),
     "partition.domains_per_client": at_least(1),
     "partition.samples_per_class": or_null(at_least(1)),

@@ -35,8 +35,11 @@ class DatasetConfig:
     """Which data to use and how to load it.
 
     ``name``: synthetic | cifar10 | cifar100 | mnist | fmnist | svhn | usps | stl10 |
-    tinyimagenet | imagefolder | digit5 | npz. ``root`` is where torchvision datasets /
-    image folders live; ``path`` is the ``.npz`` file for ``npz``; ``download`` lets
+    tinyimagenet | imagefolder | digit5 | npz | hf_disk. ``root`` is where torchvision
+    datasets / image folders live; ``path`` is the ``.npz`` file for ``npz``, the
+    directory a Hugging Face ``DatasetDict`` (splits ``train``, ``test``) was saved to with
+    ``save_to_disk`` for ``hf_disk`` (``image_column`` / ``label_column`` name its columns,
+    null = detected; ``fedrcl_flwr/data/hf.py``); ``download`` lets
     torchvision fetch missing data (needs a network). ``domains`` names the domain
     sub-folders of an image-folder tree (PACS, Office-10, DomainNet) or a subset of
     Digit-5's domains; ``test_fraction`` is held out for testing from image folders that
@@ -88,13 +91,17 @@ class DatasetConfig:
     # else $XDG_CACHE_HOME/fedrcl-flwr or ~/.cache/fedrcl-flwr. Must be the same path on
     # every node of a Ray cluster (a shared filesystem).
     cache_dir: str | None = None
+    # hf_disk: the image and label columns of the saved DatasetDict (null = detected)
+    image_column: str | None = None
+    label_column: str | None = None
 
 
 @dataclass
 class PartitionConfig:
     """How the training set is split over clients (see ``fedrcl_flwr.data.partition``)."""
 
-    scheme: str = "dirichlet"  # iid | dirichlet | shards | domain | file
+    # iid | dirichlet | shards | domain | pathological | flwr_datasets | file
+    scheme: str = "dirichlet"
     alpha: float = 0.3
     balanced: bool = True
     shards_per_client: int = 2
@@ -111,6 +118,11 @@ class PartitionConfig:
     # project | fedrcl | fedrcl_labels; null = fedrcl for the balanced Dirichlet split (the
     # authors' function as their trainer calls it), project otherwise (see partition.py)
     generator: str | None = None
+    # scheme pathological: classes per client (k)
+    classes_per_client: int = 2
+    # scheme flwr_datasets: {name: <flwr_datasets.partitioner class>, <its arguments>}
+    # (fedrcl_flwr/config/partitioners.py)
+    partitioner: dict | None = None
 
 
 @dataclass

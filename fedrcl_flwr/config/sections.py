@@ -257,7 +257,10 @@ def resolve_generator(scheme: str, balanced: bool, generator: str | None) -> str
         return generator or "fedrcl"
     if scheme == "file":
         return "project"
-    if scheme == "domain" and generator not in (None, "project"):
+    if scheme in ("domain", "pathological", "flwr_datasets") and generator not in (
+        None,
+        "project",
+    ):
         raise PartitionError(
             f"partition.generator {generator} has no '{scheme}' split "
             "(the authors' code has none): leave it null or project"

@@ -156,7 +156,7 @@ def _source_files(d) -> list[Path]:
     root = Path(os.path.expanduser(d.root or "."))
     if d.name == "synthetic":
         return []
-    if d.name == "npz":
+    if d.name in ("npz", "hf_disk"):
         return [Path(os.path.expanduser(d.path))] if d.path else []
     if d.name in TORCHVISION_CLASSES:
         return [_torchvision_files(d.name, root)[0]]
@@ -204,11 +204,11 @@ def entry_settings(d, seed: int) -> dict:
     from dataclasses import asdict
 
     root = str(Path(os.path.expanduser(d.root or ".")).resolve())
-    return {
+    settings = {
         "format": FORMAT,
         "name": d.name,
         "seed": int(seed) if seed_shapes_arrays(d) else None,
-        "root": None if d.name in ("synthetic", "npz") else root,
+        "root": None if d.name in ("synthetic", "npz", "hf_disk") else root,
         "path": str(Path(os.path.expanduser(d.path)).resolve()) if d.path else None,
         "image_size": d.image_size,
         "normalize": _normalize_key(d.normalize),
@@ -218,6 +218,9 @@ def entry_settings(d, seed: int) -> dict:
         "synthetic": asdict(d.synthetic) if d.name == "synthetic" else None,
         "sources": _fingerprint(_source_files(d)),
     }
+    if d.name == "hf_disk":  # which columns are read (a key only this dataset has)
+        settings["columns"] = [d.image_column, d.label_column]
+    return settings
 
 
 def _normalize_key(value):
@@ -499,6 +502,8 @@ def build_entry(root: Path, key: str, d, seed: int, settings: dict):
         verify_md5=d.verify_md5,
         flip=d.flip,
         pad_fill=d.pad_fill,
+        image_column=getattr(d, "image_column", None),
+        label_column=getattr(d, "label_column", None),
     )
     root.mkdir(parents=True, exist_ok=True)
     final = root / key

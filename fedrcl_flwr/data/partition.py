@@ -1,8 +1,8 @@
 """Splitting a training set over clients (NumPy, and torch for the authors' split; seeded).
 
 Every scheme returns one ``int64`` index array per client; the arrays are disjoint. They are
-sorted, except for the balanced Dirichlet split (the authors' shuffled order) and ``file``
-(the file's order). Only the labels (domains), the number of classes, ``num_clients``, the
+sorted, except for the balanced Dirichlet split (the authors' shuffled order), ``file``
+(the file's order) and ``flwr_datasets`` (Flower's order). Only the labels (domains), the number of classes, ``num_clients``, the
 scheme's parameters, ``generator`` and ``seed`` (``partition.seed``, default the
 experiment's ``seed``) decide a split: never the images, never the training augmentation.
 
@@ -56,6 +56,14 @@ Schemes:
   ``num_clients = D`` and several clients may share a domain. A *slot* is one
   (client, owned domain) pair; ``m_d`` is the number of slots of domain *d*. See
   :func:`by_domain` for the two draws (``balanced`` true / false). ``project`` only;
+* ``pathological`` — *k* classes per client (``classes_per_client``; PFLlib's ``pat``,
+  FL-bench's ``-c``, Flower Datasets' ``PathologicalPartitioner``): see
+  :func:`pathological`. ``project`` only;
+* ``flwr_datasets`` — any Flower Datasets partitioner (``partitioner: {name: ...,
+  <its arguments>}``, :func:`fedrcl_flwr.data.hf.flwr_datasets_split`; the optional
+  extra ``flwr-datasets``): Flower's draws, in Flower's order (its own ``seed``
+  argument, default the split's seed). The paper splits stay the schemes above: they are
+  index-identical to the authors' and no flwr-datasets partitioner draws them;
 * ``file`` — read from ``path`` (see :func:`load_split_file`; draws nothing, so
   ``generator`` is ignored): JSON ``{"<client>": [indices]}``
   as ``fedrcl-flwr partition --save`` writes it, or the FedRCL / FedACG authors' released
@@ -341,6 +349,48 @@ def shards(
     pieces = np.array_split(order, total)
     assign = rng.permutation(total).reshape(num_clients, per_client)
     return _as_parts(np.concatenate([pieces[j] for j in row]) for row in assign)
+
+
+def pathological(
+    labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """``classes_per_client`` (*k*) classes per client (the pathological non-IID split of
+    Li et al. 2022, "Federated Learning on Non-IID Data Silos", as Flower Datasets'
+    ``PathologicalPartitioner(class_assignment_mode="random")`` draws it): client by
+    client, *k* distinct classes drawn uniformly without replacement from the classes
+    present (sorted), ``rng.choice(classes, k, replace=False)``; then each class's samples
+    (in index order) are cut with ``np.array_split`` into as many parts as clients drew
+    it, handed out in client order. A class no client drew is not used (its samples belong
+    to nobody, as in Flower's). Index-identical to Flower's partitioner whose generator is
+    ``rng`` (``tests/test_partition_flower.py``: its ``_rng`` replaced by ours; with its own
+    ``seed`` argument it draws from ``default_rng(seed)``, another stream: use ``scheme:
+    flwr_datasets`` for that split). Ours is sorted, Flower's shuffled after the draws.
+
+    Refused (:class:`PartitionError`): *k* outside 1..number of classes, or a class drawn
+    by more clients than it has samples (a client would get nothing of it)."""
+    labels = np.asarray(labels)
+    classes = np.unique(labels)
+    k = int(classes_per_client)
+    if not 1 <= k <= len(classes):
+        raise PartitionError(
+            f"partition.classes_per_client must be in 1..{len(classes)} (the classes of the "
+            f"training set), got {classes_per_client}"
+        )
+    owned = [rng.choice(classes, size=k, replace=False).tolist() for _ in range(num_clients)]
+    parts: list[list] = [[] for _ in range(num_clients)]
+    for c in classes.tolist():
+        holders = [i for i in range(num_clients) if c in owned[i]]
+        if not holders:
+            continue
+        idx = np.flatnonzero(labels == c)
+        if len(holders) > len(idx):
+            raise PartitionError(
+                f"pathological split: class {c} was drawn by {len(holders)} clients but has "
+                f"{len(idx)} samples; use fewer clients or more classes_per_client"
+            )
+        for i, chunk in zip(holders, np.array_split(idx, len(holders))):
+            parts[i].extend(chunk.tolist())
+    return _as_parts(parts)
 
 
 def _domain_owners(dom_ids: np.ndarray, num_clients: int, per_client: int) -> dict:
@@ -735,6 +785,8 @@ def partition(
     path: str | None = None,
     generator: str | None = None,
     num_classes: int | None = None,
+    classes_per_client: int = 2,
+    partitioner: dict | None = None,
 ) -> list[np.ndarray]:
     """Index arrays of ``num_clients`` clients (see the module docstring). ``generator``:
     ``project`` | ``fedrcl`` | ``fedrcl_labels`` | ``None`` (see :func:`resolve_generator`);
@@ -786,6 +838,14 @@ def partition(
         if authors:
             return authors_shards(labels, num_clients, shards_per_client, seed)
         return shards(labels, num_clients, shards_per_client, rng)
+    if scheme == "pathological":
+        return pathological(labels, num_clients, classes_per_client, rng)
+    if scheme == "flwr_datasets":
+        from fedrcl_flwr.data.hf import flwr_datasets_split
+
+        if not partitioner:
+            raise PartitionError("partition.scheme 'flwr_datasets' needs partition.partitioner")
+        return flwr_datasets_split(partitioner, labels, num_clients, seed, domains)
     if scheme == "domain":
         if domains is None:
             raise PartitionError(

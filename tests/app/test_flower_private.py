@@ -105,3 +105,29 @@ def test_the_in_process_grid_implements_flowers_grid_interface():
 
     missing = {m for m in Grid.__abstractmethods__ if m not in vars(InProcessGrid)}
     assert not missing, f"flwr.server.Grid gained abstract method(s) {sorted(missing)}"
+
+
+def test_the_in_process_grid_takes_both_pull_messages_signatures():
+    """Flower 1.42 calls ``pull_messages(message_ids)``; 1.43 ``pull_messages(
+    reply_to_message_ids=None, *, message_ids=None)``. Every form reaches the method
+    (NotImplementedError: it answers in send_and_receive), none is a TypeError, and the
+    installed Flower's own parameter names are all accepted."""
+    import inspect
+
+    import pytest
+    from flwr.server import Grid
+
+    from fedrcl_flwr.app.inprocess import InProcessGrid
+
+    grid = InProcessGrid({}, 1)
+    for args, kwargs in (
+        ((["m1"],), {}),  # 1.42: positional message_ids
+        ((), {"message_ids": ["m1"]}),  # 1.42 by keyword, 1.43's deprecated keyword
+        ((), {"reply_to_message_ids": ["m1"]}),  # 1.43
+        ((["m1"],), {"message_ids": ["m2"]}),  # 1.43: both
+    ):
+        with pytest.raises(NotImplementedError):
+            grid.pull_messages(*args, **kwargs)
+    ours = inspect.signature(InProcessGrid.pull_messages).parameters
+    theirs = [p for p in inspect.signature(Grid.pull_messages).parameters if p != "self"]
+    assert set(theirs) <= set(ours), (theirs, list(ours))

@@ -143,6 +143,7 @@ def test_every_partition_scheme_has_a_builder(tmp_path):
                 path=str(split),
                 seed=0,
                 num_classes=4,
+                partitioner={"name": "IidPartitioner"},  # flwr_datasets (extra in [test])
             )
         except PartitionError as exc:  # pragma: no cover - the failure message
             pytest.fail(f"partition.scheme {scheme}: {exc}")
