@@ -237,9 +237,12 @@ def cmd_report(args) -> int:
     """``report DIR...``: mean +- std per method and setting (fedrcl_flwr.report.tables)."""
     from fedrcl_flwr.report.tables import report
 
-    print(report(args.dirs, args.format, args.metric, args.vs), end="")
+    notes: list = []
+    print(report(args.dirs, args.format, args.metric, args.vs, notes), end="")
     if args.format == "markdown":
         print()
+    for line in notes:  # beside a csv / latex table, not inside it
+        print(f"fedrcl-flwr: {line}", file=sys.stderr)
     return 0
 
 
