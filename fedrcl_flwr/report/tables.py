@@ -1084,6 +1084,16 @@ def report(
 # ----------------------------------------------------------------------------- plots
 
 
+def default_plot_out(dirs: list) -> Path:
+    """Where ``plot DIR...`` writes without ``--out``: beside the run or sweep directory,
+    named after it (``plot runs/quickstart`` -> ``runs/quickstart_curves.png`` / ``.pdf``);
+    for several directories, ``accuracy_curves`` in the directory that holds them all."""
+    paths = [Path(d).expanduser().resolve() for d in dirs]
+    if len(paths) == 1:
+        return paths[0].parent / f"{paths[0].name or 'runs'}_curves"
+    return Path(os.path.commonpath([str(p.parent) for p in paths])) / "accuracy_curves"
+
+
 def plot_files(out: Path) -> list[Path]:
     """The files ``plot --out OUT`` writes: ``OUT.png`` and ``OUT.pdf`` (a ``.png`` /
     ``.pdf`` suffix of ``OUT`` is dropped first)."""
@@ -1111,6 +1121,8 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     import numpy as np
     from matplotlib.ticker import MaxNLocator
 
+    from fedrcl_flwr.run.results import legend_below, wrap_title
+
     cols = list(dict.fromkeys(g.col for g in groups))
     rows = list(dict.fromkeys(g.row for g in groups))
     style = {
@@ -1124,7 +1136,14 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     percent = metric_key.endswith("accuracy")
     ncol = min(len(cols), 3)
     nrow = math.ceil(len(cols) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.8 * nrow), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        nrow,
+        ncol,
+        figsize=(5 * ncol, 4.6 * nrow),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",  # room for the wrapped titles and the legends below
+    )
     lows, highs = [], []
     for ax, c in zip(axes.flat, cols):
         for g in (g for g in groups if g.col == c):
@@ -1149,11 +1168,12 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
                 label=f"{g.row} (n={len(g.runs)})",
             )
             ax.fill_between(rounds, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
-        ax.set_title(c or "", fontsize=10)
+        ax.set_title(wrap_title(c or "", 5.0, 10), fontsize=10)
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            legend_below(ax, len(ax.get_legend_handles_labels()[0]))
     for ax in axes[:, 0]:
         ax.set_ylabel(
             "test accuracy (%)"
@@ -1169,8 +1189,13 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     for ax in list(axes.flat)[len(cols) :]:
         ax.set_visible(False)
     title = setting_title(groups)
-    fig.suptitle((title + ": " if title else "") + "mean ± std over seeds", fontsize=11)
-    fig.tight_layout()
+    if len(cols) == 1 and cols[0]:  # one panel: its setting belongs in the one title
+        title = f"{title}, {cols[0]}" if title else cols[0]
+        axes.flat[0].set_title("")
+    fig.suptitle(
+        wrap_title((title + ": " if title else "") + "mean ± std over seeds", 5.0 * ncol, 11),
+        fontsize=11,
+    )
     return fig
 
 
@@ -1215,7 +1240,7 @@ def _save_figure(fig, paths: list[Path]) -> None:
     import matplotlib.pyplot as plt
 
     for p in paths:
-        fig.savefig(p, dpi=120)
+        fig.savefig(p, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
