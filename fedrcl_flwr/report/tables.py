@@ -1165,7 +1165,7 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
                 markersize=4,
                 markevery=max(1, len(rounds) // 10),
                 linewidth=1.5,
-                label=f"{g.row} (n={len(g.runs)})",
+                label=f"{g.row} (n={len({_jkey(r.config.get('seed')) for r in g.runs})})",
             )
             ax.fill_between(rounds, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
         ax.set_title(wrap_title(c or "", 5.0, 10), fontsize=10)
