@@ -52,7 +52,7 @@ sets = [
     "dataset.synthetic.num_train=600", "dataset.synthetic.num_test=200",
     "dataset.synthetic.image_size=16", "federation.num_clients=6",
     "federation.clients_per_round=2", "federation.participation=null",
-    "federation.rounds=2", "client.local_epochs=1", "evaluation.target_rounds=[2]",
+    "federation.rounds=1", "client.local_epochs=1", "evaluation.target_rounds=[1]",
     "evaluation.per_client={every: 1, clients: unsampled}",
 ]
 cfg = load_experiment("experiments/quickstart.yaml", sets, str(out))
@@ -136,7 +136,7 @@ def test_the_quickstart_needs_no_test_extra(tmp_path):
     from fedrcl_flwr.run.runtime import sample_partitions
 
     recs = read_metrics(tmp_path / "run")
-    assert [r["round"] for r in recs] == [1, 2]
+    assert [r["round"] for r in recs] == [1]
     for r in recs:
         sampled = sample_partitions(0, r["round"], 6, 2)
         ids = sorted(int(k) for k in r["client_accuracy"])
