@@ -239,22 +239,30 @@ def cmd_report(args) -> int:
     """``report DIR...``: mean +- std per method and setting (fedrcl_flwr.report.tables)."""
     from fedrcl_flwr.report.tables import report
 
-    print(report(args.dirs, args.format, args.metric, args.vs), end="")
+    notes: list = []
+    print(report(args.dirs, args.format, args.metric, args.vs, notes), end="")
     if args.format == "markdown":
         print()
+    for line in notes:  # beside a csv / latex table, not inside it
+        print(f"fedrcl-flwr: {line}", file=sys.stderr)
     return 0
 
 
 def cmd_plot(args) -> int:
     """``plot DIR...``: accuracy curves per method (mean +- std over seeds), per setting."""
-    from fedrcl_flwr.report.tables import client_plot_files, plot_files, plot_groups
+    from fedrcl_flwr.report.tables import (
+        client_plot_files,
+        default_plot_out,
+        plot_files,
+        plot_groups,
+    )
 
-    if not args.out.strip():
+    if args.out is not None and not args.out.strip():
         raise ConfigError("--out must be a file stem, got an empty string")
-    out = Path(args.out)
+    out = Path(args.out) if args.out is not None else default_plot_out(args.dirs)
     for path in plot_files(out) + client_plot_files(out):  # checked before any run is read
         check_output_file(path, "--out", create_parent=True)
-    for path in plot_groups(args.dirs, Path(args.out)):
+    for path in plot_groups(args.dirs, out):
         print(f"written {path}")
     return 0
 
@@ -390,8 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
     pl.add_argument(
         "--out",
-        default="accuracy_curves",
-        help="output file stem (FILE.png and FILE.pdf are written)",
+        default=None,
+        help="output file stem (FILE.png and FILE.pdf are written; default: beside the "
+        "directory, DIR_curves, or accuracy_curves beside several)",
     )
     pl.set_defaults(func=cmd_plot)
     sw = sub.add_parser("sweep", help="run a sweep file (settings x methods x seeds)")

@@ -6,10 +6,18 @@ per partition) are ``EvaluateInstructions`` / ``EvaluateReport`` of
 Every ``every`` rounds (and at the last round) the server asks clients, through Flower's
 federated evaluation (``Strategy.configure_evaluate`` -> ``NumPyClient.evaluate`` ->
 ``Strategy.aggregate_evaluate``), to evaluate the round's global model on their *local
-test data*; the same path serves simulation and real devices. Which clients: the round's
-sampled clients (all of them, also those that dropped out under
-``federation.availability``: the evaluated set does not depend on availability), or every
-client with ``clients: all`` (each node then evaluates a share of the partitions).
+test data*; the same path serves simulation and real devices. Which clients
+(``clients``):
+
+* ``sampled`` (default): the round's sampled clients (all of them, also those that
+  dropped out under ``federation.availability``: the evaluated set does not depend on
+  availability). The model was just averaged from their updates, so this measures how
+  well it serves the clients that shaped it last: an optimistic (biased) estimate of a
+  client's accuracy.
+* ``unsampled``: as many clients as a round samples, drawn from those *not* sampled in
+  the round (:func:`unsampled_partitions`): clients the round's model did not just learn
+  from, an unbiased estimate of the accuracy a client not in the round gets.
+* ``all``: every client (each node then evaluates a share of the partitions).
 
 Local test data (``local_test``):
 
@@ -52,6 +60,20 @@ from fedrcl_flwr.protocol import decode_client_eval, encode_client_eval
 
 HOLDOUT_SALT = 0x7E57
 FINETUNE_SALT = 0xF1E7
+UNSAMPLED_SALT = 0x0E5A
+
+
+def unsampled_partitions(seed: int, rnd: int, num_clients: int, sampled: list[int]) -> list[int]:
+    """``clients: unsampled``: ``len(sampled)`` partitions (fewer when fewer are left)
+    drawn without replacement from those not in ``sampled``, by
+    ``default_rng([seed, rnd, UNSAMPLED_SALT])`` (a generator of its own: the round's
+    sampling and training are untouched), in increasing order."""
+    rest = sorted(set(range(num_clients)) - {int(p) for p in sampled})
+    k = min(len(sampled), len(rest))
+    if k == 0:
+        return []
+    rng = np.random.default_rng([int(seed), int(rnd), UNSAMPLED_SALT])
+    return sorted(int(p) for p in rng.choice(rest, size=k, replace=False))
 
 
 def enabled(cfg) -> bool:

@@ -45,7 +45,7 @@ from fedrcl_flwr.run.processes import (
     Watchdog,
     teardown,
 )
-from fedrcl_flwr.run.results import format_round_line, read_metrics, shows_ema
+from fedrcl_flwr.run.results import format_round_line, read_metrics, round_eta, shows_ema
 from fedrcl_flwr.run.run_files import CONFIG_FILE, FLOWER_LOG, RUN_LOG, SUMMARY_FILE
 
 
@@ -137,6 +137,9 @@ class LocalSuperLink:
             )
         if not verbose:
             self.env["PYTHONWARNINGS"] = "ignore"
+        # the ServerApp's start-up events, for the CLI's progress lines (run/timers.py)
+        self.progress_path = self.home / "progress.jsonl"
+        self.env[timers.PROGRESS_VAR] = str(self.progress_path)
         (self.home / "config.toml").write_text(
             '[superlink]\ndefault = "local"\n\n'
             f'[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
@@ -254,16 +257,28 @@ def run_simulation_via_flower(
     link = LocalSuperLink(
         out_dir / FLOWER_LOG, verbose=verbose, lock=lock, ray_address=cfg.simulation.ray_address
     )
-    printed = len(read_metrics(out_dir)) if resume else 0
+    kept: list[dict] = []
+    if resume:  # the records the ServerApp keeps: those up to the checkpoint's round
+        done = checkpoint_round(out_dir, read_metrics(out_dir))
+        kept = [r for r in read_metrics(out_dir) if int(r["round"]) <= done]
+        print(resume_line(out_dir, cfg.federation.rounds, done), flush=True)
+    printed = len(kept)
     control = None
     timing = [("watchdog", time.time() - t0)]
+    startup = StartupProgress(t0, link.progress_path)
     try:
+        startup.say("starting a private Flower SuperLink")
         link.start()
         timing.append(("superlink healthy", time.time() - t0))
+        startup.say(f"SuperLink up on {link.address}; submitting the run")
         run_id = _submit(cfg, link, app, out_dir, resume=resume, dataset_entry=dataset_entry)
         control = ControlClient(link.home, link.address)
         timing.append(("run submitted", time.time() - t0))
+        startup.say(
+            f"run {run_id} submitted; Flower starts the simulation process, Ray and the ServerApp"
+        )
         follower = _RunFollower(cfg, out_dir, link, control, run_id, printed, timing, t0)
+        follower.startup = startup
         status = follower.follow(poll_s, status_every_s)
         timing.append(("run finished", time.time() - t0))
         logs = control.logs(run_id)
@@ -277,6 +292,7 @@ def run_simulation_via_flower(
             control.close()
         link.stop()
         timing.append(("torn down", time.time() - t0))
+        drop_polling_lines(link.log_path)
         _log_timing(link.log_path, timing)
     summary_path = out_dir / SUMMARY_FILE
     if not summary_path.exists():
@@ -313,6 +329,70 @@ def _submit(
     return run_id
 
 
+def checkpoint_round(out_dir: Path, records: list[dict]) -> int:
+    """The round of ``out_dir``'s checkpoint (the last recorded round where it cannot be
+    read: the ServerApp reads it again and says what is wrong)."""
+    from fedrcl_flwr.run.checkpoint import load_checkpoint
+
+    try:
+        return int(load_checkpoint(out_dir)["round"])
+    except Exception:  # noqa: BLE001 - see above
+        return int(records[-1]["round"]) if records else 0
+
+
+def resume_line(out_dir: Path, total_rounds: int, done: int) -> str:
+    """What ``run --resume`` continues: ``resuming DIR from its checkpoint at round N:
+    rounds N+1..R``."""
+    todo = f"rounds {done + 1}..{total_rounds}" if done < total_rounds else "no round left"
+    return f"fedrcl-flwr: resuming {out_dir} from its checkpoint at round {done}: {todo}"
+
+
+class StartupProgress:
+    """The run's start-up phases as they happen, one line each (``fedrcl-flwr: [  4.1s]
+    ...``, seconds since the runner started): the runner's own steps (:meth:`say`), the
+    run's Flower status as it changes (:meth:`status`), and the ServerApp's start-up events
+    read from the run's progress file (:meth:`poll`; written by
+    :func:`fedrcl_flwr.run.timers.server_event`). Ends at the first round's record."""
+
+    WHAT = {
+        "serverapp_start": "the ServerApp's process is up (Python and the project imported)",
+        "serverapp_built": "the ServerApp built the data, the model and the strategy",
+        "sent": "round {round} sent to {clients} clients: training (the first round also "
+        "starts Ray's client workers)",
+    }
+
+    def __init__(self, t0: float, path: Path | None):
+        self.t0, self.path = t0, path
+        self.seen: set = set()
+        self.last_status = ""
+        self.done = False
+
+    def say(self, text: str, at: float | None = None) -> None:
+        if self.done:
+            return
+        t = (time.time() if at is None else at) - self.t0
+        print(f"fedrcl-flwr: [{t:6.1f}s] {text}", flush=True)
+
+    def status(self, status: str) -> None:
+        if status and status != self.last_status and not status.startswith("finished"):
+            self.last_status = status
+            self.say(f"Flower: the run is {status}")
+
+    def poll(self) -> None:
+        if self.done or self.path is None:
+            return
+        for rec in timers.read_progress(self.path):
+            event = rec["event"]
+            if event in self.seen or event not in self.WHAT:
+                continue
+            self.seen.add(event)
+            try:
+                text = self.WHAT[event].format(**rec)
+            except (KeyError, IndexError, ValueError):
+                text = event
+            self.say(text, at=float(rec.get("t", time.time())))
+
+
 class _RunFollower:
     """Follows a submitted run until it finishes: prints one line per round recorded in
     ``metrics.jsonl``, asks the run's status every ``status_every_s`` seconds (``ListRuns``:
@@ -333,11 +413,13 @@ class _RunFollower:
         self.cfg, self.out_dir, self.link = cfg, out_dir, link
         self.control, self.run_id = control, run_id
         self.printed = printed  # round records printed (or kept from before a resume)
+        self.kept = printed  # records kept from before a resume (not of this process)
         self.timing, self.t0 = timing, t0
         self.started = False
         self.submitted = time.time()
         self.summary_path = out_dir / SUMMARY_FILE
         self.summary_before = _mtime(self.summary_path)
+        self.startup: StartupProgress | None = None
 
     def follow(self, poll_s: float, status_every_s: float) -> str:
         """The run's final status (``finished:completed`` when it completed)."""
@@ -353,6 +435,8 @@ class _RunFollower:
                 status, last_check = self.control.status(self.run_id), time.time()
                 if status.startswith("finished"):
                     return status
+                if self.startup is not None and not self.started:
+                    self.startup.status(status)
                 self._check_started(status)
             link_proc = self.link.proc
             assert link_proc is not None  # started before the run was submitted
@@ -363,7 +447,11 @@ class _RunFollower:
             time.sleep(poll_s)
 
     def _print_new_rounds(self) -> None:
+        if self.startup is not None:
+            self.startup.poll()
         recs = read_metrics(self.out_dir)
+        if len(recs) > self.printed and self.startup is not None:
+            self.startup.done = True  # from here on, the round lines say how it goes
         if len(recs) > self.printed and len(self.timing) < 4:
             first = recs[self.printed]
             self.timing.append(
@@ -372,10 +460,12 @@ class _RunFollower:
                     time.time() - self.t0 - float(first.get("round_time_s", 0.0)),
                 )
             )
-        for rec in recs[self.printed :]:
+        for i in range(self.printed, len(recs)):
+            total = self.cfg.federation.rounds
+            eta = round_eta(recs[self.kept : i + 1], total)
             print(
                 format_round_line(
-                    rec, self.cfg.federation.rounds, shows_ema(self.cfg.evaluation.report_metric)
+                    recs[i], total, shows_ema(self.cfg.evaluation.report_metric), eta_s=eta
                 ),
                 flush=True,
             )
@@ -399,6 +489,36 @@ def _mtime(path: Path) -> int | None:
         return path.stat().st_mtime_ns
     except OSError:
         return None
+
+
+# what the CLI's own status polling (ControlClient.status: ListRuns, once a second)
+# leaves in the SuperLink's log: Flower's servicer line and the HTTP access line
+POLLING_LINES = ("ControlServicer.ListRuns", '"POST /v1/control/list-runs ')
+
+
+def drop_polling_lines(log_path: Path) -> int:
+    """Remove the CLI's status polling from ``flower.log`` (:data:`POLLING_LINES`, about
+    90 % of a quickstart's log) once the run is over; every other line stays, in order.
+    Appends one line saying how many were dropped; returns that number."""
+    try:
+        text = Path(log_path).read_text(errors="replace")
+    except OSError:
+        return 0
+    lines = text.splitlines(keepends=True)
+    kept = [ln for ln in lines if not any(p in ln for p in POLLING_LINES)]
+    dropped = len(lines) - len(kept)
+    if dropped:
+        kept.append(
+            f"fedrcl-flwr: {dropped} lines of the CLI's run-status polling (ListRuns) "
+            "left out of this log\n"
+        )
+        try:
+            tmp = Path(log_path).with_name(Path(log_path).name + ".tmp")
+            tmp.write_text("".join(kept))
+            os.replace(tmp, log_path)
+        except OSError:
+            return 0
+    return dropped
 
 
 def _log_timing(log_path: Path, timing: list) -> None:

@@ -235,7 +235,7 @@ class FederatedStrategy(Strategy):
     ):
         super().__init__()
         self.availability = availability  # fedrcl_flwr.availability.Availability or None
-        self.per_client = per_client  # (every, "sampled" | "all") or None (off)
+        self.per_client = per_client  # (every, "sampled" | "unsampled" | "all") or None
         self.overlap_evaluation = overlap_evaluation
         self.p = self.resolve(params)
         self.weights = [np.asarray(w).copy() for w in initial_weights]
@@ -255,6 +255,12 @@ class FederatedStrategy(Strategy):
         self.round_offset = round_offset
         self.exchange = exchange  # optional SignalExchange (FedCCL, FedProto, FPL)
         self.model_bytes = int(sum(np.asarray(w).nbytes for w in self.weights))
+        # privacy.secagg: what one client uploads instead, Flower's SecAgg+ masked vector:
+        # every entry of every array quantised, masked and sent as an int64, plus the
+        # int64 weight factor (flwr secaggplus_mod._collect_masked_vectors: quantize ->
+        # factor_combine -> masks -> parameters_mod); the key and share exchange of the
+        # protocol's other stages is not counted
+        self.secagg_upload_bytes = 8 * (1 + int(sum(np.asarray(w).size for w in self.weights)))
         self._init_round_state()
         self._init_buffers()
         self._init_privacy(privacy)
@@ -475,6 +481,9 @@ class FederatedStrategy(Strategy):
         if reasons:
             self._note_error(reasons[0])
         info = self._round_info(rnd, kept, len(reasons))
+        if self.secagg:  # every received result is a masked vector inside the sum
+            info["model_bytes_up"] = self.secagg_upload_bytes * len(results)
+            info["secagg_clients"] = len(kept)
         if not kept:
             return self._empty_round(rnd, info)
         self.consecutive_empty = 0
@@ -620,7 +629,19 @@ class FederatedStrategy(Strategy):
         rnd = self.run_round(server_round)
         if self._deferred is None or not self._client_eval_due(rnd):
             return []
-        pids = list(range(self.num_clients)) if self.per_client[1] == "all" else list(self._sampled)
+        if self.per_client[1] == "all":
+            pids = list(range(self.num_clients))
+        elif self.per_client[1] == "unsampled":  # the clients this round did not learn from
+            from fedrcl_flwr.client_eval import unsampled_partitions
+
+            pids = unsampled_partitions(
+                self.seed,
+                rnd,
+                self.num_clients,
+                sample_partitions(self.seed, rnd, self.num_clients, self.clients_per_round),
+            )
+        else:
+            pids = list(self._sampled)
         slots = self._slots(client_manager, len(pids))
         send = to_parameters(self._deferred[2]["weights"])
         return [

@@ -24,7 +24,13 @@ from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
 from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.run.checkpoint import load_checkpoint, save_checkpoint
-from fedrcl_flwr.run.results import CONFIG_FILE, RunRecorder, format_round_line, shows_ema
+from fedrcl_flwr.run.results import (
+    CONFIG_FILE,
+    RunRecorder,
+    format_round_line,
+    run_title,
+    shows_ema,
+)
 from strategies import strategy_class
 
 # when this module (torch, Flower, the project) finished importing: the start-up breakdown
@@ -188,6 +194,7 @@ def open_run_outputs(cfg, out_dir, ckpt, ema: EMATracker):
         target_rounds=cfg.evaluation.target_rounds,
         elapsed_before=float(ckpt["wall_time_s"]) if ckpt else 0.0,
         report_metric=cfg.evaluation.report_metric,
+        title=run_title(cfg),
     )
     if ckpt:
         recorder.load_existing(done)
@@ -303,7 +310,7 @@ def checkpoint_writer(cfg, out_dir, recorder: RunRecorder, tracker, ema: EMATrac
 
 def server_components(context: Context):
     """The run's experiment, strategy and Flower server config."""
-    if timers.enabled():
+    if timers.enabled() or timers.progress_enabled():
         timers.server_event(
             "serverapp_start", process_start=timers.process_start_time(), imported=IMPORTED_AT
         )

@@ -82,7 +82,9 @@ CLIENT_METRICS = tuple(f"client_{s}" for s in CLIENT_STATS)
 # ``evaluation.per_client``: which clients are evaluated, on which local test data
 # every name ``report --metric`` takes, in the order the help lists them
 METRIC_NAMES = tuple(SUMMARY_METRICS) + (EMA_METRIC,) + CLIENT_METRICS
-PER_CLIENT_CLIENTS = ("sampled", "all")
+# sampled: the round's clients (just averaged into the model: an optimistic measure);
+# unsampled: as many clients drawn from those not in the round (unbiased); all: every one
+PER_CLIENT_CLIENTS = ("sampled", "unsampled", "all")
 PER_CLIENT_LOCAL_TESTS = ("auto", "holdout", "domain")
 
 _EMA_RE = re.compile(r"ema@([1-9][0-9]*)")

@@ -250,7 +250,8 @@ class ServerConfig:
 class PerClientEvalConfig:
     """Per-client (personalised) evaluation (``fedrcl_flwr/client_eval.py``; off while
     ``every`` is 0). Every ``every`` rounds (and at the last round) the global model is
-    evaluated on each sampled client's local test data (``clients: all``: every client),
+    evaluated on each sampled client's local test data (``clients: unsampled``: as many
+    clients not sampled in the round, an unbiased measure; ``clients: all``: every client),
     after ``finetune_steps`` local cross-entropy steps on the client's training data when
     > 0. Local test data (``local_test``): ``holdout`` = a ``local_test_fraction`` share of
     the client's own partition, split once from the partition seed and removed from its
@@ -261,7 +262,7 @@ class PerClientEvalConfig:
     every: int = 0
     local_test_fraction: float = 0.2
     finetune_steps: int = 0
-    clients: str = "sampled"  # sampled | all
+    clients: str = "sampled"  # sampled | unsampled (unbiased) | all
     local_test: str = "auto"  # auto | holdout | domain
 
 

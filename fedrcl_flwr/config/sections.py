@@ -148,6 +148,14 @@ def check_client_eval(cfg: ExperimentConfig, source: str) -> None:
             f"'federation.eval_every' ({every}): client metrics go "
             "into the evaluated rounds' records",
         )
+    if pc.clients == "unsampled" and cfg.federation.sampled_per_round() >= (
+        cfg.federation.num_clients
+    ):
+        raise _cfg_error(
+            source,
+            f"'{key}.clients' unsampled needs clients that a round does not sample, but "
+            f"every round samples all {cfg.federation.num_clients}; use sampled or all",
+        )
     if pc.local_test == "domain" and cfg.partition.scheme != "domain":
         raise _cfg_error(
             source,

@@ -91,19 +91,46 @@ class Group:
     what: str = ""  # what a labelled row is: method (what differs)
     flat: dict = field(default_factory=dict)  # its setting, dotted keys
 
-    @property
-    def by_seed(self) -> dict:
-        """seed -> value, for the runs that have the metric and a seed."""
-        out = {}
+    def _seed_values(self) -> list:
+        """``[(seed or None, [values])]`` in run order: the runs that have the metric, those
+        with the same seed together (a run without a seed alone)."""
+        out: list = []
+        index: dict = {}
         for run, v in zip(self.runs, self.values):
+            if v is None:
+                continue
             seed = run.config.get("seed")
-            if v is not None and _is_number(seed):
-                out[int(seed)] = v
+            if not _is_number(seed):
+                out.append((None, [v]))
+            elif int(seed) in index:
+                out[index[int(seed)]][1].append(v)
+            else:
+                index[int(seed)] = len(out)
+                out.append((int(seed), [v]))
         return out
 
     @property
+    def by_seed(self) -> dict:
+        """seed -> value (the mean of the seed's duplicate runs), for the runs that have
+        the metric and a seed."""
+        return {s: sum(v) / len(v) for s, v in self._seed_values() if s is not None}
+
+    @property
     def present(self) -> list:
-        return [v for v in self.values if v is not None]
+        """The values the cell's statistics are over: one per distinct seed (runs of one
+        setting with the same seed are duplicates, not replicates: they count once, as
+        their mean), plus each run without a seed."""
+        return [sum(v) / len(v) for _, v in self._seed_values()]
+
+    @property
+    def duplicates(self) -> dict:
+        """seed -> number of runs, for the seeds that more than one run of the cell has."""
+        return {s: len(v) for s, v in self._seed_values() if s is not None and len(v) > 1}
+
+    @property
+    def missing(self) -> int:
+        """Runs of the cell without the metric."""
+        return sum(v is None for v in self.values)
 
     @property
     def n(self) -> int:
@@ -753,11 +780,19 @@ def _ours(g: Group | None, best: float | None, bold: tuple[str, str], pm: str) -
     text = _pct(g.mean)
     if g.std is not None:
         text += f" {pm} {_pct(g.std)}"
-    missing = len(g.values) - g.n
-    text += f" (n={g.n}" + (f", {missing} missing" if missing else "") + _eps(g) + ")"
+    missing = g.missing
+    text += f" (n={g.n}" + (f", {missing} missing" if missing else "") + _dup(g) + _eps(g) + ")"
     if best is not None and math.isclose(g.mean, best):
         text = f"{bold[0]}{text}{bold[1]}"
     return text
+
+
+def _dup(g: Group) -> str:
+    """``, duplicates: seed 0 ×2`` where runs share a seed (they count once in n)."""
+    d = g.duplicates
+    if not d:
+        return ""
+    return ", duplicates: " + ", ".join(f"seed {s} ×{k}" for s, k in d.items())
 
 
 def _eps(g: Group, fmt: str = ", ε≤{}") -> str:
@@ -841,7 +876,15 @@ def format_markdown(groups: list[Group], metric: str) -> str:
             if c in with_paper:
                 cells += [_pct(g.paper) if g else "", _pct(g.diff, True) if g else ""]
         lines.append("| " + " | ".join(cells) + " |")
-    note = f"\nmetric: {metric}; mean ± sample std over seeds (%), n runs; best per column in bold"
+    note = (
+        f"\nmetric: {metric}; mean ± sample std over seeds (%), n distinct seeds; best per "
+        "column in bold"
+    )
+    if any(g.duplicates for g in groups):
+        note += (
+            "; duplicates: runs of one setting with the same seed repeat one experiment "
+            "(not a replicate): their mean counts once"
+        )
     if any(g.private for g in groups):
         note += "; ε: the largest (ε, δ)-DP budget of the cell's runs (privacy.dp)"
     if _sources(groups):
@@ -887,7 +930,7 @@ def format_csv(groups: list[Group], metric: str, pairs: list | None = None, vs: 
             g.col,
             metric,
             g.n,
-            len(g.values) - g.n,
+            g.missing,
             _pct(g.mean),
             _pct(g.std),
             int(is_best),
@@ -999,15 +1042,28 @@ FORMATS = {"markdown": format_markdown, "csv": format_csv, "latex": format_latex
 
 
 def report(
-    dirs: list, fmt: str = "markdown", metric: str | None = None, vs: str | None = None
+    dirs: list,
+    fmt: str = "markdown",
+    metric: str | None = None,
+    vs: str | None = None,
+    notes: list | None = None,
 ) -> str:
+    """The table of ``dirs`` in ``fmt``; with ``vs`` also the paired comparison. A note
+    that is not part of a csv / latex table (``--vs`` with one row) goes to ``notes``."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     groups, metric = build_table(dirs, metric)
     if vs is None:
         return FORMATS[fmt](groups, metric)
-    pairs = paired(groups, vs)
     ref = find_row(groups, vs)
+    if len({g.row for g in groups}) < 2:
+        line = f"--vs {vs}: nothing to compare: the table has one row ({ref})"
+        if fmt == "markdown":
+            return format_markdown(groups, metric) + "\n\n" + line
+        if notes is not None:
+            notes.append(line)
+        return FORMATS[fmt](groups, metric)
+    pairs = paired(groups, vs)
     if fmt == "csv":
         return format_csv(groups, metric, pairs, ref)
     if fmt == "latex":
@@ -1016,6 +1072,16 @@ def report(
 
 
 # ----------------------------------------------------------------------------- plots
+
+
+def default_plot_out(dirs: list) -> Path:
+    """Where ``plot DIR...`` writes without ``--out``: beside the run or sweep directory,
+    named after it (``plot runs/quickstart`` -> ``runs/quickstart_curves.png`` / ``.pdf``);
+    for several directories, ``accuracy_curves`` in the directory that holds them all."""
+    paths = [Path(d).expanduser().resolve() for d in dirs]
+    if len(paths) == 1:
+        return paths[0].parent / f"{paths[0].name or 'runs'}_curves"
+    return Path(os.path.commonpath([str(p.parent) for p in paths])) / "accuracy_curves"
 
 
 def plot_files(out: Path) -> list[Path]:
@@ -1045,6 +1111,8 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     import numpy as np
     from matplotlib.ticker import MaxNLocator
 
+    from fedrcl_flwr.run.results import legend_below, wrap_title
+
     cols = list(dict.fromkeys(g.col for g in groups))
     rows = list(dict.fromkeys(g.row for g in groups))
     style = {
@@ -1058,7 +1126,14 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     percent = metric_key.endswith("accuracy")
     ncol = min(len(cols), 3)
     nrow = math.ceil(len(cols) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.8 * nrow), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        nrow,
+        ncol,
+        figsize=(5 * ncol, 4.6 * nrow),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",  # room for the wrapped titles and the legends below
+    )
     lows, highs = [], []
     for ax, c in zip(axes.flat, cols):
         for g in (g for g in groups if g.col == c):
@@ -1080,14 +1155,15 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
                 markersize=4,
                 markevery=max(1, len(rounds) // 10),
                 linewidth=1.5,
-                label=f"{g.row} (n={len(g.runs)})",
+                label=f"{g.row} (n={len({_jkey(r.config.get('seed')) for r in g.runs})})",
             )
             ax.fill_between(rounds, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
-        ax.set_title(c or "", fontsize=10)
+        ax.set_title(wrap_title(c or "", 5.0, 10), fontsize=10)
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            legend_below(ax, len(ax.get_legend_handles_labels()[0]))
     for ax in axes[:, 0]:
         ax.set_ylabel(
             "test accuracy (%)"
@@ -1103,8 +1179,13 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     for ax in list(axes.flat)[len(cols) :]:
         ax.set_visible(False)
     title = setting_title(groups)
-    fig.suptitle((title + ": " if title else "") + "mean ± std over seeds", fontsize=11)
-    fig.tight_layout()
+    if len(cols) == 1 and cols[0]:  # one panel: its setting belongs in the one title
+        title = f"{title}, {cols[0]}" if title else cols[0]
+        axes.flat[0].set_title("")
+    fig.suptitle(
+        wrap_title((title + ": " if title else "") + "mean ± std over seeds", 5.0 * ncol, 11),
+        fontsize=11,
+    )
     return fig
 
 
@@ -1149,7 +1230,7 @@ def _save_figure(fig, paths: list[Path]) -> None:
     import matplotlib.pyplot as plt
 
     for p in paths:
-        fig.savefig(p, dpi=120)
+        fig.savefig(p, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

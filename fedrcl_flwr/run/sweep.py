@@ -19,14 +19,14 @@ may carry a ``label`` (then every variant must), used in run names instead of it
 Every run is validated before anything runs (one bad combination: one line naming the
 sweep file and the run, exit 2). A labelled variant's runs carry the label in their
 configuration (``label``: what ``report`` and ``plot`` call their row). Each run directory
-is ``OUT/<name>``, ``<name>`` = the label (else the method), the seed and a short hash of
-the resolved experiment (:func:`run_name`, :func:`experiment_hash`:
-``fedprox_seed=0_1f3a9c2e``): a run's name depends on the run alone, so a sweep edited to
-add a setting, a method or a seed finds every run it had finished under the same name.
-Directories under other names holding a planned experiment (an earlier version named runs
-after what varied, ``method=fedavg_alpha=0.05_seed=0``) are renamed to the planned name
-when finished or checkpointed (:func:`take_over_earlier_runs`); others are left untouched,
-with a note. Runs go through the
+is ``OUT/<name>``, ``<name>`` = the label (else the method), the grid values that vary,
+the seed and a short hash of the resolved experiment (:func:`run_name`,
+:func:`experiment_hash`: ``fedprox_alpha=0.1_seed=0_1f3a9c2e``). The hash identifies the
+run: directories under other names holding a planned experiment (names of an earlier
+version: the hash-only ``fedprox_seed=0_1f3a9c2e``, ``method=fedavg_alpha=0.05_seed=0``;
+a sweep that grew a grid key) are renamed to the planned name when finished or
+checkpointed (:func:`take_over_earlier_runs`), so nothing finished runs again; others are
+left untouched, with a note. Runs go through the
 ``run`` command (``python -m fedrcl_flwr.cli run``: the runner's private SuperLink, free
 port and teardown), ``jobs`` of them at once; ``OUT/_configs/<name>.yaml`` holds each
 planned configuration and ``OUT/_logs/<name>.log`` each run's output. A rerun skips runs
@@ -124,17 +124,37 @@ def _fmt_value(v: Any) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", text.replace(": ", "-")).rstrip("-") or "x"
 
 
-def run_name(cfg: ExperimentConfig) -> str:
+def run_name(cfg: ExperimentConfig, shown: list | tuple = ()) -> str:
     """A run directory's name: the variant label (else the method, prefixed by a server
-    optimizer other than fedavg), the seed and :func:`experiment_hash`. It depends on
-    the run alone, never on what else the sweep plans: adding a setting, a method or a
-    seed to a sweep leaves every earlier run's name, and so its results, in place."""
+    optimizer other than fedavg), the grid values ``shown`` (``[(short key, value)]``:
+    the grid keys with more than one value, :func:`shown_grid_values`), the seed and
+    :func:`experiment_hash`: ``fedrcl_alpha=0.1_seed=0_1f3a9c2e``. The hash identifies
+    the run: a sweep that grows a grid key renames its earlier runs (their names lacked
+    the key) by taking them over by hash (:func:`take_over_earlier_runs`), never runs them
+    again. A name that would be longer than :data:`MAX_RUN_NAME_BYTES` leaves the grid
+    values out."""
     from fedrcl_flwr.report.tables import method_label
 
     what = cfg.label or method_label(
         {"client": {"method": cfg.client.method}, "server": {"strategy": cfg.server.strategy}}
     )
-    return f"{_fmt_value(what)}_seed={cfg.seed}_{experiment_hash(cfg)}"
+    tail = f"seed={cfg.seed}_{experiment_hash(cfg)}"
+    values = "".join(f"{k}={_fmt_value(v)}_" for k, v in shown)
+    name = f"{_fmt_value(what)}_{values}{tail}"
+    if len(name.encode()) > MAX_RUN_NAME_BYTES:
+        name = f"{_fmt_value(what)}_{tail}"
+    return name
+
+
+def shown_grid_keys(grid: dict, labelled: bool) -> list[tuple[str, str]]:
+    """``[(grid key, short name)]`` of the grid keys a run name shows: those with more
+    than one value, except ``seed`` and (without variant labels, where the name is the
+    method already) ``client.method`` / ``server.strategy``; a key is shortened to its
+    last component unless two shown keys would share it."""
+    named = () if labelled else ("client.method", "server.strategy")
+    keys = [k for k, v in grid.items() if len(v) > 1 and k != "seed" and k not in named]
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return [(k, s if last.count(s) == 1 else k) for k, s in zip(keys, last)]
 
 
 def _as_list(value: Any, key: str, source: str) -> list:
@@ -382,6 +402,7 @@ def _expand(spec: SweepSpec, cli_sets: list, check_components: bool) -> list[Pla
     config (and, with ``check_components``, against the method's contract)."""
     grid_keys = list(spec.grid)
     combos = list(itertools.product(*[spec.grid[k] for k in grid_keys])) if grid_keys else [()]
+    shown_keys = shown_grid_keys(spec.grid, any("label" in v for v in spec.variants))
     runs: list[PlannedRun] = []
     fixed_items = list(spec.fixed.items())
     for base in spec.bases:
@@ -404,7 +425,9 @@ def _expand(spec: SweepSpec, cli_sets: list, check_components: bool) -> list[Pla
                         from fedrcl_flwr.run.preflight import check_components as validate
 
                         validate(cfg, where)
-                    runs.append(PlannedRun(len(runs), run_name(cfg), base, ov, cfg))
+                    point = dict(zip(grid_keys, combo))
+                    shown = [(short, point[k]) for k, short in shown_keys]
+                    runs.append(PlannedRun(len(runs), run_name(cfg, shown), base, ov, cfg))
     return runs
 
 

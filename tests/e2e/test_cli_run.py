@@ -124,5 +124,19 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     assert set(s["accuracy_at"]) == {"2", "4"}
     # one progress line per round on stdout
     assert sum(line.startswith("round ") for line in res.stdout.splitlines()) == 4
+    # issue 33: the start-up phases as they happen, before round 1; an ETA from round 2
+    lines = res.stdout.splitlines()
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("round "))
+    phases = " / ".join(ln for ln in lines[:first] if ln.startswith("fedrcl-flwr: ["))
+    for phase in ("SuperLink up", "submitted", "ServerApp's process is up", "ServerApp built"):
+        assert phase in phases, phases
+    rounds = [ln for ln in lines if ln.startswith("round ")]
+    assert "ETA" not in rounds[0] and "ETA" not in rounds[3]  # none yet / nothing left
+    assert all(re.search(r" \| ETA \d+(s|m\d\ds)$", ln) for ln in rounds[1:3]), rounds
+    # flower.log without the CLI's status polling, everything else kept
+    flog = (run / "flower.log").read_text()
+    assert "ControlServicer.ListRuns" not in flog and "/v1/control/list-runs" not in flog
+    assert "lines of the CLI's run-status polling (ListRuns) left out" in flog
+    assert "fedrcl-flwr timing:" in flog
     left = leftover_procs()
     assert not left, f"left processes behind: {left}"

@@ -93,6 +93,9 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path):
     left = leftover_procs()
     assert not left, f"left processes behind: {left}"
 
+    from fedrcl_flwr.runner import checkpoint_round
+
+    ckpt = checkpoint_round(cut, read_metrics(cut))
     res = subprocess.run(
         [sys.executable, "-m", "fedrcl_flwr.cli", "run", "--resume", str(cut)],
         capture_output=True,
@@ -100,6 +103,11 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path):
         timeout=600,
     )
     assert res.returncode == 0, res.stdout + res.stderr
+    # issue 33: it says from which round it goes on, and prints exactly those rounds
+    resumed = f"resuming {cut.resolve()} from its checkpoint at round {ckpt}: rounds {ckpt + 1}..6"
+    assert resumed in res.stdout, res.stdout
+    printed = [ln.split()[1] for ln in res.stdout.splitlines() if ln.startswith("round ")]
+    assert printed == [f"{r}/6" for r in range(ckpt + 1, 7)], printed
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the ClientApp / ServerApp (simulation.num_cpus = 1)
     try:

@@ -334,7 +334,7 @@ def test_tracker_tags(tiny, tmp_path):
         ),
         (
             "evaluation.per_client={every: 4, clients: few}",
-            "'evaluation.per_client.clients' must be sampled or all",
+            "'evaluation.per_client.clients' must be sampled, unsampled or all",
         ),
         (
             "evaluation.per_client={every: 4, finetune_steps: -1}",

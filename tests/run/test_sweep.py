@@ -67,8 +67,9 @@ def test_grid_times_seeds_names_and_overrides(tmp_path):
     assert out == (tmp_path / "out").resolve()
     assert len(runs) == 8
     names = [r.name for r in runs]
-    assert re.fullmatch(r"fedavg_seed=0_[0-9a-f]{8}", names[0]), names[0]
-    assert re.fullmatch(r"fedrcl_seed=1_[0-9a-f]{8}", names[-1]), names[-1]
+    # the grid values that vary are in the name (the method is the name's head already)
+    assert re.fullmatch(r"fedavg_alpha=0.3_seed=0_[0-9a-f]{8}", names[0]), names[0]
+    assert re.fullmatch(r"fedrcl_alpha=1.0_seed=1_[0-9a-f]{8}", names[-1]), names[-1]
     assert len(set(names)) == 8
     r = runs[5]  # fedrcl, alpha 0.3, seed 1
     assert (r.cfg.client.method, r.cfg.partition.alpha, r.cfg.seed) == ("fedrcl", 0.3, 1)
@@ -140,6 +141,7 @@ def test_run_names_are_stable_when_the_sweep_grows(tmp_path):
 
     small = _sweep(tmp_path, grid={"client.method": ["fedavg", "fedrcl"]}, seeds=[0])
     before = {r.name for r in plan_sweep(small, tmp_path / "o")[0]}
+    assert before == {f"{n.split('_')[0]}_seed=0_{n[-8:]}" for n in before}
     grown = _write(
         tmp_path / "grown.yaml",
         {
@@ -151,8 +153,25 @@ def test_run_names_are_stable_when_the_sweep_grows(tmp_path):
             },
         },
     )  # 0.5 is the base's own value
-    after = {r.name for r in plan_sweep(grown, tmp_path / "o")[0]}
-    assert before <= after and len(after) == 12
+    grown_runs = plan_sweep(grown, tmp_path / "o")[0]
+    after = {r.name for r in grown_runs}
+    # the grown grid key is shown in the names; the hash of every earlier run is kept, so
+    # the grown sweep takes each over (renames it) instead of running it again
+    assert {n[-8:] for n in before} <= {n[-8:] for n in after} and len(after) == 12
+    assert {n for n in after if n[-8:] in {b[-8:] for b in before}} == {
+        b.replace("_seed", "_alpha=0.5_seed") for b in before
+    }
+    from fedrcl_flwr.config import dump_config
+    from fedrcl_flwr.run.sweep import take_over_earlier_runs
+
+    out = tmp_path / "o"
+    for r in plan_sweep(small, out)[0]:  # finished under the hash-only names
+        r.out_dir.mkdir(parents=True)
+        dump_config(r.cfg, r.out_dir / "config.yaml")
+        (r.out_dir / "summary.json").write_text("{}")
+    lines = take_over_earlier_runs(grown_runs, out)
+    assert len(lines) == 2 and all("(done), renamed" in ln for ln in lines), lines
+    assert sorted(r.state() for r in grown_runs).count("done") == 2
     # what only names, places or resources a run does not change its hash
     r = plan_sweep(small, tmp_path / "o")[0][0]
     h = experiment_hash(r.cfg)

@@ -179,11 +179,32 @@ def _weights(strategy):
     return [np.asarray(w, np.float64) for w in strategy.weights]
 
 
-def test_client_clipping_and_secagg_through_the_real_apps(tiny, tmp_path):
+def test_client_clipping_and_secagg_through_the_real_apps(tiny, tmp_path, monkeypatch):
     """One round, 3 clients, through Flower's workflow and the real ClientApp on an
     in-process grid: client-side clipping (fixedclipping_mod) = server-side clipping
     exactly; SecAgg+ (secaggplus_mod + SecAggPlusWorkflow) = the plain average within one
-    quantisation step 2·range/levels, with and without client-side DP."""
+    quantisation step 2·range/levels, with and without client-side DP. SecAgg+ shows in
+    the round line, and ``model_bytes_up`` is the bytes of the masked vectors the
+    ClientApp really replied with (read from its messages)."""
+    from flwr.common import bytes_to_ndarray
+
+    from fedrcl_flwr.app.inprocess import InProcessGrid
+    from fedrcl_flwr.run.results import format_round_line
+
+    masked: list = []  # (run dir, bytes of the arrays of one masked upload)
+    real = InProcessGrid.send_and_receive
+
+    def spy(self, messages, *, timeout=None):
+        replies = real(self, messages, timeout=timeout)
+        for r in replies:
+            for rec in r.content.config_records.values() if r.has_content() else []:
+                if "masked_params" in rec:
+                    arrays = [bytes_to_ndarray(b) for b in rec["masked_params"]]
+                    assert all(a.dtype == np.int64 for a in arrays)
+                    masked.append((self.contexts[1000].run_config["output-dir"], arrays))
+        return replies
+
+    monkeypatch.setattr(InProcessGrid, "send_and_receive", spy)
     fed = {"rounds": 1, "clients_per_round": 3}
     dp = {"noise_multiplier": 0.0, "clipping_norm": 0.05}
     runs = {
@@ -206,6 +227,13 @@ def test_client_clipping_and_secagg_through_the_real_apps(tiny, tmp_path):
     assert moved > 100 * step  # clipping to 0.05 did change the model
     recs = read_metrics(tmp_path / "secagg")
     assert recs[0]["num_clients"] == 3 and recs[0]["failures"] == 0
+    ups = [sum(a.nbytes for a in arrays) for d, arrays in masked if d == str(tmp_path / "secagg")]
+    assert len(ups) == 3 and recs[0]["model_bytes_up"] == sum(ups)
+    plain = read_metrics(tmp_path / "plain")[0]
+    assert recs[0]["model_bytes_up"] > 1.9 * plain["model_bytes_up"]  # int64 vs float32
+    assert recs[0]["secagg_clients"] == 3 and "secagg_clients" not in plain
+    assert "SecAgg+ sum of 3" in format_round_line(recs[0], 1)
+    assert "SecAgg+" not in format_round_line(plain, 1)
     assert recs[0]["train_loss"] == pytest.approx(
         read_metrics(tmp_path / "plain")[0]["train_loss"], rel=1e-6
     )  # the clients' metrics travel in the clear
