@@ -119,7 +119,7 @@ def test_run_where_every_client_failed_exits_1_with_the_first_error(tmp_path):
     assert len(lines) == 1, stderr
     assert "no client trained in any of the 2 rounds" in lines[0]
     assert "first client error: RuntimeError: injected failure on partition" in lines[0]
-    assert "ALL CLIENTS FAILED" in stdout
+    assert "ROUND FAILED (model unchanged): every client failed" in stdout
     assert not (out / "summary.json").exists()
     assert "AllClientsFailed" in (out / "run.log").read_text()  # details stay in run.log
     assert not _alive(_home(out), tag, 30.0)
