@@ -227,6 +227,7 @@ CONFIG_RULES: dict[str, Rule] = {
         "must be a non-empty name without slashes",
         (" ", "a/b"),
     ),
+    "output.tracker_timeout_s": between(0, 3600, lo_open=True),
     "output.tracker_group": Rule(
         lambda v: bool(v.strip()), "must be a non-empty name (or null)", (" ",)
     ),

@@ -326,6 +326,9 @@ class OutputConfig:
     tracker_project: str = "fedrcl-flwr"
     # W&B group / MLflow parent run of the run (a sweep sets its name; null = none)
     tracker_group: str | None = None
+    # the deadline (seconds) of every call to a tracker (start, each round, the end): a
+    # tracker that does not answer in time, or fails, is dropped and the run goes on
+    tracker_timeout_s: float = 30.0
 
 
 @dataclass
