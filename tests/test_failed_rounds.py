@@ -194,3 +194,24 @@ def test_failure_reasons_of_secagg_rounds():
     s2 = make(w0, privacy=PrivacyConfig(secagg=True), clients_per_round=3)
     s2.configure_fit(1, None, FakeManager(3))
     assert s2._failure_reason().startswith("SecAgg+ halted the round with 3 clients")
+
+
+def test_secagg_with_dropout_trains_nothing_and_fails_with_reasons(tiny, tmp_path):
+    """SecAgg+ (Flower's workflow and the real ClientApp's secaggplus_mod, in process)
+    with dropout 0.9: one sampled client is left in each round, Flower halts SecAgg+, both
+    rounds are failed with the reason and the run fails. Before the fix: 'clients 0,
+    failures 0' on each line and a finished run."""
+    from fedrcl_flwr.app.inprocess import run_inprocess
+    from strategies.base import AllClientsFailed
+
+    cfg = tiny(federation={"rounds": 2, "availability": {"dropout": 0.9}}, privacy={"secagg": True})
+    with pytest.raises(AllClientsFailed) as ei:
+        run_inprocess(cfg, tmp_path / "run")
+    why = "SecAgg+ needs at least 2 clients, 1 was sent the model"
+    assert str(ei.value) == f"no client trained in any of the 2 rounds; round 2: {why}"
+    recs = read_metrics(tmp_path / "run")
+    assert [(r["round"], r["round_failed"], r["failure_reason"]) for r in recs] == [
+        (1, True, why),
+        (2, True, why),
+    ]
+    assert all("ROUND FAILED (model unchanged): " + why in format_round_line(r, 2) for r in recs)
