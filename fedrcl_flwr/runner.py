@@ -485,6 +485,7 @@ def run_simulation_via_flower(
         timing.append(("run submitted", time.time() - t0))
         follower = _RunFollower(cfg, out_dir, link, control, run_id, printed, timing, t0)
         status = follower.follow(poll_s, status_every_s)
+        follower._print_new_rounds()  # the last rounds' lines, also of a failed run
         timing.append(("run finished", time.time() - t0))
         logs = control.logs(run_id)
         (out_dir / RUN_LOG).write_text(logs)

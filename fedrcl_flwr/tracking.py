@@ -381,7 +381,8 @@ class WandbBackend(Backend):
             ("WANDB_CONFIG_DIR", "config"),
             ("WANDB_DATA_DIR", "data"),
         ):  # W&B's own files under the run directory, not in HOME (module doc)
-            os.environ.setdefault(var, str(self.run_dir / WANDB_DIR / sub))
+            if os.environ.get(var) in (None, _WANDB_DIRS_SET.get(var)):  # not the user's
+                os.environ[var] = _WANDB_DIRS_SET[var] = str(self.run_dir / WANDB_DIR / sub)
         import wandb
 
         settings = wandb.Settings(
@@ -425,6 +426,9 @@ class WandbBackend(Backend):
 
     def abandon(self, thread=None):
         stop_wandb_service(thread)
+
+
+_WANDB_DIRS_SET: dict[str, str] = {}  # W&B directory variables this process set (per run)
 
 
 def stop_wandb_service(thread=None, wait_s: float = 30.0) -> None:
