@@ -178,7 +178,7 @@ def test_run_where_every_round_dropped_fails_with_the_reason(tiny, tmp_path):
 def test_failure_reasons_of_secagg_rounds():
     """The reason of a SecAgg+ round that Flower halted, from its setup arithmetic."""
     import numpy as np
-    from conftest import FakeManager
+    from conftest import FakeManager, fitres
     from conftest import make_strategy as make
 
     from fedrcl_flwr.config import PrivacyConfig
@@ -194,6 +194,31 @@ def test_failure_reasons_of_secagg_rounds():
     s2 = make(w0, privacy=PrivacyConfig(secagg=True), clients_per_round=3)
     s2.configure_fit(1, None, FakeManager(3))
     assert s2._failure_reason().startswith("SecAgg+ halted the round with 3 clients")
+    # one unusable result inside the masked sum: the whole round is discarded
+    s3 = make(w0, privacy=PrivacyConfig(secagg=True), clients_per_round=3)
+    ins = s3.configure_fit(1, None, FakeManager(3))
+    pids = [fi.config["partition_id"] for _, fi in ins]
+    bad = [np.full((2, 2), np.nan, np.float32)]
+    s3.aggregate_fit(
+        1, [(None, fitres(bad if i == 0 else w0, 1, p)) for i, p in enumerate(pids)], []
+    )
+    s3.evaluate(1, None)
+    assert s3._failure_reason() == (
+        "SecAgg+ discarded the round: 1 of 3 results unusable and a result cannot be taken "
+        f"out of the masked sum (partition {pids[0]}: array 0 contains NaN or Inf)"
+    )
+
+
+def test_failure_reason_counts_the_dropped_and_the_late():
+    import numpy as np
+    from conftest import make_strategy as make
+
+    from fedrcl_flwr.availability import RoundOutcome
+
+    s = make([np.zeros(2, np.float32)])
+    s._outcome = RoundOutcome(reporting=[], dropped_out=[4], late=[1, 7])
+    s._sampled, s._sent = [1, 4, 7], []
+    assert s._failure_reason() == "all 3 sampled clients dropped out (1) or were late (2)"
 
 
 def test_secagg_with_dropout_trains_nothing_and_fails_with_reasons(tiny, tmp_path):
