@@ -489,6 +489,9 @@ def run_simulation_via_flower(
         timing.append(("run finished", time.time() - t0))
         logs = control.logs(run_id)
         (out_dir / RUN_LOG).write_text(logs)
+        for line in logs.splitlines():  # a tracker dropped by the ServerApp (tracking.py)
+            if line.startswith("[fedrcl-flwr] tracker ") and " is dropped " in line:
+                print(f"fedrcl-flwr: {line.split('] ', 1)[1].strip()}", file=sys.stderr)
         if status != "finished:completed":
             raise RunFailed(
                 f"{_one_line_error(logs)} (status '{status}'; details in {out_dir / RUN_LOG})"
