@@ -115,6 +115,84 @@ def check_privacy(cfg, method_cls, exchange: dict | None, get_model) -> None:
         )
 
 
+def secagg_setup(num_shares: int | float, threshold: int | float, num_samples: int) -> dict:
+    """What Flower 1.42's ``SecAggPlusWorkflow.setup_stage`` makes of the SecAgg+
+    parameters for a round that sends the model to ``num_samples`` clients (a
+    transliteration of ``flwr/server/workflow/secure_aggregation/secaggplus_workflow.py``:
+    ``_check_init_params``' int-1 → float-1.0, the share count of a proportion rounded and
+    made odd, a threshold proportion rounded and at least 2, each client's neighbour set
+    ``{(idx + o) mod n : |o| <= shares // 2}`` and ``_check_threshold``). Returns
+    ``shares``, ``threshold``, ``neighbours`` (the size of each client's neighbour set,
+    itself included) and ``reason``: ``None`` when the setup passes with every client
+    answering, else why Flower halts the round."""
+    if isinstance(num_shares, int) and not isinstance(num_shares, bool) and num_shares == 1:
+        num_shares = 1.0
+    if isinstance(threshold, int) and not isinstance(threshold, bool) and threshold == 1:
+        threshold = 1.0
+    n = int(num_samples)
+    if n < 2:
+        return {
+            "shares": 0,
+            "threshold": 0,
+            "neighbours": n,
+            "reason": f"SecAgg+ needs at least 2 clients, {n} was sent the model",
+        }
+    if isinstance(num_shares, float):
+        shares = round(num_shares * n)
+        if shares < n and shares & 1 == 0:
+            shares += 1
+        if shares <= 2:
+            shares = n
+    else:
+        shares = int(num_shares)
+    if isinstance(threshold, float):
+        thr = max(round(threshold * shares), 2)
+    else:
+        thr = int(threshold)
+    if n != shares and shares & 1 == 0:  # Flower: "should be odd"
+        shares += 1
+    neighbours = min(2 * (shares >> 1) + 1, n)
+    reason = None
+    if neighbours < thr:
+        reason = (
+            f"SecAgg+ threshold {thr} is unreachable with {n} clients (each client has "
+            f"{neighbours} neighbours with {shares} shares)"
+        )
+    return {"shares": shares, "threshold": thr, "neighbours": neighbours, "reason": reason}
+
+
+def check_secagg_plan(cfg) -> None:
+    """SecAgg+ parameters that can never run a round with the configured clients per
+    round (a ``ConfigError`` naming the key): ``privacy.secagg_num_shares`` above the
+    clients per round (a count above it, a proportion above 1), or a
+    ``privacy.secagg_threshold`` that Flower's setup (:func:`secagg_setup`) finds
+    unreachable even when every sampled client answers. Fewer clients than sampled
+    (``federation.availability``) are a run-time matter: such a round fails, recorded
+    with its reason (``strategies/base.py``)."""
+    from fedrcl_flwr.errors import ConfigError
+
+    p = cfg.privacy
+    n = cfg.federation.sampled_per_round()
+    shares = p.secagg_num_shares
+    if isinstance(shares, float) and shares > 1:
+        raise ConfigError(
+            f"'privacy.secagg_num_shares' as a proportion must be <= 1 (a share per "
+            f"sampled client at most), got {shares!r}"
+        )
+    if not isinstance(shares, float) and shares > n:
+        raise ConfigError(
+            f"'privacy.secagg_num_shares' ({shares}) must be at most the clients per "
+            f"round ({n}) as a count (or a proportion <= 1); SecAgg+ would halt every round"
+        )
+    plan = secagg_setup(shares, p.secagg_threshold, n)
+    if plan["reason"] is not None:
+        raise ConfigError(
+            f"'privacy.secagg_threshold' ({p.secagg_threshold!r}): {plan['reason']}; "
+            "Flower would halt every round (lower the threshold or raise "
+            "privacy.secagg_num_shares)"
+        )
+
+
 def noise_std(noise_multiplier: float, clipping_norm: float, num_sampled: int) -> float:
     """Flower's ``compute_stdv``: σ·C/n, the std of the noise on each averaged entry."""
     return float(noise_multiplier * clipping_norm / num_sampled)

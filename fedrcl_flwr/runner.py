@@ -280,9 +280,13 @@ def run_simulation_via_flower(
         follower = _RunFollower(cfg, out_dir, link, control, run_id, printed, timing, t0)
         follower.startup = startup
         status = follower.follow(poll_s, status_every_s)
+        follower._print_new_rounds()  # the last rounds' lines, also of a failed run
         timing.append(("run finished", time.time() - t0))
         logs = control.logs(run_id)
         (out_dir / RUN_LOG).write_text(logs)
+        for line in logs.splitlines():  # a tracker dropped by the ServerApp (tracking.py)
+            if line.startswith("[fedrcl-flwr] tracker ") and " is dropped " in line:
+                print(f"fedrcl-flwr: {line.split('] ', 1)[1].strip()}", file=sys.stderr)
         if status != "finished:completed":
             raise RunFailed(
                 f"{_one_line_error(logs)} (status '{status}'; details in {out_dir / RUN_LOG})"

@@ -63,7 +63,7 @@ def _shorten(text: Any, limit: int = 60) -> str:
 
 
 def _ray_address_ok(v: Any) -> bool:
-    if v is None or v == "auto":
+    if v is None:
         return True
     host, sep, port = str(v).rpartition(":")
     return (
@@ -218,8 +218,9 @@ CONFIG_RULES: dict[str, Rule] = {
     "simulation.startup_timeout_s": positive(),
     "simulation.ray_address": Rule(
         _ray_address_ok,
-        "must be HOST:PORT of a Ray head node or 'auto' (or null: a private local Ray)",
-        ("localhost", "host:0", "host:99999", "a b:1"),
+        "must be HOST:PORT of a Ray head node, an explicit address ('auto' could join "
+        "another user's Ray on this machine), or null: a private local Ray",
+        ("localhost", "host:0", "host:99999", "a b:1", "auto"),
     ),
     "output.checkpoint_every": non_negative(),
     "output.tracker_project": Rule(
@@ -227,6 +228,7 @@ CONFIG_RULES: dict[str, Rule] = {
         "must be a non-empty name without slashes",
         (" ", "a/b"),
     ),
+    "output.tracker_timeout_s": between(0, 3600, lo_open=True),
     "output.tracker_group": Rule(
         lambda v: bool(v.strip()), "must be a non-empty name (or null)", (" ",)
     ),

@@ -305,8 +305,8 @@ class SimulationConfig:
     the CLI gives up (exit 1, everything torn down) when the submitted run is still
     ``pending``/``starting`` after this many seconds without a round recorded (Flower
     issue #7953: runs that never leave ``pending``). ``ray_address``: join an existing Ray
-    cluster (``HOST:PORT`` of its head, or ``auto`` for the cluster this machine belongs
-    to) instead of starting a private local Ray; ``num_cpus`` / ``num_gpus`` are then
+    cluster (``HOST:PORT`` of its head; ``auto`` is refused: it could join another user's
+    Ray on this machine) instead of starting a private local Ray; ``num_cpus`` / ``num_gpus`` are then
     per-client requests against the whole cluster, ``init_num_cpus`` / ``init_num_gpus``
     do not apply, and ``dataset.cache_dir`` must be a path every node sees.
     """
@@ -339,6 +339,9 @@ class OutputConfig:
     tracker_project: str = "fedrcl-flwr"
     # W&B group / MLflow parent run of the run (a sweep sets its name; null = none)
     tracker_group: str | None = None
+    # the deadline (seconds) of every call to a tracker (start, each round, the end): a
+    # tracker that does not answer in time, or fails, is dropped and the run goes on
+    tracker_timeout_s: float = 30.0
 
 
 @dataclass

@@ -241,11 +241,9 @@ def check_ray_address(address: str, timeout: float = 3.0) -> None:
     then Ray's own handshake — the head's GCS must answer ``GetClusterId`` (gRPC,
     ``timeout`` seconds), so an open port of something else (a web server, a database, a
     process that accepts and says nothing) is refused at once instead of stalling the run
-    until ``simulation.startup_timeout_s``. ``auto`` is left to Ray."""
+    until ``simulation.startup_timeout_s``. (``auto`` is refused by the key's rule.)"""
     import socket
 
-    if address == "auto":
-        return
     host, _, port = address.rpartition(":")
     hint = (
         "start the cluster first (ray start --head) or leave the key null for a private local Ray"

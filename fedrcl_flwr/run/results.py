@@ -3,8 +3,9 @@
 Files in a run directory:
 
 * ``config.yaml``   - the resolved experiment (defaults + overrides)
-* ``metrics.jsonl`` - one JSON object per evaluated round
-* ``summary.json``  - method, strategy, final/EMA/best accuracy, ``last5`` (mean test
+* ``metrics.jsonl`` - one JSON object per evaluated round, and per failed round
+  (``round_failed: true`` with its ``failure_reason``, evaluated or not)
+* ``summary.json``  - method, strategy, ``rounds_failed``, final/EMA/best accuracy, ``last5`` (mean test
   accuracy of the last five evaluated rounds, FedCCL's reported metric) overall and per
   domain, EMA accuracy at the target rounds the run reached, ``report_metric``, time
 * ``model.pt``      - the final global model's state_dict
@@ -194,8 +195,10 @@ def format_round_line(
         parts.append(f"dropped {rec['dropped']}")
     if rec.get("failures"):
         parts.append(f"failures {rec['failures']}")
-        if not rec.get("num_clients"):
-            parts.append("ALL CLIENTS FAILED (model unchanged)")
+    why = rec.get("failure_reason")
+    if rec.get("round_failed") or (rec.get("failures") and not rec.get("num_clients")):
+        # strategies/base.py: no client's update reached the model this round
+        parts.append(f"ROUND FAILED (model unchanged): {why or 'every client failed'}")
     parts.append(f"{rec.get('round_time_s', 0.0):.1f}s")
     if eta_s is not None:
         parts.append(f"ETA {format_duration(eta_s)}")
@@ -325,6 +328,8 @@ class RunRecorder:
             "accuracy_at": dict(ema_at),  # = ema_accuracy_at, the name older readers use
             "report_metric": self.report_metric,
             "wall_time_s": round(self.wall_time(), 3),
+            # rounds in which no client's update reached the model (strategies/base.py)
+            "rounds_failed": sum(1 for r in self.records if r.get("round_failed")),
         }
         private = [
             r for r in self.records if r.get("dp_epsilon", None) is not None or "dp_delta" in r

@@ -664,9 +664,11 @@ def test_run_where_no_client_ever_trained_fails_with_the_first_client_error(tmp_
     assert msg.startswith("no client trained in any of the 2 rounds")
     assert "first client error: injected failure on partition" in msg
     recs = read_metrics(tmp_path / "run")
-    assert [r["round"] for r in recs] == [1]  # the failed last round records nothing
+    assert [r["round"] for r in recs] == [1, 2]  # the failed last round is recorded too
+    assert all(r["round_failed"] for r in recs)
+    assert recs[1]["failure_reason"].startswith("every client failed (first error: injected")
     assert not (tmp_path / "run" / "summary.json").exists()
-    assert "ALL CLIENTS FAILED" in format_round_line(recs[0], 2)
+    assert "ROUND FAILED (model unchanged): every client failed" in format_round_line(recs[0], 2)
 
 
 @pytest.mark.parametrize(
@@ -720,12 +722,10 @@ def test_name_errors_mod_keeps_the_type():
 
 
 def test_progress_line_marks_a_round_where_every_client_failed():
-    assert "ALL CLIENTS FAILED" in format_round_line(
+    assert "ROUND FAILED (model unchanged): every client failed" in format_round_line(
         {"round": 1, "num_clients": 0, "failures": 2}, 3
     )
-    assert "ALL CLIENTS FAILED" not in format_round_line(
-        {"round": 1, "num_clients": 1, "failures": 2}, 3
-    )
+    assert "ROUND FAILED" not in format_round_line({"round": 1, "num_clients": 1, "failures": 2}, 3)
 
 
 # --------------------------------------------------------------- partition --plot, internals

@@ -205,24 +205,27 @@ def test_unreachable_ray_address_is_an_input_error(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("bad", ["localhost", "host:", ":6379", "h:99999", "h:6379 x", 3])
+@pytest.mark.parametrize("bad", ["localhost", "host:", ":6379", "h:99999", "h:6379 x", 3, "auto"])
 def test_malformed_ray_address_names_the_key(bad):
     from fedrcl_flwr.config import ConfigError, config_from_dict
 
     with pytest.raises(ConfigError, match="simulation.ray_address"):
         config_from_dict({"simulation": {"ray_address": bad}}, "exp.yaml")
-    assert config_from_dict({"simulation": {"ray_address": "auto"}}).simulation.ray_address
+    assert config_from_dict({"simulation": {"ray_address": "h:6379"}}).simulation.ray_address
 
 
-def test_cluster_resources_are_not_this_machines(tiny):
+def test_cluster_resources_are_not_this_machines(tiny, monkeypatch):
     """With a cluster, per-client CPUs are not capped by this machine's cores, and the
     private-Ray caps are refused."""
     from fedrcl_flwr.config import ConfigError
+    from fedrcl_flwr.run import preflight
+
+    monkeypatch.setattr(preflight, "check_ray_address", lambda address: None)  # a live head
     from fedrcl_flwr.run.preflight import check_resources
     from fedrcl_flwr.runner import federation_config
 
-    cfg = tiny(simulation={"ray_address": "auto", "num_cpus": 64})
+    cfg = tiny(simulation={"ray_address": "head:6379", "num_cpus": 64})
     check_resources(cfg)  # 64 CPUs per client: fine on a big cluster
     assert "init-args" not in federation_config(cfg)
     with pytest.raises(ConfigError, match="init_num_cpus"):
-        check_resources(tiny(simulation={"ray_address": "auto", "init_num_cpus": 2}))
+        check_resources(tiny(simulation={"ray_address": "head:6379", "init_num_cpus": 2}))

@@ -240,6 +240,11 @@ def test_composes_with_privacy(tiny, tmp_path, privacy):
     if privacy.get("secagg"):  # SecAgg+ needs 2 reporting clients
         assert [r["num_clients"] for r in recs] == [0, 0, 4]
         assert recs[0]["test_loss"] == recs[1]["test_loss"]
+        assert [r.get("failure_reason") for r in recs] == [  # the failed-round rule
+            "SecAgg+ needs at least 2 clients, 1 was sent the model",
+            "SecAgg+ needs at least 2 clients, 1 was sent the model",
+            None,
+        ]
     else:
         assert [r["num_clients"] for r in recs] == [1, 1, 4]
     assert recs[-1]["client_acc_n"] == 4 and recs[-1]["client_eval_failures"] == 0

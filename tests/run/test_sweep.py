@@ -410,7 +410,9 @@ def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
     err = [ln for ln in d_log.splitlines() if "no client trained" in ln]
     assert len(err) == 1 and "no client trained in any of the 2 rounds" in err[0], d_log
     assert "first client error: RuntimeError: injected failure on partition" in err[0]
-    assert "ALL CLIENTS FAILED" in d_log and "Traceback" not in d_log, d_log
+    assert (
+        "ROUND FAILED (model unchanged): every client failed" in d_log and "Traceback" not in d_log
+    ), d_log
     assert not (d.out_dir / "summary.json").exists()
     assert "AllClientsFailed" in (d.out_dir / "run.log").read_text()
     assert not leftover_procs(), "the rerun left processes behind"

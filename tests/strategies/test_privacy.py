@@ -351,7 +351,9 @@ def test_off_by_default_is_the_plain_path(tiny, tmp_path):
 def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     """The real wiring, through ``fedrcl-flwr run`` (Flower's simulation): the ServerApp
     runs SecAgg+ with client-side DP, the ClientApps' mods mask and clip, the ServerApp
-    process logs to MLflow (file store) and W&B (offline); nothing is left running. The
+    process logs to MLflow (file store) and W&B (offline); nothing is left running. Round 1
+    has one reporting client (the two others drop out): SecAgg+ cannot run it, and the
+    round is recorded and shown as failed with its reason (issue 31); round 2 trains. The
     data are CIFAR-10 files in the distributed on-disk format (tests/datasets/test_real_formats.py
     writes them): the real loader runs inside Flower's worker processes."""
     import json
@@ -385,6 +387,8 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
         "privacy.secagg=true",
         "output.tracker=[mlflow, wandb]",
         "privacy.dp={mode: client, noise_multiplier: 0.5, clipping_norm: 0.1}",
+        # round 1 samples 0, 1, 2 (0 and 2 drop out); round 2 samples 1, 4, 5
+        "federation.availability={dropout: [0.999, 0.0, 0.999, 0.0, 0.0, 0.0]}",
     ]
     args = [
         sys.executable,
@@ -404,9 +408,14 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     assert "privacy.secagg: Flower's SecAggPlusWorkflow" in log
     assert "DifferentialPrivacyClientSideFixedClipping" in log
     assert [r["round"] for r in recs] == [1, 2]
-    assert all(r["num_clients"] == 3 and r["failures"] == 0 for r in recs), recs
+    assert [(r["num_clients"], r["failures"]) for r in recs] == [(0, 0), (3, 0)], recs
+    why = "SecAgg+ needs at least 2 clients, 1 was sent the model"
+    assert recs[0]["round_failed"] is True and recs[0]["failure_reason"] == why
+    assert f"ROUND FAILED (model unchanged): {why}" in res.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["rounds_failed"] == 1
     assert "name: cifar10" in (tmp_path / "run" / "config.yaml").read_text()
-    assert all(r["dp_epsilon"] > 0 for r in recs)
+    assert recs[0]["dp_epsilon"] == 0 and recs[1]["dp_epsilon"] > 0  # round 1 released nothing
     state = json.loads((tmp_path / "run" / "tracker.json").read_text())
     from mlflow.tracking import MlflowClient
 
