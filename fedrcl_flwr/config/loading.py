@@ -17,6 +17,7 @@ keys in the file.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import types
@@ -159,6 +160,10 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        if isinstance(value, dict):  # a section: its own keys' errors name the full key
+            for arg in args:
+                if isinstance(arg, type) and dataclasses.is_dataclass(arg):
+                    return _build(arg, value, key, source)
         for arg in args:
             if arg is type(None):
                 continue
@@ -211,7 +216,9 @@ def _build(cls: type, data: dict, prefix: str, source: str) -> Any:
         if k not in names:
             where = f"{prefix}.{k}" if prefix else str(k)
             allowed = ", ".join(sorted(names))
-            raise ConfigError(f"{source}: unknown key '{where}' (allowed here: {allowed})")
+            close = difflib.get_close_matches(str(k), sorted(names), n=1, cutoff=0.6)
+            hint = f"did you mean '{prefix + '.' if prefix else ''}{close[0]}'? " if close else ""
+            raise ConfigError(f"{source}: unknown key '{where}' ({hint}allowed here: {allowed})")
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name in data:

@@ -364,13 +364,18 @@ def before_run(
     prepared into the dataset cache and split here, before any Flower process starts: a
     missing dataset or an impossible split is one clear error, and the ServerApp and every
     ClientApp only memory-map the entry."""
+    from fedrcl_flwr import client_eval
+
     check_run_dir(out_dir, resume=resume, overwrite=overwrite)
     try:
         check_resources(cfg)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     entry = prepare_data(cfg, source)
-    check_split(cfg, source)
+    parts = check_split(cfg, source)
+    note = client_eval.check_test_shares(cfg, parts, source)
+    if note:
+        print(f"fedrcl-flwr: note: {note}", flush=True)
     check_model(cfg, source, on_data=True)
     if resume:
         from fedrcl_flwr.app.server_app import check_resume
