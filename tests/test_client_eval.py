@@ -338,7 +338,7 @@ def test_tracker_tags(tiny, tmp_path):
         ),
         (
             "evaluation.per_client={every: 4, finetune_steps: -1}",
-            "'evaluation.per_client.finetune_steps' must be >= 0",
+            "'evaluation.per_client.finetune_steps' must be in [0, 100000]",
         ),
         ("evaluation.per_client={every: 4, steps: 1}", "unknown key 'evaluation.per_client.steps'"),
         ("evaluation.per_client.every=3", "must be a multiple of 'federation.eval_every' (2)"),

@@ -348,9 +348,22 @@ def check_model(cfg: ExperimentConfig, label: str, *, on_data: bool = False) -> 
     from fedrcl_flwr.run import runtime
 
     try:
-        runtime.check_model(cfg, runtime.load_bundle(cfg) if on_data else None)
+        runtime.check_model(cfg, load_bundle(cfg, label) if on_data else None)
     except ConfigError as exc:
         raise ConfigError(f"{label}: {exc}") from None
+
+
+def load_bundle(cfg: ExperimentConfig, label: str):
+    """The experiment's dataset (:func:`fedrcl_flwr.run.runtime.load_bundle`); a cache
+    entry's path holding something the cache did not write (a link, other files) is one
+    :class:`ConfigError` starting with ``label``, the item left in place."""
+    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.run import runtime
+
+    try:
+        return runtime.load_bundle(cfg)
+    except cache.CacheForeign as exc:
+        raise ConfigError(f"{label}: dataset.cache_dir: {exc}") from None
 
 
 # ----------------------------------------------------------------------------- per command
@@ -401,8 +414,6 @@ def before_partition(
     """Everything ``partition`` checks before it prints or writes: the ``--plot`` and
     ``--save`` files, the config, the dataset and the split. Returns the config, the
     dataset and the clients' partitions."""
-    from fedrcl_flwr.run import runtime
-
     if plot:
         check_plot_path(plot)
     if save is not None:
@@ -410,7 +421,7 @@ def before_partition(
             raise ConfigError("--save must be a file path, got an empty string")
         check_output_file(Path(save).expanduser(), "--save")
     cfg = load_experiment(experiment, sets, None)
-    bundle = runtime.load_bundle(cfg)
+    bundle = load_bundle(cfg, experiment)
     return cfg, bundle, check_split(cfg, experiment)
 
 
