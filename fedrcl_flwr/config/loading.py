@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import types
@@ -209,9 +210,14 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     )
 
 
+@functools.cache
+def _schema_of(cls: type) -> tuple[dict, frozenset]:
+    """A section class's annotations (resolved) and field names, read once per class."""
+    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def _build(cls: type, data: dict, prefix: str, source: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    hints, names = _schema_of(cls)
     for k in data:
         if k not in names:
             where = f"{prefix}.{k}" if prefix else str(k)
