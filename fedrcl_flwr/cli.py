@@ -469,16 +469,41 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of our output went away (`report ... | head`)
         _drop_stdout()
         return PIPE_CLOSED
-    except Exception as exc:  # an internal error: one line, the traceback with --verbose
-        if args.verbose:
-            raise
-        one = " ".join(str(exc).split())[:500]
-        print(
-            f"fedrcl-flwr: internal error: {type(exc).__name__}: {one} (run again with "
-            "--verbose for the traceback)",
-            file=sys.stderr,
-        )
+    except OSError as exc:
+        line = _write_failure(exc)
+        if line is None:
+            return _internal_error(exc, args.verbose)
+        print(f"fedrcl-flwr: run failed: {line}", file=sys.stderr)
         return 1
+    except Exception as exc:  # an internal error: one line, the traceback with --verbose
+        return _internal_error(exc, args.verbose)
+
+
+def _internal_error(exc: Exception, verbose: bool) -> int:
+    if verbose:
+        raise exc
+    one = " ".join(str(exc).split())[:500]
+    print(
+        f"fedrcl-flwr: internal error: {type(exc).__name__}: {one} (run again with "
+        "--verbose for the traceback)",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _write_failure(exc: OSError) -> str | None:
+    """The one line for a file the command could not write (a run file, or a full /
+    read-only file system anywhere), else ``None`` (an internal error)."""
+    import errno
+
+    from fedrcl_flwr.run.run_files import RunFileError
+
+    if isinstance(exc, RunFileError):
+        return " ".join(str(exc).split())
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        where = f" {exc.filename}" if exc.filename else ""
+        return f"cannot write{where}: {exc.strerror or exc} (free space, then run again)"
+    return None
 
 
 def entry_point() -> None:

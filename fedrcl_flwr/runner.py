@@ -46,7 +46,7 @@ from typing import IO, Any
 from fedrcl_flwr.config import ConfigError, ExperimentConfig
 from fedrcl_flwr.run import timers
 from fedrcl_flwr.run.preflight import check_ray_address, check_resources  # noqa: F401 - re-exported
-from fedrcl_flwr.run.results import format_round_line, read_metrics, shows_ema
+from fedrcl_flwr.run.results import atomic_write_text, format_round_line, read_metrics, shows_ema
 from fedrcl_flwr.run.run_files import CONFIG_FILE, FLOWER_LOG, LOCK_FILE, RUN_LOG, SUMMARY_FILE
 
 
@@ -487,7 +487,7 @@ def run_simulation_via_flower(
         status = follower.follow(poll_s, status_every_s)
         timing.append(("run finished", time.time() - t0))
         logs = control.logs(run_id)
-        (out_dir / RUN_LOG).write_text(logs)
+        atomic_write_text(out_dir / RUN_LOG, logs)  # whole or absent (a full disk)
         if status != "finished:completed":
             raise RunFailed(
                 f"{_one_line_error(logs)} (status '{status}'; details in {out_dir / RUN_LOG})"

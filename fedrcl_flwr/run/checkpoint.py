@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrcl_flwr.run.run_files import CHECKPOINT_FILE  # noqa: F401 - re-exported
+from fedrcl_flwr.run.run_files import CHECKPOINT_FILE, guarded_write  # noqa: F401 - re-exported
 
 
 class CheckpointError(ValueError):
@@ -75,11 +75,12 @@ def safe_load(path: Path, what: str = "file"):
 def save_checkpoint(run_dir: Path, state: dict) -> Path:
     path = Path(run_dir) / CHECKPOINT_FILE
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(to_safe(state), fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with guarded_write(path, tmp):  # a full disk: no .tmp left, the last checkpoint kept
+        with open(tmp, "wb") as fh:
+            torch.save(to_safe(state), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
     return path
 
 
