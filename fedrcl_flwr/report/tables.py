@@ -226,6 +226,13 @@ def _record_problem(rec: Any, where: str) -> str | None:
 
 
 def _parse_record(line: bytes | str, where: str) -> dict:
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{where}: not UTF-8 text (byte 0x{line[exc.start]:02x}); save the file as UTF-8"
+            ) from None
     try:
         rec = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
@@ -243,7 +250,7 @@ _CHECKED_RE = re.compile(rb'"(?:test|ema)_accuracy": ([^,}]*)')
 def _frame_ok(line: bytes) -> bool:
     """The quick check of one line as the run writes it (``{"round": N, ...}``, its
     accuracies null or numbers in [0, 1]); a line it cannot vouch for is parsed."""
-    if not line.endswith(b"}"):
+    if not line.endswith(b"}") or not line.isascii():  # json.dumps writes ASCII
         return False
     found = _CHECKED_RE.findall(line)
     if len(found) > 2:
