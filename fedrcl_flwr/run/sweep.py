@@ -175,10 +175,10 @@ def _flat_config(obj: Any, prefix: str = "") -> dict:
     from fedrcl_flwr.report.tables import flatten_keys
 
     out: dict = {}
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        key = f"{prefix}.{f.name}" if prefix else f.name
-        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+    for name in _field_names(type(obj)):
+        v = getattr(obj, name)
+        key = f"{prefix}.{name}" if prefix else name
+        if hasattr(type(v), "__dataclass_fields__"):
             out.update(_flat_config(v, key))
         elif isinstance(v, dict):
             out.update(flatten_keys(v, key))
@@ -193,6 +193,11 @@ def _not_computed(key: str) -> bool:
     if head in _NOT_COMPUTED:
         return True
     return key == "dataset.cache_dir" or key.startswith("dataset.cache_dir.")
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def _json(v: Any) -> str:
@@ -1135,13 +1140,24 @@ def _log_tail(path: Path) -> str:
     return (errs[-1] if errs else (rows[-1] if rows else ""))[:300]
 
 
+_FLOW_TEXT: dict[str, str] = {}  # repr of a value -> its flow YAML (format_plan)
+
+
 def _flow(v: Any) -> str:
-    return (
-        yaml.safe_dump(v, default_flow_style=True, width=10**6)
-        .strip()
-        .removesuffix("\n...")
-        .strip()
-    )
+    """``v`` as one line of flow YAML; memoised by ``repr`` (equal reprs of plain YAML
+    values are equal values), so a plan of thousands of runs dumps each value once."""
+    key = repr(v)
+    text = _FLOW_TEXT.get(key)
+    if text is None:
+        if len(_FLOW_TEXT) > 100_000:
+            _FLOW_TEXT.clear()
+        text = _FLOW_TEXT[key] = (
+            yaml.safe_dump(v, default_flow_style=True, width=10**6)
+            .strip()
+            .removesuffix("\n...")
+            .strip()
+        )
+    return text
 
 
 def format_plan(runs: list[PlannedRun], out_dir: Path) -> str:
