@@ -502,7 +502,7 @@ def _write_failure(exc: OSError) -> str | None:
         return " ".join(str(exc).split())
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
         where = f" {exc.filename}" if exc.filename else ""
-        return f"cannot write{where}: {exc.strerror or exc} (free space, then run again)"
+        return f"cannot write{where}: {exc.strerror or exc} (free space there, then run again)"
     return None
 
 
