@@ -175,7 +175,8 @@ def _flat_config(obj: Any, prefix: str = "") -> dict:
     from fedrcl_flwr.report.tables import flatten_keys
 
     out: dict = {}
-    for name in _field_names(type(obj)):
+    cls: type = type(obj)
+    for name in _field_names(cls):
         v = getattr(obj, name)
         key = f"{prefix}.{name}" if prefix else name
         if hasattr(type(v), "__dataclass_fields__"):
