@@ -2,7 +2,8 @@
 
 Exit codes: 0 success, 2 bad input (configuration, data, command line, output directory in
 use or holding an earlier run; one line, nothing written), 1 failed run (one line; details
-in the run's ``run.log``), 130 interrupted. See README "Exit codes and failure behaviour".
+in the run's ``run.log``), 130 interrupted, 141 the reader of the output went away
+(``report ... | head``: nothing more is printed, no traceback). See README "Exit codes and failure behaviour".
 """
 
 from __future__ import annotations
@@ -444,6 +445,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+PIPE_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered for a closed pipe is dropped
+    instead of raising again when it is flushed."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file behind stdout (tests)
+        pass
+
+
 def _terminate(signum, frame):  # SIGTERM: unwind so every started process is stopped
     raise KeyboardInterrupt
 
@@ -464,16 +479,44 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fedrcl-flwr: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # an internal error: one line, the traceback with --verbose
-        if args.verbose:
-            raise
-        one = " ".join(str(exc).split())[:500]
-        print(
-            f"fedrcl-flwr: internal error: {type(exc).__name__}: {one} (run again with "
-            "--verbose for the traceback)",
-            file=sys.stderr,
-        )
+    except BrokenPipeError:  # the reader of our output went away (`report ... | head`)
+        _drop_stdout()
+        return PIPE_CLOSED
+    except OSError as exc:
+        line = _write_failure(exc)
+        if line is None:
+            return _internal_error(exc, args.verbose)
+        print(f"fedrcl-flwr: run failed: {line}", file=sys.stderr)
         return 1
+    except Exception as exc:  # an internal error: one line, the traceback with --verbose
+        return _internal_error(exc, args.verbose)
+
+
+def _internal_error(exc: Exception, verbose: bool) -> int:
+    if verbose:
+        raise exc
+    one = " ".join(str(exc).split())[:500]
+    print(
+        f"fedrcl-flwr: internal error: {type(exc).__name__}: {one} (run again with "
+        "--verbose for the traceback)",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _write_failure(exc: OSError) -> str | None:
+    """The one line for a file the command could not write (a run file, or a full /
+    read-only file system anywhere), else ``None`` (an internal error)."""
+    import errno
+
+    from fedrcl_flwr.run.run_files import RunFileError
+
+    if isinstance(exc, RunFileError):
+        return " ".join(str(exc).split())
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        where = f" {exc.filename}" if exc.filename else ""
+        return f"cannot write{where}: {exc.strerror or exc} (free space there, then run again)"
+    return None
 
 
 def entry_point() -> None:
@@ -485,7 +528,9 @@ def entry_point() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more to say
+        except BrokenPipeError:  # the output's reader went away before the last of it
+            rc = PIPE_CLOSED if stream is sys.stdout and not rc else rc
+        except (OSError, ValueError):  # nothing more to say
             pass
     os._exit(int(rc or 0))
 

@@ -45,7 +45,10 @@ data and k = ceil(n / 10): ``client_acc_mean`` = mean a_i (every client weighs t
 ``client_acc_std`` = population std (ddof 0), ``client_acc_worst10`` = mean of a_1..a_k,
 ``client_acc_best10`` = mean of a_{n-k+1}..a_n; also ``client_acc_n`` (= n),
 ``client_loss_mean``, ``client_eval_failures`` and ``client_accuracy`` ({partition id:
-accuracy}, for the distribution figure of ``fedrcl-flwr plot``).
+accuracy}, for the distribution figure of ``fedrcl-flwr plot``). Evaluated clients too
+small for a held-out share (0 test samples) are counted as ``client_eval_no_test`` (the
+key is absent when there are none); the run says so before it starts, and refuses to
+start when no client holds a share (:func:`check_test_shares`).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ import numpy as np
 
 from fedrcl_flwr.config.catalog import CLIENT_STAT_KEYS as STAT_KEYS
 from fedrcl_flwr.config.sections import test_source
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.protocol import decode_client_eval, encode_client_eval
 
 HOLDOUT_SALT = 0x7E57
@@ -96,12 +100,50 @@ def holdout_split(
     union is ``indices``, both in the order of ``indices``."""
     indices = np.asarray(indices)
     n = len(indices)
-    n_test = min(int(math.floor(fraction * n + 0.5)), n - 1) if n > 1 else 0
+    n_test = holdout_size(n, fraction)
     perm = np.random.default_rng([int(seed), int(client), HOLDOUT_SALT]).permutation(n)
     test_pos = np.sort(perm[:n_test])
     keep = np.ones(n, dtype=bool)
     keep[test_pos] = False
     return indices[keep], indices[test_pos]
+
+
+def holdout_size(n: int, fraction: float) -> int:
+    """Samples a partition of ``n`` holds out (module doc): 0 when it is too small."""
+    return min(int(math.floor(fraction * n + 0.5)), n - 1) if n > 1 else 0
+
+
+def clients_without_test(cfg, partitions: list) -> list[int]:
+    """The partition ids whose held-out share is empty (``holdout`` only; ``[]`` when the
+    feature is off or the local test data is the client's domain)."""
+    if not holds_out(cfg):
+        return []
+    f = cfg.evaluation.per_client.local_test_fraction
+    return [pid for pid, idx in enumerate(partitions) if holdout_size(len(idx), f) == 0]
+
+
+def check_test_shares(cfg, partitions: list, source: str) -> str | None:
+    """Before the run: no client with a local test share is one ``ConfigError`` (the
+    statistics would be null every round); some without is a note (returned) saying they
+    are left out (counted as ``client_eval_no_test`` in the records)."""
+    none = clients_without_test(cfg, partitions)
+    if not none:
+        return None
+    f = cfg.evaluation.per_client.local_test_fraction
+    key = "evaluation.per_client.local_test_fraction"
+    smallest = min(len(p) for p in partitions)
+    if len(none) == len(partitions):
+        raise ConfigError(
+            f"{source}: '{key}' {f:g} holds out no sample of any client (partitions of "
+            f"{smallest} to {max(len(p) for p in partitions)} samples; a share rounds to "
+            "0 below 1/(2*fraction) samples): per-client evaluation would measure nothing; "
+            "raise the fraction or use bigger partitions",
+        )
+    return (
+        f"{len(none)} of {len(partitions)} clients are too small for a local test share "
+        f"('{key}' {f:g}, smallest partition {smallest} samples): they are left out of the "
+        "per-client statistics (counted as client_eval_no_test in metrics.jsonl)"
+    )
 
 
 def training_indices(cfg, client: int, indices: np.ndarray) -> np.ndarray:
@@ -182,6 +224,9 @@ def summarize(results: dict, failures: int = 0) -> dict:
     acc = {pid: c / n for pid, (c, n, _) in sorted(results.items()) if n > 0}
     loss = [s / n for pid, (c, n, s) in sorted(results.items()) if n > 0]
     rec: dict = {"client_acc_n": len(acc), "client_eval_failures": int(failures)}
+    no_test = sum(1 for (_, n, _) in results.values() if n <= 0)
+    if no_test:  # evaluated clients too small for a local test share (check_test_shares)
+        rec["client_eval_no_test"] = no_test
     if not acc:
         rec.update({k: None for k in STAT_KEYS})
         rec["client_loss_mean"] = None

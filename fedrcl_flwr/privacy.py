@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import numpy as np
 
+MAX_SECAGG_STEP = 1e-3  # SecAgg+ quantisation step 2·range/levels at most this
+
 
 def integer_entries(model) -> list[str]:
     """Names of the model's state entries that are not floating point (BatchNorm's
@@ -87,6 +89,8 @@ def check_privacy(cfg, method_cls, exchange: dict | None, get_model) -> None:
             "that Flower's clipping cannot scale and SecAgg+ cannot sum; use a "
             "GroupNorm / norm-free model (cnn5, resnet18_gn, vgg9_gn, ...)"
         )
+    if secagg and model is not None:
+        check_secagg_range(cfg, model)
     if dp is not None:
         if cfg.server.strategy == "feddyn" or method_cls.method == "feddyn":
             raise ConfigError(
@@ -190,6 +194,38 @@ def check_secagg_plan(cfg) -> None:
             f"'privacy.secagg_threshold' ({p.secagg_threshold!r}): {plan['reason']}; "
             "Flower would halt every round (lower the threshold or raise "
             "privacy.secagg_num_shares)"
+        )
+
+
+def check_secagg_range(cfg, model) -> None:
+    """SecAgg+ clips every model value to ±``secagg_clipping_range`` and quantises it in
+    ``secagg_quantization_range`` levels (Flower's ``quantize``: step 2·range/levels):
+    a range below the initial model's largest |w| clips the model itself (a range of
+    1e-300 zeroes it), a step above :data:`MAX_SECAGG_STEP` rounds training away. Both are
+    refused before the run (one line naming the key)."""
+    import torch
+
+    from fedrcl_flwr.errors import ConfigError
+
+    p = cfg.privacy
+    with torch.no_grad():
+        largest = max(
+            (float(v.detach().abs().max()) for v in model.state_dict().values() if v.numel()),
+            default=0.0,
+        )
+    if p.secagg_clipping_range < largest:
+        raise ConfigError(
+            f"'privacy.secagg_clipping_range' ({p.secagg_clipping_range:g}) is below the "
+            f"initial model's largest |weight| ({largest:.4g}, model.name={cfg.model.name}): "
+            "SecAgg+ would clip the model itself; use a range above it (default 8)"
+        )
+    step = 2 * p.secagg_clipping_range / p.secagg_quantization_range
+    if step > MAX_SECAGG_STEP:
+        raise ConfigError(
+            f"'privacy.secagg_clipping_range' {p.secagg_clipping_range:g} over "
+            f"'privacy.secagg_quantization_range' {p.secagg_quantization_range} levels is a "
+            f"quantisation step of {step:.3g} (> {MAX_SECAGG_STEP:g}): updates would round "
+            "away; raise the levels or lower the range"
         )
 
 

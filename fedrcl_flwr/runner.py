@@ -45,7 +45,13 @@ from fedrcl_flwr.run.processes import (
     Watchdog,
     teardown,
 )
-from fedrcl_flwr.run.results import format_round_line, read_metrics, round_eta, shows_ema
+from fedrcl_flwr.run.results import (
+    atomic_write_text,
+    format_round_line,
+    read_metrics,
+    round_eta,
+    shows_ema,
+)
 from fedrcl_flwr.run.run_files import CONFIG_FILE, FLOWER_LOG, RUN_LOG, SUMMARY_FILE
 
 
@@ -283,7 +289,7 @@ def run_simulation_via_flower(
         follower._print_new_rounds()  # the last rounds' lines, also of a failed run
         timing.append(("run finished", time.time() - t0))
         logs = control.logs(run_id)
-        (out_dir / RUN_LOG).write_text(logs)
+        atomic_write_text(out_dir / RUN_LOG, logs)  # whole or absent (a full disk)
         for line in logs.splitlines():  # a tracker dropped by the ServerApp (tracking.py)
             if line.startswith("[fedrcl-flwr] tracker ") and " is dropped " in line:
                 print(f"fedrcl-flwr: {line.split('] ', 1)[1].strip()}", file=sys.stderr)

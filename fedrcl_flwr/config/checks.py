@@ -20,6 +20,7 @@ from fedrcl_flwr.config.rules import _shorten, check_rules, name_problem
 from fedrcl_flwr.config.schema import DatasetConfig, ExperimentConfig, PartitionConfig
 from fedrcl_flwr.errors import ConfigError
 
+MIN_NORMALIZE_STD = 1e-3  # dataset.normalize.std: a smaller divisor blows pixels up past 1e3
 MAX_SUPERNODES = 10_000  # SuperNodes one simulation may start (each is registered in the DB)
 
 
@@ -216,11 +217,20 @@ def normalize_constants(value: Any, where: str, channels: int | None) -> tuple |
     """``(mean, std)`` of an explicit ``dataset.normalize`` mapping (``None`` for
     true / false), checked: exactly the keys ``mean`` and ``std``, each a list of
     ``channels`` finite numbers (any common length when ``channels`` is None), mean in
-    [0, 1], std > 0. A problem is one :class:`ConfigError` naming the key and ``where``."""
+    [0, 1], std >= :data:`MIN_NORMALIZE_STD`. A problem is one :class:`ConfigError` naming the key and ``where``."""
     if isinstance(value, bool):
         return None
     key = "dataset.normalize"
-    if not isinstance(value, dict) or set(value) != {"mean", "std"}:
+    if isinstance(value, dict):
+        unknown = sorted(str(k) for k in value if k not in ("mean", "std"))
+        missing = [k for k in ("mean", "std") if k not in value]
+        if unknown or missing:
+            what = f"unknown key '{key}.{unknown[0]}'" if unknown else f"'{key}.{missing[0]}'"
+            raise ConfigError(
+                f"{where}: {what}: '{key}' as a mapping takes exactly the keys mean and "
+                f"std (lists, one value per channel), got {sorted(map(str, value))}"
+            )
+    if not isinstance(value, dict):
         got = sorted(map(str, value)) if isinstance(value, dict) else repr(value)
         raise ConfigError(
             f"{where}: '{key}' must be true, false or {{mean: [...], std: "
@@ -255,8 +265,11 @@ def normalize_constants(value: Any, where: str, channels: int | None) -> tuple |
         )
     if not all(0.0 <= m <= 1.0 for m in mean):
         raise ConfigError(f"{where}: '{key}.mean' must be in [0, 1] (pixel units), got {mean}")
-    if not all(s > 0 for s in std):
-        raise ConfigError(f"{where}: '{key}.std' must be > 0, got {std}")
+    if not all(s >= MIN_NORMALIZE_STD for s in std):
+        raise ConfigError(
+            f"{where}: '{key}.std' must be >= {MIN_NORMALIZE_STD:g} (dividing pixels in "
+            f"[0, 1] by less overflows the input), got {std}"
+        )
     return mean, std
 
 

@@ -17,6 +17,8 @@ keys in the file.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import math
 import re
 import types
@@ -159,6 +161,10 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        if isinstance(value, dict):  # a section: its own keys' errors name the full key
+            for arg in args:
+                if isinstance(arg, type) and dataclasses.is_dataclass(arg):
+                    return _build(arg, value, key, source)
         for arg in args:
             if arg is type(None):
                 continue
@@ -204,14 +210,21 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     )
 
 
+@functools.cache
+def _schema_of(cls: type) -> tuple[dict, frozenset]:
+    """A section class's annotations (resolved) and field names, read once per class."""
+    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def _build(cls: type, data: dict, prefix: str, source: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    hints, names = _schema_of(cls)
     for k in data:
         if k not in names:
             where = f"{prefix}.{k}" if prefix else str(k)
             allowed = ", ".join(sorted(names))
-            raise ConfigError(f"{source}: unknown key '{where}' (allowed here: {allowed})")
+            close = difflib.get_close_matches(str(k), sorted(names), n=1, cutoff=0.6)
+            hint = f"did you mean '{prefix + '.' if prefix else ''}{close[0]}'? " if close else ""
+            raise ConfigError(f"{source}: unknown key '{where}' ({hint}allowed here: {allowed})")
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name in data:

@@ -166,9 +166,9 @@ CONFIG_RULES: dict[str, Rule] = {
     "client.epoch_lr_decay": between(0, 1, lo_open=True),
     "client.momentum": between(0, 1, hi_open=True),
     "client.weight_decay": non_negative(),
-    "client.local_epochs": at_least(1),
+    "client.local_epochs": between(1, 10_000),
     "client.batch_size": at_least(1),
-    "client.iterations_per_epoch": at_least(1),
+    "client.iterations_per_epoch": between(1, 1_000_000),
     "client.grad_clip": or_null(positive()),
     "client.device": Rule(
         lambda v: v in ("auto", "cpu", "cuda"), "must be auto, cpu or cuda", ("gpu",)
@@ -201,11 +201,11 @@ CONFIG_RULES: dict[str, Rule] = {
     "evaluation.robust_step": with_text(
         between(0, 1, lo_open=True), "must be in (0, 1] (pixel units)"
     ),
-    "evaluation.robust_steps": at_least(1),
+    "evaluation.robust_steps": between(1, 10_000),
     "evaluation.robust_samples": at_least(1),
     "evaluation.per_client.every": with_text(non_negative(), "must be >= 0 (0 = off)"),
     "evaluation.per_client.local_test_fraction": between(0, 1, hi_open=True),
-    "evaluation.per_client.finetune_steps": non_negative(),
+    "evaluation.per_client.finetune_steps": between(0, 100_000),
     "evaluation.per_client.clients": Rule(
         lambda v: v in PER_CLIENT_CLIENTS, f"must be {in_words(PER_CLIENT_CLIENTS)}", ("some",)
     ),

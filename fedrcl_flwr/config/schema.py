@@ -67,7 +67,7 @@ class DatasetConfig:
       with the normalisation mean colour;
     * ``normalize``: ``true`` = the training set's per-channel mean / std; ``false`` =
       none (pixels in [0, 1]); ``{mean: [...], std: [...]}`` = fixed constants, one per
-      channel (mean in [0, 1], std > 0), as the authors' ``Normalize`` (FedRCL:
+      channel (mean in [0, 1], std >= 1e-3), as the authors' ``Normalize`` (FedRCL:
       ``datasets/configs.yaml``).
     """
 

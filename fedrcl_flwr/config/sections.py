@@ -181,6 +181,9 @@ def test_source(cfg: ExperimentConfig) -> str:
 # ----------------------------------------------------------------------------- privacy
 
 
+MAX_DP_NOISE = 1e30  # σ·C: a larger noise std overflows float32 models (max ~3.4e38)
+
+
 def check_privacy_section(cfg: ExperimentConfig, source: str) -> None:
     """The ``privacy`` section on its own beyond each key's rule (types by the schema,
     ranges by ``fedrcl_flwr.config.CONFIG_RULES``): the required keys of ``privacy.dp``,
@@ -191,6 +194,13 @@ def check_privacy_section(cfg: ExperimentConfig, source: str) -> None:
             missing = "noise_multiplier" if dp.noise_multiplier is None else "clipping_norm"
             raise ConfigError(
                 f"{source}: 'privacy.dp.{missing}' is required when privacy.dp is set"
+            )
+        product = dp.noise_multiplier * dp.clipping_norm
+        if not product <= MAX_DP_NOISE:  # also inf (overflow) and nan
+            raise ConfigError(
+                f"{source}: 'privacy.dp.noise_multiplier' x 'privacy.dp.clipping_norm' "
+                f"({dp.noise_multiplier!r} x {dp.clipping_norm!r} = {product:g}) must be a "
+                f"finite number <= {MAX_DP_NOISE:g}: the noise std would overflow the model"
             )
         if not installed("privacy"):
             raise ConfigError(
@@ -207,7 +217,6 @@ def check_privacy_section(cfg: ExperimentConfig, source: str) -> None:
 
 # ---------------------------------------------------------------------------- trackers
 
-# each tracker is installed by the extra of its name (fedrcl_flwr/config/extras.py)
 # each tracker is installed by the extra of its name (fedrcl_flwr/config/extras.py)
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 

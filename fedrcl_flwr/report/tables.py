@@ -43,6 +43,8 @@ import io
 import json
 import math
 import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,7 +73,7 @@ class Run:
     path: Path
     config: dict
     summary: dict
-    records: list
+    records: Sequence  # a list, or the lazily parsed Records of a metrics.jsonl
 
     @property
     def method(self) -> str:
@@ -156,9 +158,7 @@ class Group:
     @property
     def private(self) -> bool:
         """The runs ran with ``privacy.dp`` (their records carry ``dp_delta``)."""
-        return any(
-            "dp_delta" in r.summary or any("dp_delta" in x for x in r.records) for r in self.runs
-        )
+        return any("dp_delta" in r.summary or _has_dp(r.records) for r in self.runs)
 
     @property
     def epsilon(self) -> float | None:
@@ -242,34 +242,153 @@ def read_summary(run_dir: Path) -> dict:
     return data
 
 
-def read_records(run_dir: Path) -> list:
-    """``metrics.jsonl``, checked line by line; a torn last line (a run killed while
-    writing it: no final newline) is dropped, anything else malformed is an error."""
+def _record_problem(rec: Any, where: str) -> str | None:
+    """Why a parsed record of ``metrics.jsonl`` is not one (``where``: ``file:line``)."""
+    if not isinstance(rec, dict) or _round_problem(rec.get("round")):
+        return f"{where}: must be a JSON object with 'round' a whole number >= 0"
+    for k in ("test_accuracy", "ema_accuracy"):
+        why = _accuracy_problem(rec.get(k))
+        if why:
+            return f"{where}: '{k}' {why}, got {rec[k]!r}"
+    return None
+
+
+def _parse_record(line: bytes | str, where: str) -> dict:
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{where}: not UTF-8 text (byte 0x{line[exc.start]:02x}); save the file as UTF-8"
+            ) from None
+    try:
+        rec = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ConfigError(f"{where}: not valid JSON ({exc})") from None
+    why = _record_problem(rec, where)
+    if why:
+        raise ConfigError(why)
+    return rec
+
+
+_FRAME_RE = re.compile(rb'\{"round": (\d+)[,}]')
+_CHECKED_RE = re.compile(rb'"(?:test|ema)_accuracy": ([^,}]*)')
+
+
+def _frame_ok(line: bytes) -> bool:
+    """The quick check of one line as the run writes it (``{"round": N, ...}``, its
+    accuracies null or numbers in [0, 1]); a line it cannot vouch for is parsed."""
+    if not line.endswith(b"}") or not line.isascii():  # json.dumps writes ASCII
+        return False
+    found = _CHECKED_RE.findall(line)
+    if len(found) > 2:
+        return False
+    for token in found:
+        if token == b"null":
+            continue
+        if token[:1] not in b"0123456789":
+            return False
+        try:
+            v = float(token)
+        except ValueError:
+            return False
+        if not v <= 1.0:
+            return False
+    return True
+
+
+class Records(Sequence):
+    """The records of a ``metrics.jsonl`` (:func:`read_records`): every line framed and
+    checked when the file is opened, parsed in full on first use (a report whose metric
+    is in ``summary.json`` never needs them: bounded time on a file of any size)."""
+
+    def __init__(self, path: Path, lines: int, end: int, rounds: list[int], dp: bool):
+        self.path, self._lines, self._end, self.rounds = path, lines, end, rounds
+        self.dp = dp  # a line carries dp_delta (privacy.dp; a key of the top level)
+        self._parsed: list | None = None
+
+    def _all(self) -> list:
+        if self._parsed is None:
+            with open(self.path, "rb") as fh:
+                raw = fh.read(self._end)
+            out = []
+            for i, line in enumerate(raw.split(b"\n"), 1):
+                if line.strip():
+                    out.append(_parse_record(line, f"{self.path}:{i}"))
+            self._parsed = out
+        return self._parsed
+
+    def __len__(self) -> int:
+        return self._lines
+
+    def __bool__(self) -> bool:
+        return self._lines > 0
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __iter__(self):
+        return iter(self._all())
+
+
+def read_records(run_dir: Path) -> Sequence:
+    """``metrics.jsonl``, checked line by line (:class:`Records`). A torn last line (a
+    run killed while writing it: no final newline, not valid JSON) is left out with a
+    warning on stderr; anything else malformed is one :class:`ConfigError` naming
+    ``file:line``. Read in one pass, line by line (no copy of the whole file)."""
     path = run_dir / METRICS_FILE
     if not path.exists() and not path.is_symlink():
         return []
-    text = _read_text(path, MAX_METRICS_BYTES)
-    lines = text.split("\n")
-    out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            if i == len(lines) and not text.endswith("\n"):
-                break  # torn last line
-            raise ConfigError(f"{path}: line {i} is not valid JSON ({exc})") from None
-        if not isinstance(rec, dict) or _round_problem(rec.get("round")):
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a regular file")
+    try:
+        size = path.stat().st_size
+        if size > MAX_METRICS_BYTES:
             raise ConfigError(
-                f"{path}: line {i} must be a JSON object with 'round' a whole number >= 0"
+                f"{path}: {size} bytes is too large for a run file (at most "
+                f"{MAX_METRICS_BYTES} bytes)"
             )
-        for k in ("test_accuracy", "ema_accuracy"):
-            why = _accuracy_problem(rec.get(k))
-            if why:
-                raise ConfigError(f"{path}: line {i}: '{k}' {why}, got {rec[k]!r}")
-        out.append(rec)
-    return out
+        rounds: list[int] = []
+        lines = end = 0
+        dp = False
+        with open(path, "rb") as fh:
+            for i, raw in enumerate(fh, 1):
+                line = raw.strip()
+                if not raw.endswith(b"\n") and line:  # the last line, without its newline
+                    try:
+                        rec = json.loads(line)
+                    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                        _warn(
+                            f"{path}:{i}: the last line is cut short (a run stopped while "
+                            "writing it); it is left out"
+                        )
+                        break
+                    rec = _parse_record(line, f"{path}:{i}")
+                    rounds.append(int(rec["round"]))
+                elif line:
+                    m = _FRAME_RE.match(line)
+                    if m and _frame_ok(line):
+                        rounds.append(int(m[1]))
+                    else:
+                        rounds.append(int(_parse_record(line, f"{path}:{i}")["round"]))
+                lines += 1 if line else 0
+                end += len(raw)
+                dp = dp or b'"dp_delta"' in line
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return Records(path, lines, end, rounds, dp)
+
+
+def _has_dp(records: Sequence) -> bool:
+    if isinstance(records, Records):
+        return records.dp
+    return any("dp_delta" in x for x in records)
+
+
+def _warn(text: str) -> None:
+    import sys
+
+    print(f"fedrcl-flwr: warning: {text}", file=sys.stderr)
 
 
 def read_config(run_dir: Path) -> dict:
@@ -400,7 +519,8 @@ def _evaluated(run: Run) -> list:
 
 
 def _last_round(run: Run) -> int:
-    rounds = [int(r["round"]) for r in run.records]
+    recs = run.records
+    rounds = recs.rounds if isinstance(recs, Records) else [int(r["round"]) for r in recs]
     if rounds:
         return max(rounds)
     return int(run.summary.get("rounds") or 0)
@@ -408,19 +528,21 @@ def _last_round(run: Run) -> int:
 
 def metric_value(run: Run, metric: str) -> float | None:
     """The run's value of ``metric`` as a fraction in [0, 1], or None (missing)."""
-    s, ev = run.summary, _evaluated(run)
+    s = run.summary
     if metric == "final":
         if s.get("final_accuracy") is not None:
             return float(s["final_accuracy"])
+        ev = _evaluated(run)
         return float(ev[-1]["test_accuracy"]) if ev else None
     if metric == "best":
         if s.get("best_accuracy") is not None:
             return float(s["best_accuracy"])
+        ev = _evaluated(run)
         return max(float(r["test_accuracy"]) for r in ev) if ev else None
     if metric == "last5":
         if s.get("last5") is not None:
             return float(s["last5"])
-        tail = ev[-LAST_K:]
+        tail = _evaluated(run)[-LAST_K:]
         return sum(float(r["test_accuracy"]) for r in tail) / len(tail) if tail else None
     if metric.startswith("client_"):  # per-client evaluation: its last evaluated round
         key = "client_acc_" + metric[len("client_") :]
@@ -436,7 +558,11 @@ def metric_value(run: Run, metric: str) -> float | None:
     at = s.get("accuracy_at") or {}
     if at.get(str(target)) is not None:
         return float(at[str(target)])
-    upto = [r for r in ev if int(r["round"]) <= target and r.get("ema_accuracy") is not None]
+    upto = [
+        r
+        for r in _evaluated(run)
+        if int(r["round"]) <= target and r.get("ema_accuracy") is not None
+    ]
     return float(upto[-1]["ema_accuracy"]) if upto else None
 
 
@@ -830,14 +956,25 @@ def _unpaired_text(p: Paired, pm: str = "±") -> str:
     return f"{one(p.group)} vs {one(p.ref)}"
 
 
+_MD_SPECIAL = re.compile(r"([\\`*<>\[\]|#])")
+
+
+def _md(text: Any) -> str:
+    """A label as Markdown text: the characters that would end a table cell or start
+    markup (``|``, ``*``, `````, ``[``, ``]``, ``<``, ``>``, ``#``, ``\\``)
+    backslash-escaped, line breaks as spaces (a label is the user's: a run's ``label``,
+    a method or a setting value)."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).splitlines()))
+
+
 def format_paired_markdown(pairs: list[Paired], vs: str, metric: str) -> str:
     level = f"{100 * CONFIDENCE:g} %"
     lines = [
-        f"Paired with {vs} (the same seed: the same partition and the same clients in "
+        f"Paired with {_md(vs)} (the same seed: the same partition and the same clients in "
         f"every round), {metric} difference in points:",
         "",
         f"| method | setting | per seed (seed: diff) | mean ± std | {level} CI | n | "
-        f"unpaired (this vs {vs}) |",
+        f"unpaired (this vs {_md(vs)}) |",
         "|---|---|---|---|---|---|---|",
     ]
     for p in pairs:
@@ -848,7 +985,7 @@ def format_paired_markdown(pairs: list[Paired], vs: str, metric: str) -> str:
             else _pct(p.mean, True) + (f" ± {_pct(p.std)}" if p.std is not None else "")
         )
         lines.append(
-            f"| {p.group.row} | {p.group.col or metric} | {per} | {mean} | "
+            f"| {_md(p.group.row)} | {_md(p.group.col or metric)} | {per} | {mean} | "
             f"{_ci_text(p)} | {p.n} | {_unpaired_text(p)} |"
         )
     lines += [
@@ -863,13 +1000,13 @@ def format_markdown(groups: list[Group], metric: str) -> str:
     rows, cols, cell, best, with_paper = _layout(groups)
     header = ["method"]
     for c in cols:
-        name = c or metric
+        name = _md(c or metric)
         header.append(name)
         if c in with_paper:
             header += [f"{name} paper", f"{name} diff"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        cells = [r]
+        cells = [_md(r)]
         for c in cols:
             g = cell.get((r, c))
             cells.append(_ours(g, best[c], ("**", "**"), "±"))
@@ -890,9 +1027,9 @@ def format_markdown(groups: list[Group], metric: str) -> str:
     if _sources(groups):
         note += f"; paper: {_sources(groups)}; diff = ours - paper"
     if _rows_note(groups):
-        note += f"\nrows: {_rows_note(groups)}"
+        note += f"\nrows: {_md(_rows_note(groups))}"
     title = setting_title(groups)
-    head = f"**{title}** ({metric})\n\n" if title else ""
+    head = f"**{_md(title)}** ({metric})\n\n" if title else ""
     return head + "\n".join(lines) + "\n" + note
 
 

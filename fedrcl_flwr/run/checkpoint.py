@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from fedrcl_flwr.errors import CheckpointError
-from fedrcl_flwr.run.run_files import CHECKPOINT_FILE  # noqa: F401 - re-exported
+from fedrcl_flwr.run.run_files import CHECKPOINT_FILE, guarded_write  # noqa: F401 - re-exported
 from fedrcl_flwr.serialization import safe_load
 
 
@@ -60,11 +60,12 @@ def from_safe(obj):
 def save_checkpoint(run_dir: Path, state: dict) -> Path:
     path = Path(run_dir) / CHECKPOINT_FILE
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(to_safe(state), fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with guarded_write(path, tmp):  # a full disk: no .tmp left, the last checkpoint kept
+        with open(tmp, "wb") as fh:
+            torch.save(to_safe(state), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
     return path
 
 

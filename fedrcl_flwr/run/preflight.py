@@ -341,9 +341,22 @@ def check_model(cfg: ExperimentConfig, label: str, *, on_data: bool = False) -> 
     from fedrcl_flwr.run import runtime
 
     try:
-        runtime.check_model(cfg, runtime.load_bundle(cfg) if on_data else None)
+        runtime.check_model(cfg, load_bundle(cfg, label) if on_data else None)
     except ConfigError as exc:
         raise ConfigError(f"{label}: {exc}") from None
+
+
+def load_bundle(cfg: ExperimentConfig, label: str):
+    """The experiment's dataset (:func:`fedrcl_flwr.run.runtime.load_bundle`); a cache
+    entry's path holding something the cache did not write (a link, other files) is one
+    :class:`ConfigError` starting with ``label``, the item left in place."""
+    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.run import runtime
+
+    try:
+        return runtime.load_bundle(cfg)
+    except cache.CacheForeign as exc:
+        raise ConfigError(f"{label}: dataset.cache_dir: {exc}") from None
 
 
 # ----------------------------------------------------------------------------- per command
@@ -357,13 +370,18 @@ def before_run(
     prepared into the dataset cache and split here, before any Flower process starts: a
     missing dataset or an impossible split is one clear error, and the ServerApp and every
     ClientApp only memory-map the entry."""
+    from fedrcl_flwr import client_eval
+
     check_run_dir(out_dir, resume=resume, overwrite=overwrite)
     try:
         check_resources(cfg)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     entry = prepare_data(cfg, source)
-    check_split(cfg, source)
+    parts = check_split(cfg, source)
+    note = client_eval.check_test_shares(cfg, parts, source)
+    if note:
+        print(f"fedrcl-flwr: note: {note}", flush=True)
     check_model(cfg, source, on_data=True)
     if resume:
         from fedrcl_flwr.app.server_app import check_resume
@@ -389,8 +407,6 @@ def before_partition(
     """Everything ``partition`` checks before it prints or writes: the ``--plot`` and
     ``--save`` files, the config, the dataset and the split. Returns the config, the
     dataset and the clients' partitions."""
-    from fedrcl_flwr.run import runtime
-
     if plot:
         check_plot_path(plot)
     if save is not None:
@@ -398,7 +414,7 @@ def before_partition(
             raise ConfigError("--save must be a file path, got an empty string")
         check_output_file(Path(save).expanduser(), "--save")
     cfg = load_experiment(experiment, sets, None)
-    bundle = runtime.load_bundle(cfg)
+    bundle = load_bundle(cfg, experiment)
     return cfg, bundle, check_split(cfg, experiment)
 
 

@@ -37,6 +37,7 @@ from fedrcl_flwr.run.run_files import (  # noqa: F401 - the names' one home, re-
     RUN_SUBDIRS,
     SUMMARY_FILE,
     TMP_SUFFIX,
+    guarded_write,
 )
 
 
@@ -128,9 +129,12 @@ def clear_run_dir(out_dir: Path) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (a full disk: :class:`RunFileError`, no
+    ``.tmp`` left, the earlier ``path`` unchanged)."""
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with guarded_write(path, tmp):
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
 
 def _clean(value: Any) -> Any:
@@ -287,10 +291,14 @@ class RunRecorder:
 
     def append(self, record: dict) -> dict:
         record = _clean(record)
+        line = json.dumps(record) + "\n"
+        path = self.metrics_path
+        size = path.stat().st_size if path.exists() else 0
+        with guarded_write(path, truncate_to=size):  # a torn record is cut back
+            with open(path, "a") as fh:
+                fh.write(line)
+                fh.flush()
         self.records.append(record)
-        with open(self.metrics_path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
-            fh.flush()
         return record
 
     def summary(self) -> dict:
@@ -352,8 +360,9 @@ class RunRecorder:
             import torch
 
             tmp = self.out_dir / (MODEL_FILE + TMP_SUFFIX)
-            torch.save(model_state, tmp)
-            os.replace(tmp, self.out_dir / MODEL_FILE)
+            with guarded_write(self.out_dir / MODEL_FILE, tmp):
+                torch.save(model_state, tmp)
+                os.replace(tmp, self.out_dir / MODEL_FILE)
         plot_accuracy(self.records, self.out_dir / PLOT_FILE, title=self.title)
         if before_summary is not None:
             before_summary(
@@ -496,9 +505,12 @@ def plot_accuracy(records: list[dict], path: Path, title: str = "") -> None:
     if rs:
         legend_below(ax, 2)
     tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with guarded_write(path, tmp):
+            fig.savefig(tmp, dpi=100, bbox_inches="tight")
+            os.replace(tmp, path)
+    finally:
+        plt.close(fig)
 
 
 def report_table(run_dirs: list[Path]) -> str:

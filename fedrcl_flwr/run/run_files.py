@@ -25,6 +25,9 @@ and the lock; ``mlruns/`` is MLflow's file store when no tracking server is set.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 from pathlib import Path
 
 CONFIG_FILE = "config.yaml"
@@ -86,3 +89,42 @@ def sweep_config_path(sweep_dir: Path, run_name: str) -> Path:
 def sweep_log_path(sweep_dir: Path, run_name: str) -> Path:
     """Where a sweep writes run ``run_name``'s output."""
     return Path(sweep_dir) / SWEEP_LOGS_DIR / f"{run_name}.log"
+
+
+class RunFileError(OSError):
+    """A run file could not be written (the file system is full, read-only, ...): one
+    line naming the file. What was being written is gone (no ``.tmp`` left, a torn
+    record cut back): the run's files are as after the last complete write, so the run
+    is resumable from its last checkpoint."""
+
+    def __str__(self) -> str:  # the message alone (OSError would show errno and filename)
+        return str(self.args[0]) if self.args else super().__str__()
+
+
+def write_problem(path: Path, exc: OSError) -> RunFileError:
+    """The one-line error for ``exc`` raised while writing ``path``."""
+    why = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        why += " (free space there, then continue with fedrcl-flwr run --resume)"
+    err = RunFileError(f"cannot write {path}: {why}")
+    err.errno, err.filename = exc.errno, str(path)
+    return err
+
+
+@contextlib.contextmanager
+def guarded_write(path: Path, tmp: Path | None = None, *, truncate_to: int | None = None):
+    """Write ``path`` (through ``tmp``, or appending to it): on an ``OSError`` the
+    temporary file is removed, an append is cut back to ``truncate_to`` bytes, and a
+    :class:`RunFileError` naming ``path`` is raised instead."""
+    try:
+        yield
+    except RunFileError:
+        raise
+    except OSError as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if truncate_to is not None:
+            with contextlib.suppress(OSError):
+                os.truncate(path, truncate_to)
+        raise write_problem(Path(path), exc) from None

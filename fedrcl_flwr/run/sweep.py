@@ -124,7 +124,7 @@ def _fmt_value(v: Any) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", text.replace(": ", "-")).rstrip("-") or "x"
 
 
-def run_name(cfg: ExperimentConfig, shown: list | tuple = ()) -> str:
+def run_name(cfg: ExperimentConfig, shown: list | tuple = (), digest: str | None = None) -> str:
     """A run directory's name: the variant label (else the method, prefixed by a server
     optimizer other than fedavg), the grid values ``shown`` (``[(short key, value)]``:
     the grid keys with more than one value, :func:`shown_grid_values`), the seed and
@@ -138,7 +138,8 @@ def run_name(cfg: ExperimentConfig, shown: list | tuple = ()) -> str:
     what = cfg.label or method_label(
         {"client": {"method": cfg.client.method}, "server": {"strategy": cfg.server.strategy}}
     )
-    tail = f"seed={cfg.seed}_{experiment_hash(cfg)}"
+    digest = experiment_hash(cfg) if digest is None else digest
+    tail = f"seed={cfg.seed}_{digest}"
     values = "".join(f"{k}={_fmt_value(v)}_" for k, v in shown)
     name = f"{_fmt_value(what)}_{values}{tail}"
     if len(name.encode()) > MAX_RUN_NAME_BYTES:
@@ -427,7 +428,10 @@ def _expand(spec: SweepSpec, cli_sets: list, check_components: bool) -> list[Pla
                         validate(cfg, where)
                     point = dict(zip(grid_keys, combo))
                     shown = [(short, point[k]) for k, short in shown_keys]
-                    runs.append(PlannedRun(len(runs), run_name(cfg, shown), base, ov, cfg))
+                    digest = experiment_hash(cfg)
+                    run = PlannedRun(len(runs), run_name(cfg, shown, digest), base, ov, cfg)
+                    run.digest = digest
+                    runs.append(run)
     return runs
 
 
@@ -444,7 +448,7 @@ def _place_runs(runs: list[PlannedRun], spec: SweepSpec, out_dir: Path) -> None:
                 f"{spec.src}: run {run.index + 1}'s directory name {why}, got "
                 f"{_shorten(run.name)}; give the variants short labels"
             )
-        same = experiment_hash(run.cfg)
+        same = run.digest or experiment_hash(run.cfg)
         if same in seen:
             raise ConfigError(
                 f"{spec.src}: runs {seen[same] + 1} and {run.index + 1} are "
@@ -991,13 +995,24 @@ def _log_tail(path: Path) -> str:
     return (errs[-1] if errs else (rows[-1] if rows else ""))[:300]
 
 
+_FLOW_TEXT: dict[str, str] = {}  # repr of a value -> its flow YAML (format_plan)
+
+
 def _flow(v: Any) -> str:
-    return (
-        yaml.safe_dump(v, default_flow_style=True, width=10**6)
-        .strip()
-        .removesuffix("\n...")
-        .strip()
-    )
+    """``v`` as one line of flow YAML; memoised by ``repr`` (equal reprs of plain YAML
+    values are equal values), so a plan of thousands of runs dumps each value once."""
+    key = repr(v)
+    text = _FLOW_TEXT.get(key)
+    if text is None:
+        if len(_FLOW_TEXT) > 100_000:
+            _FLOW_TEXT.clear()
+        text = _FLOW_TEXT[key] = (
+            yaml.safe_dump(v, default_flow_style=True, width=10**6)
+            .strip()
+            .removesuffix("\n...")
+            .strip()
+        )
+    return text
 
 
 def format_plan(runs: list[PlannedRun], out_dir: Path) -> str:

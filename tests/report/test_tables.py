@@ -308,8 +308,12 @@ def test_report_resolves_method_defaults_without_importing_flower(tmp_path):
         ("summary.json", "[1, 2]", "must be a JSON object"),
         ("summary.json", '{"final_accuracy": "high"}', "final_accuracy"),
         ("summary.json", '{"accuracy_at": [1]}', "accuracy_at"),
-        ("metrics.jsonl", '{"round": 1, "test_accuracy": 0.1}\nxx\n{"round": 3}\n', "line 2"),
-        ("metrics.jsonl", '{"test_accuracy": 0.1}\n', "line 1"),
+        (
+            "metrics.jsonl",
+            '{"round": 1, "test_accuracy": 0.1}\nxx\n{"round": 3}\n',
+            "metrics.jsonl:2:",
+        ),
+        ("metrics.jsonl", '{"test_accuracy": 0.1}\n', "metrics.jsonl:1:"),
         ("metrics.jsonl", '{"round": 1, "test_accuracy": "0.1"}\n', "test_accuracy"),
         (
             "config.yaml",
