@@ -247,6 +247,7 @@ class LocalSuperLink:
         verbose: bool = False,
         lock: OutputLock | None = None,
         ray_address: str | None = None,
+        weight_store: bool = False,
     ):
         self.home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
         self.port = free_port()
@@ -286,6 +287,16 @@ class LocalSuperLink:
             lock.note(str(self.home))
         # the watchdog first: from here on, nothing of the run can outlive this process
         self.watchdog = Watchdog(self.home, lock)
+        # then the run's weight store (simulation.transport: shared), which the
+        # watchdog's teardown removes with the home: its folder, or why there is none
+        self.store_root, self.store_note = "", ""
+        if weight_store:
+            from fedrcl_flwr.weight_store import create_store
+
+            try:
+                self.store_root = str(create_store(self.home).root)
+            except OSError as exc:
+                self.store_note = f"{type(exc).__name__}: {exc}"
 
     def start(self, timeout: float = 60.0) -> None:
         self._log = open(self.log_path, "ab")
@@ -342,7 +353,7 @@ def teardown(home: Path, pgids: list[int]) -> None:
     """Stop everything of the run whose private home is ``home`` at once: SIGKILL the
     process groups (the SuperLink's holds the simulation process and its direct
     children), then every process of the run (:func:`procs_with` the home) until none is
-    left, and delete the home. Nothing is waited for gracefully: the SuperLink's state
+    left, and delete the home and the run's weight store. Nothing is waited for gracefully: the SuperLink's state
     lives in the home that is deleted, and the run's own files are written atomically
     (``metrics.jsonl`` tolerates a torn last line), so a run stopped mid-round leaves its
     directory resumable and never goes on to write results after it was stopped."""
@@ -353,6 +364,9 @@ def teardown(home: Path, pgids: list[int]) -> None:
             pass
     _kill_run(home)
     if Path(home).name.startswith(HOME_PREFIX):  # only a private home the tool created
+        from fedrcl_flwr.weight_store import remove_store
+
+        remove_store(home)
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -467,12 +481,17 @@ def run_simulation_via_flower(
     first), the run submitted (:func:`_submit`), followed until it finishes
     (:class:`_RunFollower`), its log fetched, everything torn down."""
     from fedrcl_flwr.app.control import ControlClient
+    from fedrcl_flwr.app.transport import fallback_reason
 
     t0 = time.time()
     app = find_app_dir()
     out_dir = out_dir.resolve()
     link = LocalSuperLink(
-        out_dir / FLOWER_LOG, verbose=verbose, lock=lock, ray_address=cfg.simulation.ray_address
+        out_dir / FLOWER_LOG,
+        verbose=verbose,
+        lock=lock,
+        ray_address=cfg.simulation.ray_address,
+        weight_store=fallback_reason(cfg) is None,
     )
     printed = len(read_metrics(out_dir)) if resume else 0
     control = None
@@ -526,6 +545,8 @@ def _submit(
         f"resume = {toml_string('true' if resume else 'false')}\n"
         f"expected-nodes = {int(nodes)}\n"
         f"dataset-cache = {toml_string(str(dataset_entry or ''))}\n"
+        f"weight-store = {toml_string(link.store_root)}\n"
+        f"weight-store-note = {toml_string(link.store_note)}\n"
     )
     run_id, output = submit(link.home, app, "local", run_config, federation_config(cfg))
     if run_id is None:

@@ -73,7 +73,7 @@ from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
 from fedrcl_flwr.app.flower_private import ClientProxy
-from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
+from fedrcl_flwr.app.transport import ServerTransport, arrays_of, to_bytes
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.protocol import (
     LOCAL_REPR_PREFIX,
@@ -131,7 +131,7 @@ def client_error_line(failure) -> str:
 
 def to_parameters(arrays) -> Parameters:
     """Flower ``Parameters`` of ``arrays`` (``.npy`` bytes, :mod:`fedrcl_flwr.codec`)."""
-    return Parameters(tensors=encode_arrays(arrays), tensor_type=TENSOR_TYPE)
+    return to_bytes(arrays)
 
 
 def copy_arrays(arrays):
@@ -245,6 +245,9 @@ class FederatedStrategy(Strategy):
         self.round_offset = round_offset
         self.exchange = exchange  # optional SignalExchange (FedCCL, FedProto, FPL)
         self.model_bytes = int(sum(np.asarray(w).nbytes for w in self.weights))
+        # how weights travel (fedrcl_flwr/app/transport.py): Flower's messages unless the
+        # app hands the strategy the run's weight store (simulation.transport: shared)
+        self.transport = ServerTransport()
         self._init_round_state()
         self._init_buffers()
         self._init_privacy(privacy)
@@ -361,7 +364,7 @@ class FederatedStrategy(Strategy):
 
     # --------------------------------------------------------------- Strategy
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        return to_parameters(self.weights)
+        return self.transport.send(self.weights)
 
     def run_round(self, server_round: int) -> int:
         """The run's round number of Flower's ``server_round`` (shifted on resume)."""
@@ -380,9 +383,10 @@ class FederatedStrategy(Strategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         self._round_start = time.time()
         timers.server_event("configure", round=self.run_round(server_round))
-        send = to_parameters(self.weights_to_send(self.run_round(server_round)))
+        arrays = self.weights_to_send(self.run_round(server_round))
+        send = self.transport.send(arrays)
         if self.dp is not None:  # Flower's DP wrapper sees what the clients start from
-            return self.dp.configure_fit(server_round, send, client_manager)
+            return self.dp.configure_fit(server_round, send, client_manager, arrays)
         return self.sample_clients(server_round, send, client_manager)
 
     def sample_clients(
@@ -458,6 +462,8 @@ class FederatedStrategy(Strategy):
         timers.server_event("results", round=rnd, results=len(results), failures=len(failures))
         reasons = [f"client error: {self._note_error(client_error_line(f))}" for f in failures]
         kept = self._screen(results, reasons)
+        # the uploads' store entries go now: what _screen mapped stays readable
+        self.transport.release(results)
         if self.secagg and len(kept) < len(results):
             kept = self._discard_secagg_sum(rnd, kept, len(results), reasons)
         for r in reasons:
@@ -475,7 +481,7 @@ class FederatedStrategy(Strategy):
         info.update(client_statistics(kept))
         info.update(extra)
         self._fit_info = info
-        return to_parameters(self.weights), {}
+        return self.transport.result(self.weights), {}
 
     def _note_error(self, line: str) -> str:
         """Keep the run's first client error (the message of an aborted run)."""
@@ -496,7 +502,7 @@ class FederatedStrategy(Strategy):
                 continue
             pid = report.partition_id
             try:
-                arrays = decode_arrays(res.parameters.tensors)
+                arrays = arrays_of(res.parameters)
             except Exception as exc:  # noqa: BLE001 - any undecodable upload is dropped
                 reasons.append(f"partition {pid}: undecodable parameters ({exc})")
                 continue
@@ -571,7 +577,7 @@ class FederatedStrategy(Strategy):
             )
         if never:
             raise AllClientsFailed(f"no client trained in any of the {rnd} rounds{first}")
-        return to_parameters(self.weights), {}
+        return self.transport.result(self.weights), {}
 
     def _average(self, server_round: int, kept: list[ClientResult], info: dict) -> list:
         """The clients' average: through Flower's DP wrapper (clip, average, noise; the
@@ -612,7 +618,7 @@ class FederatedStrategy(Strategy):
             return []
         pids = list(range(self.num_clients)) if self.per_client[1] == "all" else list(self._sampled)
         slots = self._slots(client_manager, len(pids))
-        send = to_parameters(self._deferred[2]["weights"])
+        send = self.transport.send(self._deferred[2]["weights"])
         return [
             (
                 slot,
