@@ -1,5 +1,5 @@
 """Issue 11 with real Flower processes (marked ``flwr``; tiny synthetic runs): nothing of a
-run survives SIGTERM or SIGKILL of the CLI, a run where no client ever trained exits 1 with
+run survives SIGTERM or SIGKILL of the CLI (its weight store in ``/dev/shm`` included), a run where no client ever trained exits 1 with
 the first client error, a run stuck before starting times out cleanly.
 
 "Of the run" is checked broadly: any process whose environment, command line or working
@@ -20,6 +20,7 @@ from conftest import quickstart_run_args
 
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.runner import LOCK_FILE, OutputLock, procs_with
+from fedrcl_flwr.weight_store import store_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.flwr
@@ -87,6 +88,9 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
         _wait_for_round(proc, out, 1)  # round 2 is being trained now
         home = _home(out)
         assert procs_with(home), "the run's processes should be found while it runs"
+        # the run's weight store (simulation.transport: shared, issue 30) is in use
+        store = store_dir(home)
+        assert store.is_dir(), f"no weight store {store} while the run trains"
         proc.send_signal(sig)
         proc.communicate(timeout=120)
     finally:
@@ -96,6 +100,7 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
     left = _alive(home, tag, grace)
     assert not left, f"left behind after {sig!r}: {left}"
     assert not Path(home).exists()
+    assert not store.exists(), f"the weight store {store} outlived the run"
     assert OutputLock.holder(out) is None  # the lock died with the run
     assert not (out / "summary.json").exists()
     done = len(read_metrics(out))
