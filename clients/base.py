@@ -112,7 +112,7 @@ class WireClient(Client):
         )
 
     def fit(self, ins: FitIns) -> FitRes:
-        out = self.numpy_client.fit(transport.arrays_of(ins.parameters), ins.config)
+        out = self.numpy_client.fit(transport.arrays_of(ins.parameters, reuse=True), ins.config)
         if not (
             len(out) == 3
             and isinstance(out[0], list)
@@ -131,7 +131,9 @@ class WireClient(Client):
         )
 
     def evaluate(self, ins: EvaluateIns) -> EvaluateRes:
-        out = self.numpy_client.evaluate(transport.arrays_of(ins.parameters), ins.config)
+        out = self.numpy_client.evaluate(
+            transport.arrays_of(ins.parameters, reuse=True), ins.config
+        )
         if not (
             len(out) == 3
             and isinstance(out[0], float)

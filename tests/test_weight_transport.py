@@ -259,3 +259,15 @@ def test_transport_value_is_checked(tmp_path):
         tiny_config(tmp_path, simulation={"transport": "ray"})
     assert "\n" not in str(err.value)
     assert config_from_dict  # imported for the layering rule (errors from fedrcl_flwr.errors)
+
+
+def test_a_client_process_maps_a_round_model_once(tmp_path):
+    """``reuse`` (WireClient): the second client of a round in the same process gets the
+    arrays it already mapped and checked; a server's read (no reuse) maps again."""
+    sent = transport.ServerTransport(WeightStore(tmp_path)).send(ARRAYS)
+    a = transport.arrays_of(sent, reuse=True)
+    b = transport.arrays_of(sent, reuse=True)
+    assert all(x is y for x, y in zip(a, b))
+    c = transport.arrays_of(sent)
+    assert not any(x is y for x, y in zip(a, c))
+    assert all(np.array_equal(x, y) for x, y in zip(b, ARRAYS))

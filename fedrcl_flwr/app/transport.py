@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -63,12 +64,30 @@ def _as_parameters(ref: dict) -> Parameters:
     return Parameters(tensors=[json.dumps(ref).encode()], tensor_type=REF_TYPE)
 
 
-def arrays_of(parameters: Parameters) -> list[np.ndarray]:
+_LOADED: OrderedDict = OrderedDict()  # (store, hash) -> arrays: this process's last loads
+_KEEP_LOADED = 2
+
+
+def arrays_of(parameters: Parameters, *, reuse: bool = False) -> list[np.ndarray]:
     """The arrays a message carries (read-only views: of the message's bytes, or of the
-    store entry's mapping after its hash was checked)."""
-    if is_reference(parameters):
-        return load(reference_of(parameters))
-    return decode_arrays(parameters.tensors)
+    store entry's mapping after its hash was checked). ``reuse`` (a client): an entry
+    this process mapped and checked lately is not mapped and hashed again (an actor
+    trains several clients of a round on the same global model; an entry is immutable:
+    writers replace files, never rewrite them, and a mapping outlives the file)."""
+    if not is_reference(parameters):
+        return decode_arrays(parameters.tensors)
+    ref = reference_of(parameters)
+    if not reuse:
+        return load(ref)
+    key = (ref.get("store"), ref.get("hash"), json.dumps(ref.get("arrays")))
+    if key in _LOADED:
+        _LOADED.move_to_end(key)
+        return list(_LOADED[key])
+    arrays = load(ref)
+    _LOADED[key] = arrays
+    while len(_LOADED) > _KEEP_LOADED:
+        _LOADED.popitem(last=False)
+    return list(arrays)
 
 
 def reply(arrays: Sequence, received: Parameters) -> Parameters:
