@@ -45,7 +45,8 @@ from flwr.common import (
 
 from fedrcl_flwr import client_eval
 from fedrcl_flwr.accel import use_channels_last
-from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
+from fedrcl_flwr.app import transport
+from fedrcl_flwr.codec import TENSOR_TYPE, encode_arrays
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.config import ExperimentConfig
 from fedrcl_flwr.protocol import (
@@ -90,7 +91,10 @@ class WireClient(Client):
     to_client` returns: what Flower's ``NumPyClient`` wrapper does, with the weights in
     and out through :mod:`fedrcl_flwr.codec` (the same ``.npy`` bytes, three copies of
     the model fewer per message; the received weights are read-only views of the
-    message). Both runners hand every fit to it, the ClientApp and the in-process one."""
+    message), or by reference to the run's weight store (``simulation.transport:
+    shared``: :mod:`fedrcl_flwr.app.transport`; the upload goes back the way the
+    instructions came). Both runners hand every fit to it, the ClientApp and the
+    in-process one."""
 
     def __init__(self, numpy_client: FederatedClient):
         self.numpy_client = numpy_client
@@ -107,7 +111,7 @@ class WireClient(Client):
         )
 
     def fit(self, ins: FitIns) -> FitRes:
-        out = self.numpy_client.fit(decode_arrays(ins.parameters.tensors), ins.config)
+        out = self.numpy_client.fit(transport.arrays_of(ins.parameters, reuse=True), ins.config)
         if not (
             len(out) == 3
             and isinstance(out[0], list)
@@ -120,13 +124,15 @@ class WireClient(Client):
         weights, num_examples, metrics = out
         return FitRes(
             status=self._ok(),
-            parameters=Parameters(tensors=encode_arrays(weights), tensor_type=TENSOR_TYPE),
+            parameters=transport.reply(weights, ins.parameters),
             num_examples=num_examples,
             metrics=metrics,
         )
 
     def evaluate(self, ins: EvaluateIns) -> EvaluateRes:
-        out = self.numpy_client.evaluate(decode_arrays(ins.parameters.tensors), ins.config)
+        out = self.numpy_client.evaluate(
+            transport.arrays_of(ins.parameters, reuse=True), ins.config
+        )
         if not (
             len(out) == 3
             and isinstance(out[0], float)

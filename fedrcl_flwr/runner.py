@@ -112,6 +112,7 @@ class LocalSuperLink:
         verbose: bool = False,
         lock: OutputLock | None = None,
         ray_address: str | None = None,
+        weight_store: bool = False,
     ):
         self.home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
         self.port = free_port()
@@ -154,6 +155,16 @@ class LocalSuperLink:
             lock.note(str(self.home))
         # the watchdog first: from here on, nothing of the run can outlive this process
         self.watchdog = Watchdog(self.home, lock)
+        # then the run's weight store (simulation.transport: shared), which the
+        # watchdog's teardown removes with the home: its folder, or why there is none
+        self.store_root, self.store_note = "", ""
+        if weight_store:
+            from fedrcl_flwr.weight_store import create_store
+
+            try:
+                self.store_root = str(create_store(self.home).root)
+            except OSError as exc:
+                self.store_note = f"{type(exc).__name__}: {exc}"
 
     def start(self, timeout: float = 60.0) -> None:
         self._log = open(self.log_path, "ab")
@@ -256,12 +267,17 @@ def run_simulation_via_flower(
     first), the run submitted (:func:`_submit`), followed until it finishes
     (:class:`_RunFollower`), its log fetched, everything torn down."""
     from fedrcl_flwr.app.control import ControlClient
+    from fedrcl_flwr.app.transport import fallback_reason
 
     t0 = time.time()
     app = find_app_dir()
     out_dir = out_dir.resolve()
     link = LocalSuperLink(
-        out_dir / FLOWER_LOG, verbose=verbose, lock=lock, ray_address=cfg.simulation.ray_address
+        out_dir / FLOWER_LOG,
+        verbose=verbose,
+        lock=lock,
+        ray_address=cfg.simulation.ray_address,
+        weight_store=fallback_reason(cfg) is None,
     )
     kept: list[dict] = []
     if resume:  # the records the ServerApp keeps: those up to the checkpoint's round
@@ -332,6 +348,8 @@ def _submit(
         f"resume = {toml_string('true' if resume else 'false')}\n"
         f"expected-nodes = {int(nodes)}\n"
         f"dataset-cache = {toml_string(str(dataset_entry or ''))}\n"
+        f"weight-store = {toml_string(link.store_root)}\n"
+        f"weight-store-note = {toml_string(link.store_note)}\n"
     )
     run_id, output = submit(link.home, app, "local", run_config, federation_config(cfg))
     if run_id is None:

@@ -83,7 +83,7 @@ from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
 from fedrcl_flwr.app.flower_private import ClientProxy
-from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
+from fedrcl_flwr.app.transport import ServerTransport, arrays_of, to_bytes
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.protocol import (
     LOCAL_REPR_PREFIX,
@@ -152,7 +152,7 @@ def client_error_line(failure) -> str:
 
 def to_parameters(arrays) -> Parameters:
     """Flower ``Parameters`` of ``arrays`` (``.npy`` bytes, :mod:`fedrcl_flwr.codec`)."""
-    return Parameters(tensors=encode_arrays(arrays), tensor_type=TENSOR_TYPE)
+    return to_bytes(arrays)
 
 
 def copy_arrays(arrays):
@@ -272,6 +272,9 @@ class FederatedStrategy(Strategy):
         # factor_combine -> masks -> parameters_mod); the key and share exchange of the
         # protocol's other stages is not counted
         self.secagg_upload_bytes = 8 * (1 + int(sum(np.asarray(w).size for w in self.weights)))
+        # how weights travel (fedrcl_flwr/app/transport.py): Flower's messages unless the
+        # app hands the strategy the run's weight store (simulation.transport: shared)
+        self.transport = ServerTransport()
         self._init_round_state()
         self._init_buffers()
         self._init_privacy(privacy)
@@ -393,7 +396,7 @@ class FederatedStrategy(Strategy):
 
     # --------------------------------------------------------------- Strategy
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        return to_parameters(self.weights)
+        return self.transport.send(self.weights)
 
     def run_round(self, server_round: int) -> int:
         """The run's round number of Flower's ``server_round`` (shifted on resume)."""
@@ -412,9 +415,10 @@ class FederatedStrategy(Strategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         self._round_start = time.time()
         timers.server_event("configure", round=self.run_round(server_round))
-        send = to_parameters(self.weights_to_send(self.run_round(server_round)))
+        arrays = self.weights_to_send(self.run_round(server_round))
+        send = self.transport.send(arrays)
         if self.dp is not None:  # Flower's DP wrapper sees what the clients start from
-            return self.dp.configure_fit(server_round, send, client_manager)
+            return self.dp.configure_fit(server_round, send, client_manager, arrays)
         return self.sample_clients(server_round, send, client_manager)
 
     def sample_clients(
@@ -492,6 +496,8 @@ class FederatedStrategy(Strategy):
         timers.server_event("results", round=rnd, results=len(results), failures=len(failures))
         reasons = [f"client error: {self._note_error(client_error_line(f))}" for f in failures]
         kept = self._screen(results, reasons)
+        # the uploads' store entries go now: what _screen mapped stays readable
+        self.transport.release(results)
         if self.secagg and len(kept) < len(results):
             kept = self._discard_secagg_sum(rnd, kept, len(results), reasons)
         for r in reasons:
@@ -513,7 +519,7 @@ class FederatedStrategy(Strategy):
         info.update(client_statistics(kept))
         info.update(extra)
         self._fit_info = info
-        return to_parameters(self.weights), {}
+        return self.transport.result(self.weights), {}
 
     def _note_error(self, line: str) -> str:
         """Keep the run's first client error (the message of an aborted run)."""
@@ -534,7 +540,7 @@ class FederatedStrategy(Strategy):
                 continue
             pid = report.partition_id
             try:
-                arrays = decode_arrays(res.parameters.tensors)
+                arrays = arrays_of(res.parameters)
             except Exception as exc:  # noqa: BLE001 - any undecodable upload is dropped
                 reasons.append(f"partition {pid}: undecodable parameters ({exc})")
                 continue
@@ -604,7 +610,7 @@ class FederatedStrategy(Strategy):
                 f"client failed (federation.max_consecutive_failed_rounds="
                 f"{self.max_failed}){first}"
             )
-        return to_parameters(self.weights), {}  # the last round: the rule in _round_end
+        return self.transport.result(self.weights), {}  # the last round: the rule in _round_end
 
     def _failure_reason(self) -> str:
         """Why the current round's update did not reach the model, in one line: every
@@ -700,7 +706,7 @@ class FederatedStrategy(Strategy):
         else:
             pids = list(self._sampled)
         slots = self._slots(client_manager, len(pids))
-        send = to_parameters(self._deferred[2]["weights"])
+        send = self.transport.send(self._deferred[2]["weights"])
         return [
             (
                 slot,

@@ -222,6 +222,7 @@ CONFIG_RULES: dict[str, Rule] = {
         "another user's Ray on this machine), or null: a private local Ray",
         ("localhost", "host:0", "host:99999", "a b:1", "auto"),
     ),
+    "simulation.transport": one_of("shared", "flower"),
     "output.checkpoint_every": non_negative(),
     "output.tracker_project": Rule(
         lambda v: bool(v.strip()) and "/" not in v,

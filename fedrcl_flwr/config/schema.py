@@ -309,6 +309,8 @@ class SimulationConfig:
     Ray on this machine) instead of starting a private local Ray; ``num_cpus`` / ``num_gpus`` are then
     per-client requests against the whole cluster, ``init_num_cpus`` / ``init_num_gpus``
     do not apply, and ``dataset.cache_dir`` must be a path every node sees.
+    ``transport``: ``shared`` (weights by reference to the run's store in ``/dev/shm``;
+    Flower's messages where that cannot work: see ``docs/performance.md``) or ``flower``.
     """
 
     num_cpus: int = 1
@@ -318,6 +320,9 @@ class SimulationConfig:
     num_supernodes: int | None = None  # default: the clients sampled per round
     startup_timeout_s: float = 300.0
     ray_address: str | None = None
+    # how weights travel in a simulation (issue 30, fedrcl_flwr/app/transport.py): by
+    # reference to a store in shared memory (shared) or inside Flower's messages (flower)
+    transport: str = "shared"
 
 
 @dataclass

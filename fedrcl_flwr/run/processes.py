@@ -172,7 +172,7 @@ def teardown(home: Path, pgids: list[int]) -> None:
     """Stop everything of the run whose private home is ``home`` at once: SIGKILL the
     process groups (the SuperLink's holds the simulation process and its direct
     children), then every process of the run (:func:`procs_with` the home) until none is
-    left, and delete the home. Nothing is waited for gracefully: the SuperLink's state
+    left, and delete the home and the run's weight store. Nothing is waited for gracefully: the SuperLink's state
     lives in the home that is deleted, and the run's own files are written atomically
     (``metrics.jsonl`` tolerates a torn last line), so a run stopped mid-round leaves its
     directory resumable and never goes on to write results after it was stopped."""
@@ -183,6 +183,9 @@ def teardown(home: Path, pgids: list[int]) -> None:
             pass
     _kill_run(home)
     if Path(home).name.startswith(HOME_PREFIX):  # only a private home the tool created
+        from fedrcl_flwr.weight_store import remove_store
+
+        remove_store(home)
         shutil.rmtree(home, ignore_errors=True)
 
 

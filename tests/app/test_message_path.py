@@ -171,6 +171,7 @@ def _old_path(monkeypatch):
     drawing its own partitions."""
     import strategies.base as sb
     from clients.base import FederatedClient
+    from fedrcl_flwr.app import transport
     from fedrcl_flwr.data import cache
 
     def average(client_weights, coefficients, kinds):
@@ -187,12 +188,14 @@ def _old_path(monkeypatch):
         return out
 
     monkeypatch.setattr(FederatedClient, "to_client", NumPyClient.to_client)
-    monkeypatch.setattr(sb, "to_parameters", ndarrays_to_parameters)
+    # weights inside the messages as Flower's own functions write them (the run's
+    # simulation.transport is flower: fedrcl_flwr/app/transport.py sends bytes)
+    monkeypatch.setattr(transport, "to_bytes", ndarrays_to_parameters)
     monkeypatch.setattr(
         sb,
-        "decode_arrays",
-        lambda tensors: parameters_to_ndarrays(
-            type(ndarrays_to_parameters([]))(tensors=tensors, tensor_type="numpy.ndarray")
+        "arrays_of",
+        lambda params: parameters_to_ndarrays(
+            type(ndarrays_to_parameters([]))(tensors=params.tensors, tensor_type="numpy.ndarray")
         ),
     )
     monkeypatch.setattr(sb, "weighted_average", average)
@@ -201,9 +204,10 @@ def _old_path(monkeypatch):
 
 @pytest.mark.parametrize("method,strategy", [("fedprox", "fedadam"), ("feddyn", "feddyn")])
 def test_cuts_leave_a_run_bit_identical(tiny, tmp_path, monkeypatch, method, strategy):
-    """A run through the new path (codec, buffered average, stored partitions, a fresh
-    worker cache) equals, number for number, the same run through the path it replaced;
-    the methods read the received weights (FedProx's proximal term, FedDyn's anchors)."""
+    """A run through the new path (weights by reference to the store, buffered average,
+    stored partitions, a fresh worker cache) equals, number for number, the same run
+    through the path it replaced (Flower's encoding inside the messages); the methods
+    read the received weights (FedProx's proximal term, FedDyn's anchors)."""
     from fedrcl_flwr.app.inprocess import run_inprocess
 
     cfg = tiny(
@@ -215,8 +219,10 @@ def test_cuts_leave_a_run_bit_identical(tiny, tmp_path, monkeypatch, method, str
     runtime.WORKER.clear()
     run_inprocess(cfg, tmp_path / "new", overlap_evaluation=True)
     runtime.WORKER.clear()
+    assert cfg.simulation.transport == "shared"
     with monkeypatch.context() as m:
         _old_path(m)
+        cfg.simulation.transport = "flower"
         run_inprocess(cfg, tmp_path / "old")
     runtime.WORKER.clear()
     new, old = read_metrics(tmp_path / "new"), read_metrics(tmp_path / "old")

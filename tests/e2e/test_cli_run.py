@@ -1,5 +1,6 @@
 """Real Flower runs through the CLI (each ~30 s of start-up): wiring, files, exit codes,
-and no SuperLink / simulation / Ray process left behind."""
+the same numbers with weights by reference and inside Flower's messages (issue 30), and
+no SuperLink / simulation / Ray process left behind."""
 
 import json
 import re
@@ -138,5 +139,25 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     assert "ControlServicer.ListRuns" not in flog and "/v1/control/list-runs" not in flog
     assert "lines of the CLI's run-status polling (ListRuns) left out" in flog
     assert "fedrcl-flwr timing:" in flog
+    # issue 30: the run above carried the weights by reference (simulation.transport's
+    # default); the same run inside Flower's messages gives the same numbers and model
+    store = re.search(r"weights travel by reference through (\S+)", (run / "run.log").read_text())
+    assert store and store[1].startswith("/dev/shm/fedrcl-flwr-home-"), store
+    assert not Path(store[1]).exists()  # removed with the run
+    (tmp_path / "f").mkdir()
+    flower = _run(tmp_path / "f", *research, "simulation.transport=flower", env=env)
+    assert flower.returncode == 0, flower.stdout + flower.stderr
+    frun = tmp_path / "f" / "run"
+    assert (
+        "inside Flower's messages: simulation.transport: flower" in (frun / "run.log").read_text()
+    )
+    timing = ("wall_time_s", "round_time_s")
+    same = [{k: v for k, v in r.items() if k not in timing} for r in recs]
+    frecs = [json.loads(line) for line in (frun / "metrics.jsonl").read_text().splitlines()]
+    assert same == [{k: v for k, v in r.items() if k not in timing} for r in frecs]
+    import torch
+
+    ma, mb = torch.load(run / "model.pt"), torch.load(frun / "model.pt")
+    assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
     left = leftover_procs()
     assert not left, f"left processes behind: {left}"

@@ -1,6 +1,6 @@
 """Issue 11 with real Flower processes (marked ``flwr``; tiny synthetic runs): nothing of a
-run survives SIGKILL of the CLI (SIGTERM: the stopped run of ``tests/e2e/test_resume.py``),
-a run stuck before starting times out cleanly.
+run survives SIGKILL of the CLI, its weight store in ``/dev/shm`` included (SIGTERM: the
+stopped run of ``tests/e2e/test_resume.py``), a run stuck before starting times out cleanly.
 (A real run where no client ever trained, exit 1 with the first client error: run ``d`` of
 ``tests/run/test_sweep.py``'s real sweep, which starts that run anyway.)
 
@@ -23,6 +23,7 @@ from helpers import alive, quickstart_run_args
 from fedrcl_flwr.run.processes import OutputLock, procs_with
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.run_files import LOCK_FILE
+from fedrcl_flwr.weight_store import store_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.flwr
@@ -74,6 +75,9 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
         _wait_for_round(proc, out, 1)  # round 2 is being trained now
         home = _home(out)
         assert procs_with(home), "the run's processes should be found while it runs"
+        # the run's weight store (simulation.transport: shared, issue 30) is in use
+        store = store_dir(home)
+        assert store.is_dir(), f"no weight store {store} while the run trains"
         proc.send_signal(sig)
         proc.communicate(timeout=120)
     finally:
@@ -83,6 +87,7 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
     left = alive(home, tag, grace)
     assert not left, f"left behind after {sig!r}: {left}"
     assert not Path(home).exists()
+    assert not store.exists(), f"the weight store {store} outlived the run"
     assert OutputLock.holder(out) is None  # the lock died with the run
     assert not (out / "summary.json").exists()
     done = len(read_metrics(out))
