@@ -386,7 +386,11 @@ class FederatedClient(NumPyClient):
         if channels_last:  # the pooled model keeps it; set_weights preserves the layout
             model.to(memory_format=torch.channels_last)
         settings = LocalTrainSettings(
-            lr=ins.lr if ins.lr is not None else round_lr(c.lr, c.lr_decay, self.run_round),
+            lr=ins.lr
+            if ins.lr is not None
+            else round_lr(
+                c.lr, c.lr_decay, self.run_round, c.lr_schedule, self.cfg.federation.rounds
+            ),
             epochs=c.local_epochs,
             momentum=c.momentum,
             weight_decay=c.weight_decay,

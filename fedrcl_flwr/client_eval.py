@@ -184,7 +184,7 @@ def finetune(
         return itertools.chain.from_iterable(epoch_batches(e) for e in itertools.count())
 
     settings = LocalTrainSettings(
-        lr=round_lr(c.lr, c.lr_decay, run_round),
+        lr=round_lr(c.lr, c.lr_decay, run_round, c.lr_schedule, cfg.federation.rounds),
         epochs=1,
         momentum=c.momentum,
         weight_decay=c.weight_decay,

@@ -135,9 +135,21 @@ class TrainStats:
     grad_norm: float = 0.0
 
 
-def round_lr(base_lr: float, decay: float, server_round: int) -> float:
-    """Learning rate of round ``server_round`` (1-based): base * decay^(round-1)."""
-    return base_lr * decay ** max(server_round - 1, 0)
+def round_lr(
+    base_lr: float,
+    decay: float,
+    server_round: int,
+    schedule: str = "exponential",
+    rounds: int = 1,
+) -> float:
+    """Learning rate of round ``server_round`` (1-based): ``exponential``,
+    base * decay^(round-1); ``cosine``, base * (1 + cos(π (round-1) / rounds)) / 2 — FedUV's
+    (sonhamin/FedUV ``train_fl.py``: ``CosineAnnealingLR(T_max=comm_round)`` on a dummy
+    optimiser, read with ``get_last_lr()`` before the round and stepped after it)."""
+    t = max(server_round - 1, 0)
+    if schedule == "cosine":
+        return base_lr * (1.0 + math.cos(math.pi * t / max(rounds, 1))) / 2.0
+    return base_lr * decay**t
 
 
 def batch_size_for(num_samples: int, batch_size: int, iterations_per_epoch: int | None) -> int:
