@@ -3,8 +3,9 @@
 Every scheme returns one ``int64`` index array per client; the arrays are disjoint. They are
 sorted, except for the balanced Dirichlet split (the authors' shuffled order), the
 ``feduv`` generator's (FedUV's order) and ``file`` (the file's order). Only the labels
-(domains), the number of classes, ``num_clients``, the scheme's parameters, ``generator`` and ``seed`` (``partition.seed``, default the
-experiment's ``seed``) decide a split: never the images, never the training augmentation.
+(domains), the number of classes, ``num_clients``, the scheme's parameters, ``generator``
+and ``seed`` (``partition.seed``, default the experiment's ``seed``) decide a split: never
+the images, never the training augmentation.
 
 Generators (``partition.generator``): ``project`` draws from the project's own NumPy
 generator (``numpy.random.default_rng``); ``fedrcl`` runs the FedRCL authors' released
