@@ -3,7 +3,7 @@ FedRCL's baselines are built on), same files, same protocol, same split.
 
     git clone https://github.com/geehokim/FedACG /path/FedACG     # never vendored here
     python benchmarks/fidelity/fedacg.py --authors-code /path/FedACG --seeds 0 1 \\
-        --methods fedavg fedacg --rounds 20 --out runs/fidelity/fedacg
+        --methods fedavg fedacg --rounds 15 --out runs/fidelity/fedacg
 
 Data: scikit-learn's digits rendered as CIFAR-10 batches (``_common.write_digits_as_cifar10``)
 read by *their* ``build_datasets`` (torchvision's ``CIFAR10``, their ``datasets/configs.yaml``
@@ -294,10 +294,10 @@ def main() -> None:
     ap.add_argument("--authors-code", required=True, help="a checkout of geehokim/FedACG")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--methods", nargs="+", default=["fedavg", "fedacg"])
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=10)
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--lr-decay", type=float, default=0.998)
     ap.add_argument("--alpha", type=float, default=0.3)
     ap.add_argument("--clients", type=int, default=20)

@@ -3,7 +3,7 @@ same protocol, same split.
 
     git clone https://github.com/sonhamin/FedUV /path/FedUV      # never vendored here
     python benchmarks/fidelity/feduv.py --authors-code /path/FedUV --seeds 0 1 \\
-        --methods fedavg feduv --rounds 15 --out runs/fidelity/feduv
+        --methods fedavg feduv --rounds 5 --out runs/fidelity/feduv
 
 Data: scikit-learn's digits rendered as CIFAR-10 batches (``_common.write_digits_as_cifar10``;
 1,437 training and 360 test images, 32x32), read by *their* ``load_cifar10_data`` /
@@ -195,7 +195,7 @@ def main() -> None:
     ap.add_argument("--authors-code", required=True, help="a checkout of sonhamin/FedUV")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--methods", nargs="+", default=["fedavg", "feduv"])
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=0.01)
