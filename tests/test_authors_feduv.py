@@ -254,3 +254,17 @@ def test_cosine_schedule_is_their_cosine_annealing(lr, rounds):
     ours = [round_lr(lr, 1.0, t, "cosine", rounds) for t in range(1, rounds + 1)]
     np.testing.assert_allclose(ours, theirs, rtol=1e-9, atol=1e-15)
     assert ours[0] == lr and ours[-1] < 0.05 * lr  # annealed to (1 + cos(π(T−1)/T)) / 2
+
+
+def test_cosine_with_a_round_decay_is_one_line_exit_2(tmp_path, capsys):
+    exp = {
+        "name": "c",
+        "dataset": {"name": "synthetic", "synthetic": {"num_train": 200, "num_test": 50}},
+        "federation": {"num_clients": 4, "rounds": 1, "clients_per_round": 1},
+        "client": {"lr_schedule": "cosine", "lr_decay": 0.998},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(exp))
+    assert main(["partition", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'client.lr_schedule' cosine" in err[0] and str(path) in err[0], err
