@@ -390,7 +390,9 @@ class FederatedClient(NumPyClient):
         channels_last = use_channels_last(c.channels_last, self.device, model)
         if channels_last:  # the pooled model keeps it; set_weights preserves the layout
             model.to(memory_format=torch.channels_last)
-        settings = local_train_settings(c, self.run_round, channels_last=channels_last)
+        settings = local_train_settings(
+            c, self.run_round, rounds=self.cfg.federation.rounds, channels_last=channels_last
+        )
         terms = self.loss_terms() + self.strategy_terms(ins)
         with timers.stage("train"):
             return train_local(

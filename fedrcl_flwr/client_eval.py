@@ -205,7 +205,12 @@ def finetune(
 
     # one "epoch" of exactly `steps` steps, without the local round's in-round decay
     settings = local_train_settings(
-        c, run_round, epochs=1, iterations_per_epoch=steps, epoch_lr_decay=1.0
+        c,
+        run_round,
+        rounds=cfg.federation.rounds,
+        epochs=1,
+        iterations_per_epoch=steps,
+        epoch_lr_decay=1.0,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

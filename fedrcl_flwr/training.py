@@ -139,15 +139,16 @@ class TrainStats:
 
 
 def local_train_settings(
-    client: ClientConfig, run_round: int, **override: Any
+    client: ClientConfig, run_round: int, *, rounds: int, **override: Any
 ) -> LocalTrainSettings:
     """The one builder of :class:`LocalTrainSettings` from the ``client`` section: the
-    round's learning rate (:func:`round_lr`) and every optimiser and loop setting as the
+    round's learning rate (:func:`round_lr`, ``client.lr_schedule`` over the run's
+    ``rounds``) and every optimiser and loop setting as the
     config gives it; ``override`` replaces fields for a loop that is not a local round
     (``client_eval``'s fine-tuning: one "epoch" of exactly its steps, no in-round decay)
     or that the caller decides (``channels_last`` for the device)."""
     settings = LocalTrainSettings(
-        lr=round_lr(client.lr, client.lr_decay, run_round),
+        lr=round_lr(client.lr, client.lr_decay, run_round, client.lr_schedule, rounds),
         epochs=client.local_epochs,
         momentum=client.momentum,
         weight_decay=client.weight_decay,
@@ -164,9 +165,21 @@ def local_train_settings(
     return replace(settings, **override)
 
 
-def round_lr(base_lr: float, decay: float, server_round: int) -> float:
-    """Learning rate of round ``server_round`` (1-based): base * decay^(round-1)."""
-    return base_lr * decay ** max(server_round - 1, 0)
+def round_lr(
+    base_lr: float,
+    decay: float,
+    server_round: int,
+    schedule: str = "exponential",
+    rounds: int = 1,
+) -> float:
+    """Learning rate of round ``server_round`` (1-based): ``exponential``,
+    base * decay^(round-1); ``cosine``, base * (1 + cos(π (round-1) / rounds)) / 2 — FedUV's
+    (sonhamin/FedUV ``train_fl.py``: ``CosineAnnealingLR(T_max=comm_round)`` on a dummy
+    optimiser, read with ``get_last_lr()`` before the round and stepped after it)."""
+    t = max(server_round - 1, 0)
+    if schedule == "cosine":
+        return base_lr * (1.0 + math.cos(math.pi * t / max(rounds, 1))) / 2.0
+    return base_lr * decay**t
 
 
 def batch_size_for(num_samples: int, batch_size: int, iterations_per_epoch: int | None) -> int:

@@ -67,7 +67,7 @@ PARTITION_SCHEMES: dict[str, str] = {
 }
 SCHEME_NAMES = tuple(PARTITION_SCHEMES)
 # ``partition.generator``: whose random draws make a split (fedrcl_flwr/data/partition.py)
-GENERATORS = ("project", "fedrcl", "fedrcl_labels")
+GENERATORS = ("project", "fedrcl", "fedrcl_labels", "feduv")
 
 # ----------------------------------------------------------------------------- metrics
 

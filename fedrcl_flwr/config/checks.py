@@ -69,6 +69,11 @@ def _check_local_optimiser(cfg: ExperimentConfig, source: str) -> None:
             f"'client.momentum' > 0 (got {cfg.client.optimizer}, momentum "
             f"{cfg.client.momentum})"
         )
+    if cfg.client.lr_schedule == "cosine" and cfg.client.lr_decay != 1.0:
+        raise ConfigError(
+            f"{source}: 'client.lr_schedule' cosine replaces the per-round decay: set "
+            f"'client.lr_decay' to 1 (got {cfg.client.lr_decay})"
+        )
     if cfg.client.amp == "fp16" and cfg.client.device == "cpu":
         raise ConfigError(
             f"{source}: 'client.amp' fp16 needs a CUDA device (client.device "

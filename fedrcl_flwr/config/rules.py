@@ -163,6 +163,7 @@ CONFIG_RULES: dict[str, Rule] = {
     "client.eps": between(0, 1, lo_open=True, hi_open=True),
     "client.lr": positive(),
     "client.lr_decay": between(0, 1, lo_open=True),
+    "client.lr_schedule": one_of("exponential", "cosine"),
     "client.epoch_lr_decay": between(0, 1, lo_open=True),
     "client.momentum": between(0, 1, hi_open=True),
     "client.weight_decay": non_negative(),

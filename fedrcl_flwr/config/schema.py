@@ -115,7 +115,8 @@ class PartitionConfig:
     seed: int | None = None
     # ``scheme: file``: JSON {"<client>": [indices]} or the authors' dict-literal text file
     path: str | None = None
-    # project | fedrcl | fedrcl_labels; null = fedrcl for the balanced Dirichlet split (the
+    # project | fedrcl | fedrcl_labels | feduv (FedUV's partition_data: iid, unbalanced
+    # dirichlet); null = fedrcl for the balanced Dirichlet split (the
     # authors' function as their trainer calls it), project otherwise (see partition.py)
     generator: str | None = None
     # scheme pathological: classes per client (k)
@@ -216,6 +217,9 @@ class ClientConfig:
     optimizer: str = "sgd"
     lr: float = 0.1
     lr_decay: float = 0.998
+    # exponential: lr * lr_decay ** (t - 1); cosine: lr * (1 + cos(pi (t - 1) / T)) / 2,
+    # T = federation.rounds (FedUV's CosineAnnealingLR over the rounds; lr_decay must be 1)
+    lr_schedule: str = "exponential"
     epoch_lr_decay: float = 1.0
     momentum: float = 0.0
     nesterov: bool = False

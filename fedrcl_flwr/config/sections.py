@@ -264,6 +264,15 @@ def resolve_generator(scheme: str, balanced: bool, generator: str | None) -> str
             f"partition.generator must be one of {', '.join(GENERATORS)} "
             f"(or null), got {generator!r}"
         )
+    if (
+        generator == "feduv"
+        and scheme not in ("iid", "file")
+        and not (scheme == "dirichlet" and not balanced)
+    ):
+        raise PartitionError(
+            "partition.generator feduv has FedUV's two splits only: scheme iid, or "
+            "dirichlet with balanced: false"
+        )
     if scheme == "dirichlet" and balanced:
         if generator == "project":
             raise PartitionError(

@@ -1,10 +1,12 @@
 """Splitting a training set over clients (NumPy, and torch for the authors' split; seeded).
 
 Every scheme returns one ``int64`` index array per client; the arrays are disjoint. They are
-sorted, except for the balanced Dirichlet split (the authors' shuffled order), ``file``
-(the file's order) and ``flwr_datasets`` (Flower's order). Only the labels (domains), the number of classes, ``num_clients``, the
-scheme's parameters, ``generator`` and ``seed`` (``partition.seed``, default the
-experiment's ``seed``) decide a split: never the images, never the training augmentation.
+sorted, except for the balanced Dirichlet split (the authors' shuffled order), the
+``feduv`` generator's (FedUV's order), ``file`` (the file's order) and ``flwr_datasets``
+(Flower's order). Only the labels
+(domains), the number of classes, ``num_clients``, the scheme's parameters, ``generator``
+and ``seed`` (``partition.seed``, default the experiment's ``seed``) decide a split: never
+the images, never the training augmentation.
 
 Generators (``partition.generator``): ``project`` draws from the project's own NumPy
 generator (``numpy.random.default_rng``); ``fedrcl`` runs the FedRCL authors' released
@@ -75,8 +77,10 @@ Not index-identical to any released code: the ``project`` generator; the authors
 Tiny-ImageNet order (their ``TinyImageNet`` lists ``train/`` with ``os.listdir``, an order
 that depends on the file system, and numbers classes in ``wnids.txt`` order; ours sorts
 both), so the same function gives the same index lists that name other images there.
-FedUV's and FPL's splits (UniVarFL / FedCCL) are not reproduced draw for draw (see the
-experiment files).
+``feduv``: FedUV's ``partition_data`` (sonhamin/FedUV @ dd2e3c5 ``utils/dataloader.py``,
+see :func:`feduv_dirichlet` and :func:`feduv_iid`), index for index on the same labels
+and seed; FPL's splits (FedCCL) are not reproduced draw for draw (see the experiment
+files).
 
 Impossible requests fail at once with a :class:`PartitionError` naming the numbers.
 """
@@ -300,6 +304,59 @@ def authors_dirichlet_unbalanced(
                 return _as_parts(batch)
     raise PartitionError(
         f"unbalanced Dirichlet split (fedrcl): no draw in {max_tries} tries gave every one "
+        f"of {num_clients} clients >= {min_size} samples (alpha={alpha}, {n} samples)"
+    )
+
+
+def feduv_iid(n: int, num_clients: int, seed: int) -> list[np.ndarray]:
+    """FedUV's ``partition_data`` with ``partition: homo`` / ``iid``: ``np.random.permutation(N)``
+    cut by ``np.array_split`` (NumPy's global generator seeded with ``seed``: their
+    ``main`` seeds it and draws nothing from it before the split; client sampling uses
+    Python's ``random``). Every sample is used; order as theirs (not sorted)."""
+    with _numpy_global(seed):
+        idxs = np.random.permutation(n)
+    return [np.asarray(c, dtype=np.int64) for c in np.array_split(idxs, num_clients)]
+
+
+def feduv_dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    min_size: int,
+    seed: int,
+    num_classes: int | None = None,
+    max_tries: int = 1000,
+) -> list[np.ndarray]:
+    """FedUV's ``partition_data`` with ``partition: noniid`` / ``noniid-labeldir``, with its
+    calls on NumPy's global generator seeded with ``seed``: per try, class ``k = 0 .. K-1``:
+    ``np.random.shuffle`` its sample indices (``np.where(y == k)[0]``), ``q =
+    np.random.dirichlet(np.repeat(α, C))``, zero for clients holding ``N / C`` samples or
+    more, renormalised, cut at ``(cumsum(q) * n_k).astype(int)[:-1]``; tries repeat while a
+    client holds fewer than ``min_size`` (theirs: ``min_require_size = 10``, no limit; here
+    at most ``max_tries``); then, once, each client's list is shuffled in client order.
+    Differs from :func:`authors_dirichlet_unbalanced` (FedRCL's) only there: FedRCL
+    shuffles the lists inside every try. ``K``: theirs hard-codes 10 (it loads only
+    CIFAR-10 and STL-10); here the dataset's number of classes, the same on those two."""
+    labels = np.asarray(labels, dtype=np.int64)
+    n = len(labels)
+    k = int(labels.max()) + 1 if num_classes is None else int(num_classes)
+    with _numpy_global(seed):
+        for _ in range(max_tries):
+            batch: list[list] = [[] for _ in range(num_clients)]
+            for c in range(k):
+                idx_c = np.where(labels == c)[0]
+                np.random.shuffle(idx_c)
+                q = np.random.dirichlet(np.repeat(alpha, num_clients))
+                q = np.array([p * (len(b) < n / num_clients) for p, b in zip(q, batch)])
+                q = q / q.sum()
+                cuts = (np.cumsum(q) * len(idx_c)).astype(int)[:-1]
+                batch = [b + part.tolist() for b, part in zip(batch, np.split(idx_c, cuts))]
+            if min(len(b) for b in batch) >= min_size:
+                for b in batch:
+                    np.random.shuffle(b)
+                return [np.asarray(b, dtype=np.int64) for b in batch]
+    raise PartitionError(
+        f"unbalanced Dirichlet split (feduv): no draw in {max_tries} tries gave every one "
         f"of {num_clients} clients >= {min_size} samples (alpha={alpha}, {n} samples)"
     )
 
@@ -789,7 +846,8 @@ def partition(
     partitioner: dict | None = None,
 ) -> list[np.ndarray]:
     """Index arrays of ``num_clients`` clients (see the module docstring). ``generator``:
-    ``project`` | ``fedrcl`` | ``fedrcl_labels`` | ``None`` (see :func:`resolve_generator`);
+    ``project`` | ``fedrcl`` | ``fedrcl_labels`` | ``feduv`` | ``None`` (see
+    :func:`resolve_generator`);
     ``num_classes``: the dataset's number of classes (the authors' ``K``; default
     ``max(labels) + 1``).
 
@@ -813,6 +871,8 @@ def partition(
         return load_split_file(path, n, num_clients)
     rng = np.random.default_rng([int(seed), 271828])
     authors = gen in ("fedrcl", "fedrcl_labels")
+    if gen == "feduv" and scheme == "iid":
+        return feduv_iid(n, num_clients, seed)
     if scheme == "iid":
         return authors_iid(n, num_clients, seed) if authors else iid(n, num_clients, rng)
     if scheme == "dirichlet":
@@ -828,6 +888,10 @@ def partition(
         if num_clients * min_size > n:
             raise PartitionError(
                 f"{num_clients} clients x min_size {min_size} exceeds the {n} training samples"
+            )
+        if gen == "feduv":
+            return feduv_dirichlet(
+                labels, num_clients, alpha, min_size, seed, num_classes=num_classes
             )
         if authors:
             return authors_dirichlet_unbalanced(

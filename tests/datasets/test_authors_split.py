@@ -422,7 +422,7 @@ def test_generators_restore_the_global_generators_and_depend_only_on_their_seed(
             "project has no balanced Dirichlet split",
         ),
         ({"scheme": "domain", "generator": "fedrcl"}, "fedrcl has no 'domain' split"),
-        ({"scheme": "iid", "generator": "feduv"}, "must be project, fedrcl or fedrcl_labels"),
+        ({"scheme": "iid", "generator": "nope"}, "must be project, fedrcl, fedrcl_labels"),
     ],
 )
 def test_bad_generator_is_exit_2_one_line(tmp_path, capsys, kw, msg):
