@@ -217,8 +217,11 @@ def timed_process(cmd: list[str], env: dict, watch: LoadWatch) -> dict:
             now = time.perf_counter() - t0
             tail = (tail + [line])[-40:]
             text = line.strip()
-            if text.startswith("round ") and text.endswith("s") and "|" in text:
-                rounds.append((now, float(text.rsplit("|", 1)[1].strip().rstrip("s"))))
+            if text.startswith("round ") and "|" in text:
+                # the round time is the last "| N.NNs" field (an "| ETA ..." may follow it)
+                fields = [f.strip() for f in text.split("|")[1:] if not f.strip().startswith("ETA")]
+                if fields and fields[-1].endswith("s"):
+                    rounds.append((now, float(fields[-1].rstrip("s"))))
         proc.wait()
         wall = time.perf_counter() - t0
     if proc.returncode != 0:
