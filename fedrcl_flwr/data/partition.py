@@ -67,8 +67,11 @@ Not index-identical to any released code: the ``project`` generator; the authors
 Tiny-ImageNet order (their ``TinyImageNet`` lists ``train/`` with ``os.listdir``, an order
 that depends on the file system, and numbers classes in ``wnids.txt`` order; ours sorts
 both), so the same function gives the same index lists that name other images there.
-FedUV's and FPL's splits (UniVarFL / FedCCL) are not reproduced draw for draw (see the
-experiment files).
+FedUV's split is not reproduced draw for draw here (see the experiment files). FPL's
+(RethinkFL's) domain-skew splits are: ``scheme: domain`` with ``generator:
+rethinkfl_digits | rethinkfl_office`` and ``domain_fraction`` (their ``percent``), see
+:mod:`fedrcl_flwr.data.rethinkfl`; not disjoint for Office-Caltech (their class swap may
+give a client a sample another client holds).
 
 Impossible requests fail at once with a :class:`PartitionError` naming the numbers.
 """
@@ -81,7 +84,7 @@ import numpy as np
 import torch
 
 from fedrcl_flwr.config import ConfigError
-from fedrcl_flwr.config.catalog import GENERATORS, SCHEME_NAMES
+from fedrcl_flwr.config.catalog import GENERATORS, RETHINKFL_GENERATORS, SCHEME_NAMES
 
 
 class PartitionError(ConfigError):
@@ -744,6 +747,13 @@ def resolve_generator(scheme: str, balanced: bool, generator: str | None) -> str
         return generator or "fedrcl"
     if scheme == "file":
         return "project"
+    if scheme == "domain" and generator in RETHINKFL_GENERATORS:
+        return generator
+    if generator in RETHINKFL_GENERATORS:
+        raise PartitionError(
+            f"partition.generator {generator} is RethinkFL's domain-skew split: "
+            "it needs partition.scheme domain"
+        )
     if scheme == "domain" and generator not in (None, "project"):
         raise PartitionError(
             f"partition.generator {generator} has no '{scheme}' split "
@@ -768,11 +778,13 @@ def partition(
     path: str | None = None,
     generator: str | None = None,
     num_classes: int | None = None,
+    domain_fraction=None,
 ) -> list[np.ndarray]:
     """Index arrays of ``num_clients`` clients (see the module docstring). ``generator``:
     ``project`` | ``fedrcl`` | ``fedrcl_labels`` | ``None`` (see :func:`resolve_generator`);
     ``num_classes``: the dataset's number of classes (the authors' ``K``; default
-    ``max(labels) + 1``).
+    ``max(labels) + 1``); ``domain_fraction``: ``rethinkfl_*`` only, their ``percent``
+    (:mod:`fedrcl_flwr.data.rethinkfl`).
 
     Long on purpose: one flat dispatch over the schemes, each branch the checks its
     builder needs and one call (a table of builders would hide which checks go with which
@@ -829,6 +841,15 @@ def partition(
         domains = np.asarray(domains)
         if len(domains) != n:
             raise PartitionError(f"domain split: {len(domains)} domain ids for {n} samples")
+        if gen in RETHINKFL_GENERATORS:
+            from fedrcl_flwr.data.rethinkfl import rethinkfl_domain_split
+
+            try:
+                return rethinkfl_domain_split(
+                    labels, domains, num_clients, int(seed), gen, domain_fraction
+                )
+            except ValueError as exc:
+                raise PartitionError(f"{gen} split: {exc}") from None
         return by_domain(
             labels,
             domains,
