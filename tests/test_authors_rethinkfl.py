@@ -520,3 +520,45 @@ def test_resnet10_bn_shapes_and_width():
     assert sum(p.numel() for p in full.parameters()) == 4_903_242
     n_bn = sum(isinstance(x, nn.BatchNorm2d) for x in full.modules())
     assert n_bn == 1 + 4 * 2 + 3  # stem, two per block, three shortcuts
+
+
+# ------------------------------------------------------------- FPL's prototype source
+
+
+def test_fpl_last_epoch_prototypes_are_the_last_epochs_features(tiny, tmp_path, monkeypatch):
+    """proto_source last_epoch: the class means come from exactly one pass (the last of
+    two local epochs) over the client's training samples, training-mode features of the
+    augmented batches; after_training embeds the data once in eval mode."""
+    import clients.fedproto as fedproto
+    import clients.fpl as fpl
+    from fedrcl_flwr.app.inprocess import run_inprocess
+
+    seen: dict = {"last_epoch": [], "after_training": []}
+
+    def spy(key, real):
+        def f(feats, labels, **kw):
+            seen[key].append((np.asarray(feats).copy(), np.asarray(labels).copy()))
+            return real(feats, labels, **kw)
+
+        return f
+
+    monkeypatch.setattr(fpl, "class_cluster_signals", spy("last_epoch", fpl.class_cluster_signals))
+    monkeypatch.setattr(
+        fedproto, "class_cluster_signals", spy("after_training", fedproto.class_cluster_signals)
+    )
+    for source in ("last_epoch", "after_training"):
+        cfg = tiny(
+            federation={"rounds": 1, "clients_per_round": 2},
+            client={
+                "method": "fpl",
+                "local_epochs": 2,
+                "params": {"mean_over": "batch", "proto_source": source, "tau": 0.02},
+            },
+        )
+        run_inprocess(cfg, tmp_path / source)
+    assert len(seen["last_epoch"]) == 2 and len(seen["after_training"]) == 2
+    for (fa, la), (fb, lb) in zip(seen["last_epoch"], seen["after_training"]):
+        # one epoch's samples: the client's labels, each once
+        assert sorted(la.tolist()) == sorted(lb.tolist())
+        assert fa.shape == fb.shape
+        assert not np.allclose(np.sort(fa, axis=0), np.sort(fb, axis=0))
