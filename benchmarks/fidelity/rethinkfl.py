@@ -195,7 +195,9 @@ def run_theirs(authors: Path, data: Path, method: str, seed: int, a) -> list:
     )
     accs = [float(v) for v in re.findall(r"Communcation Accuracy: ([0-9.]+)", res.stdout)]
     if res.returncode or len(accs) != a.rounds:
-        sys.exit(f"their run failed (rc {res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+        sys.exit(
+            f"their run failed (rc {res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+        )
     return accs
 
 
@@ -325,9 +327,12 @@ def main(argv=None) -> int:
                 )
     if a.json:
         a.json.write_text(json.dumps(curves, indent=1))
-    print(f"\n| method | metric | ours | theirs | difference [Welch 95 %] |\n|---|---|---|---|---|")
+    print("\n| method | metric | ours | theirs | difference [Welch 95 %] |\n|---|---|---|---|---|")
     for method in a.methods:
-        for metric, f in (("last round", lambda c: c[-1]), (f"mean last {a.last}", lambda c: float(np.mean(c[-a.last :])))):
+        for metric, f in (
+            ("last round", lambda c: c[-1]),
+            (f"mean last {a.last}", lambda c: float(np.mean(c[-a.last :]))),
+        ):
             o = [f(curves[f"ours/{method}/{s}"]) for s in a.seeds]
             t = [f(curves[f"theirs/{method}/{s}"]) for s in a.seeds]
             d, lo, hi = welch(o, t)
