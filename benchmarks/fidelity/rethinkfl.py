@@ -303,17 +303,22 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--last", type=int, default=3, help="rounds averaged in the last column")
     p.add_argument("--work", type=Path, default=None)
-    p.add_argument("--json", type=Path, default=None, help="write every curve here")
+    p.add_argument(
+        "--json", type=Path, default=None, help="every curve (kept: a rerun adds only new runs)"
+    )
     a = p.parse_args(argv)
     work = a.work or Path(tempfile.mkdtemp(prefix="rethinkfl_side_"))
     data = work / "data"
     if not data.exists():
         data.mkdir(parents=True)
         print("files:", write_files(data), flush=True)
-    curves: dict = {}
+    # --json FILE that exists: its curves are kept and those runs not repeated (add seeds)
+    curves: dict = json.loads(a.json.read_text()) if a.json and a.json.exists() else {}
     for method in a.methods:
         for seed in a.seeds:
             for side in ("ours", "theirs"):
+                if f"{side}/{method}/{seed}" in curves:
+                    continue
                 t0 = time.time()
                 if side == "ours":
                     acc = run_ours(data, method, seed, a, work)
@@ -325,8 +330,8 @@ def main(argv=None) -> int:
                     f"curve {[round(v, 1) for v in acc]}  ({time.time() - t0:.0f} s)",
                     flush=True,
                 )
-    if a.json:
-        a.json.write_text(json.dumps(curves, indent=1))
+                if a.json:
+                    a.json.write_text(json.dumps(curves, indent=1))
     print("\n| method | metric | ours | theirs | difference [Welch 95 %] |\n|---|---|---|---|---|")
     for method in a.methods:
         for metric, f in (
