@@ -14,8 +14,12 @@ Flower runtime, torch's default threads: the "bare loop" a user would write).
 
 A run's *steady* round is the mean interval between the ``wall_time_s`` of its records
 from round 3 on (round 2 on for runs of 3-4 rounds): round 1 pays Ray's actor start.
-Its *start-up* is process start to round 1's start. One line per (regime, rounds) ends in
-``steady sim/bare = X.XX``; the quickstart's lines also give the whole-run ratio.
+Its *start-up* is process start to round 1's start. One line per (regime, rounds,
+transport) ends in ``steady sim/bare = X.XX``; the quickstart's lines also give the
+whole-run ratio. ``--transport shared|flower|both`` (default both): the Flower run's
+``simulation.transport`` (issue 30: weights by reference to the run's store, or inside
+Flower's messages); both are compared with the same in-process run (its weights through
+the codec, as before). A summary table ends the output.
 
 The Flower run is timed in its real path (``FEDRCL_TIMERS``, :mod:`fedrcl_flwr.run.timers`):
 the table below each regime splits an actor's time per client message into Ray
@@ -31,6 +35,7 @@ called met only when that CPU stayed under ``--quiet-cores`` (0.10 cores); other
 verdict is "not judged (busy machine)".
 
     python benchmarks/bench_regimes.py --regime all --rounds 10 --floor
+    python benchmarks/bench_regimes.py --regime big --rounds 6 --repeat 3 --transport both
     python benchmarks/bench_regimes.py --regime quickstart --rounds 20 5
 """
 
@@ -90,8 +95,8 @@ REGIMES = {
             "client.local_epochs=1",
         ],
         [10],
-        steady_goal=0.60,
-        overhead_goal_ms=25.0,
+        steady_goal=0.80,
+        overhead_goal_ms=15.0,
     ),
 }
 
@@ -242,19 +247,54 @@ def steady_round(out_dir: Path) -> float:
     return (float(b["wall_time_s"]) - float(a["wall_time_s"])) / (b["round"] - a["round"])
 
 
-def measure(
+def measure_bare(
     regime: Regime, rounds: int, exp: Path, env: dict, work: Path, marker: str, extra: list[str]
-) -> tuple[dict, dict, Path]:
+) -> dict:
+    """The in-process runner (its weights through the codec, as before issue 30:
+    ``simulation.transport=flower``; the baseline does not move with the transport)."""
     sets = [f"federation.rounds={rounds}", "output.checkpoint_every=0", *regime.sets, *extra]
-    out_a, out_b = work / f"{regime.name}-{rounds}-bare", work / f"{regime.name}-{rounds}-sim"
-    timer_dir = work / f"{regime.name}-{rounds}-timers"
-    for d in (out_a, out_b, timer_dir):
-        shutil.rmtree(d, ignore_errors=True)
-    timer_dir.mkdir(parents=True)
+    out_a = work / f"{regime.name}-{rounds}-bare"
+    shutil.rmtree(out_a, ignore_errors=True)
     bare = timed_process(
-        [sys.executable, "-c", INPROCESS, str(exp), str(out_a), *sets], env, LoadWatch(marker)
+        [
+            sys.executable,
+            "-c",
+            INPROCESS,
+            str(exp),
+            str(out_a),
+            *sets,
+            "simulation.transport=flower",
+        ],
+        env,
+        LoadWatch(marker),
     )
     bare["steady"] = steady_round(out_a)
+    return bare
+
+
+def measure_sim(
+    regime: Regime,
+    rounds: int,
+    exp: Path,
+    env: dict,
+    work: Path,
+    marker: str,
+    extra: list[str],
+    transport: str,
+) -> tuple[dict, Path]:
+    """``fedrcl-flwr run`` with ``simulation.transport=transport`` (its stage timers on)."""
+    sets = [
+        f"federation.rounds={rounds}",
+        "output.checkpoint_every=0",
+        *regime.sets,
+        *extra,
+        f"simulation.transport={transport}",
+    ]
+    out_b = work / f"{regime.name}-{rounds}-sim-{transport}"
+    timer_dir = work / f"{regime.name}-{rounds}-timers-{transport}"
+    for d in (out_b, timer_dir):
+        shutil.rmtree(d, ignore_errors=True)
+    timer_dir.mkdir(parents=True)
     cli = [sys.executable, "-m", "fedrcl_flwr.cli", "run", str(exp), "--out", str(out_b)]
     for s in sets:
         cli += ["--set", s]
@@ -264,7 +304,7 @@ def measure(
     sim["marks"] = startup_marks(server, sim["t_launch"])
     if "round1" in sim["marks"]:  # precise: the ServerApp's own clock at round 1's start
         sim["startup"] = sim["marks"]["round1"] - sim["t_launch"]
-    return bare, sim, timer_dir
+    return sim, timer_dir
 
 
 # the start-up, process launch to round 1, in segments: (label, from mark, to mark)
@@ -518,7 +558,8 @@ def measure_floor(
     with ``nodes`` SuperNodes (one CPU per client) whose messages carry ``payload`` bytes
     there and back (the model's size: Flower's own cost of moving it); times from the
     SuperLink's launch."""
-    from fedrcl_flwr.runner import free_port, teardown
+    from fedrcl_flwr.run.processes import teardown
+    from fedrcl_flwr.runner import free_port
 
     app = work / "floor-app"
     app.mkdir(parents=True, exist_ok=True)
@@ -698,6 +739,14 @@ def main() -> int:
         "every process; figures only (its runs have no stage timers)",
     )
     ap.add_argument("--keep", metavar="DIR", help="keep the runs' directories here")
+    ap.add_argument(
+        "--transport",
+        choices=["shared", "flower", "both"],
+        default="both",
+        help="simulation.transport of the Flower runs (issue 30): weights by reference "
+        "(shared), inside Flower's messages (flower) or each (both; the same in-process "
+        "baseline for both)",
+    )
     args = ap.parse_args()
     global CODE
     if args.code:
@@ -733,15 +782,17 @@ def main() -> int:
         f"code: {CODE}"
     )
     failed = False
+    table: list[tuple] = []
     try:
         for name in names:
             regime = REGIMES[name]
             failed |= not run_regime(
-                regime, args.rounds or regime.rounds, exp, env, work, marker, args
+                regime, args.rounds or regime.rounds, exp, env, work, marker, args, table
             )
     except KeyboardInterrupt:
         failed = True
     finally:
+        print_table(table, args.repeat)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(private_tmp, ignore_errors=True)
@@ -749,7 +800,14 @@ def main() -> int:
 
 
 def run_regime(
-    regime: Regime, rounds_list: list[int], exp: Path, env: dict, work: Path, marker: str, args
+    regime: Regime,
+    rounds_list: list[int],
+    exp: Path,
+    env: dict,
+    work: Path,
+    marker: str,
+    args,
+    table: list,
 ) -> bool:
     base = ["output.checkpoint_every=0", *regime.sets, *args.set]
     t0 = time.perf_counter()
@@ -777,68 +835,121 @@ def run_regime(
         f"process incl. imports); --set {' '.join(regime.sets) or '(none)'}"
     )
     ok = True
+    transports = ["shared", "flower"] if args.transport == "both" else [args.transport]
     for rounds in rounds_list:
-        trials = []
+        trials: dict = {t: [] for t in transports}
         for i in range(max(1, args.repeat)):
-            bare, sim, timer_dir = measure(regime, rounds, exp, env, work, marker, args.set)
-            kept = timer_dir.with_name(f"{timer_dir.name}-{i}")
-            shutil.rmtree(kept, ignore_errors=True)
-            timer_dir.rename(kept)  # the next trial writes its own
-            ratio = sim["steady"] / bare["steady"] if bare.get("steady") else float("nan")
-            trials.append((ratio, bare, sim, kept))
-        trials.sort(key=lambda t: (t[0] != t[0], t[0]))
-        _, bare, sim, timer_dir = trials[(len(trials) - 1) // 2]
-        if len(trials) > 1:
-            print(
-                f"  {len(trials)} trials, steady sim/bare: "
-                + ", ".join(f"{t[0]:.2f}" for t in trials)
-                + " (median reported)"
-            )
-        print(describe("in-process", bare))
-        print(describe("fedrcl-flwr run", sim))
-        if bare["rc"] or sim["rc"] or not bare["rounds"] or not sim["rounds"]:
-            ok = False
-            continue
-        quiet = max(bare["others"], sim["others"]) < args.quiet_cores
-        b = breakdown(timer_dir, first_round=3 if rounds >= 5 else 2)
-        if b is not None:
-            over = print_breakdown(b, sim["steady"])
-            if regime.overhead_goal_ms is not None:
-                print(
-                    f"  per-client overhead {over:.1f} ms"
-                    f"{verdict(over, regime.overhead_goal_ms, quiet)}"
-                )
-        if args.floor:
-            floor = measure_floor_for(regime, rounds, env, work, marker, exp, args.set)
-            if floor.get("ok"):
-                extra = sim["startup"] - floor["startup"]
-                print(
-                    f"  Flower's floor (no-op apps, {floor['nodes']} SuperNodes, "
-                    f"{floor['per_round']} messages per round each carrying the model's "
-                    f"{floor['payload'] / 2**20:.1f} MiB there and back): start-up "
-                    f"{floor['startup']:.1f} s, round 1 {floor['round1']:.2f} s, no-op "
-                    f"round {floor['noop_round']:.3f} s  [{floor['load']}]"
-                )
-                print_startup(sim.get("marks", {}), floor["marks"])
-                q = quiet and floor["others"] < args.quiet_cores
-                print(f"  start-up = Flower's floor + {extra:.1f} s{verdict(extra, 3.0, q)}")
-            else:
-                print(f"  Flower's floor: FAILED [{floor.get('load', '')}]")
-                ok = False
-        ratio = sim["steady"] / bare["steady"]
-        whole = sim["wall"] / bare["wall"]
-        head = f"{regime.name}, {rounds} rounds [{'quiet' if quiet else 'BUSY'} machine]: "
-        parts = [
-            f"steady sim {sim['steady']:.3f} s vs bare {bare['steady']:.3f} s/round"
-            f"{verdict(ratio, regime.steady_goal, quiet)}"
-        ]
-        if regime.whole_goals or rounds in regime.whole_goals:
-            parts.append(
-                f"whole run sim/bare = {whole:.2f}"
-                f"{verdict(whole, regime.whole_goals.get(rounds), quiet)}"
-            )
-        print(head + "; ".join(parts) + f"; steady sim/bare = {ratio:.2f}", flush=True)
+            bare = measure_bare(regime, rounds, exp, env, work, marker, args.set)
+            for t in transports:
+                sim, timer_dir = measure_sim(regime, rounds, exp, env, work, marker, args.set, t)
+                kept = timer_dir.with_name(f"{timer_dir.name}-{i}")
+                shutil.rmtree(kept, ignore_errors=True)
+                timer_dir.rename(kept)  # the next trial writes its own
+                ratio = sim["steady"] / bare["steady"] if bare.get("steady") else float("nan")
+                trials[t].append((ratio, bare, sim, kept))
+        for t in transports:
+            ok &= report(regime, rounds, t, trials[t], env, work, marker, exp, args, table)
     return ok
+
+
+def report(regime, rounds, transport, trials, env, work, marker, exp, args, table) -> bool:
+    """The lines of one (regime, rounds, transport): the median trial's runs, the
+    per-client breakdown, Flower's floor (``--floor``), and the line ending in
+    ``steady sim/bare = X.XX``."""
+    ok = True
+    trials.sort(key=lambda t: (t[0] != t[0], t[0]))
+    _, bare, sim, timer_dir = trials[(len(trials) - 1) // 2]
+    if len(trials) > 1:
+        print(
+            f"  {len(trials)} trials, transport {transport}, steady sim/bare: "
+            + ", ".join(f"{t[0]:.2f}" for t in trials)
+            + " (median reported)"
+        )
+    print(describe("in-process", bare))
+    print(describe(f"run ({transport})", sim))
+    if bare["rc"] or sim["rc"] or not bare["rounds"] or not sim["rounds"]:
+        table.append((regime.name, rounds, transport, None, None, None, "FAILED", trials))
+        return False
+    quiet = max(bare["others"], sim["others"]) < args.quiet_cores
+    b = breakdown(timer_dir, first_round=3 if rounds >= 5 else 2)
+    over = None
+    if b is not None:
+        over = print_breakdown(b, sim["steady"])
+        if regime.overhead_goal_ms is not None:
+            print(
+                f"  per-client overhead {over:.1f} ms"
+                f"{verdict(over, regime.overhead_goal_ms, quiet)}"
+            )
+    if args.floor:
+        floor = measure_floor_for(regime, rounds, env, work, marker, exp, args.set)
+        if floor.get("ok"):
+            extra = sim["startup"] - floor["startup"]
+            print(
+                f"  Flower's floor (no-op apps, {floor['nodes']} SuperNodes, "
+                f"{floor['per_round']} messages per round each carrying the model's "
+                f"{floor['payload'] / 2**20:.1f} MiB there and back): start-up "
+                f"{floor['startup']:.1f} s, round 1 {floor['round1']:.2f} s, no-op "
+                f"round {floor['noop_round']:.3f} s  [{floor['load']}]"
+            )
+            print_startup(sim.get("marks", {}), floor["marks"])
+            q = quiet and floor["others"] < args.quiet_cores
+            print(f"  start-up = Flower's floor + {extra:.1f} s{verdict(extra, 3.0, q)}")
+        else:
+            print(f"  Flower's floor: FAILED [{floor.get('load', '')}]")
+            ok = False
+    ratio = sim["steady"] / bare["steady"]
+    whole = sim["wall"] / bare["wall"]
+    head = (
+        f"{regime.name}, {rounds} rounds, transport {transport} "
+        f"[{'quiet' if quiet else 'BUSY'} machine]: "
+    )
+    parts = [
+        f"steady sim {sim['steady']:.3f} s vs bare {bare['steady']:.3f} s/round"
+        f"{verdict(ratio, regime.steady_goal, quiet)}"
+    ]
+    if regime.whole_goals or rounds in regime.whole_goals:
+        parts.append(
+            f"whole run sim/bare = {whole:.2f}"
+            f"{verdict(whole, regime.whole_goals.get(rounds), quiet)}"
+        )
+    print(head + "; ".join(parts) + f"; steady sim/bare = {ratio:.2f}", flush=True)
+    goal = regime.steady_goal if regime.steady_goal is not None else regime.whole_goals.get(rounds)
+    judged = ratio if regime.steady_goal is not None else whole
+    table.append(
+        (
+            regime.name,
+            rounds,
+            transport,
+            sim["steady"],
+            bare["steady"],
+            (ratio, whole, over),
+            verdict(judged, goal, quiet).strip(" ()") or "-",
+            trials,
+        )
+    )
+    return ok
+
+
+def print_table(table: list, repeat: int) -> None:
+    """One row per (regime, rounds, transport): the median trial's figures."""
+    if not table:
+        return
+    print(f"\nsummary (median of {max(1, repeat)} trial(s) each; steady = s/round from round 3):")
+    print(
+        f"  {'regime':<11}{'rounds':>6}  {'transport':<9}{'sim s/r':>9}{'bare s/r':>9}"
+        f"{'steady':>8}{'whole':>7}{'ovh ms':>8}  trials (steady sim/bare)  goal"
+    )
+    for name, rounds, transport, sim_s, bare_s, ratios, goal, trials in table:
+        if ratios is None:
+            print(f"  {name:<11}{rounds:>6}  {transport:<9}  FAILED")
+            continue
+        ratio, whole, over = ratios
+        ovh = f"{over:8.1f}" if over is not None else f"{'-':>8}"
+        tr = ", ".join(f"{t[0]:.2f}" for t in trials)
+        print(
+            f"  {name:<11}{rounds:>6}  {transport:<9}{sim_s:9.3f}{bare_s:9.3f}"
+            f"{ratio:8.2f}{whole:7.2f}{ovh}  {tr:<24}  {goal}"
+        )
 
 
 def measure_floor_for(

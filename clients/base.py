@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,7 +45,8 @@ from flwr.common import (
 
 from fedrcl_flwr import client_eval
 from fedrcl_flwr.accel import use_channels_last
-from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
+from fedrcl_flwr.app import transport
+from fedrcl_flwr.codec import TENSOR_TYPE, encode_arrays
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.config import ExperimentConfig
 from fedrcl_flwr.protocol import (
@@ -59,11 +60,10 @@ from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.run.run_files import CLIENT_STATE_DIR
 from fedrcl_flwr.signals import SignalSet, decode_signals, encode_signals
 from fedrcl_flwr.training import (
-    LocalTrainSettings,
     LossTerm,
     batch_size_for,
     cross_entropy_term,
-    round_lr,
+    local_train_settings,
     train_local,
 )
 from strategies import strategy_class
@@ -91,7 +91,10 @@ class WireClient(Client):
     to_client` returns: what Flower's ``NumPyClient`` wrapper does, with the weights in
     and out through :mod:`fedrcl_flwr.codec` (the same ``.npy`` bytes, three copies of
     the model fewer per message; the received weights are read-only views of the
-    message). Both runners hand every fit to it, the ClientApp and the in-process one."""
+    message), or by reference to the run's weight store (``simulation.transport:
+    shared``: :mod:`fedrcl_flwr.app.transport`; the upload goes back the way the
+    instructions came). Both runners hand every fit to it, the ClientApp and the
+    in-process one."""
 
     def __init__(self, numpy_client: FederatedClient):
         self.numpy_client = numpy_client
@@ -108,7 +111,7 @@ class WireClient(Client):
         )
 
     def fit(self, ins: FitIns) -> FitRes:
-        out = self.numpy_client.fit(decode_arrays(ins.parameters.tensors), ins.config)
+        out = self.numpy_client.fit(transport.arrays_of(ins.parameters, reuse=True), ins.config)
         if not (
             len(out) == 3
             and isinstance(out[0], list)
@@ -121,13 +124,15 @@ class WireClient(Client):
         weights, num_examples, metrics = out
         return FitRes(
             status=self._ok(),
-            parameters=Parameters(tensors=encode_arrays(weights), tensor_type=TENSOR_TYPE),
+            parameters=transport.reply(weights, ins.parameters),
             num_examples=num_examples,
             metrics=metrics,
         )
 
     def evaluate(self, ins: EvaluateIns) -> EvaluateRes:
-        out = self.numpy_client.evaluate(decode_arrays(ins.parameters.tensors), ins.config)
+        out = self.numpy_client.evaluate(
+            transport.arrays_of(ins.parameters, reuse=True), ins.config
+        )
         if not (
             len(out) == 3
             and isinstance(out[0], float)
@@ -385,21 +390,8 @@ class FederatedClient(NumPyClient):
         channels_last = use_channels_last(c.channels_last, self.device, model)
         if channels_last:  # the pooled model keeps it; set_weights preserves the layout
             model.to(memory_format=torch.channels_last)
-        settings = LocalTrainSettings(
-            lr=ins.lr if ins.lr is not None else round_lr(c.lr, c.lr_decay, self.run_round),
-            epochs=c.local_epochs,
-            momentum=c.momentum,
-            weight_decay=c.weight_decay,
-            grad_clip=c.grad_clip,
-            iterations_per_epoch=c.iterations_per_epoch,
-            optimizer=c.optimizer,
-            nesterov=c.nesterov,
-            betas=tuple(c.betas),
-            eps=c.eps,
-            # a str once loaded: the schema maps YAML's bare `off` (False) to "off"
-            epoch_lr_decay=c.epoch_lr_decay,
-            amp=cast(str, c.amp),
-            channels_last=channels_last,
+        settings = local_train_settings(
+            c, self.run_round, rounds=self.cfg.federation.rounds, channels_last=channels_last
         )
         terms = self.loss_terms() + self.strategy_terms(ins)
         with timers.stage("train"):

@@ -33,7 +33,7 @@ from __future__ import annotations
 from clients import CLIENTS
 from clients.base import FederatedClient
 from fedrcl_flwr.components import resolve_branches
-from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.models.interface import has_blocks
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 

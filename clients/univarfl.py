@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from clients import CLIENTS
 from clients.base import FederatedClient
-from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedrcl_flwr.config import ConfigError
+from fedrcl_flwr.errors import ConfigError
 
 AMP_MODES = ("off", "bf16", "fp16")
 _AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -5,7 +5,7 @@ lives on) and where a method needs a *second* view of a batch (self-supervised c
 without going back to the dataset.
 
 Each transform is split into its draws and its application, so that for given draws the
-result is that of torchvision's transform on the PIL image (tests/test_input_pipeline.py):
+result is that of torchvision's transform on the PIL image (tests/datasets/test_input_pipeline.py):
 
 * :func:`rotate` = ``torchvision.transforms.functional.rotate(img, angle)`` with
   ``RandomRotation``'s defaults (nearest neighbour, no expand, centre, fill 0), i.e.

@@ -2,7 +2,8 @@
 
 Exit codes: 0 success, 2 bad input (configuration, data, command line, output directory in
 use or holding an earlier run; one line, nothing written), 1 failed run (one line; details
-in the run's ``run.log``), 130 interrupted. See README "Exit codes and failure behaviour".
+in the run's ``run.log``), 130 interrupted, 141 the reader of the output went away
+(``report ... | head``: nothing more is printed, no traceback). See README "Exit codes and failure behaviour".
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from fedrcl_flwr.config import ConfigError, ExperimentConfig
+from fedrcl_flwr.config import ExperimentConfig
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.run.preflight import (  # noqa: F401 - the checks' one home, re-exported
     check_output_dir,
     check_output_file,
@@ -136,7 +138,8 @@ def cmd_run(args) -> int:
     run (:func:`fedrcl_flwr.run.preflight.before_run`), the run directory claimed, the
     simulation, one line of result."""
     from fedrcl_flwr.run.preflight import before_run
-    from fedrcl_flwr.runner import OutputLock, RunFailed
+    from fedrcl_flwr.run.processes import OutputLock
+    from fedrcl_flwr.runner import RunFailed
 
     cfg, out_dir = _run_config(args)
     source = args.resume or args.experiment
@@ -237,22 +240,30 @@ def cmd_report(args) -> int:
     """``report DIR...``: mean +- std per method and setting (fedrcl_flwr.report.tables)."""
     from fedrcl_flwr.report.tables import report
 
-    print(report(args.dirs, args.format, args.metric, args.vs), end="")
+    notes: list = []
+    print(report(args.dirs, args.format, args.metric, args.vs, notes), end="")
     if args.format == "markdown":
         print()
+    for line in notes:  # beside a csv / latex table, not inside it
+        print(f"fedrcl-flwr: {line}", file=sys.stderr)
     return 0
 
 
 def cmd_plot(args) -> int:
     """``plot DIR...``: accuracy curves per method (mean +- std over seeds), per setting."""
-    from fedrcl_flwr.report.tables import client_plot_files, plot_files, plot_groups
+    from fedrcl_flwr.report.tables import (
+        client_plot_files,
+        default_plot_out,
+        plot_files,
+        plot_groups,
+    )
 
-    if not args.out.strip():
+    if args.out is not None and not args.out.strip():
         raise ConfigError("--out must be a file stem, got an empty string")
-    out = Path(args.out)
+    out = Path(args.out) if args.out is not None else default_plot_out(args.dirs)
     for path in plot_files(out) + client_plot_files(out):  # checked before any run is read
         check_output_file(path, "--out", create_parent=True)
-    for path in plot_groups(args.dirs, Path(args.out)):
+    for path in plot_groups(args.dirs, out):
         print(f"written {path}")
     return 0
 
@@ -323,6 +334,8 @@ def partition_title(cfg) -> str:
     what += {
         "dirichlet": f" α={p.alpha:g}" + ("" if p.balanced else ", unbalanced"),
         "shards": f" γ={p.shards_per_client}",
+        "pathological": f" k={p.classes_per_client}",
+        "flwr_datasets": f" {(p.partitioner or {}).get('name', '')}",
         "domain": "" if p.balanced else f", imbalanced α={p.alpha:g}",
         "file": f" {Path(str(p.path)).name}",
     }.get(p.scheme, "")
@@ -331,7 +344,7 @@ def partition_title(cfg) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: every subcommand and flag, declared in one place
-    (``tests/test_docs.py`` walks it against docs/cli.md). Long because it is a list of
+    (``tests/project/test_docs.py`` walks it against docs/cli.md). Long because it is a list of
     ``add_argument`` calls, one per flag; the commands themselves are the ``cmd_*``
     functions."""
     from fedrcl_flwr.config.catalog import METRIC_NAMES
@@ -386,8 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
     pl.add_argument(
         "--out",
-        default="accuracy_curves",
-        help="output file stem (FILE.png and FILE.pdf are written)",
+        default=None,
+        help="output file stem (FILE.png and FILE.pdf are written; default: beside the "
+        "directory, DIR_curves, or accuracy_curves beside several)",
     )
     pl.set_defaults(func=cmd_plot)
     sw = sub.add_parser("sweep", help="run a sweep file (settings x methods x seeds)")
@@ -431,6 +445,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+PIPE_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered for a closed pipe is dropped
+    instead of raising again when it is flushed."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file behind stdout (tests)
+        pass
+
+
 def _terminate(signum, frame):  # SIGTERM: unwind so every started process is stopped
     raise KeyboardInterrupt
 
@@ -451,16 +479,44 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fedrcl-flwr: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # an internal error: one line, the traceback with --verbose
-        if args.verbose:
-            raise
-        one = " ".join(str(exc).split())[:500]
-        print(
-            f"fedrcl-flwr: internal error: {type(exc).__name__}: {one} (run again with "
-            "--verbose for the traceback)",
-            file=sys.stderr,
-        )
+    except BrokenPipeError:  # the reader of our output went away (`report ... | head`)
+        _drop_stdout()
+        return PIPE_CLOSED
+    except OSError as exc:
+        line = _write_failure(exc)
+        if line is None:
+            return _internal_error(exc, args.verbose)
+        print(f"fedrcl-flwr: run failed: {line}", file=sys.stderr)
         return 1
+    except Exception as exc:  # an internal error: one line, the traceback with --verbose
+        return _internal_error(exc, args.verbose)
+
+
+def _internal_error(exc: Exception, verbose: bool) -> int:
+    if verbose:
+        raise exc
+    one = " ".join(str(exc).split())[:500]
+    print(
+        f"fedrcl-flwr: internal error: {type(exc).__name__}: {one} (run again with "
+        "--verbose for the traceback)",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _write_failure(exc: OSError) -> str | None:
+    """The one line for a file the command could not write (a run file, or a full /
+    read-only file system anywhere), else ``None`` (an internal error)."""
+    import errno
+
+    from fedrcl_flwr.run.run_files import RunFileError
+
+    if isinstance(exc, RunFileError):
+        return " ".join(str(exc).split())
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        where = f" {exc.filename}" if exc.filename else ""
+        return f"cannot write{where}: {exc.strerror or exc} (free space there, then run again)"
+    return None
 
 
 def entry_point() -> None:
@@ -472,7 +528,9 @@ def entry_point() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more to say
+        except BrokenPipeError:  # the output's reader went away before the last of it
+            rc = PIPE_CLOSED if stream is sys.stdout and not rc else rc
+        except (OSError, ValueError):  # nothing more to say
             pass
     os._exit(int(rc or 0))
 

@@ -6,10 +6,18 @@ per partition) are ``EvaluateInstructions`` / ``EvaluateReport`` of
 Every ``every`` rounds (and at the last round) the server asks clients, through Flower's
 federated evaluation (``Strategy.configure_evaluate`` -> ``NumPyClient.evaluate`` ->
 ``Strategy.aggregate_evaluate``), to evaluate the round's global model on their *local
-test data*; the same path serves simulation and real devices. Which clients: the round's
-sampled clients (all of them, also those that dropped out under
-``federation.availability``: the evaluated set does not depend on availability), or every
-client with ``clients: all`` (each node then evaluates a share of the partitions).
+test data*; the same path serves simulation and real devices. Which clients
+(``clients``):
+
+* ``sampled`` (default): the round's sampled clients (all of them, also those that
+  dropped out under ``federation.availability``: the evaluated set does not depend on
+  availability). The model was just averaged from their updates, so this measures how
+  well it serves the clients that shaped it last: an optimistic (biased) estimate of a
+  client's accuracy.
+* ``unsampled``: as many clients as a round samples, drawn from those *not* sampled in
+  the round (:func:`unsampled_partitions`): clients the round's model did not just learn
+  from, an unbiased estimate of the accuracy a client not in the round gets.
+* ``all``: every client (each node then evaluates a share of the partitions).
 
 Local test data (``local_test``):
 
@@ -37,7 +45,10 @@ data and k = ceil(n / 10): ``client_acc_mean`` = mean a_i (every client weighs t
 ``client_acc_std`` = population std (ddof 0), ``client_acc_worst10`` = mean of a_1..a_k,
 ``client_acc_best10`` = mean of a_{n-k+1}..a_n; also ``client_acc_n`` (= n),
 ``client_loss_mean``, ``client_eval_failures`` and ``client_accuracy`` ({partition id:
-accuracy}, for the distribution figure of ``fedrcl-flwr plot``).
+accuracy}, for the distribution figure of ``fedrcl-flwr plot``). Evaluated clients too
+small for a held-out share (0 test samples) are counted as ``client_eval_no_test`` (the
+key is absent when there are none); the run says so before it starts, and refuses to
+start when no client holds a share (:func:`check_test_shares`).
 """
 
 from __future__ import annotations
@@ -47,58 +58,30 @@ import math
 import numpy as np
 
 from fedrcl_flwr.config.catalog import CLIENT_STAT_KEYS as STAT_KEYS
+from fedrcl_flwr.config.sections import test_source
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.protocol import decode_client_eval, encode_client_eval
 
 HOLDOUT_SALT = 0x7E57
 FINETUNE_SALT = 0xF1E7
+UNSAMPLED_SALT = 0x0E5A
 
 
-def _cfg_error(source: str, msg: str):
-    from fedrcl_flwr.config import ConfigError
-
-    return ConfigError(f"{source}: {msg}")
-
-
-def check_config(cfg, source: str) -> None:
-    """``evaluation.per_client`` consistent with the rest of the experiment (one
-    ``ConfigError`` naming the key and ``source``; each key's own range is a rule in
-    ``fedrcl_flwr.config.CONFIG_RULES``)."""
-    pc = cfg.evaluation.per_client
-    key = "evaluation.per_client"
-    if not pc.every:
-        return
-    every = cfg.federation.eval_every
-    if pc.every % every:
-        raise _cfg_error(
-            source,
-            f"'{key}.every' ({pc.every}) must be a multiple of "
-            f"'federation.eval_every' ({every}): client metrics go "
-            "into the evaluated rounds' records",
-        )
-    if pc.local_test == "domain" and cfg.partition.scheme != "domain":
-        raise _cfg_error(
-            source,
-            f"'{key}.local_test' domain needs partition.scheme domain "
-            f"(got {cfg.partition.scheme}); use holdout",
-        )
-    if test_source(cfg) == "holdout" and pc.local_test_fraction <= 0:
-        raise _cfg_error(
-            source,
-            f"'{key}.local_test_fraction' must be > 0 for a held-out "
-            "local test share (local_test holdout)",
-        )
+def unsampled_partitions(seed: int, rnd: int, num_clients: int, sampled: list[int]) -> list[int]:
+    """``clients: unsampled``: ``len(sampled)`` partitions (fewer when fewer are left)
+    drawn without replacement from those not in ``sampled``, by
+    ``default_rng([seed, rnd, UNSAMPLED_SALT])`` (a generator of its own: the round's
+    sampling and training are untouched), in increasing order."""
+    rest = sorted(set(range(num_clients)) - {int(p) for p in sampled})
+    k = min(len(sampled), len(rest))
+    if k == 0:
+        return []
+    rng = np.random.default_rng([int(seed), int(rnd), UNSAMPLED_SALT])
+    return sorted(int(p) for p in rng.choice(rest, size=k, replace=False))
 
 
 def enabled(cfg) -> bool:
     return cfg.evaluation.per_client.every > 0
-
-
-def test_source(cfg) -> str:
-    """``holdout`` or ``domain`` (``auto`` resolved)."""
-    lt = cfg.evaluation.per_client.local_test
-    if lt == "auto":
-        return "domain" if cfg.partition.scheme == "domain" else "holdout"
-    return lt
 
 
 def holds_out(cfg) -> bool:
@@ -117,12 +100,50 @@ def holdout_split(
     union is ``indices``, both in the order of ``indices``."""
     indices = np.asarray(indices)
     n = len(indices)
-    n_test = min(int(math.floor(fraction * n + 0.5)), n - 1) if n > 1 else 0
+    n_test = holdout_size(n, fraction)
     perm = np.random.default_rng([int(seed), int(client), HOLDOUT_SALT]).permutation(n)
     test_pos = np.sort(perm[:n_test])
     keep = np.ones(n, dtype=bool)
     keep[test_pos] = False
     return indices[keep], indices[test_pos]
+
+
+def holdout_size(n: int, fraction: float) -> int:
+    """Samples a partition of ``n`` holds out (module doc): 0 when it is too small."""
+    return min(int(math.floor(fraction * n + 0.5)), n - 1) if n > 1 else 0
+
+
+def clients_without_test(cfg, partitions: list) -> list[int]:
+    """The partition ids whose held-out share is empty (``holdout`` only; ``[]`` when the
+    feature is off or the local test data is the client's domain)."""
+    if not holds_out(cfg):
+        return []
+    f = cfg.evaluation.per_client.local_test_fraction
+    return [pid for pid, idx in enumerate(partitions) if holdout_size(len(idx), f) == 0]
+
+
+def check_test_shares(cfg, partitions: list, source: str) -> str | None:
+    """Before the run: no client with a local test share is one ``ConfigError`` (the
+    statistics would be null every round); some without is a note (returned) saying they
+    are left out (counted as ``client_eval_no_test`` in the records)."""
+    none = clients_without_test(cfg, partitions)
+    if not none:
+        return None
+    f = cfg.evaluation.per_client.local_test_fraction
+    key = "evaluation.per_client.local_test_fraction"
+    smallest = min(len(p) for p in partitions)
+    if len(none) == len(partitions):
+        raise ConfigError(
+            f"{source}: '{key}' {f:g} holds out no sample of any client (partitions of "
+            f"{smallest} to {max(len(p) for p in partitions)} samples; a share rounds to "
+            "0 below 1/(2*fraction) samples): per-client evaluation would measure nothing; "
+            "raise the fraction or use bigger partitions",
+        )
+    return (
+        f"{len(none)} of {len(partitions)} clients are too small for a local test share "
+        f"('{key}' {f:g}, smallest partition {smallest} samples): they are left out of the "
+        "per-client statistics (counted as client_eval_no_test in metrics.jsonl)"
+    )
 
 
 def training_indices(cfg, client: int, indices: np.ndarray) -> np.ndarray:
@@ -166,10 +187,9 @@ def finetune(
 
     from fedrcl_flwr.run import runtime
     from fedrcl_flwr.training import (
-        LocalTrainSettings,
         batch_size_for,
         cross_entropy_term,
-        round_lr,
+        local_train_settings,
         train_local,
     )
 
@@ -183,18 +203,14 @@ def finetune(
     def batches(_epoch: int):  # one "epoch" of exactly `steps` steps, epochs chained
         return itertools.chain.from_iterable(epoch_batches(e) for e in itertools.count())
 
-    settings = LocalTrainSettings(
-        lr=round_lr(c.lr, c.lr_decay, run_round),
+    # one "epoch" of exactly `steps` steps, without the local round's in-round decay
+    settings = local_train_settings(
+        c,
+        run_round,
+        rounds=cfg.federation.rounds,
         epochs=1,
-        momentum=c.momentum,
-        weight_decay=c.weight_decay,
-        grad_clip=c.grad_clip,
         iterations_per_epoch=steps,
-        optimizer=c.optimizer,
-        nesterov=c.nesterov,
-        betas=tuple(c.betas),
-        eps=c.eps,
-        amp=c.amp,
+        epoch_lr_decay=1.0,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -213,6 +229,9 @@ def summarize(results: dict, failures: int = 0) -> dict:
     acc = {pid: c / n for pid, (c, n, _) in sorted(results.items()) if n > 0}
     loss = [s / n for pid, (c, n, s) in sorted(results.items()) if n > 0]
     rec: dict = {"client_acc_n": len(acc), "client_eval_failures": int(failures)}
+    no_test = sum(1 for (_, n, _) in results.values() if n <= 0)
+    if no_test:  # evaluated clients too small for a local test share (check_test_shares)
+        rec["client_eval_no_test"] = no_test
     if not acc:
         rec.update({k: None for k in STAT_KEYS})
         rec["client_loss_mean"] = None

@@ -48,7 +48,7 @@ class ClientStateStore:
         path = self._path(partition_id, name)
         if not path.exists():
             return None
-        from fedrcl_flwr.run.checkpoint import safe_load
+        from fedrcl_flwr.serialization import safe_load
 
         state = safe_load(path, "client state file")
         if dtype is not None:

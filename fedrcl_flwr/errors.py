@@ -7,3 +7,11 @@ from __future__ import annotations
 
 class ConfigError(ValueError):
     """Raised for any invalid experiment configuration (bad key, type or value)."""
+
+
+class PartitionError(ConfigError):
+    """A partition request that cannot be met (too many clients, min size too large...)."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is missing, truncated or holds something other than data."""

@@ -43,32 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def check_privacy_section(cfg, source: str) -> None:
-    """The ``privacy`` section on its own beyond each key's rule (types by the schema,
-    ranges by ``fedrcl_flwr.config.CONFIG_RULES``): the required keys of ``privacy.dp``,
-    the accountant installed, a threshold given as a proportion at most 1."""
-    from fedrcl_flwr.config import ConfigError
-    from fedrcl_flwr.config.extras import installed, pip_install
-
-    dp = cfg.privacy.dp
-    if dp is not None:
-        if dp.noise_multiplier is None or dp.clipping_norm is None:
-            missing = "noise_multiplier" if dp.noise_multiplier is None else "clipping_norm"
-            raise ConfigError(
-                f"{source}: 'privacy.dp.{missing}' is required when privacy.dp is set"
-            )
-        if not installed("privacy"):
-            raise ConfigError(
-                f"{source}: 'privacy.dp' needs the dp-accounting package for "
-                f"its privacy accountant ({pip_install('privacy')})"
-            )
-    p = cfg.privacy
-    if isinstance(p.secagg_threshold, float) and p.secagg_threshold > 1:
-        raise ConfigError(
-            f"{source}: 'privacy.secagg_threshold' as a proportion must be "
-            f"<= 1, got {p.secagg_threshold!r}"
-        )
+MAX_SECAGG_STEP = 1e-3  # SecAgg+ quantisation step 2·range/levels at most this
 
 
 def integer_entries(model) -> list[str]:
@@ -83,7 +58,7 @@ def check_privacy(cfg, method_cls, exchange: dict | None, get_model) -> None:
     """Combinations of ``privacy`` with the method, strategy, model and federation that
     cannot be made correct (a ``ConfigError`` with the reason, one line). Called by
     ``fedrcl_flwr.app.validate`` with the method's class and signal-exchange settings."""
-    from fedrcl_flwr.config import ConfigError
+    from fedrcl_flwr.errors import ConfigError
 
     dp, secagg = cfg.privacy.dp, cfg.privacy.secagg
     if dp is None and not secagg:
@@ -114,6 +89,8 @@ def check_privacy(cfg, method_cls, exchange: dict | None, get_model) -> None:
             "that Flower's clipping cannot scale and SecAgg+ cannot sum; use a "
             "GroupNorm / norm-free model (cnn5, resnet18_gn, vgg9_gn, ...)"
         )
+    if secagg and model is not None:
+        check_secagg_range(cfg, model)
     if dp is not None:
         if cfg.server.strategy == "feddyn" or method_cls.method == "feddyn":
             raise ConfigError(
@@ -139,6 +116,116 @@ def check_privacy(cfg, method_cls, exchange: dict | None, get_model) -> None:
             "'privacy.secagg' needs at least 2 clients per round (SecAgg+ "
             "masks each upload with its neighbours'; got "
             f"{cfg.federation.sampled_per_round()})"
+        )
+
+
+def secagg_setup(num_shares: int | float, threshold: int | float, num_samples: int) -> dict:
+    """What Flower 1.42's ``SecAggPlusWorkflow.setup_stage`` makes of the SecAgg+
+    parameters for a round that sends the model to ``num_samples`` clients (a
+    transliteration of ``flwr/server/workflow/secure_aggregation/secaggplus_workflow.py``:
+    ``_check_init_params``' int-1 → float-1.0, the share count of a proportion rounded and
+    made odd, a threshold proportion rounded and at least 2, each client's neighbour set
+    ``{(idx + o) mod n : |o| <= shares // 2}`` and ``_check_threshold``). Returns
+    ``shares``, ``threshold``, ``neighbours`` (the size of each client's neighbour set,
+    itself included) and ``reason``: ``None`` when the setup passes with every client
+    answering, else why Flower halts the round."""
+    if isinstance(num_shares, int) and not isinstance(num_shares, bool) and num_shares == 1:
+        num_shares = 1.0
+    if isinstance(threshold, int) and not isinstance(threshold, bool) and threshold == 1:
+        threshold = 1.0
+    n = int(num_samples)
+    if n < 2:
+        return {
+            "shares": 0,
+            "threshold": 0,
+            "neighbours": n,
+            "reason": f"SecAgg+ needs at least 2 clients, {n} was sent the model",
+        }
+    if isinstance(num_shares, float):
+        shares = round(num_shares * n)
+        if shares < n and shares & 1 == 0:
+            shares += 1
+        if shares <= 2:
+            shares = n
+    else:
+        shares = int(num_shares)
+    if isinstance(threshold, float):
+        thr = max(round(threshold * shares), 2)
+    else:
+        thr = int(threshold)
+    if n != shares and shares & 1 == 0:  # Flower: "should be odd"
+        shares += 1
+    neighbours = min(2 * (shares >> 1) + 1, n)
+    reason = None
+    if neighbours < thr:
+        reason = (
+            f"SecAgg+ threshold {thr} is unreachable with {n} clients (each client has "
+            f"{neighbours} neighbours with {shares} shares)"
+        )
+    return {"shares": shares, "threshold": thr, "neighbours": neighbours, "reason": reason}
+
+
+def check_secagg_plan(cfg) -> None:
+    """SecAgg+ parameters that can never run a round with the configured clients per
+    round (a ``ConfigError`` naming the key): ``privacy.secagg_num_shares`` above the
+    clients per round (a count above it, a proportion above 1), or a
+    ``privacy.secagg_threshold`` that Flower's setup (:func:`secagg_setup`) finds
+    unreachable even when every sampled client answers. Fewer clients than sampled
+    (``federation.availability``) are a run-time matter: such a round fails, recorded
+    with its reason (``strategies/base.py``)."""
+    from fedrcl_flwr.errors import ConfigError
+
+    p = cfg.privacy
+    n = cfg.federation.sampled_per_round()
+    shares = p.secagg_num_shares
+    if isinstance(shares, float) and shares > 1:
+        raise ConfigError(
+            f"'privacy.secagg_num_shares' as a proportion must be <= 1 (a share per "
+            f"sampled client at most), got {shares!r}"
+        )
+    if not isinstance(shares, float) and shares > n:
+        raise ConfigError(
+            f"'privacy.secagg_num_shares' ({shares}) must be at most the clients per "
+            f"round ({n}) as a count (or a proportion <= 1); SecAgg+ would halt every round"
+        )
+    plan = secagg_setup(shares, p.secagg_threshold, n)
+    if plan["reason"] is not None:
+        raise ConfigError(
+            f"'privacy.secagg_threshold' ({p.secagg_threshold!r}): {plan['reason']}; "
+            "Flower would halt every round (lower the threshold or raise "
+            "privacy.secagg_num_shares)"
+        )
+
+
+def check_secagg_range(cfg, model) -> None:
+    """SecAgg+ clips every model value to ±``secagg_clipping_range`` and quantises it in
+    ``secagg_quantization_range`` levels (Flower's ``quantize``: step 2·range/levels):
+    a range below the initial model's largest |w| clips the model itself (a range of
+    1e-300 zeroes it), a step above :data:`MAX_SECAGG_STEP` rounds training away. Both are
+    refused before the run (one line naming the key)."""
+    import torch
+
+    from fedrcl_flwr.errors import ConfigError
+
+    p = cfg.privacy
+    with torch.no_grad():
+        largest = max(
+            (float(v.detach().abs().max()) for v in model.state_dict().values() if v.numel()),
+            default=0.0,
+        )
+    if p.secagg_clipping_range < largest:
+        raise ConfigError(
+            f"'privacy.secagg_clipping_range' ({p.secagg_clipping_range:g}) is below the "
+            f"initial model's largest |weight| ({largest:.4g}, model.name={cfg.model.name}): "
+            "SecAgg+ would clip the model itself; use a range above it (default 8)"
+        )
+    step = 2 * p.secagg_clipping_range / p.secagg_quantization_range
+    if step > MAX_SECAGG_STEP:
+        raise ConfigError(
+            f"'privacy.secagg_clipping_range' {p.secagg_clipping_range:g} over "
+            f"'privacy.secagg_quantization_range' {p.secagg_quantization_range} levels is a "
+            f"quantisation step of {step:.3g} (> {MAX_SECAGG_STEP:g}): updates would round "
+            "away; raise the levels or lower the range"
         )
 
 

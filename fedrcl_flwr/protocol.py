@@ -63,10 +63,9 @@ Scalar = bool | bytes | float | int | str
 # -------------------------------------------------------------------------- wire names
 RUN_ROUND = "run_round"
 PARTITION_ID = "partition_id"
-LR = "lr"
 SIGNALS_LOCAL = "signals_local"
 SIGNALS_GLOBAL = "signals_global"
-FIT_INSTRUCTION_KEYS = (RUN_ROUND, PARTITION_ID, LR, SIGNALS_LOCAL, SIGNALS_GLOBAL)
+FIT_INSTRUCTION_KEYS = (RUN_ROUND, PARTITION_ID, SIGNALS_LOCAL, SIGNALS_GLOBAL)
 
 TRAIN_LOSS = "train_loss"
 STEPS = "steps"
@@ -160,7 +159,6 @@ class FitInstructions:
 
     run_round: int = 1
     partition_id: int | None = None  # None: the node's own partition (node config)
-    lr: float | None = None  # None: the round's learning rate from the schedule
     signals_local: bytes | None = None  # encoded SignalSet (fedrcl_flwr.signals)
     signals_global: bytes | None = None
     strategy_entries: Mapping[str, Scalar] = field(default_factory=dict)
@@ -191,7 +189,6 @@ class FitInstructions:
         config: dict[str, Scalar] = {RUN_ROUND: self.run_round}
         optional = (
             (PARTITION_ID, self.partition_id),
-            (LR, self.lr),
             (SIGNALS_LOCAL, self.signals_local),
             (SIGNALS_GLOBAL, self.signals_global),
         )
@@ -206,7 +203,6 @@ class FitInstructions:
         return cls(
             run_round=_as_number(config, RUN_ROUND, int, 1),
             partition_id=_as_number(config, PARTITION_ID, int, None),
-            lr=_as_number(config, LR, float),
             signals_local=_as_bytes(config, SIGNALS_LOCAL),
             signals_global=_as_bytes(config, SIGNALS_GLOBAL),
             strategy_entries={k: v for k, v in config.items() if k not in FIT_INSTRUCTION_KEYS},

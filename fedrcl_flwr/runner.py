@@ -16,24 +16,17 @@ every process it starts:
    one, while printing one line per evaluated round from ``metrics.jsonl``;
 5. tearing the SuperLink, the simulation process and Ray down, whatever happened.
 
-Teardown is one mechanism, run by a *watchdog* process (``python -m fedrcl_flwr.runner
-watch HOME``) that the CLI starts first, in its own session, with a pipe on its stdin. The
-watchdog waits for that pipe to close — which happens when the CLI stops it on purpose
-and also when the CLI dies in any way, ``kill -9`` included — then stops the SuperLink's
-process group and every process *of the run*: any process whose environment names the
-run's private home (``FEDRCL_FLWR_RUN``/``FLWR_HOME``, set on every child), whose command
-line names it, or whose working directory is inside it (Ray's agents, which Ray starts
-with an environment of its own, are found this way), then deletes the home. It also holds
-the output directory's lock (:class:`OutputLock`) until the last process is gone.
+Teardown is one mechanism, the *watchdog* of :mod:`fedrcl_flwr.run.processes` (with the
+output directory's lock, :class:`~fedrcl_flwr.run.processes.OutputLock`), which the CLI
+starts first; it stops every process of the run whatever happened, ``kill -9`` of the CLI
+included.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -41,13 +34,25 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from fedrcl_flwr.config import ConfigError, ExperimentConfig
+from fedrcl_flwr.config import ExperimentConfig
 from fedrcl_flwr.run import timers
-from fedrcl_flwr.run.preflight import check_ray_address, check_resources  # noqa: F401 - re-exported
-from fedrcl_flwr.run.results import format_round_line, read_metrics, shows_ema
-from fedrcl_flwr.run.run_files import CONFIG_FILE, FLOWER_LOG, LOCK_FILE, RUN_LOG, SUMMARY_FILE
+from fedrcl_flwr.run.processes import (
+    HOME_PREFIX,
+    RUN_VAR,
+    OutputLock,
+    Watchdog,
+    teardown,
+)
+from fedrcl_flwr.run.results import (
+    atomic_write_text,
+    format_round_line,
+    read_metrics,
+    round_eta,
+    shows_ema,
+)
+from fedrcl_flwr.run.run_files import CONFIG_FILE, FLOWER_LOG, RUN_LOG, SUMMARY_FILE
 
 
 class RunFailed(RuntimeError):
@@ -97,146 +102,6 @@ def federation_config(cfg: ExperimentConfig) -> str:
     return " ".join(items)
 
 
-RUN_VAR = "FEDRCL_FLWR_RUN"  # set to the run's private home on every process of the run
-SWEEP_VAR = "FEDRCL_FLWR_SWEEP"  # set to the sweep's private home on every run it starts
-MARKER_VARS = (RUN_VAR, SWEEP_VAR)
-HOME_PREFIX = "fedrcl-flwr-home-"  # private homes (tempfile.mkdtemp): the watchdog deletes
-#                                    only a directory named so
-
-
-class Watchdog:
-    """The one teardown mechanism (module docstring): a ``python -m fedrcl_flwr.runner
-    watch HOME`` process in its own session with a pipe from this process on its stdin.
-    When the pipe closes — :meth:`stop`, or this process dying in any way, ``kill -9``
-    included — it SIGKILLs the process groups it was told of (:meth:`watch_group`), then
-    every process whose environment, command line or working directory names ``HOME``,
-    deletes ``HOME`` and exits; ``lock`` (an :class:`OutputLock` it inherits) is released
-    only then. Used by each run (``HOME`` = the run's private Flower home) and by a sweep
-    (``HOME`` = the sweep's private home, set as ``FEDRCL_FLWR_SWEEP`` on every run it
-    starts, each of which has its own watchdog for its Flower processes)."""
-
-    def __init__(self, home: Path, lock: OutputLock | None = None):
-        self.home = Path(home)
-        # the watchdog carries none of the markers, so no other watchdog stops it
-        wenv = {k: v for k, v in os.environ.items() if k not in MARKER_VARS}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fedrcl_flwr.runner", "watch", str(self.home)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            env=wenv,
-            cwd="/",
-            pass_fds=(lock.fd,) if lock is not None and lock.fd is not None else (),
-        )
-        assert self.proc.stdin is not None  # stdin=PIPE
-        self.pipe: IO[bytes] = self.proc.stdin
-
-    def _tell(self, line: str) -> None:
-        try:
-            self.pipe.write((line + "\n").encode())
-            self.pipe.flush()
-        except (OSError, ValueError):
-            pass
-
-    def watch_group(self, pgid: int) -> None:
-        """Kill process group ``pgid`` at teardown."""
-        self._tell(f"pgid {int(pgid)}")
-
-    def forget_group(self, pgid: int) -> None:
-        """Process group ``pgid`` has ended: do not signal it (its id may be reused)."""
-        self._tell(f"forget {int(pgid)}")
-
-    def stop(self, timeout: float = 90.0) -> bool:
-        """Close the pipe and wait while the watchdog tears down; ``True`` when it ended
-        cleanly (exit 0, ``HOME`` gone)."""
-        try:
-            self.pipe.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:  # should not happen
-            return False
-        return self.proc.returncode == 0 and not self.home.exists()
-
-
-class OutputLock:
-    """An output directory is owned by one live run: an exclusive ``flock`` on
-    ``DIR/.fedrcl-flwr.lock``, which the kernel releases when the last process holding it
-    (the CLI, then its watchdog) is gone, however it died. The file names the holder's PID
-    (and the run's private home, for tests and for people hunting processes).
-
-    A run that completed removes the file as it releases the lock (``release(remove=
-    True)``: unlinked while still held, then closed); a failed, interrupted or killed run
-    leaves it, naming the PID and home it had. The lock is the ``flock``, not the file's
-    existence: :meth:`acquire` locks the file and then checks that the path still names
-    the file it locked, retrying otherwise, so a holder that unlinks the file while a
-    newcomer opens it cannot let two runs in."""
-
-    def __init__(self, out_dir: Path, what: str = "run"):
-        self.path = Path(out_dir) / LOCK_FILE
-        self.fd: int | None = None
-        self.what = what
-
-    @staticmethod
-    def holder(out_dir: Path) -> str | None:
-        """The PID holding ``out_dir``'s lock, or ``None`` when it is free (reads only)."""
-        path = Path(out_dir) / LOCK_FILE
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return None
-        except OSError:
-            text = path.read_text(errors="replace").split()
-            return text[0] if text else "?"
-        finally:
-            os.close(fd)
-
-    def acquire(self) -> None:
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                pid = self.holder(self.path.parent) or "?"
-                raise ConfigError(
-                    f"output directory {self.path.parent} is in use by "
-                    f"another {self.what} (PID {pid}); wait for it to end or "
-                    "choose another --out"
-                ) from None
-            try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)  # its holder removed that file as it finished: lock the new one
-        self.fd = fd
-        self.note()
-
-    def note(self, home: str = "") -> None:
-        if self.fd is not None:
-            os.ftruncate(self.fd, 0)
-            os.pwrite(self.fd, f"{os.getpid()}\n{home}\n".encode(), 0)
-
-    def release(self, remove: bool = False) -> None:
-        """Release the lock; ``remove`` (a completed run) first deletes the file."""
-        if self.fd is not None:
-            if remove:
-                try:
-                    os.unlink(self.path)
-                except FileNotFoundError:
-                    pass
-            os.close(self.fd)
-            self.fd = None
-
-
 class LocalSuperLink:
     """A private simulation SuperLink on loopback, stopped by :meth:`stop` (or, if this
     process dies first, by its watchdog)."""
@@ -247,6 +112,7 @@ class LocalSuperLink:
         verbose: bool = False,
         lock: OutputLock | None = None,
         ray_address: str | None = None,
+        weight_store: bool = False,
     ):
         self.home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
         self.port = free_port()
@@ -278,6 +144,9 @@ class LocalSuperLink:
             )
         if not verbose:
             self.env["PYTHONWARNINGS"] = "ignore"
+        # the ServerApp's start-up events, for the CLI's progress lines (run/timers.py)
+        self.progress_path = self.home / "progress.jsonl"
+        self.env[timers.PROGRESS_VAR] = str(self.progress_path)
         (self.home / "config.toml").write_text(
             '[superlink]\ndefault = "local"\n\n'
             f'[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
@@ -286,6 +155,16 @@ class LocalSuperLink:
             lock.note(str(self.home))
         # the watchdog first: from here on, nothing of the run can outlive this process
         self.watchdog = Watchdog(self.home, lock)
+        # then the run's weight store (simulation.transport: shared), which the
+        # watchdog's teardown removes with the home: its folder, or why there is none
+        self.store_root, self.store_note = "", ""
+        if weight_store:
+            from fedrcl_flwr.weight_store import create_store
+
+            try:
+                self.store_root = str(create_store(self.home).root)
+            except OSError as exc:
+                self.store_note = f"{type(exc).__name__}: {exc}"
 
     def start(self, timeout: float = 60.0) -> None:
         self._log = open(self.log_path, "ab")
@@ -338,85 +217,6 @@ class LocalSuperLink:
             teardown(self.home, [self.proc.pid] if self.proc is not None else [])
 
 
-def teardown(home: Path, pgids: list[int]) -> None:
-    """Stop everything of the run whose private home is ``home`` at once: SIGKILL the
-    process groups (the SuperLink's holds the simulation process and its direct
-    children), then every process of the run (:func:`procs_with` the home) until none is
-    left, and delete the home. Nothing is waited for gracefully: the SuperLink's state
-    lives in the home that is deleted, and the run's own files are written atomically
-    (``metrics.jsonl`` tolerates a torn last line), so a run stopped mid-round leaves its
-    directory resumable and never goes on to write results after it was stopped."""
-    for pgid in pgids:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    _kill_run(home)
-    if Path(home).name.startswith(HOME_PREFIX):  # only a private home the tool created
-        shutil.rmtree(home, ignore_errors=True)
-
-
-def watch(home: str) -> None:
-    """The watchdog's main: read ``pgid N`` / ``forget N`` lines until stdin closes, then
-    tear down (:class:`Watchdog`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # finish the teardown first
-    pgids: list[int] = []
-    for line in sys.stdin.buffer:
-        parts = line.decode(errors="replace").split()
-        if len(parts) == 2 and parts[1].isdigit():
-            if parts[0] == "pgid":
-                pgids.append(int(parts[1]))
-            elif parts[0] == "forget" and int(parts[1]) in pgids:
-                pgids.remove(int(parts[1]))
-    teardown(Path(home), pgids)
-
-
-def procs_with(marker: str) -> list[int]:
-    """PIDs (other than ours) of the processes tied to ``marker`` (e.g. a run's private
-    home): its environment, its command line or its working directory contains it. The
-    one /proc scan used by teardown, tests and benchmarks."""
-    needle = marker.encode()
-    me = str(os.getpid())
-    pids = []
-    for pid_dir in Path("/proc").glob("[0-9]*"):
-        if pid_dir.name == me:
-            continue
-        try:
-            hit = (
-                needle in (pid_dir / "environ").read_bytes()
-                or needle in (pid_dir / "cmdline").read_bytes()
-                or marker in os.readlink(pid_dir / "cwd")
-            )
-            if hit:
-                pids.append(int(pid_dir.name))
-        except (OSError, ValueError):
-            continue
-    return pids
-
-
-def _kill_run(home: Path, timeout: float = 20.0) -> None:
-    """Ray may daemonise (own session) and its raylet may still be spawning workers while
-    we kill: SIGKILL every process of the run, and repeat until none has been seen for a
-    second (or ``timeout`` passes)."""
-    deadline = time.time() + timeout
-    quiet_since = None
-    while time.time() < deadline:
-        pids = procs_with(str(home))
-        if not pids:
-            quiet_since = quiet_since or time.time()
-            if time.time() - quiet_since >= 0.5:
-                return
-        else:
-            quiet_since = None
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.2)
-
-
 def toml_string(text: str) -> str:
     """``text`` as a TOML basic string (quotes, backslashes and control characters
     escaped), so any path reaches Flower's run config unchanged."""
@@ -467,27 +267,48 @@ def run_simulation_via_flower(
     first), the run submitted (:func:`_submit`), followed until it finishes
     (:class:`_RunFollower`), its log fetched, everything torn down."""
     from fedrcl_flwr.app.control import ControlClient
+    from fedrcl_flwr.app.transport import fallback_reason
 
     t0 = time.time()
     app = find_app_dir()
     out_dir = out_dir.resolve()
     link = LocalSuperLink(
-        out_dir / FLOWER_LOG, verbose=verbose, lock=lock, ray_address=cfg.simulation.ray_address
+        out_dir / FLOWER_LOG,
+        verbose=verbose,
+        lock=lock,
+        ray_address=cfg.simulation.ray_address,
+        weight_store=fallback_reason(cfg) is None,
     )
-    printed = len(read_metrics(out_dir)) if resume else 0
+    kept: list[dict] = []
+    if resume:  # the records the ServerApp keeps: those up to the checkpoint's round
+        done = checkpoint_round(out_dir, read_metrics(out_dir))
+        kept = [r for r in read_metrics(out_dir) if int(r["round"]) <= done]
+        print(resume_line(out_dir, cfg.federation.rounds, done), flush=True)
+    printed = len(kept)
     control = None
     timing = [("watchdog", time.time() - t0)]
+    startup = StartupProgress(t0, link.progress_path)
     try:
+        startup.say("starting a private Flower SuperLink")
         link.start()
         timing.append(("superlink healthy", time.time() - t0))
+        startup.say(f"SuperLink up on {link.address}; submitting the run")
         run_id = _submit(cfg, link, app, out_dir, resume=resume, dataset_entry=dataset_entry)
         control = ControlClient(link.home, link.address)
         timing.append(("run submitted", time.time() - t0))
+        startup.say(
+            f"run {run_id} submitted; Flower starts the simulation process, Ray and the ServerApp"
+        )
         follower = _RunFollower(cfg, out_dir, link, control, run_id, printed, timing, t0)
+        follower.startup = startup
         status = follower.follow(poll_s, status_every_s)
+        follower._print_new_rounds()  # the last rounds' lines, also of a failed run
         timing.append(("run finished", time.time() - t0))
         logs = control.logs(run_id)
-        (out_dir / RUN_LOG).write_text(logs)
+        atomic_write_text(out_dir / RUN_LOG, logs)  # whole or absent (a full disk)
+        for line in logs.splitlines():  # a tracker dropped by the ServerApp (tracking.py)
+            if line.startswith("[fedrcl-flwr] tracker ") and " is dropped " in line:
+                print(f"fedrcl-flwr: {line.split('] ', 1)[1].strip()}", file=sys.stderr)
         if status != "finished:completed":
             raise RunFailed(
                 f"{_one_line_error(logs)} (status '{status}'; details in {out_dir / RUN_LOG})"
@@ -497,6 +318,7 @@ def run_simulation_via_flower(
             control.close()
         link.stop()
         timing.append(("torn down", time.time() - t0))
+        drop_polling_lines(link.log_path)
         _log_timing(link.log_path, timing)
     summary_path = out_dir / SUMMARY_FILE
     if not summary_path.exists():
@@ -526,11 +348,77 @@ def _submit(
         f"resume = {toml_string('true' if resume else 'false')}\n"
         f"expected-nodes = {int(nodes)}\n"
         f"dataset-cache = {toml_string(str(dataset_entry or ''))}\n"
+        f"weight-store = {toml_string(link.store_root)}\n"
+        f"weight-store-note = {toml_string(link.store_note)}\n"
     )
     run_id, output = submit(link.home, app, "local", run_config, federation_config(cfg))
     if run_id is None:
         raise RunFailed(f"flwr run failed to submit the run: {_one_line_error(output)}")
     return run_id
+
+
+def checkpoint_round(out_dir: Path, records: list[dict]) -> int:
+    """The round of ``out_dir``'s checkpoint (the last recorded round where it cannot be
+    read: the ServerApp reads it again and says what is wrong)."""
+    from fedrcl_flwr.run.checkpoint import load_checkpoint
+
+    try:
+        return int(load_checkpoint(out_dir)["round"])
+    except Exception:  # noqa: BLE001 - see above
+        return int(records[-1]["round"]) if records else 0
+
+
+def resume_line(out_dir: Path, total_rounds: int, done: int) -> str:
+    """What ``run --resume`` continues: ``resuming DIR from its checkpoint at round N:
+    rounds N+1..R``."""
+    todo = f"rounds {done + 1}..{total_rounds}" if done < total_rounds else "no round left"
+    return f"fedrcl-flwr: resuming {out_dir} from its checkpoint at round {done}: {todo}"
+
+
+class StartupProgress:
+    """The run's start-up phases as they happen, one line each (``fedrcl-flwr: [  4.1s]
+    ...``, seconds since the runner started): the runner's own steps (:meth:`say`), the
+    run's Flower status as it changes (:meth:`status`), and the ServerApp's start-up events
+    read from the run's progress file (:meth:`poll`; written by
+    :func:`fedrcl_flwr.run.timers.server_event`). Ends at the first round's record."""
+
+    WHAT = {
+        "serverapp_start": "the ServerApp's process is up (Python and the project imported)",
+        "serverapp_built": "the ServerApp built the data, the model and the strategy",
+        "sent": "round {round} sent to {clients} clients: training (the first round also "
+        "starts Ray's client workers)",
+    }
+
+    def __init__(self, t0: float, path: Path | None):
+        self.t0, self.path = t0, path
+        self.seen: set = set()
+        self.last_status = ""
+        self.done = False
+
+    def say(self, text: str, at: float | None = None) -> None:
+        if self.done:
+            return
+        t = (time.time() if at is None else at) - self.t0
+        print(f"fedrcl-flwr: [{t:6.1f}s] {text}", flush=True)
+
+    def status(self, status: str) -> None:
+        if status and status != self.last_status and not status.startswith("finished"):
+            self.last_status = status
+            self.say(f"Flower: the run is {status}")
+
+    def poll(self) -> None:
+        if self.done or self.path is None:
+            return
+        for rec in timers.read_progress(self.path):
+            event = rec["event"]
+            if event in self.seen or event not in self.WHAT:
+                continue
+            self.seen.add(event)
+            try:
+                text = self.WHAT[event].format(**rec)
+            except (KeyError, IndexError, ValueError):
+                text = event
+            self.say(text, at=float(rec.get("t", time.time())))
 
 
 class _RunFollower:
@@ -553,11 +441,13 @@ class _RunFollower:
         self.cfg, self.out_dir, self.link = cfg, out_dir, link
         self.control, self.run_id = control, run_id
         self.printed = printed  # round records printed (or kept from before a resume)
+        self.kept = printed  # records kept from before a resume (not of this process)
         self.timing, self.t0 = timing, t0
         self.started = False
         self.submitted = time.time()
         self.summary_path = out_dir / SUMMARY_FILE
         self.summary_before = _mtime(self.summary_path)
+        self.startup: StartupProgress | None = None
 
     def follow(self, poll_s: float, status_every_s: float) -> str:
         """The run's final status (``finished:completed`` when it completed)."""
@@ -573,6 +463,8 @@ class _RunFollower:
                 status, last_check = self.control.status(self.run_id), time.time()
                 if status.startswith("finished"):
                     return status
+                if self.startup is not None and not self.started:
+                    self.startup.status(status)
                 self._check_started(status)
             link_proc = self.link.proc
             assert link_proc is not None  # started before the run was submitted
@@ -583,7 +475,11 @@ class _RunFollower:
             time.sleep(poll_s)
 
     def _print_new_rounds(self) -> None:
+        if self.startup is not None:
+            self.startup.poll()
         recs = read_metrics(self.out_dir)
+        if len(recs) > self.printed and self.startup is not None:
+            self.startup.done = True  # from here on, the round lines say how it goes
         if len(recs) > self.printed and len(self.timing) < 4:
             first = recs[self.printed]
             self.timing.append(
@@ -592,10 +488,12 @@ class _RunFollower:
                     time.time() - self.t0 - float(first.get("round_time_s", 0.0)),
                 )
             )
-        for rec in recs[self.printed :]:
+        for i in range(self.printed, len(recs)):
+            total = self.cfg.federation.rounds
+            eta = round_eta(recs[self.kept : i + 1], total)
             print(
                 format_round_line(
-                    rec, self.cfg.federation.rounds, shows_ema(self.cfg.evaluation.report_metric)
+                    recs[i], total, shows_ema(self.cfg.evaluation.report_metric), eta_s=eta
                 ),
                 flush=True,
             )
@@ -621,6 +519,36 @@ def _mtime(path: Path) -> int | None:
         return None
 
 
+# what the CLI's own status polling (ControlClient.status: ListRuns, once a second)
+# leaves in the SuperLink's log: Flower's servicer line and the HTTP access line
+POLLING_LINES = ("ControlServicer.ListRuns", '"POST /v1/control/list-runs ')
+
+
+def drop_polling_lines(log_path: Path) -> int:
+    """Remove the CLI's status polling from ``flower.log`` (:data:`POLLING_LINES`, about
+    90 % of a quickstart's log) once the run is over; every other line stays, in order.
+    Appends one line saying how many were dropped; returns that number."""
+    try:
+        text = Path(log_path).read_text(errors="replace")
+    except OSError:
+        return 0
+    lines = text.splitlines(keepends=True)
+    kept = [ln for ln in lines if not any(p in ln for p in POLLING_LINES)]
+    dropped = len(lines) - len(kept)
+    if dropped:
+        kept.append(
+            f"fedrcl-flwr: {dropped} lines of the CLI's run-status polling (ListRuns) "
+            "left out of this log\n"
+        )
+        try:
+            tmp = Path(log_path).with_name(Path(log_path).name + ".tmp")
+            tmp.write_text("".join(kept))
+            os.replace(tmp, log_path)
+        except OSError:
+            return 0
+    return dropped
+
+
 def _log_timing(log_path: Path, timing: list) -> None:
     """Append the run's phases (seconds since the runner started) to ``flower.log``."""
     try:
@@ -630,7 +558,3 @@ def _log_timing(log_path: Path, timing: list) -> None:
             )
     except OSError:
         pass
-
-
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "watch":
-    watch(sys.argv[2])

@@ -47,8 +47,17 @@ each record at once. W&B and MLflow cannot take a round back, so they get a roun
 only once it is checkpointed (at once with ``output.checkpoint_every: 0``, when no resume
 is possible); a resumed run continues the same W&B / MLflow run (ids in
 ``<run dir>/tracker.json``) and sends what the killed run had not. Each tracker thus holds
-exactly the records of ``metrics.jsonl``. A tracker that fails during a run (a server gone
-away) is reported on one line and dropped; the run and its files go on.
+exactly the records of ``metrics.jsonl``.
+
+Deadlines: every call to a tracker (opening it, each round, the results, closing) runs
+with a deadline of ``output.tracker_timeout_s`` seconds (default 30; :func:`call_with_deadline`).
+A tracker whose call fails or does not return in time (a server that accepts the connection
+and never answers) is reported on one line and dropped; the run and its files go on.
+MLflow's own HTTP time-out is set to the same deadline (``MLFLOW_HTTP_REQUEST_TIMEOUT``,
+unless set) and W&B's ``init_timeout`` too; a W&B run that is dropped has its service
+process (``wandb-core``) stopped. W&B keeps its files under the run directory: ``dir`` is
+the run directory and, unless set, ``WANDB_CACHE_DIR``, ``WANDB_CONFIG_DIR`` and
+``WANDB_DATA_DIR`` are ``<run dir>/wandb/{cache,config,data}`` (nothing in ``HOME``).
 """
 
 from __future__ import annotations
@@ -63,47 +72,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from fedrcl_flwr.config.sections import enabled_trackers
 from fedrcl_flwr.run.run_files import MLRUNS_DIR, SUMMARY_FILE, WANDB_DIR
 from fedrcl_flwr.run.run_files import TENSORBOARD_DIR as TB_DIR
 from fedrcl_flwr.run.run_files import TRACKER_STATE_FILE as STATE_FILE
 
-# each tracker is installed by the extra of its name (fedrcl_flwr/config/extras.py)
-TRACKERS = ("tensorboard", "wandb", "mlflow")
 SWEEP_TAG = "fedrcl_flwr.sweep"
 
 
 # ----------------------------------------------------------------------------- config
-
-
-def enabled_trackers(cfg) -> list[str]:
-    """``output.tracker`` with the ``output.tensorboard: true`` alias, in order, once each."""
-    names = [str(t) for t in cfg.output.tracker]
-    if cfg.output.tensorboard:
-        names.append("tensorboard")
-    return list(dict.fromkeys(names))
-
-
-def check_trackers(cfg, source: str) -> None:
-    """``output.tracker`` names known trackers, each once, whose package is installed
-    (a :class:`~fedrcl_flwr.config.ConfigError` naming the key and ``source``)."""
-    from fedrcl_flwr.config import ConfigError
-    from fedrcl_flwr.config.extras import installed, pip_install
-
-    raw = cfg.output.tracker
-    for t in raw:
-        if t not in TRACKERS:
-            raise ConfigError(
-                f"{source}: 'output.tracker' must list trackers among "
-                f"{', '.join(TRACKERS)}, got {t!r}"
-            )
-    if len(set(raw)) != len(raw):
-        raise ConfigError(f"{source}: 'output.tracker' lists a tracker twice: {raw}")
-    for t in enabled_trackers(cfg):
-        if not installed(t):
-            raise ConfigError(
-                f"{source}: 'output.tracker' includes {t} but the {t} package "
-                f"is not installed ({pip_install(t)}, or remove it)"
-            )
 
 
 def mlflow_uri(default_dir: Path) -> str:
@@ -121,7 +98,7 @@ def check_tracker_environment(cfg) -> None:
     """What a tracker needs outside the config, checked before anything runs (a
     ``ConfigError``, exit 2): W&B online needs an API key; an ``http(s)`` MLflow tracking
     server must accept a connection."""
-    from fedrcl_flwr.config import ConfigError
+    from fedrcl_flwr.errors import ConfigError
 
     names = enabled_trackers(cfg)
     if (
@@ -240,6 +217,48 @@ def flat_params(config: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# ----------------------------------------------------------------------------- deadlines
+
+
+class TrackerTimeout(TimeoutError):
+    """A tracker call that did not return within ``output.tracker_timeout_s``."""
+
+
+def call_with_deadline(fn, timeout: float):
+    """``fn()`` in a daemon thread, waited for at most ``timeout`` seconds: its result,
+    its exception re-raised, or :class:`TrackerTimeout` (the thread is abandoned: it
+    blocks in the tracker's client library, whose own time-out ends it later)."""
+    import threading
+
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=target, name="fedrcl-tracker-call", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        exc = TrackerTimeout(f"no answer within {timeout:g}s (output.tracker_timeout_s)")
+        exc.thread = t  # type: ignore[attr-defined]  # the abandoned call
+        raise exc
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _drop_line(name: str, what: str, exc: BaseException) -> str:
+    one = " ".join(str(exc).split())[:300]
+    return (
+        f"[fedrcl-flwr] tracker {name} failed while {what} and is dropped "
+        f"for the rest of the run ({type(exc).__name__}: {one}); "
+        "metrics.jsonl is complete"
+    )
+
+
 # ----------------------------------------------------------------------------- backends
 
 
@@ -263,6 +282,11 @@ class Backend:
 
     def close(self) -> None:
         pass
+
+    def abandon(self, thread=None) -> None:
+        """After a failed or timed-out call (``thread``: the abandoned call, if it is
+        still running): let go of what the backend holds, without waiting on the service
+        that did not answer."""
 
 
 class TensorBoardBackend(Backend):
@@ -312,16 +336,25 @@ class WandbBackend(Backend):
     name = "wandb"
 
     def __init__(self, run_dir: Path, cfg, config: dict, previous: dict):
-        import wandb
-
         from fedrcl_flwr.run.results import write_marker
 
         self.run_dir = Path(run_dir)
+        self.run = None
         run_id = previous.get("id") or secrets.token_hex(6)  # W&B: [a-z0-9_-]
         if not (self.run_dir / WANDB_DIR).exists():  # ours: `run --overwrite` may clear it
             (self.run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
             write_marker(self.run_dir / WANDB_DIR, WANDB_DIR)
+        for var, sub in (
+            ("WANDB_CACHE_DIR", "cache"),
+            ("WANDB_CONFIG_DIR", "config"),
+            ("WANDB_DATA_DIR", "data"),
+        ):  # W&B's own files under the run directory, not in HOME (module doc)
+            if os.environ.get(var) in (None, _WANDB_DIRS_SET.get(var)):  # not the user's
+                os.environ[var] = _WANDB_DIRS_SET[var] = str(self.run_dir / WANDB_DIR / sub)
+        import wandb
+
         settings = wandb.Settings(
+            init_timeout=float(cfg.output.tracker_timeout_s),
             silent=True,
             console="off",
             x_disable_stats=True,
@@ -358,6 +391,58 @@ class WandbBackend(Backend):
 
         self.run.finish()
         wandb.teardown()  # the W&B service process belongs to this run's process
+
+    def abandon(self, thread=None):
+        stop_wandb_service(thread)
+
+
+_WANDB_DIRS_SET: dict[str, str] = {}  # W&B directory variables this process set (per run)
+
+
+def stop_wandb_service(thread=None, wait_s: float = 30.0) -> None:
+    """Stop W&B's service process (``wandb-core``, a child of this process) without
+    waiting on it: a dropped W&B run leaves no process behind. ``thread``: an abandoned
+    call still inside W&B (it may start the service late); its service is stopped until
+    the call gives up (at most ``wait_s`` seconds)."""
+    import signal
+    import time
+
+    def kill_all() -> None:
+        for pid in _wandb_service_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)  # our child: reaped, no zombie left
+            except OSError:
+                pass
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        kill_all()
+        if thread is None or not thread.is_alive() or time.monotonic() > deadline:
+            break
+        thread.join(0.2)
+    kill_all()
+    try:
+        import wandb
+
+        wandb.teardown()  # forget the (now gone) service; quick once it is dead
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
+def _wandb_service_pids() -> list[int]:
+    """PIDs of this process's children running W&B's service (``wandb-core``)."""
+    me = str(os.getpid())
+    pids = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (d / "stat").read_text()
+            ppid = stat.rsplit(")", 1)[1].split()[1]
+            if ppid == me and b"wandb" in (d / "cmdline").read_bytes():
+                pids.append(int(d.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return pids
 
 
 _MLFLOW_KEY_BAD = re.compile(r"[^A-Za-z0-9_\-. /]")
@@ -465,8 +550,16 @@ class RunTracker:
     """Feeds every backend the run's records (:meth:`log`), checkpoints (:meth:`flush`)
     and results (:meth:`finish`); keeps ``tracker.json`` (ids and last round sent)."""
 
-    def __init__(self, run_dir: Path, backends: list[Backend], sent: dict, defer: bool):
+    def __init__(
+        self,
+        run_dir: Path,
+        backends: list[Backend],
+        sent: dict,
+        defer: bool,
+        timeout: float = 30.0,
+    ):
         self.run_dir = Path(run_dir)
+        self.timeout = float(timeout)  # output.tracker_timeout_s: each call's deadline
         self.backends = backends
         self.sent = {b.name: int(sent.get(b.name, 0)) for b in backends}
         self.defer = defer  # hold records of non-rewriting backends until checkpointed
@@ -475,17 +568,11 @@ class RunTracker:
     def _each(self, what: str, fn) -> None:
         for b in list(self.backends):
             try:
-                fn(b)
+                call_with_deadline(lambda b=b: fn(b), self.timeout)
             except Exception as exc:  # noqa: BLE001 - a mirror must not stop the run
                 self.backends.remove(b)
-                one = " ".join(str(exc).split())[:300]
-                print(
-                    f"[fedrcl-flwr] tracker {b.name} failed while {what} and is dropped "
-                    f"for the rest of the run ({type(exc).__name__}: {one}); "
-                    "metrics.jsonl is complete",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(_drop_line(b.name, what, exc), file=sys.stderr, flush=True)
+                b.abandon(getattr(exc, "thread", None))
 
     def _send(self, records: Iterable[dict], rewriting: bool) -> None:
         for rec in records:
@@ -571,21 +658,30 @@ def open_tracker(
     config = dataclasses.asdict(cfg)
     config_yaml = Path(config_path).read_text()
     previous = read_state(run_dir) if resume_after else {}
+    timeout = float(cfg.output.tracker_timeout_s)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, math.ceil(timeout))))
+    makers = {
+        "tensorboard": lambda: TensorBoardBackend(run_dir, config_yaml, resume_after),
+        "wandb": lambda: WandbBackend(run_dir, cfg, config, previous.get("wandb", {})),
+        "mlflow": lambda: MlflowBackend(
+            run_dir, cfg, config, Path(config_path), previous.get("mlflow", {})
+        ),
+    }
     backends: list[Backend] = []
     for name in names:
-        if name == "tensorboard":
-            backends.append(TensorBoardBackend(run_dir, config_yaml, resume_after))
-        elif name == "wandb":
-            backends.append(WandbBackend(run_dir, cfg, config, previous.get("wandb", {})))
-        elif name == "mlflow":
-            backends.append(
-                MlflowBackend(run_dir, cfg, config, Path(config_path), previous.get("mlflow", {}))
-            )
+        try:  # a tracker that cannot start in time is dropped; the run goes on
+            backends.append(call_with_deadline(makers[name], timeout))
+        except Exception as exc:  # noqa: BLE001 - a mirror must not stop the run
+            print(_drop_line(name, "starting", exc), file=sys.stderr, flush=True)
+            if name == "wandb":
+                stop_wandb_service(getattr(exc, "thread", None))
     sent = {k: int(v.get("last_round", 0)) for k, v in previous.items() if isinstance(v, dict)}
     for b in backends:
         if b.rewrites_after_resume:
             sent[b.name] = resume_after
-    tracker = RunTracker(run_dir, backends, sent, defer=bool(cfg.output.checkpoint_every))
+    tracker = RunTracker(
+        run_dir, backends, sent, defer=bool(cfg.output.checkpoint_every), timeout=timeout
+    )
     if resume_after and kept_records:
         tracker.catch_up([r for r in kept_records if int(r["round"]) <= resume_after])
     else:

@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedrcl_flwr import accel
+
+if TYPE_CHECKING:
+    from fedrcl_flwr.config.schema import ClientConfig
 
 
 @dataclass
@@ -135,9 +138,48 @@ class TrainStats:
     grad_norm: float = 0.0
 
 
-def round_lr(base_lr: float, decay: float, server_round: int) -> float:
-    """Learning rate of round ``server_round`` (1-based): base * decay^(round-1)."""
-    return base_lr * decay ** max(server_round - 1, 0)
+def local_train_settings(
+    client: ClientConfig, run_round: int, *, rounds: int, **override: Any
+) -> LocalTrainSettings:
+    """The one builder of :class:`LocalTrainSettings` from the ``client`` section: the
+    round's learning rate (:func:`round_lr`, ``client.lr_schedule`` over the run's
+    ``rounds``) and every optimiser and loop setting as the
+    config gives it; ``override`` replaces fields for a loop that is not a local round
+    (``client_eval``'s fine-tuning: one "epoch" of exactly its steps, no in-round decay)
+    or that the caller decides (``channels_last`` for the device)."""
+    settings = LocalTrainSettings(
+        lr=round_lr(client.lr, client.lr_decay, run_round, client.lr_schedule, rounds),
+        epochs=client.local_epochs,
+        momentum=client.momentum,
+        weight_decay=client.weight_decay,
+        grad_clip=client.grad_clip,
+        iterations_per_epoch=client.iterations_per_epoch,
+        optimizer=client.optimizer,
+        nesterov=client.nesterov,
+        betas=tuple(client.betas),
+        eps=client.eps,
+        epoch_lr_decay=client.epoch_lr_decay,
+        # a str once loaded: the schema maps YAML's bare `off` (False) to "off"
+        amp=cast(str, client.amp),
+    )
+    return replace(settings, **override)
+
+
+def round_lr(
+    base_lr: float,
+    decay: float,
+    server_round: int,
+    schedule: str = "exponential",
+    rounds: int = 1,
+) -> float:
+    """Learning rate of round ``server_round`` (1-based): ``exponential``,
+    base * decay^(round-1); ``cosine``, base * (1 + cos(π (round-1) / rounds)) / 2 — FedUV's
+    (sonhamin/FedUV ``train_fl.py``: ``CosineAnnealingLR(T_max=comm_round)`` on a dummy
+    optimiser, read with ``get_last_lr()`` before the round and stepped after it)."""
+    t = max(server_round - 1, 0)
+    if schedule == "cosine":
+        return base_lr * (1.0 + math.cos(math.pi * t / max(rounds, 1))) / 2.0
+    return base_lr * decay**t
 
 
 def batch_size_for(num_samples: int, batch_size: int, iterations_per_epoch: int | None) -> int:
@@ -180,7 +222,7 @@ def train_local(
     ``GradScaler.step``).
 
     Steps per mini-batch: :func:`_forward_pass`, the loss terms (kept here: the one call
-    site of every term, which ``tests/test_hot_loop.py`` names when a term reads back),
+    site of every term, which ``tests/clients/test_training_loop.py`` names when a term reads back),
     :func:`_optimiser_step`; the sums stay on the device (:class:`_DeviceSums`).
     """
     active = [t for t in terms if t.weight != 0.0]

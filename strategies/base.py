@@ -28,7 +28,7 @@ Unreliable clients (``availability``, :mod:`fedrcl_flwr.availability`): after sa
 round's deadline; the round's record counts them (``dropped`` ...), and the privacy
 accountant counts only the clients that were sent the model. A round in which no sampled
 client reports leaves the global model unchanged (Flower then skips ``aggregate_fit``, as
-SecAgg+ does below 2 reporting clients; it is not a failure). Per-client evaluation (``per_client``,
+SecAgg+ does below 2 reporting clients). Per-client evaluation (``per_client``,
 :mod:`fedrcl_flwr.client_eval`): in a round where it is due, ``configure_evaluate`` asks the
 round's sampled clients (or all) to evaluate the global model on their local test data and
 the round's record waits for ``aggregate_evaluate`` (Flower calls it right after
@@ -54,6 +54,16 @@ checkpointed); with ``privacy.secagg`` every result holds the same SecAgg+ avera
 ServerApp's SecAgg+ workflow unmasked it), which replaces the weighted average, and a
 round with an unusable result is discarded (it cannot be taken out of the masked sum).
 
+Failed rounds, one rule for every cause: a round in which no client's update reached the
+model (every sampled client dropped out or was late, SecAgg+ had fewer than 2 clients or
+an unreachable threshold, SecAgg+ halted or discarded the round, every client failed) is
+*failed*: its record (written even when the round is not evaluated) carries
+``round_failed: true`` and ``failure_reason`` (one line, :meth:`_failure_reason`), its
+progress line says ``ROUND FAILED (model unchanged): <why>``, and a run in which no round
+trained ends with :class:`AllClientsFailed` after its last round's record (the CLI: exit 1,
+one line). ``federation.max_consecutive_failed_rounds`` rounds in a row in which every
+client *failed* (errors, not dropouts) abort the run earlier.
+
 Rounds: Flower numbers the rounds of *this process* 1, 2, ... (``server_round``); a resumed
 run continues at ``run_round = server_round + round_offset`` (rounds done before). Every
 hook, record, sample and checkpoint uses ``run_round``.
@@ -65,7 +75,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from flwr.common import EvaluateIns, FitIns, FitRes, Parameters
@@ -73,7 +83,7 @@ from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
 from fedrcl_flwr.app.flower_private import ClientProxy
-from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
+from fedrcl_flwr.app.transport import ServerTransport, arrays_of, to_bytes
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.protocol import (
     LOCAL_REPR_PREFIX,
@@ -94,17 +104,28 @@ from fedrcl_flwr.server.aggregation import (
     weighted_average,
 )
 
-if TYPE_CHECKING:  # the client-side hook's types (torch; no import cycle at run time)
+if TYPE_CHECKING:  # the client-side hook's types (torch)
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    from clients.base import FederatedClient
     from fedrcl_flwr.training import LossTerm
+
+
+class StrategyClient(Protocol):
+    """What a strategy's client-side hook (:meth:`FedRCLStrategy.client_loss_terms`) may
+    use of the client: ``clients/base.py``'s ``FederatedClient`` provides it. Named here so
+    that the strategies, a layer below the clients, never import them."""
+
+    def received_trainable(self) -> list[Any]: ...
+
+    def distance_to_received_term(self, name: str, weight: float) -> LossTerm: ...
+
 
 log = logging.getLogger("fedrcl_flwr")
 
 
 class AllClientsFailed(RuntimeError):
-    pass
+    """The run trained nothing (no round's update reached the model), or too many rounds
+    in a row in which every client failed."""
 
 
 def client_error_line(failure) -> str:
@@ -131,7 +152,7 @@ def client_error_line(failure) -> str:
 
 def to_parameters(arrays) -> Parameters:
     """Flower ``Parameters`` of ``arrays`` (``.npy`` bytes, :mod:`fedrcl_flwr.codec`)."""
-    return Parameters(tensors=encode_arrays(arrays), tensor_type=TENSOR_TYPE)
+    return to_bytes(arrays)
 
 
 def copy_arrays(arrays):
@@ -225,7 +246,7 @@ class FederatedStrategy(Strategy):
     ):
         super().__init__()
         self.availability = availability  # fedrcl_flwr.availability.Availability or None
-        self.per_client = per_client  # (every, "sampled" | "all") or None (off)
+        self.per_client = per_client  # (every, "sampled" | "unsampled" | "all") or None
         self.overlap_evaluation = overlap_evaluation
         self.p = self.resolve(params)
         self.weights = [np.asarray(w).copy() for w in initial_weights]
@@ -245,6 +266,15 @@ class FederatedStrategy(Strategy):
         self.round_offset = round_offset
         self.exchange = exchange  # optional SignalExchange (FedCCL, FedProto, FPL)
         self.model_bytes = int(sum(np.asarray(w).nbytes for w in self.weights))
+        # privacy.secagg: what one client uploads instead, Flower's SecAgg+ masked vector:
+        # every entry of every array quantised, masked and sent as an int64, plus the
+        # int64 weight factor (flwr secaggplus_mod._collect_masked_vectors: quantize ->
+        # factor_combine -> masks -> parameters_mod); the key and share exchange of the
+        # protocol's other stages is not counted
+        self.secagg_upload_bytes = 8 * (1 + int(sum(np.asarray(w).size for w in self.weights)))
+        # how weights travel (fedrcl_flwr/app/transport.py): Flower's messages unless the
+        # app hands the strategy the run's weight store (simulation.transport: shared)
+        self.transport = ServerTransport()
         self._init_round_state()
         self._init_buffers()
         self._init_privacy(privacy)
@@ -256,6 +286,8 @@ class FederatedStrategy(Strategy):
         self.first_client_error: str | None = None
         self._fit_info: dict = {}
         self._avail_info: dict = {}
+        self._outcome = None  # the round's availability outcome (None: all were sent)
+        self._round_errors: list[str] = []  # why the round's results were unusable
         self._sampled: list[int] = []  # the round's sampled partitions (all, with availability)
         self._sent: list[int] = []  # those sent the model to train
         self._round_start = time.time()
@@ -281,6 +313,9 @@ class FederatedStrategy(Strategy):
         DP through Flower's wrappers (``strategies/privacy.py``), SecAgg+ results
         (``fedrcl_flwr/app``)."""
         self.secagg = bool(privacy is not None and privacy.secagg)
+        self.secagg_params = (
+            (privacy.secagg_num_shares, privacy.secagg_threshold) if self.secagg else None
+        )
         self.dp = None
         if privacy is not None and privacy.dp is not None:
             from strategies.privacy import CentralDP
@@ -312,7 +347,7 @@ class FederatedStrategy(Strategy):
         return None
 
     @classmethod
-    def client_loss_terms(cls, client: FederatedClient, ins: FitInstructions) -> list[LossTerm]:
+    def client_loss_terms(cls, client: StrategyClient, ins: FitInstructions) -> list[LossTerm]:
         """Runs on the client: the ``LossTerm``s this strategy adds to every method's
         objective, built from the client (``clients/base.py``: ``received_trainable``,
         ``distance_to_received_term``) and its fit instructions (FedACG's
@@ -361,7 +396,7 @@ class FederatedStrategy(Strategy):
 
     # --------------------------------------------------------------- Strategy
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        return to_parameters(self.weights)
+        return self.transport.send(self.weights)
 
     def run_round(self, server_round: int) -> int:
         """The run's round number of Flower's ``server_round`` (shifted on resume)."""
@@ -380,9 +415,10 @@ class FederatedStrategy(Strategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         self._round_start = time.time()
         timers.server_event("configure", round=self.run_round(server_round))
-        send = to_parameters(self.weights_to_send(self.run_round(server_round)))
+        arrays = self.weights_to_send(self.run_round(server_round))
+        send = self.transport.send(arrays)
         if self.dp is not None:  # Flower's DP wrapper sees what the clients start from
-            return self.dp.configure_fit(server_round, send, client_manager)
+            return self.dp.configure_fit(server_round, send, client_manager, arrays)
         return self.sample_clients(server_round, send, client_manager)
 
     def sample_clients(
@@ -393,8 +429,10 @@ class FederatedStrategy(Strategy):
         rnd = self.run_round(server_round)
         pids = sample_partitions(self.seed, rnd, self.num_clients, self.clients_per_round)
         sampled = pids
+        self._outcome, self._round_errors = None, []
         if self.availability is not None:  # who drops out or would be late: sent nothing
             outcome = self.availability.round(rnd, pids)
+            self._outcome = outcome
             self._avail_info = self.availability.record(rnd, outcome)
             pids = outcome.reporting
             if not pids:
@@ -458,13 +496,19 @@ class FederatedStrategy(Strategy):
         timers.server_event("results", round=rnd, results=len(results), failures=len(failures))
         reasons = [f"client error: {self._note_error(client_error_line(f))}" for f in failures]
         kept = self._screen(results, reasons)
+        # the uploads' store entries go now: what _screen mapped stays readable
+        self.transport.release(results)
         if self.secagg and len(kept) < len(results):
             kept = self._discard_secagg_sum(rnd, kept, len(results), reasons)
         for r in reasons:
             log.warning("round %d: dropped a client result (%s)", rnd, r)
         if reasons:
             self._note_error(reasons[0])
+        self._round_errors = reasons
         info = self._round_info(rnd, kept, len(reasons))
+        if self.secagg:  # every received result is a masked vector inside the sum
+            info["model_bytes_up"] = self.secagg_upload_bytes * len(results)
+            info["secagg_clients"] = len(kept)
         if not kept:
             return self._empty_round(rnd, info)
         self.consecutive_empty = 0
@@ -475,7 +519,7 @@ class FederatedStrategy(Strategy):
         info.update(client_statistics(kept))
         info.update(extra)
         self._fit_info = info
-        return to_parameters(self.weights), {}
+        return self.transport.result(self.weights), {}
 
     def _note_error(self, line: str) -> str:
         """Keep the run's first client error (the message of an aborted run)."""
@@ -496,7 +540,7 @@ class FederatedStrategy(Strategy):
                 continue
             pid = report.partition_id
             try:
-                arrays = decode_arrays(res.parameters.tensors)
+                arrays = arrays_of(res.parameters)
             except Exception as exc:  # noqa: BLE001 - any undecodable upload is dropped
                 reasons.append(f"partition {pid}: undecodable parameters ({exc})")
                 continue
@@ -559,19 +603,57 @@ class FederatedStrategy(Strategy):
         first = (
             f"; first client error: {self.first_client_error}" if self.first_client_error else ""
         )
-        too_many = self.consecutive_empty >= self.max_failed
-        never = rnd >= self.rounds and self.rounds_trained == 0
-        if too_many or never:
+        if self.consecutive_empty >= self.max_failed:
             self.drain()  # the previous round's record and checkpoint first
-        if too_many:
             raise AllClientsFailed(
                 f"aborting: {self.consecutive_empty} consecutive rounds in which every "
                 f"client failed (federation.max_consecutive_failed_rounds="
                 f"{self.max_failed}){first}"
             )
-        if never:
-            raise AllClientsFailed(f"no client trained in any of the {rnd} rounds{first}")
-        return to_parameters(self.weights), {}
+        return self.transport.result(self.weights), {}  # the last round: the rule in _round_end
+
+    def _failure_reason(self) -> str:
+        """Why the current round's update did not reach the model, in one line: every
+        sampled client dropped out or was late (with counts), SecAgg+ below 2 clients or
+        with an unreachable threshold (Flower's setup arithmetic,
+        :func:`fedrcl_flwr.privacy.secagg_setup`), SecAgg+ discarded or halted the round,
+        every client failed (the round's first error), or too few client nodes."""
+        sent = len(self._sent)
+        out = self._outcome
+        if sent == 0 and out is not None:
+            what = f"all {len(self._sampled)} sampled clients dropped out ({len(out.dropped_out)})"
+            return what + (f" or were late ({len(out.late)})" if out.late else "")
+        if sent == 0:
+            return "no client was sent the model (no client node available)"
+        errors = self._round_errors
+        if self.secagg and errors and any("discarded SecAgg+ sum" in e for e in errors):
+            bad = [e for e in errors if "discarded SecAgg+ sum" not in e]
+            return (
+                f"SecAgg+ discarded the round: {len(bad)} of {len(errors)} results unusable "
+                f"and a result cannot be taken out of the masked sum ({bad[0] if bad else ''})"
+            )
+        if errors:
+            return f"every client failed (first error: {errors[0].removeprefix('client error: ')})"
+        if self.secagg and self.secagg_params is not None:
+            from fedrcl_flwr.privacy import secagg_setup
+
+            plan = secagg_setup(*self.secagg_params, sent)
+            if plan["reason"] is not None:
+                return plan["reason"]
+            return (
+                f"SecAgg+ halted the round with {sent} clients (a client failed or "
+                "timed out during the protocol; see run.log)"
+            )
+        return f"no result came back from the {sent} clients sent the model"
+
+    def _never_trained(self, rnd: int, fit_info: dict) -> str:
+        """The message of a run that trained in none of its rounds."""
+        first = (
+            f"; first client error: {self.first_client_error}" if self.first_client_error else ""
+        )
+        why = fit_info.get("failure_reason")
+        last = f"; round {rnd}: {why}" if why and not first else ""
+        return f"no client trained in any of the {rnd} rounds{first}{last}"
 
     def _average(self, server_round: int, kept: list[ClientResult], info: dict) -> list:
         """The clients' average: through Flower's DP wrapper (clip, average, noise; the
@@ -610,9 +692,21 @@ class FederatedStrategy(Strategy):
         rnd = self.run_round(server_round)
         if self._deferred is None or not self._client_eval_due(rnd):
             return []
-        pids = list(range(self.num_clients)) if self.per_client[1] == "all" else list(self._sampled)
+        if self.per_client[1] == "all":
+            pids = list(range(self.num_clients))
+        elif self.per_client[1] == "unsampled":  # the clients this round did not learn from
+            from fedrcl_flwr.client_eval import unsampled_partitions
+
+            pids = unsampled_partitions(
+                self.seed,
+                rnd,
+                self.num_clients,
+                sample_partitions(self.seed, rnd, self.num_clients, self.clients_per_round),
+            )
+        else:
+            pids = list(self._sampled)
         slots = self._slots(client_manager, len(pids))
-        send = to_parameters(self._deferred[2]["weights"])
+        send = self.transport.send(self._deferred[2]["weights"])
         return [
             (
                 slot,
@@ -661,12 +755,17 @@ class FederatedStrategy(Strategy):
         self.drain()  # at most one round end in flight: the previous one is done first
         due = self.evaluate_fn is not None and (rnd % self.eval_every == 0 or rnd == self.rounds)
         state = self.state_dict()  # copies: the next round may change the live arrays
-        job = (rnd, due, state, dict(self._fit_info), self._round_start)
+        info = dict(self._fit_info)
+        if not info.get("num_clients"):  # no update reached the model: a failed round
+            info["round_failed"] = True
+            info["failure_reason"] = self._failure_reason()
+            log.warning("round %d failed (model unchanged): %s", rnd, info["failure_reason"])
+        job = (rnd, due, state, info, self._round_start)
         if self._client_eval_due(rnd):  # the record waits for aggregate_evaluate
             self._deferred = job
             return None
         record = self._end_round(job)
-        if record is None:
+        if record is None or "test_loss" not in record:
             return None
         return record["test_loss"], {"accuracy": float(record.get("test_accuracy", 0.0))}
 
@@ -700,8 +799,12 @@ class FederatedStrategy(Strategy):
                 **fit_info,
                 "round_time_s": time.time() - round_start,
             }
-            if self.on_record is not None:
-                self.on_record(record)
+        elif fit_info.get("round_failed"):  # recorded even when not evaluated
+            record = {"round": rnd, **fit_info, "round_time_s": time.time() - round_start}
+        if record is not None and self.on_record is not None:
+            self.on_record(record)
+        if rnd >= self.rounds and not state.get("rounds_trained"):
+            raise AllClientsFailed(self._never_trained(rnd, fit_info))
         if self.on_checkpoint is not None:
             self.on_checkpoint(rnd, state)
         timers.server_event("round_end_end", round=rnd)

@@ -32,14 +32,24 @@ combinations.
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.strategy import (
     DifferentialPrivacyClientSideFixedClipping,
     DifferentialPrivacyServerSideFixedClipping,
     Strategy,
 )
 
+from fedrcl_flwr.app.transport import is_reference, to_bytes
 from fedrcl_flwr.privacy import PrivacyAccountant, noise_std
+
+
+def _with_bytes(result):
+    """A kept result's ``FitRes`` with its weights inside (Flower's wrappers decode the
+    message's bytes; an upload by reference to the weight store is re-encoded)."""
+    res = result.fit_res
+    if not is_reference(res.parameters):
+        return res
+    return FitRes(res.status, to_bytes(result.weights), res.num_examples, res.metrics)
 
 
 class AveragingStep(Strategy):
@@ -51,6 +61,7 @@ class AveragingStep(Strategy):
         self.num_sampled = int(num_sampled)
         self.sent: list = []
         self.owner = None  # the FederatedStrategy whose configure step this runs
+        self.wire: Parameters | None = None  # what the clients are sent (a store reference)
         self.secagg_active = 0  # > 0: results hold SecAgg+'s mean of that many clients
 
     def initialize_parameters(self, client_manager):
@@ -58,7 +69,8 @@ class AveragingStep(Strategy):
 
     def configure_fit(self, server_round, parameters, client_manager):
         self.sent = [np.asarray(a) for a in parameters_to_ndarrays(parameters)]
-        return self.owner.sample_clients(server_round, parameters, client_manager)
+        wire = self.wire if self.wire is not None else parameters
+        return self.owner.sample_clients(server_round, wire, client_manager)
 
     def aggregate_fit(self, server_round, results, failures):
         if not results:
@@ -113,7 +125,13 @@ class CentralDP:
         self.accountant = PrivacyAccountant(self.noise_multiplier, dp_cfg.delta, num_clients)
         self.std = noise_std(self.noise_multiplier, self.clipping_norm, num_sampled)
 
-    def configure_fit(self, server_round: int, send: Parameters, client_manager):
+    def configure_fit(self, server_round: int, send: Parameters, client_manager, arrays=None):
+        """Flower's wrapper reads the sent model from the bytes of a message: with the
+        weight store (``send`` a reference) it gets ``arrays`` as bytes, and the clients
+        still get the reference."""
+        self.step.wire = None
+        if is_reference(send):
+            self.step.wire, send = send, to_bytes(arrays)
         return self.wrapper.configure_fit(server_round, send, client_manager)
 
     def unclipped(self, arrays) -> str | None:
@@ -141,7 +159,7 @@ class CentralDP:
         self.step.secagg_active = int(secagg_active)
         np.random.seed()  # Flower's noise: from the OS, not from anything configured
         # Flower's DP wrappers read only the FitRes of each (proxy, FitRes) pair
-        results = [(None, r.fit_res) for r in kept]
+        results = [(None, _with_bytes(r)) for r in kept]
         params, _ = self.wrapper.aggregate_fit(server_round, results, [])  # type: ignore[arg-type]
         if params is None:
             raise RuntimeError(f"round {server_round}: the DP wrapper aggregated no result")

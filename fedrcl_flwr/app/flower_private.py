@@ -3,7 +3,7 @@
 Flower's documented public API is the ``__all__`` of ``flwr.app``, ``flwr.client``,
 ``flwr.client.mod``, ``flwr.common``, ``flwr.server``, ``flwr.server.strategy``,
 ``flwr.server.workflow`` and ``flwr.simulation``. Everything else this project needs
-from Flower is imported here and nowhere else (``tests/test_flower_private.py`` checks
+from Flower is imported here and nowhere else (``tests/app/test_flower_private.py`` checks
 both: that no other module imports a non-public name, and that each symbol below still
 exists with the shape this project relies on, naming the symbol when it does not). When
 Flower changes one of them (1.43 moved the Control API to HTTP only and reshuffled

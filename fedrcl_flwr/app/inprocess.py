@@ -7,6 +7,7 @@ server loop makes. For tests, debugging and the simulation-overhead benchmark.
 from __future__ import annotations
 
 import copy
+import shutil
 from pathlib import Path
 
 from flwr.app import Context
@@ -15,8 +16,10 @@ from flwr.server import Grid
 
 from clients import client_class
 from fedrcl_flwr.app.server_app import build_server
+from fedrcl_flwr.app.transport import ServerTransport, fallback_reason
 from fedrcl_flwr.config import ExperimentConfig
 from fedrcl_flwr.run.run_files import CLIENT_STATE_DIR
+from fedrcl_flwr.weight_store import temporary_store
 
 
 class _Slot:
@@ -73,13 +76,29 @@ def run_inprocess(
     ``strategies/base.py``). An experiment whose privacy needs the ClientApp's mods
     (``privacy.secagg``, ``privacy.dp.mode: client``) runs through Flower's workflow
     instead (:func:`run_workflow_inprocess`; ``client_factory`` and
-    ``overlap_evaluation`` do not apply)."""
+    ``overlap_evaluation`` do not apply). Weights travel as configured
+    (``simulation.transport``: by reference through a weight store of this call's own,
+    removed at the end, or inside the messages; ``fedrcl_flwr/app/transport.py``)."""
     dp = cfg.privacy.dp
     if cfg.privacy.secagg or (dp is not None and dp.mode == "client"):
         return run_workflow_inprocess(cfg, out_dir, resume=resume, stop_after=stop_after)
     strategy, rounds_left = build_server(
         cfg, Path(out_dir), resume=resume, overlap_evaluation=overlap_evaluation
     )
+    root = None
+    if fallback_reason(cfg) is None:
+        store, root = temporary_store()
+        strategy.transport = ServerTransport(store, f"weights by reference through {root}")
+    try:
+        _rounds(strategy, cfg, out_dir, rounds_left, stop_after, client_factory)
+    finally:
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+    return strategy
+
+
+def _rounds(strategy, cfg, out_dir, rounds_left, stop_after, client_factory) -> None:
+    """:func:`run_inprocess`'s loop: Flower's legacy server loop, call for call."""
     manager = _Manager(cfg.federation.sampled_per_round())
     cls = client_class(cfg.client.method)
     state_dir = str(Path(out_dir) / CLIENT_STATE_DIR)  # as the ClientApp: per-client state
@@ -102,7 +121,6 @@ def run_inprocess(
     strategy.drain()
     if strategy.tracker is not None:  # stopped early: close what a killed run leaves open
         strategy.tracker.close()
-    return strategy
 
 
 class InProcessGrid(Grid):
@@ -147,7 +165,11 @@ class InProcessGrid(Grid):
     def push_messages(self, messages):
         raise NotImplementedError("InProcessGrid answers in send_and_receive only")
 
-    def pull_messages(self, message_ids):
+    def pull_messages(self, reply_to_message_ids=None, *, message_ids=None):
+        """Flower 1.41 / 1.42 call it ``pull_messages(message_ids)``, 1.43
+        ``pull_messages(reply_to_message_ids=None, *, message_ids=None)`` (``message_ids``
+        deprecated): both forms are accepted; replies come only from
+        :meth:`send_and_receive`."""
         raise NotImplementedError("InProcessGrid answers in send_and_receive only")
 
     def send_and_receive(self, messages, *, timeout=None):

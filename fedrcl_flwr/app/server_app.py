@@ -19,11 +19,18 @@ from flwr.server import (
 )
 
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
-from fedrcl_flwr.config import ConfigError, dump_config
+from fedrcl_flwr.config import dump_config
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
 from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.run.checkpoint import load_checkpoint, save_checkpoint
-from fedrcl_flwr.run.results import CONFIG_FILE, RunRecorder, format_round_line, shows_ema
+from fedrcl_flwr.run.results import (
+    CONFIG_FILE,
+    RunRecorder,
+    format_round_line,
+    run_title,
+    shows_ema,
+)
 from strategies import strategy_class
 
 # when this module (torch, Flower, the project) finished importing: the start-up breakdown
@@ -88,7 +95,7 @@ def check_resume(cfg, out_dir) -> None:
     """Can the run in ``out_dir`` continue under ``cfg``? A :class:`ConfigError` (exit 2)
     when the checkpoint is unreadable (truncated, foreign) or does not fit the configured
     model or strategy (e.g. a ``--set`` that changed the model). Reads only."""
-    from fedrcl_flwr.run.checkpoint import CheckpointError
+    from fedrcl_flwr.errors import CheckpointError
 
     try:
         ckpt = load_checkpoint(out_dir)
@@ -187,6 +194,7 @@ def open_run_outputs(cfg, out_dir, ckpt, ema: EMATracker):
         target_rounds=cfg.evaluation.target_rounds,
         elapsed_before=float(ckpt["wall_time_s"]) if ckpt else 0.0,
         report_metric=cfg.evaluation.report_metric,
+        title=run_title(cfg),
     )
     if ckpt:
         recorder.load_existing(done)
@@ -300,9 +308,10 @@ def checkpoint_writer(cfg, out_dir, recorder: RunRecorder, tracker, ema: EMATrac
     return on_checkpoint
 
 
-def server_components(context: Context):
-    """The run's experiment, strategy and Flower server config."""
-    if timers.enabled():
+def server_components(context: Context, simulation: bool = True):
+    """The run's experiment, strategy and Flower server config. ``simulation``: the
+    simulation's in-memory grid (weights may travel by reference: ``transport.choose``)."""
+    if timers.enabled() or timers.progress_enabled():
         timers.server_event(
             "serverapp_start", process_start=timers.process_start_time(), imported=IMPORTED_AT
         )
@@ -321,6 +330,10 @@ def server_components(context: Context):
         overlap_evaluation=True,
     )
     timers.server_event("serverapp_built")
+    from fedrcl_flwr.app.transport import choose
+
+    strategy.transport = choose(cfg, context.run_config, simulation=simulation)
+    print(f"[fedrcl-flwr] {strategy.transport.note}", file=sys.stderr, flush=True)
     print(
         f"[fedrcl-flwr] {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "
         f"{rounds_left} rounds to run, output {out_dir}",
@@ -341,12 +354,12 @@ def server_components(context: Context):
     )
 
 
-def server_fn(context: Context):
+def server_fn(context: Context, simulation: bool = True):
     """Flower's legacy server loop around the strategy, with every client of a round in
     flight at once: Flower's ``Server`` sends each client's instructions from a thread
     pool of ``min(32, cores + 4)`` threads by default, so with more clients per round than
     that the actors idled while replies travelled back and the next instructions out."""
-    cfg, strategy, config = server_components(context)
+    cfg, strategy, config = server_components(context, simulation)
     server = Server(client_manager=EagerClientManager(), strategy=strategy)
     server.set_max_workers(max(1, cfg.federation.sampled_per_round()))
     return ServerAppComponents(server=server, config=config)
@@ -375,7 +388,7 @@ def reply_poll_interval(clients_per_round: int) -> float:
     return min(0.1, max(0.01, clients_per_round / 500.0))
 
 
-def run_secagg(grid, context: Context) -> None:
+def run_secagg(grid, context: Context, simulation: bool = True) -> None:
     """``privacy.secagg``: Flower's ``DefaultWorkflow`` with ``SecAggPlusWorkflow`` as its
     fit step, around the same strategy (as a ``LegacyContext``); the clients run
     ``secaggplus_mod`` (``client_app.privacy_mods``). The strategy receives each reporting
@@ -386,7 +399,7 @@ def run_secagg(grid, context: Context) -> None:
 
     from fedrcl_flwr.app.validate import secagg_max_weight, secagg_workflow
 
-    cfg, strategy, config = server_components(context)
+    cfg, strategy, config = server_components(context, simulation)
     fit = secagg_workflow(cfg, max_weight=secagg_max_weight(cfg))
     print(
         f"[fedrcl-flwr] privacy.secagg: Flower's SecAggPlusWorkflow (shares "
@@ -403,7 +416,6 @@ def run_secagg(grid, context: Context) -> None:
     )
 
 
-_components_app = ServerApp(server_fn=server_fn)
 app = ServerApp()
 
 
@@ -411,10 +423,13 @@ app = ServerApp()
 def main(grid, context: Context) -> None:
     """The ServerApp: Flower's legacy server loop on the strategy (``server_fn``), or with
     ``privacy.secagg`` the SecAgg+ workflow (:func:`run_secagg`)."""
+    from functools import partial
+
     cfg = config_from_run_config(context.run_config)
-    if hasattr(grid, "pull_interval"):  # the simulation's in-memory grid
+    simulation = hasattr(grid, "pull_interval")  # the simulation's in-memory grid
+    if simulation:
         grid.pull_interval = reply_poll_interval(cfg.federation.sampled_per_round())
     if cfg.privacy.secagg:
-        run_secagg(grid, context)
+        run_secagg(grid, context, simulation)
     else:
-        _components_app(grid, context)
+        ServerApp(server_fn=partial(server_fn, simulation=simulation))(grid, context)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from clients import client_class
 from fedrcl_flwr.components import check_model_rules
-from fedrcl_flwr.config import ConfigError, ExperimentConfig
+from fedrcl_flwr.config import ExperimentConfig
+from fedrcl_flwr.errors import ConfigError
 from strategies import strategy_class
 
 
@@ -85,7 +86,8 @@ def secagg_max_weight(cfg: ExperimentConfig) -> float:
 
 def secagg_workflow(cfg: ExperimentConfig, *, max_weight: float = 1.0):
     """Flower's ``SecAggPlusWorkflow`` for the ``privacy.secagg_*`` parameters (a
-    ``ConfigError`` for values Flower refuses); the stage time-out is
+    ``ConfigError`` for values Flower refuses, and for shares or a threshold its setup
+    stage would halt every round on: ``fedrcl_flwr.privacy.check_secagg_plan``); the stage time-out is
     ``federation.round_timeout_s``."""
     from flwr.server.workflow import SecAggPlusWorkflow
 
@@ -98,7 +100,7 @@ def secagg_workflow(cfg: ExperimentConfig, *, max_weight: float = 1.0):
             "modulus, or the masked sum overflows"
         )
     try:
-        return SecAggPlusWorkflow(
+        workflow = SecAggPlusWorkflow(
             pr.secagg_num_shares,
             pr.secagg_threshold,
             max_weight=max_weight,
@@ -110,3 +112,7 @@ def secagg_workflow(cfg: ExperimentConfig, *, max_weight: float = 1.0):
         raise ConfigError(
             f"privacy.secagg_*: Flower's SecAgg+ refuses the parameters ({exc})"
         ) from None
+    from fedrcl_flwr.privacy import check_secagg_plan
+
+    check_secagg_plan(cfg)  # what Flower's setup stage would halt on, every round
+    return workflow

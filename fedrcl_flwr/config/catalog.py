@@ -12,6 +12,7 @@ Adding a dataset: an entry in :data:`DATASETS` and its reader in
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ DATASETS: dict[str, DatasetInfo] = {
     "imagefolder": DatasetInfo(3, domains=True),
     "digit5": DatasetInfo(3, domains=True),
     "npz": DatasetInfo(channels=None, domains=True),  # your arrays: d_train gives domains
+    "hf_disk": DatasetInfo(channels=None),  # a Hugging Face DatasetDict (save_to_disk)
 }
 DATASET_NAMES = tuple(DATASETS)
 TORCHVISION_CLASSES = {n: d.torchvision for n, d in DATASETS.items() if d.torchvision}
@@ -59,6 +61,8 @@ PARTITION_SCHEMES: dict[str, str] = {
     "dirichlet": "Dirichlet",
     "shards": "shards",
     "domain": "by domain",
+    "pathological": "pathological",
+    "flwr_datasets": "Flower Datasets",
     "file": "split file",
 }
 SCHEME_NAMES = tuple(PARTITION_SCHEMES)
@@ -66,7 +70,7 @@ SCHEME_NAMES = tuple(PARTITION_SCHEMES)
 # rethinkfl_*: RethinkFL's (FPL's) domain-skew splits, scheme domain only
 # (fedrcl_flwr/data/rethinkfl.py)
 RETHINKFL_GENERATORS = ("rethinkfl_digits", "rethinkfl_office")
-GENERATORS = ("project", "fedrcl", "fedrcl_labels", *RETHINKFL_GENERATORS)
+GENERATORS = ("project", "fedrcl", "fedrcl_labels", "feduv", *RETHINKFL_GENERATORS)
 # ``dataset.test_split``: ``random`` (a seeded test_fraction per class) or RethinkFL's
 # Office-Caltech rule (image i of a domain, ImageFolder order, is a test image iff i % 10 > 7)
 TEST_SPLITS = ("random", "rethinkfl")
@@ -84,13 +88,15 @@ CLIENT_METRICS = tuple(f"client_{s}" for s in CLIENT_STATS)
 # ``evaluation.per_client``: which clients are evaluated, on which local test data
 # every name ``report --metric`` takes, in the order the help lists them
 METRIC_NAMES = tuple(SUMMARY_METRICS) + (EMA_METRIC,) + CLIENT_METRICS
-PER_CLIENT_CLIENTS = ("sampled", "all")
+# sampled: the round's clients (just averaged into the model: an optimistic measure);
+# unsampled: as many clients drawn from those not in the round (unbiased); all: every one
+PER_CLIENT_CLIENTS = ("sampled", "unsampled", "all")
 PER_CLIENT_LOCAL_TESTS = ("auto", "holdout", "domain")
 
 _EMA_RE = re.compile(r"ema@([1-9][0-9]*)")
 
 
-def in_words(names) -> str:
+def in_words(names: Iterable[str]) -> str:
     """``a, b or c``."""
     names = list(names)
     return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]

@@ -20,6 +20,7 @@ from fedrcl_flwr.config.rules import _shorten, check_rules, name_problem
 from fedrcl_flwr.config.schema import DatasetConfig, ExperimentConfig, PartitionConfig
 from fedrcl_flwr.errors import ConfigError
 
+MIN_NORMALIZE_STD = 1e-3  # dataset.normalize.std: a smaller divisor blows pixels up past 1e3
 MAX_SUPERNODES = 10_000  # SuperNodes one simulation may start (each is registered in the DB)
 
 
@@ -68,6 +69,11 @@ def _check_local_optimiser(cfg: ExperimentConfig, source: str) -> None:
             f"'client.momentum' > 0 (got {cfg.client.optimizer}, momentum "
             f"{cfg.client.momentum})"
         )
+    if cfg.client.lr_schedule == "cosine" and cfg.client.lr_decay != 1.0:
+        raise ConfigError(
+            f"{source}: 'client.lr_schedule' cosine replaces the per-round decay: set "
+            f"'client.lr_decay' to 1 (got {cfg.client.lr_decay})"
+        )
     if cfg.client.amp == "fp16" and cfg.client.device == "cpu":
         raise ConfigError(
             f"{source}: 'client.amp' fp16 needs a CUDA device (client.device "
@@ -77,8 +83,11 @@ def _check_local_optimiser(cfg: ExperimentConfig, source: str) -> None:
 
 def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
     """What the dataset and the partition scheme need of each other."""
-    if cfg.dataset.name == "npz" and not cfg.dataset.path:
-        raise ConfigError(f"{source}: 'dataset.path' is required when dataset.name is npz")
+    if cfg.dataset.name in ("npz", "hf_disk") and not cfg.dataset.path:
+        raise ConfigError(
+            f"{source}: 'dataset.path' is required when dataset.name is {cfg.dataset.name}"
+        )
+    _check_new_schemes(cfg, source)
     check_normalize(cfg.dataset, source)
     _check_generator(cfg.partition, source)
     if cfg.partition.scheme == "file" and not cfg.partition.path:
@@ -105,21 +114,63 @@ def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
             )
 
 
+def _check_new_schemes(cfg: ExperimentConfig, source: str) -> None:
+    """``pathological`` (k within the classes the config can tell) and ``flwr_datasets``
+    (its partitioner spec, :mod:`fedrcl_flwr.config.partitioners`); ``partition.
+    partitioner`` only with ``flwr_datasets``."""
+    p = cfg.partition
+    if cfg.dataset.name == "hf_disk":
+        import importlib.util
+
+        if importlib.util.find_spec("datasets") is None:
+            raise ConfigError(
+                f"{source}: 'dataset.name' hf_disk needs Hugging Face datasets "
+                "(pip install 'fedrcl-flwr[flwr-datasets]')"
+            )
+    if p.partitioner is not None and p.scheme != "flwr_datasets":
+        raise ConfigError(
+            f"{source}: 'partition.partitioner' applies to partition.scheme flwr_datasets "
+            f"only (scheme is {p.scheme}); remove it"
+        )
+    if p.scheme == "pathological":
+        known = cfg.model.num_classes
+        if cfg.dataset.name == "synthetic":
+            known = cfg.dataset.synthetic.num_classes
+        if known is not None and p.classes_per_client > known:
+            raise ConfigError(
+                f"{source}: 'partition.classes_per_client' ({p.classes_per_client}) exceeds "
+                f"the {known} classes of the dataset"
+            )
+    if p.scheme == "flwr_datasets":
+        from fedrcl_flwr.config.partitioners import check_spec
+
+        if not p.partitioner:
+            raise ConfigError(
+                f"{source}: 'partition.partitioner' is required when partition.scheme is "
+                "flwr_datasets ({name: <a flwr_datasets partitioner class>, <its arguments>})"
+            )
+        seed = cfg.seed if p.seed is None else p.seed
+        check_spec(p.partitioner, cfg.federation.num_clients, seed, source)
+
+
 def _check_reference(cfg: ExperimentConfig, source: str) -> None:
     check_reference(cfg.reference, source)
 
 
 def _check_feature_sections(cfg: ExperimentConfig, source: str) -> None:
-    """The sections of optional features, each checked by the module that implements it
-    (per-client evaluation, unreliable clients, trackers, privacy), and the extras they
-    need installed (:mod:`fedrcl_flwr.config.extras`)."""
-    from fedrcl_flwr import availability, client_eval
+    """The sections of optional features (per-client evaluation, unreliable clients,
+    trackers, privacy: :mod:`fedrcl_flwr.config.sections`), and the extras they need
+    installed (:mod:`fedrcl_flwr.config.extras`)."""
     from fedrcl_flwr.config.extras import installed, pip_install
-    from fedrcl_flwr.privacy import check_privacy_section
-    from fedrcl_flwr.tracking import check_trackers
+    from fedrcl_flwr.config.sections import (
+        check_availability,
+        check_client_eval,
+        check_privacy_section,
+        check_trackers,
+    )
 
-    client_eval.check_config(cfg, source)
-    availability.check_config(cfg, source)
+    check_client_eval(cfg, source)
+    check_availability(cfg, source)
     if cfg.output.tensorboard and not installed("tensorboard"):
         raise ConfigError(
             f"{source}: 'output.tensorboard' is true but the tensorboard "
@@ -171,11 +222,20 @@ def normalize_constants(value: Any, where: str, channels: int | None) -> tuple |
     """``(mean, std)`` of an explicit ``dataset.normalize`` mapping (``None`` for
     true / false), checked: exactly the keys ``mean`` and ``std``, each a list of
     ``channels`` finite numbers (any common length when ``channels`` is None), mean in
-    [0, 1], std > 0. A problem is one :class:`ConfigError` naming the key and ``where``."""
+    [0, 1], std >= :data:`MIN_NORMALIZE_STD`. A problem is one :class:`ConfigError` naming the key and ``where``."""
     if isinstance(value, bool):
         return None
     key = "dataset.normalize"
-    if not isinstance(value, dict) or set(value) != {"mean", "std"}:
+    if isinstance(value, dict):
+        unknown = sorted(str(k) for k in value if k not in ("mean", "std"))
+        missing = [k for k in ("mean", "std") if k not in value]
+        if unknown or missing:
+            what = f"unknown key '{key}.{unknown[0]}'" if unknown else f"'{key}.{missing[0]}'"
+            raise ConfigError(
+                f"{where}: {what}: '{key}' as a mapping takes exactly the keys mean and "
+                f"std (lists, one value per channel), got {sorted(map(str, value))}"
+            )
+    if not isinstance(value, dict):
         got = sorted(map(str, value)) if isinstance(value, dict) else repr(value)
         raise ConfigError(
             f"{where}: '{key}' must be true, false or {{mean: [...], std: "
@@ -210,8 +270,11 @@ def normalize_constants(value: Any, where: str, channels: int | None) -> tuple |
         )
     if not all(0.0 <= m <= 1.0 for m in mean):
         raise ConfigError(f"{where}: '{key}.mean' must be in [0, 1] (pixel units), got {mean}")
-    if not all(s > 0 for s in std):
-        raise ConfigError(f"{where}: '{key}.std' must be > 0, got {std}")
+    if not all(s >= MIN_NORMALIZE_STD for s in std):
+        raise ConfigError(
+            f"{where}: '{key}.std' must be >= {MIN_NORMALIZE_STD:g} (dividing pixels in "
+            f"[0, 1] by less overflows the input), got {std}"
+        )
     return mean, std
 
 
@@ -220,7 +283,8 @@ def check_normalize(d: DatasetConfig, source: str) -> None:
 
 
 def _check_generator(p: PartitionConfig, source: str) -> None:
-    from fedrcl_flwr.data.partition import PartitionError, resolve_generator
+    from fedrcl_flwr.config.sections import resolve_generator
+    from fedrcl_flwr.errors import PartitionError
 
     try:
         resolve_generator(p.scheme, p.balanced, p.generator)

@@ -17,6 +17,8 @@ keys in the file.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import math
 import re
 import types
@@ -58,7 +60,7 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _resolve_float(loader_cls) -> None:
+def _resolve_float(loader_cls: Any) -> None:
     # drop the YAML 1.1 float resolver and add one for 1e-3, 1E-3, .5, 1., -2.5e+4 (and .inf/.nan,
     # which the schema then refuses with a clear message)
     for ch, resolvers in list(loader_cls.yaml_implicit_resolvers.items()):
@@ -79,11 +81,11 @@ _resolve_float(_Loader)
 
 
 class _RecursiveAlias(Exception):
-    def __init__(self, node):
+    def __init__(self, node: Any) -> None:
         self.node = node
 
 
-def _expanded_size(node, memo: dict) -> int:
+def _expanded_size(node: Any, memo: dict) -> int:
     """Nodes in the tree ``node`` stands for once aliases are expanded (memoised, so an
     alias bomb is measured without being expanded). A node that contains itself (a
     recursive alias, ``&a {x: *a}``) raises :class:`_RecursiveAlias`: no configuration
@@ -159,6 +161,10 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        if isinstance(value, dict):  # a section: its own keys' errors name the full key
+            for arg in args:
+                if isinstance(arg, type) and dataclasses.is_dataclass(arg):
+                    return _build(arg, value, key, source)
         for arg in args:
             if arg is type(None):
                 continue
@@ -204,14 +210,21 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     )
 
 
+@functools.cache
+def _schema_of(cls: type) -> tuple[dict, frozenset]:
+    """A section class's annotations (resolved) and field names, read once per class."""
+    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def _build(cls: type, data: dict, prefix: str, source: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    hints, names = _schema_of(cls)
     for k in data:
         if k not in names:
             where = f"{prefix}.{k}" if prefix else str(k)
             allowed = ", ".join(sorted(names))
-            raise ConfigError(f"{source}: unknown key '{where}' (allowed here: {allowed})")
+            close = difflib.get_close_matches(str(k), sorted(names), n=1, cutoff=0.6)
+            hint = f"did you mean '{prefix + '.' if prefix else ''}{close[0]}'? " if close else ""
+            raise ConfigError(f"{source}: unknown key '{where}' ({hint}allowed here: {allowed})")
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name in data:
@@ -337,6 +350,17 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
 
 def to_dict(cfg: ExperimentConfig) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def flatten_keys(d: Any, prefix: str = "") -> dict:
+    """Dotted keys of the leaves; an empty mapping has none (``params: {}`` and a missing
+    ``params`` are the same setting)."""
+    if isinstance(d, dict):
+        out = {}
+        for k, v in d.items():
+            out.update(flatten_keys(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: d}
 
 
 def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:

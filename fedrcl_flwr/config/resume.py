@@ -3,7 +3,7 @@ changes it refuses."""
 
 from __future__ import annotations
 
-from fedrcl_flwr.config.loading import to_dict
+from fedrcl_flwr.config.loading import flatten_keys, to_dict
 from fedrcl_flwr.config.schema import ExperimentConfig
 
 # What ``run --resume`` may change (dotted keys; a section name covers its keys): how
@@ -34,8 +34,6 @@ RESUME_MAY_CHANGE = (
 
 def changed_keys(old: ExperimentConfig, new: ExperimentConfig) -> list[str]:
     """Dotted keys whose resolved value differs between two configurations."""
-    from fedrcl_flwr.report.tables import flatten_keys
-
     a, b = flatten_keys(to_dict(old)), flatten_keys(to_dict(new))
     missing = object()
     return sorted(k for k in set(a) | set(b) if a.get(k, missing) != b.get(k, missing))

@@ -68,8 +68,8 @@ def _shorten(text: Any, limit: int = 60) -> str:
     return r if len(r) <= limit else r[:limit] + "...'"
 
 
-def _ray_address_ok(v) -> bool:
-    if v is None or v == "auto":
+def _ray_address_ok(v: Any) -> bool:
+    if v is None:
         return True
     host, sep, port = str(v).rpartition(":")
     return (
@@ -84,7 +84,7 @@ def _ray_address_ok(v) -> bool:
 # --------------------------------------------------------------------------------------
 # Rules: the allowed values of each key that has a range or a set of choices, as the
 # component parameters declare theirs (fedrcl_flwr.components.Rule; ``bad`` holds values
-# tests/test_config.py feeds in). Types are checked from the annotations first; null
+# tests/config/test_config.py feeds in). Types are checked from the annotations first; null
 # (allowed only where the annotation is Optional) never reaches a rule.
 # --------------------------------------------------------------------------------------
 
@@ -153,6 +153,7 @@ CONFIG_RULES: dict[str, Rule] = {
     ),
     "partition.alpha": positive(),
     "partition.shards_per_client": at_least(1),
+    "partition.classes_per_client": at_least(1),
     "partition.min_size": non_negative(),
     "partition.domains_per_client": at_least(1),
     "partition.samples_per_class": or_null(at_least(1)),
@@ -178,12 +179,13 @@ CONFIG_RULES: dict[str, Rule] = {
     "client.eps": between(0, 1, lo_open=True, hi_open=True),
     "client.lr": positive(),
     "client.lr_decay": between(0, 1, lo_open=True),
+    "client.lr_schedule": one_of("exponential", "cosine"),
     "client.epoch_lr_decay": between(0, 1, lo_open=True),
     "client.momentum": between(0, 1, hi_open=True),
     "client.weight_decay": non_negative(),
-    "client.local_epochs": at_least(1),
+    "client.local_epochs": between(1, 10_000),
     "client.batch_size": at_least(1),
-    "client.iterations_per_epoch": at_least(1),
+    "client.iterations_per_epoch": between(1, 1_000_000),
     "client.grad_clip": or_null(positive()),
     "client.device": Rule(
         lambda v: v in ("auto", "cpu", "cuda"), "must be auto, cpu or cuda", ("gpu",)
@@ -216,11 +218,11 @@ CONFIG_RULES: dict[str, Rule] = {
     "evaluation.robust_step": with_text(
         between(0, 1, lo_open=True), "must be in (0, 1] (pixel units)"
     ),
-    "evaluation.robust_steps": at_least(1),
+    "evaluation.robust_steps": between(1, 10_000),
     "evaluation.robust_samples": at_least(1),
     "evaluation.per_client.every": with_text(non_negative(), "must be >= 0 (0 = off)"),
     "evaluation.per_client.local_test_fraction": between(0, 1, hi_open=True),
-    "evaluation.per_client.finetune_steps": non_negative(),
+    "evaluation.per_client.finetune_steps": between(0, 100_000),
     "evaluation.per_client.clients": Rule(
         lambda v: v in PER_CLIENT_CLIENTS, f"must be {in_words(PER_CLIENT_CLIENTS)}", ("some",)
     ),
@@ -233,15 +235,18 @@ CONFIG_RULES: dict[str, Rule] = {
     "simulation.startup_timeout_s": positive(),
     "simulation.ray_address": Rule(
         _ray_address_ok,
-        "must be HOST:PORT of a Ray head node or 'auto' (or null: a private local Ray)",
-        ("localhost", "host:0", "host:99999", "a b:1"),
+        "must be HOST:PORT of a Ray head node, an explicit address ('auto' could join "
+        "another user's Ray on this machine), or null: a private local Ray",
+        ("localhost", "host:0", "host:99999", "a b:1", "auto"),
     ),
+    "simulation.transport": one_of("shared", "flower"),
     "output.checkpoint_every": non_negative(),
     "output.tracker_project": Rule(
         lambda v: bool(v.strip()) and "/" not in v,
         "must be a non-empty name without slashes",
         (" ", "a/b"),
     ),
+    "output.tracker_timeout_s": between(0, 3600, lo_open=True),
     "output.tracker_group": Rule(
         lambda v: bool(v.strip()), "must be a non-empty name (or null)", (" ",)
     ),

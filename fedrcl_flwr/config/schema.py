@@ -35,8 +35,11 @@ class DatasetConfig:
     """Which data to use and how to load it.
 
     ``name``: synthetic | cifar10 | cifar100 | mnist | fmnist | svhn | usps | stl10 |
-    tinyimagenet | imagefolder | digit5 | npz. ``root`` is where torchvision datasets /
-    image folders live; ``path`` is the ``.npz`` file for ``npz``; ``download`` lets
+    tinyimagenet | imagefolder | digit5 | npz | hf_disk. ``root`` is where torchvision
+    datasets / image folders live; ``path`` is the ``.npz`` file for ``npz``, the
+    directory a Hugging Face ``DatasetDict`` (splits ``train``, ``test``) was saved to with
+    ``save_to_disk`` for ``hf_disk`` (``image_column`` / ``label_column`` name its columns,
+    null = detected; ``fedrcl_flwr/data/hf.py``); ``download`` lets
     torchvision fetch missing data (needs a network). ``domains`` names the domain
     sub-folders of an image-folder tree (PACS, Office-10, DomainNet) or a subset of
     Digit-5's domains; ``test_fraction`` is held out for testing from image folders that
@@ -64,7 +67,7 @@ class DatasetConfig:
       with the normalisation mean colour;
     * ``normalize``: ``true`` = the training set's per-channel mean / std; ``false`` =
       none (pixels in [0, 1]); ``{mean: [...], std: [...]}`` = fixed constants, one per
-      channel (mean in [0, 1], std > 0), as the authors' ``Normalize`` (FedRCL:
+      channel (mean in [0, 1], std >= 1e-3), as the authors' ``Normalize`` (FedRCL:
       ``datasets/configs.yaml``).
     """
 
@@ -91,13 +94,17 @@ class DatasetConfig:
     # else $XDG_CACHE_HOME/fedrcl-flwr or ~/.cache/fedrcl-flwr. Must be the same path on
     # every node of a Ray cluster (a shared filesystem).
     cache_dir: str | None = None
+    # hf_disk: the image and label columns of the saved DatasetDict (null = detected)
+    image_column: str | None = None
+    label_column: str | None = None
 
 
 @dataclass
 class PartitionConfig:
     """How the training set is split over clients (see ``fedrcl_flwr.data.partition``)."""
 
-    scheme: str = "dirichlet"  # iid | dirichlet | shards | domain | file
+    # iid | dirichlet | shards | domain | pathological | flwr_datasets | file
+    scheme: str = "dirichlet"
     alpha: float = 0.3
     balanced: bool = True
     shards_per_client: int = 2
@@ -111,7 +118,8 @@ class PartitionConfig:
     seed: int | None = None
     # ``scheme: file``: JSON {"<client>": [indices]} or the authors' dict-literal text file
     path: str | None = None
-    # project | fedrcl | fedrcl_labels | rethinkfl_digits | rethinkfl_office; null = fedrcl
+    # project | fedrcl | fedrcl_labels | feduv (FedUV's partition_data: iid, unbalanced
+    # dirichlet) | rethinkfl_digits | rethinkfl_office; null = fedrcl
     # for the balanced Dirichlet split (the authors' function as their trainer calls it),
     # project otherwise (see partition.py)
     generator: str | None = None
@@ -119,6 +127,11 @@ class PartitionConfig:
     # percent_dict), a number or one per dataset.domains entry; null = theirs (Digits
     # 0.01, Office-Caltech 0.2)
     domain_fraction: float | list | None = None
+    # scheme pathological: classes per client (k)
+    classes_per_client: int = 2
+    # scheme flwr_datasets: {name: <flwr_datasets.partitioner class>, <its arguments>}
+    # (fedrcl_flwr/config/partitioners.py)
+    partitioner: dict | None = None
 
 
 @dataclass
@@ -212,6 +225,9 @@ class ClientConfig:
     optimizer: str = "sgd"
     lr: float = 0.1
     lr_decay: float = 0.998
+    # exponential: lr * lr_decay ** (t - 1); cosine: lr * (1 + cos(pi (t - 1) / T)) / 2,
+    # T = federation.rounds (FedUV's CosineAnnealingLR over the rounds; lr_decay must be 1)
+    lr_schedule: str = "exponential"
     epoch_lr_decay: float = 1.0
     momentum: float = 0.0
     nesterov: bool = False
@@ -226,7 +242,7 @@ class ClientConfig:
     amp: str | bool = "off"  # off | bf16 | fp16 (a bare YAML off is false)
     channels_last: str | bool = "auto"  # auto | true | false
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.amp is False:  # YAML 1.1 reads `amp: off` as a boolean
             self.amp = "off"
 
@@ -246,7 +262,8 @@ class ServerConfig:
 class PerClientEvalConfig:
     """Per-client (personalised) evaluation (``fedrcl_flwr/client_eval.py``; off while
     ``every`` is 0). Every ``every`` rounds (and at the last round) the global model is
-    evaluated on each sampled client's local test data (``clients: all``: every client),
+    evaluated on each sampled client's local test data (``clients: unsampled``: as many
+    clients not sampled in the round, an unbiased measure; ``clients: all``: every client),
     after ``finetune_steps`` local cross-entropy steps on the client's training data when
     > 0. Local test data (``local_test``): ``holdout`` = a ``local_test_fraction`` share of
     the client's own partition, split once from the partition seed and removed from its
@@ -257,7 +274,7 @@ class PerClientEvalConfig:
     every: int = 0
     local_test_fraction: float = 0.2
     finetune_steps: int = 0
-    clients: str = "sampled"  # sampled | all
+    clients: str = "sampled"  # sampled | unsampled (unbiased) | all
     local_test: str = "auto"  # auto | holdout | domain
 
 
@@ -300,10 +317,12 @@ class SimulationConfig:
     the CLI gives up (exit 1, everything torn down) when the submitted run is still
     ``pending``/``starting`` after this many seconds without a round recorded (Flower
     issue #7953: runs that never leave ``pending``). ``ray_address``: join an existing Ray
-    cluster (``HOST:PORT`` of its head, or ``auto`` for the cluster this machine belongs
-    to) instead of starting a private local Ray; ``num_cpus`` / ``num_gpus`` are then
+    cluster (``HOST:PORT`` of its head; ``auto`` is refused: it could join another user's
+    Ray on this machine) instead of starting a private local Ray; ``num_cpus`` / ``num_gpus`` are then
     per-client requests against the whole cluster, ``init_num_cpus`` / ``init_num_gpus``
     do not apply, and ``dataset.cache_dir`` must be a path every node sees.
+    ``transport``: ``shared`` (weights by reference to the run's store in ``/dev/shm``;
+    Flower's messages where that cannot work: see ``docs/performance.md``) or ``flower``.
     """
 
     num_cpus: int = 1
@@ -313,6 +332,9 @@ class SimulationConfig:
     num_supernodes: int | None = None  # default: the clients sampled per round
     startup_timeout_s: float = 300.0
     ray_address: str | None = None
+    # how weights travel in a simulation (issue 30, fedrcl_flwr/app/transport.py): by
+    # reference to a store in shared memory (shared) or inside Flower's messages (flower)
+    transport: str = "shared"
 
 
 @dataclass
@@ -334,6 +356,9 @@ class OutputConfig:
     tracker_project: str = "fedrcl-flwr"
     # W&B group / MLflow parent run of the run (a sweep sets its name; null = none)
     tracker_group: str | None = None
+    # the deadline (seconds) of every call to a tracker (start, each round, the end): a
+    # tracker that does not answer in time, or fails, is dropped and the run goes on
+    tracker_timeout_s: float = 30.0
 
 
 @dataclass

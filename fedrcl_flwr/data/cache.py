@@ -33,7 +33,8 @@ the run trust that check and only open the entry (:func:`open_prepared`).
 
 Only what is provably the cache's own is ever removed (:func:`is_own_entry`): a directory
 named by a key (32 hex digits) or a temporary ``.tmp-<key>-*`` / ``.discard-<key>-*``
-directory, holding only the cache's file names. Anything else in the cache directory is
+directory, holding only the cache's file names with the cache's content (its metadata
+hash line and fields, NumPy's magic in every array file). Anything else in the cache directory is
 listed as ``foreign`` by ``cache ls`` and left alone by ``cache clear``.
 
 Simulations run by ``fedrcl-flwr run`` prepare the entry in the CLI before any Flower
@@ -94,25 +95,78 @@ def _own_file(name: str) -> bool:
     )
 
 
+_NPY_MAGIC = b"\x93NUMPY"  # every array file np.save writes starts with it
+_NPZ_MAGIC = b"PK\x03\x04"  # the client splits (np.savez: a zip archive)
+_HASH_LINE_RE = re.compile(rb"[0-9a-f]{64}\n?")
+
+
+def _starts_with(path: str, magic: bytes) -> bool:
+    """The regular file at ``path`` is empty (created, nothing written yet: an
+    interrupted write) or starts with ``magic``."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        head = os.read(fd, len(magic))
+    finally:
+        os.close(fd)
+    return head == b"" or head == magic
+
+
+def _own_meta(entry: Path, arrays: bool) -> bool:
+    """The metadata pair is the cache's: ``meta.sha256`` is the cache's hash line of
+    ``meta.json``; or it is a hash line (64 hex digits) beside NumPy arrays of the cache
+    (``arrays``: ``meta.json`` damaged); or ``meta.json`` carries the cache's own fields
+    (``format``, ``arrays``, ``settings``: the hash line damaged)."""
+    try:
+        if (entry / META).stat().st_size > _MAX_META_BYTES:
+            return False
+        raw = (entry / META).read_bytes()
+        line = (entry / META_HASH).read_bytes()[:200] if (entry / META_HASH).is_file() else b""
+    except OSError:
+        return False
+    if _HASH_LINE_RE.fullmatch(line):
+        if arrays or hashlib.sha256(raw).hexdigest() == line[:64].decode():
+            return True
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(meta, dict) and all(k in meta for k in ("format", "arrays", "settings"))
+
+
 def is_own_entry(path: Path) -> bool:
-    """``path`` is provably the cache's own: a real directory (not a link) named by a key
-    (or a temporary / discarded entry's name) that holds only the cache's files (regular
-    files named ``meta.json``, ``meta.sha256``, ``<split>_<x|y|d>.npy``, and the client
-    splits of :func:`load_partition`, ``split-<key>.npz``) and at least one of them. Reads
-    the directory listing only."""
+    """``path`` is provably the cache's own, by its name *and* its content: a real
+    directory (not a link) named by a key (or a temporary / discarded entry's name) that
+    holds only regular files with the cache's names (``meta.json``, ``meta.sha256``,
+    ``<split>_<x|y|d>.npy``, the client splits of :func:`load_partition`,
+    ``split-<key>.npz``), each with the cache's content: every ``.npy`` starts with
+    NumPy's magic and every split with the zip magic (or is empty: a write cut short),
+    and a metadata pair is the cache's (:func:`_own_meta`). A key directory needs the
+    metadata pair; a temporary one (an entry being built) may lack it, or be empty. A
+    user's ``meta.json`` in a 32-hex-named directory, or user files in a ``.tmp-<key>-…``
+    directory, are therefore never the cache's."""
     p = Path(path)
-    if not (KEY_RE.fullmatch(p.name) or _TEMP_RE.fullmatch(p.name)):
+    temp = bool(_TEMP_RE.fullmatch(p.name))
+    if not (KEY_RE.fullmatch(p.name) or temp):
         return False
     try:
         if p.is_symlink() or not p.is_dir():
             return False
-        found = False
+        names = set()
+        arrays = False
         with os.scandir(p) as it:
             for e in it:
                 if not _own_file(e.name) or not e.is_file(follow_symlinks=False):
                     return False
-                found = True
-        return found or bool(_TEMP_RE.fullmatch(p.name))
+                if e.name.endswith(".npy"):
+                    if not _starts_with(e.path, _NPY_MAGIC):
+                        return False
+                    arrays = arrays or e.stat(follow_symlinks=False).st_size > 0
+                if e.name.endswith((".npz", ".tmp")) and not _starts_with(e.path, _NPZ_MAGIC):
+                    return False
+                names.add(e.name)
+        if META in names or META_HASH in names or not temp:
+            return _own_meta(p, arrays)
+        return True  # a temporary entry cut short before its metadata (or empty)
     except OSError:
         return False
 
@@ -156,7 +210,7 @@ def _source_files(d) -> list[Path]:
     root = Path(os.path.expanduser(d.root or "."))
     if d.name == "synthetic":
         return []
-    if d.name == "npz":
+    if d.name in ("npz", "hf_disk"):
         return [Path(os.path.expanduser(d.path))] if d.path else []
     if d.name in TORCHVISION_CLASSES:
         return [_torchvision_files(d.name, root)[0]]
@@ -204,11 +258,11 @@ def entry_settings(d, seed: int) -> dict:
     from dataclasses import asdict
 
     root = str(Path(os.path.expanduser(d.root or ".")).resolve())
-    return {
+    settings = {
         "format": FORMAT,
         "name": d.name,
         "seed": int(seed) if seed_shapes_arrays(d) else None,
-        "root": None if d.name in ("synthetic", "npz") else root,
+        "root": None if d.name in ("synthetic", "npz", "hf_disk") else root,
         "path": str(Path(os.path.expanduser(d.path)).resolve()) if d.path else None,
         "image_size": d.image_size,
         "normalize": _normalize_key(d.normalize),
@@ -219,6 +273,9 @@ def entry_settings(d, seed: int) -> dict:
         "synthetic": asdict(d.synthetic) if d.name == "synthetic" else None,
         "sources": _fingerprint(_source_files(d)),
     }
+    if d.name == "hf_disk":  # which columns are read (a key only this dataset has)
+        settings["columns"] = [d.image_column, d.label_column]
+    return settings
 
 
 def _normalize_key(value):
@@ -501,6 +558,8 @@ def build_entry(root: Path, key: str, d, seed: int, settings: dict):
         verify_md5=d.verify_md5,
         flip=d.flip,
         pad_fill=d.pad_fill,
+        image_column=getattr(d, "image_column", None),
+        label_column=getattr(d, "label_column", None),
     )
     root.mkdir(parents=True, exist_ok=True)
     final = root / key

@@ -26,13 +26,11 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from fedrcl_flwr.accel import gather_rows, to_device, transfer_plan
-from fedrcl_flwr.config import ConfigError
 from fedrcl_flwr.config.catalog import DATASET_NAMES, TORCHVISION_CLASSES
-
-
-class DatasetError(ConfigError):
-    """A dataset that cannot be found or read (a user-input problem: exit code 2)."""
-
+from fedrcl_flwr.data.raw import DatasetError, RawSplit
+from fedrcl_flwr.data.raw import hwc as _hwc
+from fedrcl_flwr.data.raw import int_labels as _int_labels
+from fedrcl_flwr.errors import ConfigError
 
 # --------------------------------------------------------------------------------------
 # The one dataset class
@@ -208,92 +206,6 @@ class DataBundle:
 # --------------------------------------------------------------------------------------
 # Raw sources: each returns uint8 arrays (N, H, W, C)
 # --------------------------------------------------------------------------------------
-
-
-@dataclass
-class RawSplit:
-    x: np.ndarray  # uint8 (N, H, W, C)
-    y: np.ndarray  # int64 (N,)
-    d: np.ndarray | None = None  # int64 domain ids
-    # classes the source's own class list names (CIFAR's batches.meta: torchvision's
-    # ``classes``, the FedRCL authors' K = len(class_to_idx)); None = from the labels
-    classes: int | None = None
-
-
-def _hwc(x, what: str = "images") -> np.ndarray:
-    """Any image array (N,H,W), (N,H,W,C) or (N,C,H,W) -> uint8 (N,H,W,C).
-
-    Layout rule: 4-D arrays are channels-last unless only the channels-first reading has 1
-    or 3 channels. When both readings have 1 or 3 channels (e.g. (N, 3, 16, 3)) the one
-    that gives square images wins; if that does not decide it, it is an error.
-
-    Values: ``uint8`` as is; other integer types must lie in [0, 255]; floats must be
-    finite and in [0, 1] (scaled by 255 and rounded). Anything else (NaN/Inf pixels, floats
-    outside [0, 1], strings, objects) is a :class:`DatasetError` naming ``what``.
-    """
-    x = np.asarray(x)
-    if x.dtype.kind not in "uifb":
-        raise DatasetError(
-            f"{what}: pixel array of type {x.dtype} (need numbers: uint8 in "
-            "[0, 255] or floats in [0, 1])"
-        )
-    if x.ndim == 3:
-        x = x[..., None]
-    elif x.ndim == 4:
-        last, first = x.shape[-1] in (1, 3), x.shape[1] in (1, 3)
-        if first and not last:
-            x = x.transpose(0, 2, 3, 1)
-        elif first and last:
-            sq_last, sq_first = x.shape[1] == x.shape[2], x.shape[2] == x.shape[3]
-            if sq_first and not sq_last:
-                x = x.transpose(0, 2, 3, 1)
-            elif sq_last == sq_first:
-                raise DatasetError(
-                    f"{what}: shape {x.shape} is ambiguous (channels-first and channels-last "
-                    "both possible); store images as N x H x W x C with H == W"
-                )
-    if x.ndim != 4:
-        raise DatasetError(
-            f"{what}: images must be N x H x W or N x H x W x C, got shape {x.shape}"
-        )
-    if x.dtype != np.uint8:
-        if x.dtype.kind == "f":
-            finite = np.isfinite(x)
-            if not finite.all():
-                raise DatasetError(f"{what}: {int((~finite).sum())} NaN/Inf pixel values")
-            if x.size and (x.min() < 0.0 or x.max() > 1.0):
-                raise DatasetError(
-                    f"{what}: float pixels must be in [0, 1], found values in "
-                    f"[{float(x.min()):.4g}, {float(x.max()):.4g}] (scale them to [0, 1], or "
-                    "store uint8 in [0, 255])"
-                )
-            x = np.rint(x.astype(np.float32) * np.float32(255.0)).astype(np.uint8)
-        else:
-            if x.size and (x.min() < 0 or x.max() > 255):
-                raise DatasetError(
-                    f"{what}: integer pixels must be in [0, 255], found values in "
-                    f"[{int(x.min())}, {int(x.max())}]"
-                )
-            x = x.astype(np.uint8)
-    return np.ascontiguousarray(x)
-
-
-def _int_labels(y, what: str) -> np.ndarray:
-    """Labels as int64: integers, or floats that are whole numbers (1.0 -> 1); NaN/Inf,
-    fractional, negative or non-numeric labels are a :class:`DatasetError`."""
-    y = np.asarray(y)
-    if y.dtype.kind not in "uif":
-        raise DatasetError(f"{what}: labels of type {y.dtype} (need non-negative integers)")
-    y = y.ravel()
-    if y.dtype.kind == "f":
-        if not np.isfinite(y).all():
-            raise DatasetError(f"{what}: {int((~np.isfinite(y)).sum())} NaN/Inf labels")
-        if (y != np.round(y)).any():
-            bad = y[y != np.round(y)][:3].tolist()
-            raise DatasetError(f"{what}: fractional labels such as {bad} (need whole numbers)")
-    if len(y) and y.min() < 0:
-        raise DatasetError(f"{what}: negative labels (min {y.min()})")
-    return y.astype(np.int64)
 
 
 def available_memory() -> int | None:
@@ -801,6 +713,7 @@ _AUGMENT = {
     # a horizontal flip is wrong for most that are not natural photographs); opt in with
     # dataset.crop_pad / dataset.flip / dataset.rotation (issue #25)
     "npz": AugmentSpec(0, False),
+    "hf_disk": AugmentSpec(0, False),  # your data, like npz: opt in to augmentation
 }
 
 
@@ -884,6 +797,8 @@ def load_dataset(
     verify_md5: bool = True,
     flip: bool | None = None,
     pad_fill: str = "mean",
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> DataBundle:
     """Load a dataset into a :class:`DataBundle` (see the module docstring).
     ``normalize``: ``True`` | ``False`` | ``{"mean": [...], "std": [...]}``.
@@ -904,6 +819,7 @@ def load_dataset(
         test_fraction=test_fraction,
         verify_md5=verify_md5,
         test_split=test_split,
+        columns=(image_column, label_column),
     )
     _check_splits(name, tr, te)
     if image_size is not None:
@@ -954,6 +870,7 @@ def _read_source(
     test_fraction: float,
     verify_md5: bool,
     test_split: str = "random",
+    columns: tuple[str | None, str | None] = (None, None),
 ) -> tuple[RawSplit, RawSplit, list, int | None]:
     """The train and test images of source ``name`` (:data:`~fedrcl_flwr.config.catalog.
     DATASETS`), its domain names, and the number of classes its own class list names
@@ -978,6 +895,13 @@ def _read_source(
         if not path:
             raise DatasetError("dataset.path is required when dataset.name is npz")
         return (*_npz(Path(os.path.expanduser(path))), [], None)
+    if name == "hf_disk":
+        from fedrcl_flwr.data.hf import read_hf_disk
+
+        if not path:
+            raise DatasetError("dataset.path is required when dataset.name is hf_disk")
+        tr, te = read_hf_disk(path, *columns)
+        return tr, te, [], tr.classes
     raise DatasetError(f"unknown dataset {name!r} (known: {', '.join(DATASET_NAMES)})")
 
 

@@ -1,10 +1,12 @@
 """Splitting a training set over clients (NumPy, and torch for the authors' split; seeded).
 
 Every scheme returns one ``int64`` index array per client; the arrays are disjoint. They are
-sorted, except for the balanced Dirichlet split (the authors' shuffled order) and ``file``
-(the file's order). Only the labels (domains), the number of classes, ``num_clients``, the
-scheme's parameters, ``generator`` and ``seed`` (``partition.seed``, default the
-experiment's ``seed``) decide a split: never the images, never the training augmentation.
+sorted, except for the balanced Dirichlet split (the authors' shuffled order), the
+``feduv`` generator's (FedUV's order), ``file`` (the file's order) and ``flwr_datasets``
+(Flower's order). Only the labels
+(domains), the number of classes, ``num_clients``, the scheme's parameters, ``generator``
+and ``seed`` (``partition.seed``, default the experiment's ``seed``) decide a split: never
+the images, never the training augmentation.
 
 Generators (``partition.generator``): ``project`` draws from the project's own NumPy
 generator (``numpy.random.default_rng``); ``fedrcl`` runs the FedRCL authors' released
@@ -31,7 +33,7 @@ Schemes:
   on the same training set (same sample order and labels, ``K`` = its number of classes)
   and ``seed`` (their ``temp_seed(0)``: ``seed: 0``) it gives, client for client and in
   the same order, the index lists their trainer computes with the same torch and NumPy
-  versions (tests/test_authors_split.py checks it against their function run on
+  versions (tests/datasets/test_authors_split.py checks it against their function run on
   torchvision's ``CIFAR10`` with their transform chain). Their trainer reads
   ``client_data/<DATASET>/balanced/dirichlet<α>_clients<C>.txt`` instead when that file
   exists (100 clients in skynbe/FedRCL, 100 and 500 in geehokim/FedACG): those were drawn
@@ -56,6 +58,14 @@ Schemes:
   ``num_clients = D`` and several clients may share a domain. A *slot* is one
   (client, owned domain) pair; ``m_d`` is the number of slots of domain *d*. See
   :func:`by_domain` for the two draws (``balanced`` true / false). ``project`` only;
+* ``pathological`` — *k* classes per client (``classes_per_client``; PFLlib's ``pat``,
+  FL-bench's ``-c``, Flower Datasets' ``PathologicalPartitioner``): see
+  :func:`pathological`. ``project`` only;
+* ``flwr_datasets`` — any Flower Datasets partitioner (``partitioner: {name: ...,
+  <its arguments>}``, :func:`fedrcl_flwr.data.hf.flwr_datasets_split`; the optional
+  extra ``flwr-datasets``): Flower's draws, in Flower's order (its own ``seed``
+  argument, default the split's seed). The paper splits stay the schemes above: they are
+  index-identical to the authors' and no flwr-datasets partitioner draws them;
 * ``file`` — read from ``path`` (see :func:`load_split_file`; draws nothing, so
   ``generator`` is ignored): JSON ``{"<client>": [indices]}``
   as ``fedrcl-flwr partition --save`` writes it, or the FedRCL / FedACG authors' released
@@ -67,8 +77,9 @@ Not index-identical to any released code: the ``project`` generator; the authors
 Tiny-ImageNet order (their ``TinyImageNet`` lists ``train/`` with ``os.listdir``, an order
 that depends on the file system, and numbers classes in ``wnids.txt`` order; ours sorts
 both), so the same function gives the same index lists that name other images there.
-FedUV's split is not reproduced draw for draw here (see the experiment files). FPL's
-(RethinkFL's) domain-skew splits are: ``scheme: domain`` with ``generator:
+``feduv``: FedUV's ``partition_data`` (sonhamin/FedUV @ dd2e3c5 ``utils/dataloader.py``,
+see :func:`feduv_dirichlet` and :func:`feduv_iid`), index for index on the same labels
+and seed. FPL's (RethinkFL's) domain-skew splits are: ``scheme: domain`` with ``generator:
 rethinkfl_digits | rethinkfl_office`` and ``domain_fraction`` (their ``percent``), see
 :mod:`fedrcl_flwr.data.rethinkfl`; not disjoint for Office-Caltech (their class swap may
 give a client a sample another client holds).
@@ -83,12 +94,9 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from fedrcl_flwr.config import ConfigError
-from fedrcl_flwr.config.catalog import GENERATORS, RETHINKFL_GENERATORS, SCHEME_NAMES
-
-
-class PartitionError(ConfigError):
-    """A partition request that cannot be met (too many clients, min size too large...)."""
+from fedrcl_flwr.config.catalog import RETHINKFL_GENERATORS, SCHEME_NAMES
+from fedrcl_flwr.config.sections import resolve_generator
+from fedrcl_flwr.errors import PartitionError
 
 
 def _as_parts(chunks) -> list[np.ndarray]:
@@ -302,6 +310,59 @@ def authors_dirichlet_unbalanced(
     )
 
 
+def feduv_iid(n: int, num_clients: int, seed: int) -> list[np.ndarray]:
+    """FedUV's ``partition_data`` with ``partition: homo`` / ``iid``: ``np.random.permutation(N)``
+    cut by ``np.array_split`` (NumPy's global generator seeded with ``seed``: their
+    ``main`` seeds it and draws nothing from it before the split; client sampling uses
+    Python's ``random``). Every sample is used; order as theirs (not sorted)."""
+    with _numpy_global(seed):
+        idxs = np.random.permutation(n)
+    return [np.asarray(c, dtype=np.int64) for c in np.array_split(idxs, num_clients)]
+
+
+def feduv_dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    min_size: int,
+    seed: int,
+    num_classes: int | None = None,
+    max_tries: int = 1000,
+) -> list[np.ndarray]:
+    """FedUV's ``partition_data`` with ``partition: noniid`` / ``noniid-labeldir``, with its
+    calls on NumPy's global generator seeded with ``seed``: per try, class ``k = 0 .. K-1``:
+    ``np.random.shuffle`` its sample indices (``np.where(y == k)[0]``), ``q =
+    np.random.dirichlet(np.repeat(α, C))``, zero for clients holding ``N / C`` samples or
+    more, renormalised, cut at ``(cumsum(q) * n_k).astype(int)[:-1]``; tries repeat while a
+    client holds fewer than ``min_size`` (theirs: ``min_require_size = 10``, no limit; here
+    at most ``max_tries``); then, once, each client's list is shuffled in client order.
+    Differs from :func:`authors_dirichlet_unbalanced` (FedRCL's) only there: FedRCL
+    shuffles the lists inside every try. ``K``: theirs hard-codes 10 (it loads only
+    CIFAR-10 and STL-10); here the dataset's number of classes, the same on those two."""
+    labels = np.asarray(labels, dtype=np.int64)
+    n = len(labels)
+    k = int(labels.max()) + 1 if num_classes is None else int(num_classes)
+    with _numpy_global(seed):
+        for _ in range(max_tries):
+            batch: list[list] = [[] for _ in range(num_clients)]
+            for c in range(k):
+                idx_c = np.where(labels == c)[0]
+                np.random.shuffle(idx_c)
+                q = np.random.dirichlet(np.repeat(alpha, num_clients))
+                q = np.array([p * (len(b) < n / num_clients) for p, b in zip(q, batch)])
+                q = q / q.sum()
+                cuts = (np.cumsum(q) * len(idx_c)).astype(int)[:-1]
+                batch = [b + part.tolist() for b, part in zip(batch, np.split(idx_c, cuts))]
+            if min(len(b) for b in batch) >= min_size:
+                for b in batch:
+                    np.random.shuffle(b)
+                return [np.asarray(b, dtype=np.int64) for b in batch]
+    raise PartitionError(
+        f"unbalanced Dirichlet split (feduv): no draw in {max_tries} tries gave every one "
+        f"of {num_clients} clients >= {min_size} samples (alpha={alpha}, {n} samples)"
+    )
+
+
 def dirichlet_unbalanced(
     labels: np.ndarray,
     num_clients: int,
@@ -347,6 +408,48 @@ def shards(
     pieces = np.array_split(order, total)
     assign = rng.permutation(total).reshape(num_clients, per_client)
     return _as_parts(np.concatenate([pieces[j] for j in row]) for row in assign)
+
+
+def pathological(
+    labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """``classes_per_client`` (*k*) classes per client (the pathological non-IID split of
+    Li et al. 2022, "Federated Learning on Non-IID Data Silos", as Flower Datasets'
+    ``PathologicalPartitioner(class_assignment_mode="random")`` draws it): client by
+    client, *k* distinct classes drawn uniformly without replacement from the classes
+    present (sorted), ``rng.choice(classes, k, replace=False)``; then each class's samples
+    (in index order) are cut with ``np.array_split`` into as many parts as clients drew
+    it, handed out in client order. A class no client drew is not used (its samples belong
+    to nobody, as in Flower's). Index-identical to Flower's partitioner whose generator is
+    ``rng`` (``tests/test_partition_flower.py``: its ``_rng`` replaced by ours; with its own
+    ``seed`` argument it draws from ``default_rng(seed)``, another stream: use ``scheme:
+    flwr_datasets`` for that split). Ours is sorted, Flower's shuffled after the draws.
+
+    Refused (:class:`PartitionError`): *k* outside 1..number of classes, or a class drawn
+    by more clients than it has samples (a client would get nothing of it)."""
+    labels = np.asarray(labels)
+    classes = np.unique(labels)
+    k = int(classes_per_client)
+    if not 1 <= k <= len(classes):
+        raise PartitionError(
+            f"partition.classes_per_client must be in 1..{len(classes)} (the classes of the "
+            f"training set), got {classes_per_client}"
+        )
+    owned = [rng.choice(classes, size=k, replace=False).tolist() for _ in range(num_clients)]
+    parts: list[list] = [[] for _ in range(num_clients)]
+    for c in classes.tolist():
+        holders = [i for i in range(num_clients) if c in owned[i]]
+        if not holders:
+            continue
+        idx = np.flatnonzero(labels == c)
+        if len(holders) > len(idx):
+            raise PartitionError(
+                f"pathological split: class {c} was drawn by {len(holders)} clients but has "
+                f"{len(idx)} samples; use fewer clients or more classes_per_client"
+            )
+        for i, chunk in zip(holders, np.array_split(idx, len(holders))):
+            parts[i].extend(chunk.tolist())
+    return _as_parts(parts)
 
 
 def _domain_owners(dom_ids: np.ndarray, num_clients: int, per_client: int) -> dict:
@@ -725,43 +828,6 @@ def save_split_file(parts, path) -> None:
     Path(path).expanduser().write_text(json.dumps(data) + "\n")
 
 
-def resolve_generator(scheme: str, balanced: bool, generator: str | None) -> str:
-    """The generator a split uses (``partition.generator``, see the module docstring):
-    ``None`` is ``fedrcl`` for the balanced Dirichlet split and ``project`` otherwise. The
-    balanced Dirichlet split exists only as the authors' algorithm (``fedrcl`` /
-    ``fedrcl_labels``); ``domain`` only as the project's; ``file`` draws nothing and
-    ignores it. Anything else is a :class:`PartitionError` (also raised by the config
-    check, before a run)."""
-    if generator is not None and generator not in GENERATORS:
-        raise PartitionError(
-            f"partition.generator must be one of {', '.join(GENERATORS)} "
-            f"(or null), got {generator!r}"
-        )
-    if scheme == "dirichlet" and balanced:
-        if generator == "project":
-            raise PartitionError(
-                "partition.generator project has no balanced Dirichlet "
-                "split (it is the FedRCL authors' algorithm): use fedrcl "
-                "(their trainer's draws, the default) or fedrcl_labels"
-            )
-        return generator or "fedrcl"
-    if scheme == "file":
-        return "project"
-    if scheme == "domain" and generator in RETHINKFL_GENERATORS:
-        return generator
-    if generator in RETHINKFL_GENERATORS:
-        raise PartitionError(
-            f"partition.generator {generator} is RethinkFL's domain-skew split: "
-            "it needs partition.scheme domain"
-        )
-    if scheme == "domain" and generator not in (None, "project"):
-        raise PartitionError(
-            f"partition.generator {generator} has no '{scheme}' split "
-            "(the authors' code has none): leave it null or project"
-        )
-    return generator or "project"
-
-
 def partition(
     labels: np.ndarray,
     num_clients: int,
@@ -779,9 +845,12 @@ def partition(
     generator: str | None = None,
     num_classes: int | None = None,
     domain_fraction=None,
+    classes_per_client: int = 2,
+    partitioner: dict | None = None,
 ) -> list[np.ndarray]:
     """Index arrays of ``num_clients`` clients (see the module docstring). ``generator``:
-    ``project`` | ``fedrcl`` | ``fedrcl_labels`` | ``None`` (see :func:`resolve_generator`);
+    ``project`` | ``fedrcl`` | ``fedrcl_labels`` | ``feduv`` | ``None`` (see
+    :func:`resolve_generator`);
     ``num_classes``: the dataset's number of classes (the authors' ``K``; default
     ``max(labels) + 1``); ``domain_fraction``: ``rethinkfl_*`` only, their ``percent``
     (:mod:`fedrcl_flwr.data.rethinkfl`).
@@ -806,6 +875,8 @@ def partition(
         return load_split_file(path, n, num_clients)
     rng = np.random.default_rng([int(seed), 271828])
     authors = gen in ("fedrcl", "fedrcl_labels")
+    if gen == "feduv" and scheme == "iid":
+        return feduv_iid(n, num_clients, seed)
     if scheme == "iid":
         return authors_iid(n, num_clients, seed) if authors else iid(n, num_clients, rng)
     if scheme == "dirichlet":
@@ -822,6 +893,10 @@ def partition(
             raise PartitionError(
                 f"{num_clients} clients x min_size {min_size} exceeds the {n} training samples"
             )
+        if gen == "feduv":
+            return feduv_dirichlet(
+                labels, num_clients, alpha, min_size, seed, num_classes=num_classes
+            )
         if authors:
             return authors_dirichlet_unbalanced(
                 labels, num_clients, alpha, min_size, seed, num_classes=num_classes
@@ -831,6 +906,14 @@ def partition(
         if authors:
             return authors_shards(labels, num_clients, shards_per_client, seed)
         return shards(labels, num_clients, shards_per_client, rng)
+    if scheme == "pathological":
+        return pathological(labels, num_clients, classes_per_client, rng)
+    if scheme == "flwr_datasets":
+        from fedrcl_flwr.data.hf import flwr_datasets_split
+
+        if not partitioner:
+            raise PartitionError("partition.scheme 'flwr_datasets' needs partition.partitioner")
+        return flwr_datasets_split(partitioner, labels, num_clients, seed, domains)
     if scheme == "domain":
         if domains is None:
             raise PartitionError(

@@ -323,15 +323,16 @@ def fedpcl_loss(
     zn = F.normalize(z, dim=1)
     zero = z.sum() * 0.0
 
-    def global_term():
+    def global_term() -> torch.Tensor:
         s = zn @ global_protos.t() / tau
         pos, valid = _positives(global_labels, y)
         per = torch.logsumexp(s, dim=1) - torch.logsumexp(s.masked_fill(~pos, float("-inf")), dim=1)
         return _mean_valid(valid, per)
 
-    def local_term():
+    def local_term() -> torch.Tensor:
         if local_protos is None or local_protos.shape[0] == 0:
             return zero
+        assert local_labels is not None  # given with local_protos (the caller's contract)
         s = zn @ local_protos.t() / tau  # (B, K)
         pos = local_labels[None, :] == y[:, None]  # (B, K)
         valid = pos.any(dim=1)

@@ -25,6 +25,8 @@ FPL's ``sum / B`` instead and ``form="supcon"`` the SupCon-style alternative
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -207,12 +209,12 @@ class _EvalMode:
     def __init__(self, model: nn.Module):
         self.model = model
 
-    def __enter__(self):
+    def __enter__(self) -> Any:
         self.flags = [(m, m.training) for m in self.model.modules()]
         self.model.eval()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         for m, flag in self.flags:
             m.training = flag
         return False
@@ -240,17 +242,17 @@ class PixelSpace(nn.Module):
         self.model = model
         self.mean, self.std = mean, std
 
-    def forward(self, p: torch.Tensor):
+    def forward(self, p: torch.Tensor) -> torch.Tensor:
         return self.model((p - self.mean) / self.std)
 
 
-def _channel_stat(v, x: torch.Tensor) -> torch.Tensor:
+def _channel_stat(v: Any, x: torch.Tensor) -> torch.Tensor:
     """A per-channel (or scalar) statistic shaped to broadcast over ``x`` (B, C, ...)."""
     t = torch.as_tensor(v, dtype=x.dtype, device=x.device).flatten()
     return t.view(1, -1, *([1] * (x.dim() - 2)))
 
 
-def _pixel_mode(model, x, mean, std):
+def _pixel_mode(model: nn.Module, x: torch.Tensor, mean: Any, std: Any) -> tuple:
     """(model on pixels, x in pixels, back-to-normalised) when mean/std are given."""
     if mean is None and std is None:
         return model, x, lambda a: a
@@ -266,8 +268,8 @@ def fgsm_attack(
     *,
     eps: float,
     clamp: tuple[float, float] | None = None,
-    mean=None,
-    std=None,
+    mean: Any = None,
+    std: Any = None,
 ) -> torch.Tensor:
     """FGSM (Goodfellow et al., 2015): x + ε·sign(∇_x CE(f(x), y)), optionally clamped to
     ``clamp = (lo, hi)``. The model runs in eval mode (each module's mode restored after);
@@ -295,8 +297,8 @@ def pgd_attack(
     steps: int,
     clamp: tuple[float, float] | None = None,
     random_start: bool = True,
-    mean=None,
-    std=None,
+    mean: Any = None,
+    std: Any = None,
 ) -> torch.Tensor:
     """L∞ PGD (Madry et al., 2018), the inner max of FedCCL Eq. (19) used for Eq. (21):
     from x (+ U(−ε, ε) noise if ``random_start``), ``steps`` times
@@ -322,7 +324,7 @@ def pgd_attack(
     return back(adv).detach()
 
 
-def dataset_pixel_stats(dataset) -> tuple:
+def dataset_pixel_stats(dataset: Any) -> tuple:
     """``(mean, std)`` with which ``dataset`` normalised its [0, 1] pixels
     (``ImageArrayDataset``); ``(0, 1)`` for a dataset that serves pixels as they are."""
     mean = getattr(dataset, "mean", None)

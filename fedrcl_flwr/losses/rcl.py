@@ -57,6 +57,7 @@ similarity matmul per level, then all levels are stacked and masked / mined at o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -87,7 +88,9 @@ def _similarities(features: Features) -> torch.Tensor:
     return torch.stack([s.to(dtype) for s in sims])
 
 
-def _label_masks(labels: torch.Tensor, batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _label_masks(
+    labels: torch.Tensor, batch: int, device: torch.device | str | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     labels = labels.reshape(-1).to(device)
     if labels.shape[0] != batch:
         raise ValueError(f"rcl_loss: {labels.shape[0]} labels for a batch of {batch}")
@@ -119,7 +122,7 @@ def _official(
     beta: float,
     kp: int,
     kn: int,
-):
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-anchor SCL and penalty of the released FedRCL code, shape (L, B) each.
 
     How many negatives a row keeps depends on the labels of the batch (``n_other``, the
@@ -174,7 +177,7 @@ def _official(
 
 def _paper(
     sim: torch.Tensor, same: torch.Tensor, eye: torch.Tensor, tau: float, lam: float, beta: float
-):
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Per-anchor Eq. 2 / Eq. 5 terms (mean over positives), shape (L, B) each, and the
     (B,) mask of anchors that have at least one positive."""
     inv_t = 1.0 / tau
@@ -209,7 +212,7 @@ def rcl_loss(
     topk_pos: int = 1,
     topk_neg: int = 2,
     return_per_anchor: bool = False,
-):
+) -> Any:
     """Relaxed contrastive loss (paper Eq. 5), averaged over levels (Sec. 4.4, Alg. 1).
 
     ``features``: a (B, D) tensor or a list of (B, D_l) tensors, one per level (result =
@@ -260,7 +263,7 @@ def scl_loss(
     topk_pos: int = 1,
     topk_neg: int = 2,
     return_per_anchor: bool = False,
-):
+) -> Any:
     """Supervised contrastive loss, averaged over levels (FedSCL ablation, Table 3).
 
     ``variant="paper"``: Eq. 2 (mean over positives, mean over anchors that have a

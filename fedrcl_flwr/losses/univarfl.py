@@ -23,6 +23,8 @@ The paper leaves three choices open; every one is a keyword here, and the defaul
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -89,7 +91,7 @@ def variance_threshold(
     *,
     unbiased: bool | str = True,
     dtype: torch.dtype = torch.float64,
-    device=None,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Variance floor c of Eq. (2): mean over the columns A_j of I_D of Var(A_j).
 
@@ -204,7 +206,7 @@ def univarfl_loss(
     unbiased: bool | str = True,
     threshold: None | float | str = None,
     return_terms: bool = False,
-):
+) -> Any:
     """UniVarFL local objective, Eq. (4): L = L_CE + μ·L_HE + λ·L_V.
 
     Defaults μ = 0.5 and λ = D/4 (D = number of classes, ``logits.shape[1]``) as in the
@@ -243,7 +245,10 @@ def univarfl_loss(
 
 
 def feduv_gamma(
-    num_classes: int, *, dtype: torch.dtype = torch.float64, device=None
+    num_classes: int,
+    *,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """FedUV's γ: mean over the columns of I_D of their unbiased std (= 1/√D)."""
     eye = torch.eye(num_classes, dtype=dtype, device=device)

@@ -209,7 +209,8 @@ def load_backbone_weights(backbone: nn.Module, weights: str, name: str = "") -> 
             f"model.params.weights: file not found: {path}{hint} (or "
             "weights: null for a random initialisation)"
         )
-    from fedrcl_flwr.run.checkpoint import CheckpointError, safe_load
+    from fedrcl_flwr.errors import CheckpointError
+    from fedrcl_flwr.serialization import safe_load
 
     try:
         obj = safe_load(path, "state_dict")

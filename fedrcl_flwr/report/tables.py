@@ -43,19 +43,22 @@ import io
 import json
 import math
 import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fedrcl_flwr.config import ConfigError, check_reference
+from fedrcl_flwr.config import check_reference, flatten_keys
 from fedrcl_flwr.config.catalog import (
     PARTITION_SCHEMES,
     ema_round,
     is_report_metric,
     metric_choices,
 )
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.run.results import LAST_K
 from fedrcl_flwr.run.run_files import CONFIG_FILE, METRICS_FILE, NOT_RUN_DIRS, SUMMARY_FILE
 
@@ -70,7 +73,7 @@ class Run:
     path: Path
     config: dict
     summary: dict
-    records: list
+    records: Sequence  # a list, or the lazily parsed Records of a metrics.jsonl
 
     @property
     def method(self) -> str:
@@ -90,19 +93,46 @@ class Group:
     what: str = ""  # what a labelled row is: method (what differs)
     flat: dict = field(default_factory=dict)  # its setting, dotted keys
 
-    @property
-    def by_seed(self) -> dict:
-        """seed -> value, for the runs that have the metric and a seed."""
-        out = {}
+    def _seed_values(self) -> list:
+        """``[(seed or None, [values])]`` in run order: the runs that have the metric, those
+        with the same seed together (a run without a seed alone)."""
+        out: list = []
+        index: dict = {}
         for run, v in zip(self.runs, self.values):
+            if v is None:
+                continue
             seed = run.config.get("seed")
-            if v is not None and _is_number(seed):
-                out[int(seed)] = v
+            if not _is_number(seed):
+                out.append((None, [v]))
+            elif int(seed) in index:
+                out[index[int(seed)]][1].append(v)
+            else:
+                index[int(seed)] = len(out)
+                out.append((int(seed), [v]))
         return out
 
     @property
+    def by_seed(self) -> dict:
+        """seed -> value (the mean of the seed's duplicate runs), for the runs that have
+        the metric and a seed."""
+        return {s: sum(v) / len(v) for s, v in self._seed_values() if s is not None}
+
+    @property
     def present(self) -> list:
-        return [v for v in self.values if v is not None]
+        """The values the cell's statistics are over: one per distinct seed (runs of one
+        setting with the same seed are duplicates, not replicates: they count once, as
+        their mean), plus each run without a seed."""
+        return [sum(v) / len(v) for _, v in self._seed_values()]
+
+    @property
+    def duplicates(self) -> dict:
+        """seed -> number of runs, for the seeds that more than one run of the cell has."""
+        return {s: len(v) for s, v in self._seed_values() if s is not None and len(v) > 1}
+
+    @property
+    def missing(self) -> int:
+        """Runs of the cell without the metric."""
+        return sum(v is None for v in self.values)
 
     @property
     def n(self) -> int:
@@ -128,9 +158,7 @@ class Group:
     @property
     def private(self) -> bool:
         """The runs ran with ``privacy.dp`` (their records carry ``dp_delta``)."""
-        return any(
-            "dp_delta" in r.summary or any("dp_delta" in x for x in r.records) for r in self.runs
-        )
+        return any("dp_delta" in r.summary or _has_dp(r.records) for r in self.runs)
 
     @property
     def epsilon(self) -> float | None:
@@ -214,34 +242,153 @@ def read_summary(run_dir: Path) -> dict:
     return data
 
 
-def read_records(run_dir: Path) -> list:
-    """``metrics.jsonl``, checked line by line; a torn last line (a run killed while
-    writing it: no final newline) is dropped, anything else malformed is an error."""
+def _record_problem(rec: Any, where: str) -> str | None:
+    """Why a parsed record of ``metrics.jsonl`` is not one (``where``: ``file:line``)."""
+    if not isinstance(rec, dict) or _round_problem(rec.get("round")):
+        return f"{where}: must be a JSON object with 'round' a whole number >= 0"
+    for k in ("test_accuracy", "ema_accuracy"):
+        why = _accuracy_problem(rec.get(k))
+        if why:
+            return f"{where}: '{k}' {why}, got {rec[k]!r}"
+    return None
+
+
+def _parse_record(line: bytes | str, where: str) -> dict:
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{where}: not UTF-8 text (byte 0x{line[exc.start]:02x}); save the file as UTF-8"
+            ) from None
+    try:
+        rec = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ConfigError(f"{where}: not valid JSON ({exc})") from None
+    why = _record_problem(rec, where)
+    if why:
+        raise ConfigError(why)
+    return rec
+
+
+_FRAME_RE = re.compile(rb'\{"round": (\d+)[,}]')
+_CHECKED_RE = re.compile(rb'"(?:test|ema)_accuracy": ([^,}]*)')
+
+
+def _frame_ok(line: bytes) -> bool:
+    """The quick check of one line as the run writes it (``{"round": N, ...}``, its
+    accuracies null or numbers in [0, 1]); a line it cannot vouch for is parsed."""
+    if not line.endswith(b"}") or not line.isascii():  # json.dumps writes ASCII
+        return False
+    found = _CHECKED_RE.findall(line)
+    if len(found) > 2:
+        return False
+    for token in found:
+        if token == b"null":
+            continue
+        if token[:1] not in b"0123456789":
+            return False
+        try:
+            v = float(token)
+        except ValueError:
+            return False
+        if not v <= 1.0:
+            return False
+    return True
+
+
+class Records(Sequence):
+    """The records of a ``metrics.jsonl`` (:func:`read_records`): every line framed and
+    checked when the file is opened, parsed in full on first use (a report whose metric
+    is in ``summary.json`` never needs them: bounded time on a file of any size)."""
+
+    def __init__(self, path: Path, lines: int, end: int, rounds: list[int], dp: bool):
+        self.path, self._lines, self._end, self.rounds = path, lines, end, rounds
+        self.dp = dp  # a line carries dp_delta (privacy.dp; a key of the top level)
+        self._parsed: list | None = None
+
+    def _all(self) -> list:
+        if self._parsed is None:
+            with open(self.path, "rb") as fh:
+                raw = fh.read(self._end)
+            out = []
+            for i, line in enumerate(raw.split(b"\n"), 1):
+                if line.strip():
+                    out.append(_parse_record(line, f"{self.path}:{i}"))
+            self._parsed = out
+        return self._parsed
+
+    def __len__(self) -> int:
+        return self._lines
+
+    def __bool__(self) -> bool:
+        return self._lines > 0
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __iter__(self):
+        return iter(self._all())
+
+
+def read_records(run_dir: Path) -> Sequence:
+    """``metrics.jsonl``, checked line by line (:class:`Records`). A torn last line (a
+    run killed while writing it: no final newline, not valid JSON) is left out with a
+    warning on stderr; anything else malformed is one :class:`ConfigError` naming
+    ``file:line``. Read in one pass, line by line (no copy of the whole file)."""
     path = run_dir / METRICS_FILE
     if not path.exists() and not path.is_symlink():
         return []
-    text = _read_text(path, MAX_METRICS_BYTES)
-    lines = text.split("\n")
-    out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            if i == len(lines) and not text.endswith("\n"):
-                break  # torn last line
-            raise ConfigError(f"{path}: line {i} is not valid JSON ({exc})") from None
-        if not isinstance(rec, dict) or _round_problem(rec.get("round")):
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a regular file")
+    try:
+        size = path.stat().st_size
+        if size > MAX_METRICS_BYTES:
             raise ConfigError(
-                f"{path}: line {i} must be a JSON object with 'round' a whole number >= 0"
+                f"{path}: {size} bytes is too large for a run file (at most "
+                f"{MAX_METRICS_BYTES} bytes)"
             )
-        for k in ("test_accuracy", "ema_accuracy"):
-            why = _accuracy_problem(rec.get(k))
-            if why:
-                raise ConfigError(f"{path}: line {i}: '{k}' {why}, got {rec[k]!r}")
-        out.append(rec)
-    return out
+        rounds: list[int] = []
+        lines = end = 0
+        dp = False
+        with open(path, "rb") as fh:
+            for i, raw in enumerate(fh, 1):
+                line = raw.strip()
+                if not raw.endswith(b"\n") and line:  # the last line, without its newline
+                    try:
+                        rec = json.loads(line)
+                    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                        _warn(
+                            f"{path}:{i}: the last line is cut short (a run stopped while "
+                            "writing it); it is left out"
+                        )
+                        break
+                    rec = _parse_record(line, f"{path}:{i}")
+                    rounds.append(int(rec["round"]))
+                elif line:
+                    m = _FRAME_RE.match(line)
+                    if m and _frame_ok(line):
+                        rounds.append(int(m[1]))
+                    else:
+                        rounds.append(int(_parse_record(line, f"{path}:{i}")["round"]))
+                lines += 1 if line else 0
+                end += len(raw)
+                dp = dp or b'"dp_delta"' in line
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return Records(path, lines, end, rounds, dp)
+
+
+def _has_dp(records: Sequence) -> bool:
+    if isinstance(records, Records):
+        return records.dp
+    return any("dp_delta" in x for x in records)
+
+
+def _warn(text: str) -> None:
+    import sys
+
+    print(f"fedrcl-flwr: warning: {text}", file=sys.stderr)
 
 
 def read_config(run_dir: Path) -> dict:
@@ -372,7 +519,8 @@ def _evaluated(run: Run) -> list:
 
 
 def _last_round(run: Run) -> int:
-    rounds = [int(r["round"]) for r in run.records]
+    recs = run.records
+    rounds = recs.rounds if isinstance(recs, Records) else [int(r["round"]) for r in recs]
     if rounds:
         return max(rounds)
     return int(run.summary.get("rounds") or 0)
@@ -380,19 +528,21 @@ def _last_round(run: Run) -> int:
 
 def metric_value(run: Run, metric: str) -> float | None:
     """The run's value of ``metric`` as a fraction in [0, 1], or None (missing)."""
-    s, ev = run.summary, _evaluated(run)
+    s = run.summary
     if metric == "final":
         if s.get("final_accuracy") is not None:
             return float(s["final_accuracy"])
+        ev = _evaluated(run)
         return float(ev[-1]["test_accuracy"]) if ev else None
     if metric == "best":
         if s.get("best_accuracy") is not None:
             return float(s["best_accuracy"])
+        ev = _evaluated(run)
         return max(float(r["test_accuracy"]) for r in ev) if ev else None
     if metric == "last5":
         if s.get("last5") is not None:
             return float(s["last5"])
-        tail = ev[-LAST_K:]
+        tail = _evaluated(run)[-LAST_K:]
         return sum(float(r["test_accuracy"]) for r in tail) / len(tail) if tail else None
     if metric.startswith("client_"):  # per-client evaluation: its last evaluated round
         key = "client_acc_" + metric[len("client_") :]
@@ -408,7 +558,11 @@ def metric_value(run: Run, metric: str) -> float | None:
     at = s.get("accuracy_at") or {}
     if at.get(str(target)) is not None:
         return float(at[str(target)])
-    upto = [r for r in ev if int(r["round"]) <= target and r.get("ema_accuracy") is not None]
+    upto = [
+        r
+        for r in _evaluated(run)
+        if int(r["round"]) <= target and r.get("ema_accuracy") is not None
+    ]
     return float(upto[-1]["ema_accuracy"]) if upto else None
 
 
@@ -433,17 +587,6 @@ def method_label(config: dict, summary: dict | None = None) -> str:
     method = (config.get("client") or {}).get("method") or summary.get("method") or "?"
     strategy = (config.get("server") or {}).get("strategy") or summary.get("strategy") or "fedavg"
     return str(method) if strategy == "fedavg" else f"{strategy}+{method}"
-
-
-def flatten_keys(d: Any, prefix: str = "") -> dict:
-    """Dotted keys of the leaves; an empty mapping has none (``params: {}`` and a missing
-    ``params`` are the same setting)."""
-    if isinstance(d, dict):
-        out = {}
-        for k, v in d.items():
-            out.update(flatten_keys(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: d}
 
 
 def _setting(config: dict, summary: dict) -> dict:
@@ -763,11 +906,19 @@ def _ours(g: Group | None, best: float | None, bold: tuple[str, str], pm: str) -
     text = _pct(g.mean)
     if g.std is not None:
         text += f" {pm} {_pct(g.std)}"
-    missing = len(g.values) - g.n
-    text += f" (n={g.n}" + (f", {missing} missing" if missing else "") + _eps(g) + ")"
+    missing = g.missing
+    text += f" (n={g.n}" + (f", {missing} missing" if missing else "") + _dup(g) + _eps(g) + ")"
     if best is not None and math.isclose(g.mean, best):
         text = f"{bold[0]}{text}{bold[1]}"
     return text
+
+
+def _dup(g: Group) -> str:
+    """``, duplicates: seed 0 ×2`` where runs share a seed (they count once in n)."""
+    d = g.duplicates
+    if not d:
+        return ""
+    return ", duplicates: " + ", ".join(f"seed {s} ×{k}" for s, k in d.items())
 
 
 def _eps(g: Group, fmt: str = ", ε≤{}") -> str:
@@ -805,14 +956,25 @@ def _unpaired_text(p: Paired, pm: str = "±") -> str:
     return f"{one(p.group)} vs {one(p.ref)}"
 
 
+_MD_SPECIAL = re.compile(r"([\\`*<>\[\]|#])")
+
+
+def _md(text: Any) -> str:
+    """A label as Markdown text: the characters that would end a table cell or start
+    markup (``|``, ``*``, `````, ``[``, ``]``, ``<``, ``>``, ``#``, ``\\``)
+    backslash-escaped, line breaks as spaces (a label is the user's: a run's ``label``,
+    a method or a setting value)."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).splitlines()))
+
+
 def format_paired_markdown(pairs: list[Paired], vs: str, metric: str) -> str:
     level = f"{100 * CONFIDENCE:g} %"
     lines = [
-        f"Paired with {vs} (the same seed: the same partition and the same clients in "
+        f"Paired with {_md(vs)} (the same seed: the same partition and the same clients in "
         f"every round), {metric} difference in points:",
         "",
         f"| method | setting | per seed (seed: diff) | mean ± std | {level} CI | n | "
-        f"unpaired (this vs {vs}) |",
+        f"unpaired (this vs {_md(vs)}) |",
         "|---|---|---|---|---|---|---|",
     ]
     for p in pairs:
@@ -823,7 +985,7 @@ def format_paired_markdown(pairs: list[Paired], vs: str, metric: str) -> str:
             else _pct(p.mean, True) + (f" ± {_pct(p.std)}" if p.std is not None else "")
         )
         lines.append(
-            f"| {p.group.row} | {p.group.col or metric} | {per} | {mean} | "
+            f"| {_md(p.group.row)} | {_md(p.group.col or metric)} | {per} | {mean} | "
             f"{_ci_text(p)} | {p.n} | {_unpaired_text(p)} |"
         )
     lines += [
@@ -838,28 +1000,36 @@ def format_markdown(groups: list[Group], metric: str) -> str:
     rows, cols, cell, best, with_paper = _layout(groups)
     header = ["method"]
     for c in cols:
-        name = c or metric
+        name = _md(c or metric)
         header.append(name)
         if c in with_paper:
             header += [f"{name} paper", f"{name} diff"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        cells = [r]
+        cells = [_md(r)]
         for c in cols:
             g = cell.get((r, c))
             cells.append(_ours(g, best[c], ("**", "**"), "±"))
             if c in with_paper:
                 cells += [_pct(g.paper) if g else "", _pct(g.diff, True) if g else ""]
         lines.append("| " + " | ".join(cells) + " |")
-    note = f"\nmetric: {metric}; mean ± sample std over seeds (%), n runs; best per column in bold"
+    note = (
+        f"\nmetric: {metric}; mean ± sample std over seeds (%), n distinct seeds; best per "
+        "column in bold"
+    )
+    if any(g.duplicates for g in groups):
+        note += (
+            "; duplicates: runs of one setting with the same seed repeat one experiment "
+            "(not a replicate): their mean counts once"
+        )
     if any(g.private for g in groups):
         note += "; ε: the largest (ε, δ)-DP budget of the cell's runs (privacy.dp)"
     if _sources(groups):
         note += f"; paper: {_sources(groups)}; diff = ours - paper"
     if _rows_note(groups):
-        note += f"\nrows: {_rows_note(groups)}"
+        note += f"\nrows: {_md(_rows_note(groups))}"
     title = setting_title(groups)
-    head = f"**{title}** ({metric})\n\n" if title else ""
+    head = f"**{_md(title)}** ({metric})\n\n" if title else ""
     return head + "\n".join(lines) + "\n" + note
 
 
@@ -897,7 +1067,7 @@ def format_csv(groups: list[Group], metric: str, pairs: list | None = None, vs: 
             g.col,
             metric,
             g.n,
-            len(g.values) - g.n,
+            g.missing,
             _pct(g.mean),
             _pct(g.std),
             int(is_best),
@@ -1009,15 +1179,28 @@ FORMATS = {"markdown": format_markdown, "csv": format_csv, "latex": format_latex
 
 
 def report(
-    dirs: list, fmt: str = "markdown", metric: str | None = None, vs: str | None = None
+    dirs: list,
+    fmt: str = "markdown",
+    metric: str | None = None,
+    vs: str | None = None,
+    notes: list | None = None,
 ) -> str:
+    """The table of ``dirs`` in ``fmt``; with ``vs`` also the paired comparison. A note
+    that is not part of a csv / latex table (``--vs`` with one row) goes to ``notes``."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     groups, metric = build_table(dirs, metric)
     if vs is None:
         return FORMATS[fmt](groups, metric)
-    pairs = paired(groups, vs)
     ref = find_row(groups, vs)
+    if len({g.row for g in groups}) < 2:
+        line = f"--vs {vs}: nothing to compare: the table has one row ({ref})"
+        if fmt == "markdown":
+            return format_markdown(groups, metric) + "\n\n" + line
+        if notes is not None:
+            notes.append(line)
+        return FORMATS[fmt](groups, metric)
+    pairs = paired(groups, vs)
     if fmt == "csv":
         return format_csv(groups, metric, pairs, ref)
     if fmt == "latex":
@@ -1026,6 +1209,16 @@ def report(
 
 
 # ----------------------------------------------------------------------------- plots
+
+
+def default_plot_out(dirs: list) -> Path:
+    """Where ``plot DIR...`` writes without ``--out``: beside the run or sweep directory,
+    named after it (``plot runs/quickstart`` -> ``runs/quickstart_curves.png`` / ``.pdf``);
+    for several directories, ``accuracy_curves`` in the directory that holds them all."""
+    paths = [Path(d).expanduser().resolve() for d in dirs]
+    if len(paths) == 1:
+        return paths[0].parent / f"{paths[0].name or 'runs'}_curves"
+    return Path(os.path.commonpath([str(p.parent) for p in paths])) / "accuracy_curves"
 
 
 def plot_files(out: Path) -> list[Path]:
@@ -1055,6 +1248,8 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     import numpy as np
     from matplotlib.ticker import MaxNLocator
 
+    from fedrcl_flwr.run.results import legend_below, wrap_title
+
     cols = list(dict.fromkeys(g.col for g in groups))
     rows = list(dict.fromkeys(g.row for g in groups))
     style = {
@@ -1068,7 +1263,14 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     percent = metric_key.endswith("accuracy")
     ncol = min(len(cols), 3)
     nrow = math.ceil(len(cols) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(5 * ncol, 3.8 * nrow), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        nrow,
+        ncol,
+        figsize=(5 * ncol, 4.6 * nrow),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",  # room for the wrapped titles and the legends below
+    )
     lows, highs = [], []
     for ax, c in zip(axes.flat, cols):
         for g in (g for g in groups if g.col == c):
@@ -1090,14 +1292,15 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
                 markersize=4,
                 markevery=max(1, len(rounds) // 10),
                 linewidth=1.5,
-                label=f"{g.row} (n={len(g.runs)})",
+                label=f"{g.row} (n={len({_jkey(r.config.get('seed')) for r in g.runs})})",
             )
             ax.fill_between(rounds, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
-        ax.set_title(c or "", fontsize=10)
+        ax.set_title(wrap_title(c or "", 5.0, 10), fontsize=10)
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            legend_below(ax, len(ax.get_legend_handles_labels()[0]))
     for ax in axes[:, 0]:
         ax.set_ylabel(
             "test accuracy (%)"
@@ -1113,8 +1316,13 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     for ax in list(axes.flat)[len(cols) :]:
         ax.set_visible(False)
     title = setting_title(groups)
-    fig.suptitle((title + ": " if title else "") + "mean ± std over seeds", fontsize=11)
-    fig.tight_layout()
+    if len(cols) == 1 and cols[0]:  # one panel: its setting belongs in the one title
+        title = f"{title}, {cols[0]}" if title else cols[0]
+        axes.flat[0].set_title("")
+    fig.suptitle(
+        wrap_title((title + ": " if title else "") + "mean ± std over seeds", 5.0 * ncol, 11),
+        fontsize=11,
+    )
     return fig
 
 
@@ -1159,7 +1367,7 @@ def _save_figure(fig, paths: list[Path]) -> None:
     import matplotlib.pyplot as plt
 
     for p in paths:
-        fig.savefig(p, dpi=120)
+        fig.savefig(p, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -16,7 +16,8 @@ Checkpoints are read with ``torch.load(weights_only=True)``, so a crafted file c
 code: what is saved is only tensors, numbers, strings, ``None`` and lists/tuples/dicts of
 them. NumPy arrays (model weights, optimizer buffers) are stored as
 ``{"__numpy__": tensor}`` and turned back into arrays on load (:func:`to_safe`,
-:func:`from_safe`). A file that cannot be read this way is a :class:`CheckpointError`.
+:func:`from_safe`). A file that cannot be read this way is a
+:class:`~fedrcl_flwr.errors.CheckpointError` (:func:`fedrcl_flwr.serialization.safe_load`).
 """
 
 from __future__ import annotations
@@ -27,11 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedrcl_flwr.run.run_files import CHECKPOINT_FILE  # noqa: F401 - re-exported
-
-
-class CheckpointError(ValueError):
-    """A checkpoint file that is missing, truncated or holds something other than data."""
+from fedrcl_flwr.errors import CheckpointError
+from fedrcl_flwr.run.run_files import CHECKPOINT_FILE, guarded_write  # noqa: F401 - re-exported
+from fedrcl_flwr.serialization import safe_load
 
 
 def to_safe(obj):
@@ -58,28 +57,15 @@ def from_safe(obj):
     return obj
 
 
-def safe_load(path: Path, what: str = "file"):
-    """``torch.load(path, weights_only=True)``; any failure is a :class:`CheckpointError`
-    naming the file. The project's one call of ``torch.load``: checkpoints, client state,
-    backbone weights and the sweep's look at a checkpoint all read through it (a test
-    scans the source for any other call and for ``weights_only=False``)."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - truncated, foreign or code-carrying files
-        one = " ".join(str(exc).split())[:300]
-        raise CheckpointError(
-            f"{path}: not a readable {what} ({type(exc).__name__}: {one})"
-        ) from None
-
-
 def save_checkpoint(run_dir: Path, state: dict) -> Path:
     path = Path(run_dir) / CHECKPOINT_FILE
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(to_safe(state), fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with guarded_write(path, tmp):  # a full disk: no .tmp left, the last checkpoint kept
+        with open(tmp, "wb") as fh:
+            torch.save(to_safe(state), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
     return path
 
 

@@ -26,13 +26,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedrcl_flwr.config import (
-    ConfigError,
-    ExperimentConfig,
-    apply_overrides,
-    config_from_dict,
-    read_yaml,
-)
+from fedrcl_flwr.config import ExperimentConfig, apply_overrides, config_from_dict, read_yaml
+from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.run.run_files import (
     LOCK_FILE,
     RESULT_FILES,
@@ -45,7 +40,7 @@ from fedrcl_flwr.run.run_files import (
 )
 
 if TYPE_CHECKING:  # only for annotations (the sweep imports this module)
-    from fedrcl_flwr.run.sweep import PlannedRun
+    from fedrcl_flwr.run.plan import PlannedRun
 
 # ----------------------------------------------------------------------------- the config
 
@@ -246,11 +241,9 @@ def check_ray_address(address: str, timeout: float = 3.0) -> None:
     then Ray's own handshake — the head's GCS must answer ``GetClusterId`` (gRPC,
     ``timeout`` seconds), so an open port of something else (a web server, a database, a
     process that accepts and says nothing) is refused at once instead of stalling the run
-    until ``simulation.startup_timeout_s``. ``auto`` is left to Ray."""
+    until ``simulation.startup_timeout_s``. (``auto`` is refused by the key's rule.)"""
     import socket
 
-    if address == "auto":
-        return
     host, _, port = address.rpartition(":")
     hint = (
         "start the cluster first (ray start --head) or leave the key null for a private local Ray"
@@ -332,7 +325,7 @@ def prepare_data(cfg: ExperimentConfig, source: str) -> Path:
 def check_split(cfg: ExperimentConfig, label: str) -> list:
     """The clients' partitions (:func:`fedrcl_flwr.run.runtime.client_partitions`); an
     impossible split is one :class:`ConfigError` starting with ``label``."""
-    from fedrcl_flwr.data.partition import PartitionError
+    from fedrcl_flwr.errors import PartitionError
     from fedrcl_flwr.run import runtime
 
     try:
@@ -348,9 +341,22 @@ def check_model(cfg: ExperimentConfig, label: str, *, on_data: bool = False) -> 
     from fedrcl_flwr.run import runtime
 
     try:
-        runtime.check_model(cfg, runtime.load_bundle(cfg) if on_data else None)
+        runtime.check_model(cfg, load_bundle(cfg, label) if on_data else None)
     except ConfigError as exc:
         raise ConfigError(f"{label}: {exc}") from None
+
+
+def load_bundle(cfg: ExperimentConfig, label: str):
+    """The experiment's dataset (:func:`fedrcl_flwr.run.runtime.load_bundle`); a cache
+    entry's path holding something the cache did not write (a link, other files) is one
+    :class:`ConfigError` starting with ``label``, the item left in place."""
+    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.run import runtime
+
+    try:
+        return runtime.load_bundle(cfg)
+    except cache.CacheForeign as exc:
+        raise ConfigError(f"{label}: dataset.cache_dir: {exc}") from None
 
 
 # ----------------------------------------------------------------------------- per command
@@ -364,13 +370,18 @@ def before_run(
     prepared into the dataset cache and split here, before any Flower process starts: a
     missing dataset or an impossible split is one clear error, and the ServerApp and every
     ClientApp only memory-map the entry."""
+    from fedrcl_flwr import client_eval
+
     check_run_dir(out_dir, resume=resume, overwrite=overwrite)
     try:
         check_resources(cfg)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     entry = prepare_data(cfg, source)
-    check_split(cfg, source)
+    parts = check_split(cfg, source)
+    note = client_eval.check_test_shares(cfg, parts, source)
+    if note:
+        print(f"fedrcl-flwr: note: {note}", flush=True)
     check_model(cfg, source, on_data=True)
     if resume:
         from fedrcl_flwr.app.server_app import check_resume
@@ -383,8 +394,8 @@ def before_sweep(runs: list[PlannedRun], out_dir: Path) -> None:
     """Everything ``sweep`` checks before it writes a file: its directory and every run
     directory (:func:`check_sweep_dir`), then the inputs of every run still to do — not
     finished, and not among the finished runs an earlier version of the sweep left under
-    another name (:func:`fedrcl_flwr.run.sweep.earlier_runs`) — (:func:`check_pending_runs`)."""
-    from fedrcl_flwr.run.sweep import earlier_runs
+    another name (:func:`fedrcl_flwr.run.plan.earlier_runs`) — (:func:`check_pending_runs`)."""
+    from fedrcl_flwr.run.plan import earlier_runs
 
     check_sweep_dir(runs, out_dir)
     check_pending_runs(runs, frozenset(earlier_runs(runs, out_dir)[0]))
@@ -396,8 +407,6 @@ def before_partition(
     """Everything ``partition`` checks before it prints or writes: the ``--plot`` and
     ``--save`` files, the config, the dataset and the split. Returns the config, the
     dataset and the clients' partitions."""
-    from fedrcl_flwr.run import runtime
-
     if plot:
         check_plot_path(plot)
     if save is not None:
@@ -405,7 +414,7 @@ def before_partition(
             raise ConfigError("--save must be a file path, got an empty string")
         check_output_file(Path(save).expanduser(), "--save")
     cfg = load_experiment(experiment, sets, None)
-    bundle = runtime.load_bundle(cfg)
+    bundle = load_bundle(cfg, experiment)
     return cfg, bundle, check_split(cfg, experiment)
 
 
@@ -414,11 +423,11 @@ def before_partition(
 
 def check_existing(runs: list[PlannedRun]) -> None:
     """A run directory that holds a different experiment
-    (:func:`fedrcl_flwr.run.sweep.experiment_hash`; e.g. edited by hand), or results without
+    (:func:`fedrcl_flwr.run.plan.experiment_hash`; e.g. edited by hand), or results without
     the configuration that produced them, stops the sweep: nothing is overwritten or
     counted silently."""
+    from fedrcl_flwr.run.plan import experiment_hash
     from fedrcl_flwr.run.run_files import CONFIG_FILE
-    from fedrcl_flwr.run.sweep import experiment_hash
 
     for run in runs:
         cfg_file = run.out_dir / CONFIG_FILE
@@ -454,7 +463,7 @@ def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
     (:func:`_check_run_entries`: for a run that will start afresh over an earlier attempt,
     a directory ``run --overwrite`` may clear, carrying the tool's marker; see
     :func:`fedrcl_flwr.run.results.overwrite_problem`)."""
-    from fedrcl_flwr.runner import OutputLock
+    from fedrcl_flwr.run.processes import OutputLock
 
     _check_free_output_dir(out_dir, "sweep directory", "another sweep or run")
     for run in runs:
@@ -557,8 +566,8 @@ def _forget_datasets() -> None:
 
 def _check_free_output_dir(out_dir: Path, what: str, holder_kind: str) -> None:
     """``out_dir`` is a usable output directory (:func:`check_output_dir`) that no live
-    run or sweep holds (its :class:`fedrcl_flwr.runner.OutputLock`)."""
-    from fedrcl_flwr.runner import OutputLock
+    run or sweep holds (its :class:`fedrcl_flwr.run.processes.OutputLock`)."""
+    from fedrcl_flwr.run.processes import OutputLock
 
     check_output_dir(out_dir)
     holder = OutputLock.holder(out_dir)

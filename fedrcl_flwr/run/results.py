@@ -3,8 +3,9 @@
 Files in a run directory:
 
 * ``config.yaml``   - the resolved experiment (defaults + overrides)
-* ``metrics.jsonl`` - one JSON object per evaluated round
-* ``summary.json``  - method, strategy, final/EMA/best accuracy, ``last5`` (mean test
+* ``metrics.jsonl`` - one JSON object per evaluated round, and per failed round
+  (``round_failed: true`` with its ``failure_reason``, evaluated or not)
+* ``summary.json``  - method, strategy, ``rounds_failed``, final/EMA/best accuracy, ``last5`` (mean test
   accuracy of the last five evaluated rounds, FedCCL's reported metric) overall and per
   domain, EMA accuracy at the target rounds the run reached, ``report_metric``, time
 * ``model.pt``      - the final global model's state_dict
@@ -36,6 +37,7 @@ from fedrcl_flwr.run.run_files import (  # noqa: F401 - the names' one home, re-
     RUN_SUBDIRS,
     SUMMARY_FILE,
     TMP_SUFFIX,
+    guarded_write,
 )
 
 
@@ -127,9 +129,12 @@ def clear_run_dir(out_dir: Path) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (a full disk: :class:`RunFileError`, no
+    ``.tmp`` left, the earlier ``path`` unchanged)."""
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with guarded_write(path, tmp):
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
 
 def _clean(value: Any) -> Any:
@@ -165,9 +170,11 @@ def ema_note(factor: float, report_metric: str) -> str:
     )
 
 
-def format_round_line(rec: dict, total_rounds: int, show_ema: bool = False) -> str:
+def format_round_line(
+    rec: dict, total_rounds: int, show_ema: bool = False, eta_s: float | None = None
+) -> str:
     """One concise progress line for a round (``ema`` only with ``show_ema``:
-    :func:`shows_ema`)."""
+    :func:`shows_ema`; ``| ETA ...`` last when ``eta_s`` is given: :func:`round_eta`)."""
     parts = [f"round {rec['round']:>4}/{total_rounds}"]
     if rec.get("test_accuracy") is not None:
         parts.append(f"acc {100 * rec['test_accuracy']:6.2f}%")
@@ -186,14 +193,45 @@ def format_round_line(rec: dict, total_rounds: int, show_ema: bool = False) -> s
             f"{100 * rec['client_acc_worst10']:.2f}%)"
         )
     parts.append(f"clients {rec.get('num_clients', 0)}")
+    if rec.get("secagg_clients") is not None:  # privacy.secagg: who is in the masked sum
+        parts.append(f"SecAgg+ sum of {rec['secagg_clients']}")
     if rec.get("dropped"):  # unreliable clients (availability.py)
         parts.append(f"dropped {rec['dropped']}")
     if rec.get("failures"):
         parts.append(f"failures {rec['failures']}")
-        if not rec.get("num_clients"):
-            parts.append("ALL CLIENTS FAILED (model unchanged)")
+    why = rec.get("failure_reason")
+    if rec.get("round_failed") or (rec.get("failures") and not rec.get("num_clients")):
+        # strategies/base.py: no client's update reached the model this round
+        parts.append(f"ROUND FAILED (model unchanged): {why or 'every client failed'}")
     parts.append(f"{rec.get('round_time_s', 0.0):.1f}s")
+    if eta_s is not None:
+        parts.append(f"ETA {format_duration(eta_s)}")
     return " | ".join(parts)
+
+
+def format_duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h02m``."""
+    seconds = int(round(max(float(seconds), 0.0)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def round_eta(records: list[dict], total_rounds: int) -> float | None:
+    """Seconds left after the last of ``records`` (the round records written by this
+    process, in order): the rounds still to run times the wall-clock seconds per round
+    between the first and the last of them (``wall_time_s``; the first round's own time,
+    which holds the start of the clients' workers, is left out). ``None`` before two
+    rounds have been recorded, and after the last round."""
+    timed = [r for r in records if isinstance(r.get("wall_time_s"), (int, float))]
+    if len(timed) < 2:
+        return None
+    first, last = timed[0], timed[-1]
+    span = int(last["round"]) - int(first["round"])
+    if span <= 0 or int(last["round"]) >= total_rounds:
+        return None
+    per_round = (float(last["wall_time_s"]) - float(first["wall_time_s"])) / span
+    return max(per_round, 0.0) * (total_rounds - int(last["round"]))
 
 
 LAST_K = 5  # FedCCL reports the mean of the last five communication rounds
@@ -225,8 +263,10 @@ class RunRecorder:
         start_time: float | None = None,
         elapsed_before: float = 0.0,
         report_metric: str = "final",
+        title: str = "",
     ):
         self.out_dir = Path(out_dir)
+        self.title = title or f"{method} + {strategy}"
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.method = method
         self.strategy = strategy
@@ -251,29 +291,36 @@ class RunRecorder:
 
     def append(self, record: dict) -> dict:
         record = _clean(record)
+        line = json.dumps(record) + "\n"
+        path = self.metrics_path
+        size = path.stat().st_size if path.exists() else 0
+        with guarded_write(path, truncate_to=size):  # a torn record is cut back
+            with open(path, "a") as fh:
+                fh.write(line)
+                fh.flush()
         self.records.append(record)
-        with open(self.metrics_path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
-            fh.flush()
         return record
 
     def summary(self) -> dict:
-        """The run's summary. ``accuracy_at`` holds the EMA accuracy at each target round
-        the run reached (the last evaluation at or before it); a target beyond the last
-        recorded round is left out, never filled in. ``last5`` is the mean test accuracy
+        """The run's summary. ``ema_accuracy_at`` holds the EMA accuracy and
+        ``test_accuracy_at`` the test accuracy at each target round the run reached (the
+        last evaluation at or before it); a target beyond the last recorded round is left
+        out, never filled in. ``accuracy_at`` is ``ema_accuracy_at`` under the name that
+        summaries had before both were written (kept for their readers). ``last5`` is the mean test accuracy
         over the last ``LAST_K`` = 5 evaluated rounds (all of them if fewer), FedCCL's
         "last five communication rounds"; ``last5_per_domain`` the same per domain when
         rounds carry ``domain_accuracy``."""
         evaluated = [r for r in self.records if r.get("test_accuracy") is not None]
         last = evaluated[-1] if evaluated else {}
         reached = max((int(r["round"]) for r in self.records), default=0)
-        accuracy_at = {}
+        ema_at, test_at = {}, {}
         for t in self.target_rounds:
             if t > reached:
                 continue
             upto = [r for r in evaluated if r["round"] <= t]
             if upto:
-                accuracy_at[str(t)] = upto[-1]["ema_accuracy"]
+                ema_at[str(t)] = upto[-1]["ema_accuracy"]
+                test_at[str(t)] = upto[-1]["test_accuracy"]
         tail = evaluated[-LAST_K:]
         out = {
             "method": self.method,
@@ -284,9 +331,13 @@ class RunRecorder:
             "ema_accuracy": last.get("ema_accuracy"),
             "best_accuracy": max((r["test_accuracy"] for r in evaluated), default=None),
             "last5": sum(r["test_accuracy"] for r in tail) / len(tail) if tail else None,
-            "accuracy_at": accuracy_at,
+            "ema_accuracy_at": ema_at,
+            "test_accuracy_at": test_at,
+            "accuracy_at": dict(ema_at),  # = ema_accuracy_at, the name older readers use
             "report_metric": self.report_metric,
             "wall_time_s": round(self.wall_time(), 3),
+            # rounds in which no client's update reached the model (strategies/base.py)
+            "rounds_failed": sum(1 for r in self.records if r.get("round_failed")),
         }
         private = [
             r for r in self.records if r.get("dp_epsilon", None) is not None or "dp_delta" in r
@@ -309,11 +360,10 @@ class RunRecorder:
             import torch
 
             tmp = self.out_dir / (MODEL_FILE + TMP_SUFFIX)
-            torch.save(model_state, tmp)
-            os.replace(tmp, self.out_dir / MODEL_FILE)
-        plot_accuracy(
-            self.records, self.out_dir / PLOT_FILE, title=f"{self.method} + {self.strategy}"
-        )
+            with guarded_write(self.out_dir / MODEL_FILE, tmp):
+                torch.save(model_state, tmp)
+                os.replace(tmp, self.out_dir / MODEL_FILE)
+        plot_accuracy(self.records, self.out_dir / PLOT_FILE, title=self.title)
         if before_summary is not None:
             before_summary(
                 summary,
@@ -328,7 +378,7 @@ def research_summary(records: list[dict]) -> dict:
     round that has them, and its ``client_acc_round``) and of unreliable clients
     (``dropped_total`` / ``late_total`` at the last record); nothing when the run has
     neither."""
-    from fedrcl_flwr.client_eval import STAT_KEYS
+    from fedrcl_flwr.config.catalog import CLIENT_STAT_KEYS as STAT_KEYS
 
     out: dict = {}
     with_clients = [r for r in records if r.get("client_acc_mean") is not None]
@@ -351,7 +401,10 @@ def reported_value(summary: dict, metric: str) -> float | None:
     metric = str(metric or "final")
     target = ema_round(metric)
     if target is not None:
-        return (summary.get("accuracy_at") or {}).get(str(target))
+        at = summary.get("ema_accuracy_at")
+        if not isinstance(at, dict):  # a summary written before ema_accuracy_at
+            at = summary.get("accuracy_at")
+        return (at or {}).get(str(target))
     key = SUMMARY_METRICS.get(metric)
     return summary.get(key) if key else None
 
@@ -382,11 +435,57 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return out
 
 
+def run_title(cfg) -> str:
+    """What a run's ``accuracy.png`` is of: ``name: method (+ optimizer) on dataset,
+    partition (α), clients (per round), rounds``."""
+    from fedrcl_flwr.config.catalog import PARTITION_SCHEMES
+
+    method = cfg.client.method
+    if cfg.server.strategy != "fedavg":
+        method += f" + {cfg.server.strategy}"
+    data = cfg.dataset.name
+    where = cfg.dataset.path if data == "npz" else getattr(cfg.dataset, "root", None)
+    if data in ("npz", "imagefolder") and where:
+        data += f" {Path(str(where)).name}"
+    p = cfg.partition
+    part = PARTITION_SCHEMES.get(p.scheme, p.scheme)
+    if p.scheme == "dirichlet" or (p.scheme == "domain" and not p.balanced):
+        part += f" α={p.alpha:g}"
+    elif p.scheme == "shards":
+        part += f" γ={p.shards_per_client}"
+    fed = cfg.federation
+    return (
+        f"{cfg.name}: {method} on {data}, {part}, {fed.num_clients} clients "
+        f"({fed.sampled_per_round()} per round), {fed.rounds} rounds"
+    )
+
+
+def wrap_title(title: str, width_in: float, fontsize: float = 11) -> str:
+    """``title`` broken into lines that fit a figure ``width_in`` inches wide (about
+    0.55 · fontsize points per character), so that no title is cut at the edges."""
+    import textwrap
+
+    chars = max(20, int(width_in * 72 / (0.55 * fontsize)) - 2)
+    return "\n".join(textwrap.wrap(title, chars)) if title else ""
+
+
+def legend_below(ax, entries: int) -> None:
+    """The axes' legend under them (never over the curves), in up to two columns."""
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.18),
+        ncol=1 if entries < 3 else 2,
+        fontsize=8,
+        frameon=False,
+    )
+
+
 def plot_accuracy(records: list[dict], path: Path, title: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rs = [r for r in records if r.get("test_accuracy") is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -400,14 +499,18 @@ def plot_accuracy(records: list[dict], path: Path, title: str = "") -> None:
         )
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy (%)")
-    ax.set_title(title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(wrap_title(title, 6.0, 10), fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+    if rs:
+        legend_below(ax, 2)
     tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with guarded_write(path, tmp):
+            fig.savefig(tmp, dpi=100, bbox_inches="tight")
+            os.replace(tmp, path)
+    finally:
+        plt.close(fig)
 
 
 def report_table(run_dirs: list[Path]) -> str:

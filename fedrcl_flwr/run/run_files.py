@@ -16,7 +16,7 @@ A run directory (``fedrcl-flwr run --out DIR``)::
     client_state/    per-client state across rounds (MOON, FedDyn, ...)
     tensorboard/     TensorBoard event files;  wandb/  W&B's local files
     .fedrcl-flwr-dir the tool's marker (see fedrcl_flwr.run.results.write_marker)
-    .fedrcl-flwr.lock  the live run's lock (fedrcl_flwr.runner.OutputLock)
+    .fedrcl-flwr.lock  the live run's lock (fedrcl_flwr.run.processes.OutputLock)
 
 A sweep's ``--out``: one run directory per run, plus ``_configs/<run>.yaml`` (each planned
 configuration), ``_logs/<run>.log`` (each run's output), ``sweep_status.json``, the marker
@@ -25,6 +25,9 @@ and the lock; ``mlruns/`` is MLflow's file store when no tracking server is set.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 from pathlib import Path
 
 CONFIG_FILE = "config.yaml"
@@ -45,7 +48,7 @@ MLRUNS_DIR = "mlruns"  # MLflow's file store (left alone by --overwrite)
 # Every directory the tool creates and may later delete or clear carries this file,
 # holding ``fedrcl-flwr <kind>``. Nothing without it is ever removed.
 MARKER_FILE = ".fedrcl-flwr-dir"
-# An output directory's lock: an exclusive flock on this file (fedrcl_flwr.runner.OutputLock)
+# An output directory's lock: an exclusive flock on this file (fedrcl_flwr.run.processes.OutputLock)
 LOCK_FILE = ".fedrcl-flwr.lock"
 
 # what a run writes into its output directory (``run --overwrite`` removes exactly these,
@@ -86,3 +89,42 @@ def sweep_config_path(sweep_dir: Path, run_name: str) -> Path:
 def sweep_log_path(sweep_dir: Path, run_name: str) -> Path:
     """Where a sweep writes run ``run_name``'s output."""
     return Path(sweep_dir) / SWEEP_LOGS_DIR / f"{run_name}.log"
+
+
+class RunFileError(OSError):
+    """A run file could not be written (the file system is full, read-only, ...): one
+    line naming the file. What was being written is gone (no ``.tmp`` left, a torn
+    record cut back): the run's files are as after the last complete write, so the run
+    is resumable from its last checkpoint."""
+
+    def __str__(self) -> str:  # the message alone (OSError would show errno and filename)
+        return str(self.args[0]) if self.args else super().__str__()
+
+
+def write_problem(path: Path, exc: OSError) -> RunFileError:
+    """The one-line error for ``exc`` raised while writing ``path``."""
+    why = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        why += " (free space there, then continue with fedrcl-flwr run --resume)"
+    err = RunFileError(f"cannot write {path}: {why}")
+    err.errno, err.filename = exc.errno, str(path)
+    return err
+
+
+@contextlib.contextmanager
+def guarded_write(path: Path, tmp: Path | None = None, *, truncate_to: int | None = None):
+    """Write ``path`` (through ``tmp``, or appending to it): on an ``OSError`` the
+    temporary file is removed, an append is cut back to ``truncate_to`` bytes, and a
+    :class:`RunFileError` naming ``path`` is raised instead."""
+    try:
+        yield
+    except RunFileError:
+        raise
+    except OSError as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if truncate_to is not None:
+            with contextlib.suppress(OSError):
+                os.truncate(path, truncate_to)
+        raise write_problem(Path(path), exc) from None

@@ -170,13 +170,23 @@ def _partition(
             generator=p.get("generator"),
             num_classes=bundle.num_classes,
             domain_fraction=p.get("domain_fraction"),
+            classes_per_client=p.get("classes_per_client", 2),
+            partitioner=p.get("partitioner"),
         )
 
     if p["path"]:  # a split file: read, nothing drawn
         return compute()
-    return cache.load_partition(
-        entry, [dataset_key, partition_key, num_clients, seed], num_clients, compute
-    )
+    settings: list = [dataset_key, partition_key, num_clients, seed]
+    if p["scheme"] == "flwr_datasets":  # Flower's draws: its version decides the split
+        import hashlib
+        from importlib.metadata import version
+
+        from fedrcl_flwr.config import partitioners
+        from fedrcl_flwr.data import hf
+
+        code = b"".join(Path(str(m.__file__)).read_bytes() for m in (hf, partitioners))
+        settings.append([version("flwr-datasets"), hashlib.sha256(code).hexdigest()])
+    return cache.load_partition(entry, settings, num_clients, compute)
 
 
 def set_node_name(name: str) -> None:
@@ -226,7 +236,7 @@ def check_model(cfg: ExperimentConfig, bundle=None) -> None:
     Flower process starts rather than by every ServerApp/ClientApp. ``bundle`` gives the
     dataset's real shapes (the ``run`` command); without it the nominal shapes of
     :func:`probe_model` are used (the sweep's up-front check, cached per model)."""
-    from fedrcl_flwr.config import ConfigError
+    from fedrcl_flwr.errors import ConfigError
 
     if bundle is not None:
         try:

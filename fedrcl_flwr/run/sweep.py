@@ -19,14 +19,14 @@ may carry a ``label`` (then every variant must), used in run names instead of it
 Every run is validated before anything runs (one bad combination: one line naming the
 sweep file and the run, exit 2). A labelled variant's runs carry the label in their
 configuration (``label``: what ``report`` and ``plot`` call their row). Each run directory
-is ``OUT/<name>``, ``<name>`` = the label (else the method), the seed and a short hash of
-the resolved experiment (:func:`run_name`, :func:`experiment_hash`:
-``fedprox_seed=0_1f3a9c2e``): a run's name depends on the run alone, so a sweep edited to
-add a setting, a method or a seed finds every run it had finished under the same name.
-Directories under other names holding a planned experiment (an earlier version named runs
-after what varied, ``method=fedavg_alpha=0.05_seed=0``) are renamed to the planned name
-when finished or checkpointed (:func:`take_over_earlier_runs`); others are left untouched,
-with a note. Runs go through the
+is ``OUT/<name>``, ``<name>`` = the label (else the method), the grid values that vary,
+the seed and a short hash of the resolved experiment (:func:`run_name`,
+:func:`experiment_hash`: ``fedprox_alpha=0.1_seed=0_1f3a9c2e``). The hash identifies the
+run: directories under other names holding a planned experiment (names of an earlier
+version: the hash-only ``fedprox_seed=0_1f3a9c2e``, ``method=fedavg_alpha=0.05_seed=0``;
+a sweep that grew a grid key) are renamed to the planned name when finished or
+checkpointed (:func:`take_over_earlier_runs`), so nothing finished runs again; others are
+left untouched, with a note. Runs go through the
 ``run`` command (``python -m fedrcl_flwr.cli run``: the runner's private SuperLink, free
 port and teardown), ``jobs`` of them at once; ``OUT/_configs/<name>.yaml`` holds each
 planned configuration and ``OUT/_logs/<name>.log`` each run's output. A rerun skips runs
@@ -39,13 +39,12 @@ outcome.
 Safety (issue 21): the sweep's ``name``, every ``label`` and every run directory name are
 single safe path components (:func:`run_name_problem`); at most :data:`MAX_SWEEP_RUNS`
 runs; a key set in two places (``set``/grid/variant/``seeds``) is refused; every path the
-sweep will write or remove is checked before anything is (:func:`check_sweep_dir`); the
+sweep will write or remove is checked before anything is (:func:`fedrcl_flwr.run.preflight.check_sweep_dir`); the
 sweep holds ``OUT``'s lock and its runs die with it, however it dies (:func:`run_sweep`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -63,7 +62,6 @@ import yaml
 
 from fedrcl_flwr.config import (
     MAX_NAME_BYTES,
-    ConfigError,
     ExperimentConfig,
     _shorten,
     apply_overrides,
@@ -72,14 +70,10 @@ from fedrcl_flwr.config import (
     name_problem,
     parse_override,
     read_yaml,
-    to_dict,
 )
-
-# the sweep's checks before it writes anything live with every other pre-run check
-from fedrcl_flwr.run.preflight import (  # noqa: F401 - re-exported (the sweep's API)
-    check_existing,
-    check_sweep_dir,
-)
+from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.run.plan import PlannedRun, _dir_state, earlier_runs, experiment_hash
+from fedrcl_flwr.run.processes import HOME_PREFIX, SWEEP_VAR, OutputLock, Watchdog
 from fedrcl_flwr.run.results import (
     atomic_write_text,
     ema_note,
@@ -115,39 +109,6 @@ MAX_SWEEP_RUNS = 10_000
 MAX_RUN_NAME_BYTES = 200
 
 
-@dataclass
-class PlannedRun:
-    index: int
-    name: str
-    base: Path
-    overrides: list  # [(dotted key, value)]
-    cfg: ExperimentConfig
-    placed_dir: Path | None = None  # the run's directory, set by _place_runs
-
-    @property
-    def out_dir(self) -> Path:
-        """The run's directory (``<sweep out>/<name>``); every run ``plan_sweep``
-        returns is placed."""
-        if self.placed_dir is None:
-            raise RuntimeError(
-                f"sweep run {self.name!r} has no directory yet (_place_runs "
-                "gives each planned run one)"
-            )
-        return self.placed_dir
-
-    @out_dir.setter
-    def out_dir(self, value: Path) -> None:
-        self.placed_dir = value
-
-    def state(self) -> str:
-        """``done``, ``resume`` (checkpoint present) or ``new``."""
-        if (self.out_dir / SUMMARY_FILE).is_file():
-            return "done"
-        if (self.out_dir / CHECKPOINT_FILE).is_file():
-            return "resume"
-        return "new"
-
-
 def _fmt_value(v: Any) -> str:
     if isinstance(v, (dict, list)):
         if not v:
@@ -163,41 +124,38 @@ def _fmt_value(v: Any) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", text.replace(": ", "-")).rstrip("-") or "x"
 
 
-def experiment_hash(cfg: ExperimentConfig) -> str:
-    """8 hex digits of SHA-256 over what the run computes: the resolved experiment's
-    values that differ from the schema's defaults, as dotted keys (so a key added to the
-    schema later, at its default, changes no name), without what only names, places or
-    resources a run (``name``, ``label``, ``output``, ``simulation``, ``reference``,
-    ``dataset.cache_dir``). ``client.params`` count as written."""
-    from fedrcl_flwr.report.tables import flatten_keys as flat
-
-    skip = ("name", "label", "output", "simulation", "reference", "dataset.cache_dir")
-    defaults = flat(to_dict(ExperimentConfig()))
-    mine = {
-        k: v
-        for k, v in flat(to_dict(cfg)).items()
-        if not any(k == s or k.startswith(s + ".") for s in skip)
-        and (
-            k not in defaults
-            or json.dumps(defaults[k], sort_keys=True, default=str)
-            != json.dumps(v, sort_keys=True, default=str)
-        )
-    }
-    text = json.dumps(mine, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def run_name(cfg: ExperimentConfig) -> str:
+def run_name(cfg: ExperimentConfig, shown: list | tuple = (), digest: str | None = None) -> str:
     """A run directory's name: the variant label (else the method, prefixed by a server
-    optimizer other than fedavg), the seed and :func:`experiment_hash`. It depends on
-    the run alone, never on what else the sweep plans: adding a setting, a method or a
-    seed to a sweep leaves every earlier run's name, and so its results, in place."""
+    optimizer other than fedavg), the grid values ``shown`` (``[(short key, value)]``:
+    the grid keys with more than one value, :func:`shown_grid_values`), the seed and
+    :func:`experiment_hash`: ``fedrcl_alpha=0.1_seed=0_1f3a9c2e``. The hash identifies
+    the run: a sweep that grows a grid key renames its earlier runs (their names lacked
+    the key) by taking them over by hash (:func:`take_over_earlier_runs`), never runs them
+    again. A name that would be longer than :data:`MAX_RUN_NAME_BYTES` leaves the grid
+    values out."""
     from fedrcl_flwr.report.tables import method_label
 
     what = cfg.label or method_label(
         {"client": {"method": cfg.client.method}, "server": {"strategy": cfg.server.strategy}}
     )
-    return f"{_fmt_value(what)}_seed={cfg.seed}_{experiment_hash(cfg)}"
+    digest = experiment_hash(cfg) if digest is None else digest
+    tail = f"seed={cfg.seed}_{digest}"
+    values = "".join(f"{k}={_fmt_value(v)}_" for k, v in shown)
+    name = f"{_fmt_value(what)}_{values}{tail}"
+    if len(name.encode()) > MAX_RUN_NAME_BYTES:
+        name = f"{_fmt_value(what)}_{tail}"
+    return name
+
+
+def shown_grid_keys(grid: dict, labelled: bool) -> list[tuple[str, str]]:
+    """``[(grid key, short name)]`` of the grid keys a run name shows: those with more
+    than one value, except ``seed`` and (without variant labels, where the name is the
+    method already) ``client.method`` / ``server.strategy``; a key is shortened to its
+    last component unless two shown keys would share it."""
+    named = () if labelled else ("client.method", "server.strategy")
+    keys = [k for k, v in grid.items() if len(v) > 1 and k != "seed" and k not in named]
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return [(k, s if last.count(s) == 1 else k) for k, s in zip(keys, last)]
 
 
 def _as_list(value: Any, key: str, source: str) -> list:
@@ -445,6 +403,7 @@ def _expand(spec: SweepSpec, cli_sets: list, check_components: bool) -> list[Pla
     config (and, with ``check_components``, against the method's contract)."""
     grid_keys = list(spec.grid)
     combos = list(itertools.product(*[spec.grid[k] for k in grid_keys])) if grid_keys else [()]
+    shown_keys = shown_grid_keys(spec.grid, any("label" in v for v in spec.variants))
     runs: list[PlannedRun] = []
     fixed_items = list(spec.fixed.items())
     for base in spec.bases:
@@ -467,7 +426,12 @@ def _expand(spec: SweepSpec, cli_sets: list, check_components: bool) -> list[Pla
                         from fedrcl_flwr.run.preflight import check_components as validate
 
                         validate(cfg, where)
-                    runs.append(PlannedRun(len(runs), run_name(cfg), base, ov, cfg))
+                    point = dict(zip(grid_keys, combo))
+                    shown = [(short, point[k]) for k, short in shown_keys]
+                    digest = experiment_hash(cfg)
+                    run = PlannedRun(len(runs), run_name(cfg, shown, digest), base, ov, cfg)
+                    run.digest = digest
+                    runs.append(run)
     return runs
 
 
@@ -484,7 +448,7 @@ def _place_runs(runs: list[PlannedRun], spec: SweepSpec, out_dir: Path) -> None:
                 f"{spec.src}: run {run.index + 1}'s directory name {why}, got "
                 f"{_shorten(run.name)}; give the variants short labels"
             )
-        same = experiment_hash(run.cfg)
+        same = run.digest or experiment_hash(run.cfg)
         if same in seen:
             raise ConfigError(
                 f"{spec.src}: runs {seen[same] + 1} and {run.index + 1} are "
@@ -501,55 +465,6 @@ def _place_runs(runs: list[PlannedRun], spec: SweepSpec, out_dir: Path) -> None:
             run.cfg.output.tracker_group = str(spec.name)
         if run.cfg.output.checkpoint_every < 1:
             run.cfg.output.checkpoint_every = 1  # resumable from round 1 on
-
-
-def _dir_state(d: Path) -> str:
-    if (d / SUMMARY_FILE).is_file():
-        return "done"
-    return "resume" if (d / CHECKPOINT_FILE).is_file() else "new"
-
-
-def earlier_runs(runs: list[PlannedRun], out_dir: Path) -> tuple[dict, list]:
-    """Run directories in ``out_dir`` under names this plan does not use — an earlier
-    version of the sweep named runs after what varied (``method=fedavg_alpha=0.1_seed=0``),
-    or a run was renamed by hand. Returns ``{run index: directory}`` for those holding a
-    planned experiment (the same :func:`experiment_hash`) that is finished or
-    checkpointed, not in use by a live run, whose planned directory does not exist yet;
-    and the list of the other directories, which the sweep leaves alone."""
-    from fedrcl_flwr.runner import OutputLock
-
-    planned = {r.out_dir.name for r in runs}
-    by_hash = {experiment_hash(r.cfg): r for r in runs}
-    found: dict = {}
-    others: list = []
-    if not out_dir.is_dir():
-        return found, others
-    for d in sorted(out_dir.iterdir()):
-        if (
-            d.is_symlink()
-            or not d.is_dir()
-            or d.name in planned
-            or d.name in (CONFIGS_DIR, LOGS_DIR)
-            or not (d / CONFIG_FILE).is_file()
-        ):
-            continue  # (a link is never taken over: writing into it would leave --out)
-        try:
-            run = by_hash.get(
-                experiment_hash(config_from_dict(read_yaml(d / CONFIG_FILE), str(d / CONFIG_FILE)))
-            )
-        except ConfigError:
-            run = None
-        if (
-            run is None
-            or run.index in found
-            or run.out_dir.exists()
-            or _dir_state(d) == "new"
-            or OutputLock.holder(d) is not None
-        ):
-            others.append(d)
-        else:
-            found[run.index] = d
-    return found, others
 
 
 def take_over_earlier_runs(
@@ -706,16 +621,14 @@ def run_sweep(
 ) -> int:
     """Run every planned run not finished yet; returns 0, or 1 if any failed.
 
-    The sweep holds ``out_dir``'s lock (:class:`fedrcl_flwr.runner.OutputLock`: a second
+    The sweep holds ``out_dir``'s lock (:class:`fedrcl_flwr.run.processes.OutputLock`: a second
     sweep there is one error naming this one's PID) and a watchdog
-    (:class:`fedrcl_flwr.runner.Watchdog`, the run command's teardown): every run is
+    (:class:`fedrcl_flwr.run.processes.Watchdog`, the run command's teardown): every run is
     started with the sweep's private home in ``FEDRCL_FLWR_SWEEP`` and in a process group
     the watchdog knows, so when the sweep ends in any way — ``kill -9`` included — its
     runs are killed, and each run's own watchdog then stops that run's Flower and Ray
     processes. The lock is released after that teardown."""
     import tempfile
-
-    from fedrcl_flwr.runner import HOME_PREFIX, SWEEP_VAR, OutputLock, Watchdog
 
     out_dir.mkdir(parents=True, exist_ok=True)
     lock = OutputLock(out_dir, "sweep")
@@ -855,8 +768,6 @@ class _SweepSession:
     def _launch(self, run: PlannedRun) -> _Job | None:
         """Start ``run`` in the first free slot (``None``: not started, because a live
         run holds its directory: it counts as failed)."""
-        from fedrcl_flwr.runner import OutputLock
-
         holder = OutputLock.holder(run.out_dir)
         if holder is not None:  # never launched into a directory a live run holds
             msg = f"{run.out_dir} is in use by another run (PID {holder})"
@@ -1063,7 +974,8 @@ def _summary_value(run_dir: Path, key: str) -> float | None:
 def _rounds_done(run: PlannedRun) -> int:
     """What a resume keeps: the rounds up to the checkpoint (read through the one safe
     loader, :func:`fedrcl_flwr.run.checkpoint.load_checkpoint`: data only, never code)."""
-    from fedrcl_flwr.run.checkpoint import CheckpointError, load_checkpoint
+    from fedrcl_flwr.errors import CheckpointError
+    from fedrcl_flwr.run.checkpoint import load_checkpoint
 
     if not read_metrics(run.out_dir) or not (run.out_dir / CHECKPOINT_FILE).is_file():
         return 0
@@ -1083,13 +995,24 @@ def _log_tail(path: Path) -> str:
     return (errs[-1] if errs else (rows[-1] if rows else ""))[:300]
 
 
+_FLOW_TEXT: dict[str, str] = {}  # repr of a value -> its flow YAML (format_plan)
+
+
 def _flow(v: Any) -> str:
-    return (
-        yaml.safe_dump(v, default_flow_style=True, width=10**6)
-        .strip()
-        .removesuffix("\n...")
-        .strip()
-    )
+    """``v`` as one line of flow YAML; memoised by ``repr`` (equal reprs of plain YAML
+    values are equal values), so a plan of thousands of runs dumps each value once."""
+    key = repr(v)
+    text = _FLOW_TEXT.get(key)
+    if text is None:
+        if len(_FLOW_TEXT) > 100_000:
+            _FLOW_TEXT.clear()
+        text = _FLOW_TEXT[key] = (
+            yaml.safe_dump(v, default_flow_style=True, width=10**6)
+            .strip()
+            .removesuffix("\n...")
+            .strip()
+        )
+    return text
 
 
 def format_plan(runs: list[PlannedRun], out_dir: Path) -> str:

@@ -17,6 +17,12 @@ appends one JSON line per event to ``DIR/<role>-<pid>.jsonl``:
   (``serverapp_start``, with its process's start time and the time its module finished
   importing) and set up (``serverapp_built``: data, model, strategy).
 
+Progress (always on under ``fedrcl-flwr run``, independent of ``FEDRCL_TIMERS``): the
+runner sets ``FEDRCL_FLWR_PROGRESS`` to a file in the run's private home, and the
+start-up events (``serverapp_start``, ``serverapp_built``, the first ``sent``) are also
+appended there, so that the CLI prints each start-up phase as it happens
+(:func:`read_progress`; :mod:`fedrcl_flwr.runner`).
+
 The benchmark turns them into the per-client breakdown (Ray dispatch, decode, client
 construction, model load, training, encode, SuperLink round trip). Timers only read
 clocks: a timed run computes exactly what an untimed one does. Disabled (the default),
@@ -35,11 +41,19 @@ from pathlib import Path
 ENV_VAR = "FEDRCL_TIMERS"
 
 _DIR: str | None = os.environ.get(ENV_VAR) or None
+PROGRESS_VAR = "FEDRCL_FLWR_PROGRESS"
+_PROGRESS: str | None = os.environ.get(PROGRESS_VAR) or None
+PROGRESS_EVENTS = ("serverapp_start", "serverapp_built", "sent")
+_progress_written: set = set()  # each progress event once per process
 _local = threading.local()  # the message this thread serves (``record`` of begin())
 
 
 def enabled() -> bool:
     return _DIR is not None
+
+
+def progress_enabled() -> bool:
+    return _PROGRESS is not None
 
 
 def _write(role: str, rec: dict) -> None:
@@ -115,9 +129,42 @@ def end() -> None:
 
 
 def server_event(event: str, **fields) -> None:
-    """A server-side event with its wall-clock time."""
+    """A server-side event with its wall-clock time (and, the first time in this process,
+    a start-up event to the progress file: module docstring)."""
     if _DIR is not None:
         _write("server", {"event": event, "t": time.time(), **fields})
+    if _PROGRESS is not None and event in PROGRESS_EVENTS and event not in _progress_written:
+        _progress_written.add(event)
+        _append_line(Path(_PROGRESS), {"event": event, "t": time.time(), **fields})
+
+
+def _append_line(path: Path, rec: dict) -> None:
+    line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError:  # progress is a convenience: never fail a run for it
+        return
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_progress(path: Path) -> list[dict]:
+    """The progress events written so far to ``path`` (a torn last line is skipped)."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("event"), str):
+            out.append(rec)
+    return out
 
 
 def process_start_time() -> float:

@@ -1,0 +1,117 @@
+"""Our side of one round's weight traffic with each ``simulation.transport`` (issue 30).
+
+One round = the server sends the global model to K clients and reads K uploads back.
+Timed here, in one process, is only what *our* code does with the weights:
+
+* ``flower``: the server encodes the model once (``.npy`` bytes,
+  :mod:`fedrcl_flwr.codec`); each client decodes it (views) and encodes its upload; the
+  server decodes the K uploads (views);
+* ``shared``: the server publishes the model once (hash + one write into the store);
+  each client maps and re-hashes it and publishes its upload; the server maps and
+  re-hashes the K uploads and deletes them.
+
+Not in it: what Flower does with the bytes of a ``flower`` message (its protobuf, the
+SuperLink's object store, Ray's hand-over: several more copies of the model per
+message each way), which is exactly what ``shared`` takes out (a message then carries a
+~2 KB reference). So ``shared/flower`` here is the price of the store against our own
+encoding only; ``bench_regimes.py --transport both`` measures whole runs.
+
+    python benchmarks/bench_transport.py --model resnet18_gn --clients 5 --repeat 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from statistics import median
+
+from _common import ROOT  # noqa: F401 - puts the checkout first on the path
+
+from fedrcl_flwr.app import transport
+from fedrcl_flwr.models import build_model
+from fedrcl_flwr.weight_store import HASH_ALGO, temporary_store
+
+
+def weights(model: str, num_classes: int) -> list:
+    m = build_model(model, num_classes=num_classes, in_channels=3, image_size=32)
+    return [v.detach().cpu().numpy().copy() for v in m.state_dict().values()]
+
+
+def one_round(t: transport.ServerTransport, model: list, uploads: list) -> dict:
+    """Seconds of each step of one round (K clients, one after the other)."""
+    out = {}
+    t0 = time.perf_counter()
+    sent = t.send(model)
+    out["server send"] = time.perf_counter() - t0
+    replies = []
+    t0 = time.perf_counter()
+    for up in uploads:
+        got = transport.arrays_of(sent, reuse=True)  # as WireClient
+        float(got[-1].reshape(-1)[0])  # touch it, as a client loading it would
+        replies.append((None, _Res(transport.reply(up, sent))))
+    out["clients: load + upload"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _, res in replies:
+        arrays = transport.arrays_of(res.parameters)
+        float(arrays[-1].reshape(-1)[0])
+    t.release(replies)
+    out["server: read uploads"] = time.perf_counter() - t0
+    out["round"] = sum(out.values())
+    return out
+
+
+class _Res:
+    def __init__(self, parameters):
+        self.parameters = parameters
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet18_gn")
+    ap.add_argument("--num-classes", type=int, default=100)
+    ap.add_argument("--clients", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args()
+    model = weights(args.model, args.num_classes)
+    mib = sum(a.nbytes for a in model) / 2**20
+    uploads = [
+        [a + (i + 1) * 1e-3 if a.dtype.kind == "f" else a for a in model]
+        for i in range(args.clients)
+    ]
+    store, root = temporary_store("bench-transport-")
+    import shutil
+
+    try:
+        kinds = {"flower": transport.ServerTransport(), "shared": transport.ServerTransport(store)}
+        times: dict = {k: [] for k in kinds}
+        for _ in range(args.repeat):
+            for k, t in kinds.items():
+                times[k].append(one_round(t, model, uploads))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    import flwr
+    import numpy
+    import torch
+
+    print(
+        f"{args.model}: {len(model)} arrays, {mib:.1f} MiB; {args.clients} clients; "
+        f"median of {args.repeat} rounds; store hash {HASH_ALGO}; 1-min load "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; flwr {flwr.__version__}, "
+        f"torch {torch.__version__}, numpy {numpy.__version__}"
+    )
+    steps = list(times["flower"][0])
+    print(f"  {'step (ms)':<26}{'flower':>10}{'shared':>10}{'shared/flower':>15}")
+    for s in steps:
+        f = median(r[s] for r in times["flower"]) * 1e3
+        h = median(r[s] for r in times["shared"]) * 1e3
+        print(f"  {s:<26}{f:10.1f}{h:10.1f}{h / f if f else float('nan'):15.2f}")
+    f = median(r["round"] for r in times["flower"])
+    h = median(r["round"] for r in times["shared"])
+    print(f"our handling per round: shared/flower = {h / f:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

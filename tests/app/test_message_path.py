@@ -1,0 +1,468 @@
+"""Issue #24: the cuts in a message's path change no number. Weights on the wire
+(``fedrcl_flwr.codec``) against Flower's own encoding, the averaging arithmetic against
+its formula, the stored partitions against a fresh computation, the worker cache, the
+stage timers, and whole in-process runs with the cuts against the path they replaced."""
+
+import io
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.client import NumPyClient
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+
+from fedrcl_flwr.codec import decode_arrays, encode_array, encode_arrays
+from fedrcl_flwr.run import runtime, timers
+from fedrcl_flwr.run.results import read_metrics
+
+ARRAYS = [
+    np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32),
+    np.array(7, dtype=np.int64),
+    np.zeros((0, 3)),
+    np.arange(12.0).reshape(3, 4).T,
+    np.random.default_rng(1).random((2, 3, 4)) > 0.5,
+    np.array([1, 2], dtype=">i4"),
+    np.float16([1.5, -2.25]),
+]
+
+
+def _strip(recs):
+    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")} for r in recs]
+
+
+def test_codec_reads_and_writes_flowers_npy_bytes():
+    flower = ndarrays_to_parameters(ARRAYS).tensors
+    ours = encode_arrays(ARRAYS)
+    for a, mine, theirs in zip(ARRAYS, ours, flower):
+        if a.flags.c_contiguous:  # np.save's bytes exactly (F-order: same values)
+            assert mine == theirs
+        for got in (
+            decode_arrays([mine])[0],
+            decode_arrays([theirs])[0],
+            parameters_to_ndarrays(ndarrays_to_parameters([a]))[0],
+        ):
+            assert got.dtype == a.dtype and got.shape == a.shape
+            assert np.array_equal(got, a)
+        back = parameters_to_ndarrays(
+            type(ndarrays_to_parameters([]))(tensors=[mine], tensor_type="numpy.ndarray")
+        )[0]
+        assert np.array_equal(back, a) and back.dtype == a.dtype
+    view = decode_arrays(ours)[0]
+    assert not view.flags.writeable  # a received message is never written into
+    with pytest.raises(ValueError):
+        view[0, 0] = 1.0
+
+
+def test_codec_refuses_what_it_cannot_read_safely():
+    with pytest.raises(ValueError, match="object"):
+        encode_array(np.array([{"a": 1}], dtype=object))
+    pickled = io.BytesIO()  # .npy bytes whose reading would unpickle
+    np.save(pickled, np.array([None, 1], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="object"):
+        decode_arrays([pickled.getvalue()])
+    good = encode_array(np.arange(10, dtype=np.float32))
+    with pytest.raises(ValueError, match="do not hold"):
+        decode_arrays([good[:-4]])
+    with pytest.raises(ValueError, match="not .npy"):
+        decode_arrays([b"garbage" * 20])
+
+
+def test_weighted_average_is_the_formula_bit_for_bit():
+    """The buffered product is the same IEEE arithmetic as ``c * w.astype(float64)``."""
+    from fedrcl_flwr.server.aggregation import client_coefficients, weighted_average
+
+    rng = np.random.default_rng(5)
+    clients = [
+        [
+            rng.normal(size=(17, 5)).astype(np.float32),
+            rng.normal(size=9).astype(np.float16),
+            np.array(i, dtype=np.int64),
+            rng.normal(size=300),
+        ]  # float64: any change of order or rounding shows
+        for i in range(7)
+    ]
+    kinds = ["param", "buffer", "count", "param"]
+    for weighting, n in (("uniform", [1] * 7), ("samples", [3, 50, 7, 11, 2, 9, 30])):
+        coefs = client_coefficients(n, weighting)
+        got = weighted_average(clients, coefs, kinds)
+        for j in (0, 1, 3):  # the formula as it was written before issue #24
+            acc = np.zeros(clients[0][j].shape, dtype=np.float64)
+            for c, cw in zip(coefs, clients):
+                acc += c * cw[j].astype(np.float64)
+            want = acc.astype(clients[0][j].dtype)
+            assert got[j].dtype == want.dtype and np.array_equal(got[j], want)
+        assert got[2] == 6
+
+
+def test_partitions_are_stored_beside_the_dataset_and_read_back(tiny, tmp_path, monkeypatch):
+    from fedrcl_flwr.data import cache, partition
+
+    cfg = tiny(federation={"num_clients": 20})
+    runtime.WORKER.clear()
+    calls = []
+    real = partition.partition
+    monkeypatch.setattr(partition, "partition", lambda *a, **k: calls.append(1) or real(*a, **k))
+    try:
+        # the entry is shared with other tests' splits of the same data: take this one's
+        entry = runtime._dataset(cfg)[1]
+        before = set(entry.glob("split-*.npz"))
+        first = runtime.client_partitions(cfg)
+        stored = sorted(set(entry.glob("split-*.npz")) - before)
+        assert calls and len(stored) == 1 and cache.is_own_entry(entry)  # cleared with it
+        runtime.WORKER.clear()
+        calls.clear()
+        again = runtime.client_partitions(cfg)  # a new process: read, not drawn
+        assert not calls
+        assert len(again) == len(first) == 20
+        assert all(
+            a.dtype == b.dtype == np.int64 and np.array_equal(a, b) for a, b in zip(first, again)
+        )
+        # a damaged file is recomputed (same arrays), never used
+        raw = bytearray(stored[-1].read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        stored[-1].write_bytes(bytes(raw))
+        runtime.WORKER.clear()
+        fixed = runtime.client_partitions(cfg)
+        assert calls and all(np.array_equal(a, b) for a, b in zip(first, fixed))
+        # other partition code (or torch / NumPy) is another key: drawn again
+        runtime.WORKER.clear()
+        calls.clear()
+        monkeypatch.setattr(cache, "_partition_code", lambda: ["other code"])
+        runtime.client_partitions(cfg)
+        assert calls
+    finally:
+        runtime.WORKER.clear()
+
+
+def test_worker_cache_is_one_object_with_clear(tiny, tmp_path):
+    from fedrcl_flwr.app.common import config_from_run_config
+
+    cfg = tiny()
+    runtime.WORKER.clear()
+    runtime.load_bundle(cfg)
+    runtime.client_partitions(cfg)
+    runtime.set_node_name("node-a")
+    assert runtime.WORKER.datasets and runtime.WORKER.partitions
+    assert runtime.node_name() == "node-a"
+    runtime.WORKER.clear_datasets()
+    assert not runtime.WORKER.datasets and runtime.node_name() == "node-a"
+    runtime.WORKER.clear()
+    assert runtime.WORKER.node is None and not runtime.WORKER.partitions
+    # the experiment of a run config is parsed once per file content
+    from fedrcl_flwr.config import dump_config
+
+    path = tmp_path / "exp.yaml"
+    dump_config(cfg, path)
+    a = config_from_run_config({"experiment": str(path)})
+    assert config_from_run_config({"experiment": str(path)}) is a
+    cfg.federation.rounds = 9
+    dump_config(cfg, path)
+    b = config_from_run_config({"experiment": str(path)})
+    assert b is not a and b.federation.rounds == 9
+    runtime.WORKER.clear()
+
+
+def _old_path(monkeypatch):
+    """The message path before issue #24: Flower's NumPyClient wrapper (its encoding),
+    Flower's decoding on the server, the unbuffered averaging formula, every process
+    drawing its own partitions."""
+    import strategies.base as sb
+    from clients.base import FederatedClient
+    from fedrcl_flwr.app import transport
+    from fedrcl_flwr.data import cache
+
+    def average(client_weights, coefficients, kinds):
+        out = []
+        for j, kind in enumerate(kinds):
+            arrays = [np.asarray(cw[j]) for cw in client_weights]
+            if kind == "count":
+                out.append(np.max(np.stack(arrays), axis=0).astype(arrays[0].dtype))
+                continue
+            acc = np.zeros(arrays[0].shape, dtype=np.float64)
+            for c, a in zip(coefficients, arrays):
+                acc += c * a.astype(np.float64)
+            out.append(acc.astype(arrays[0].dtype))
+        return out
+
+    monkeypatch.setattr(FederatedClient, "to_client", NumPyClient.to_client)
+    # weights inside the messages as Flower's own functions write them (the run's
+    # simulation.transport is flower: fedrcl_flwr/app/transport.py sends bytes)
+    monkeypatch.setattr(transport, "to_bytes", ndarrays_to_parameters)
+    monkeypatch.setattr(
+        sb,
+        "arrays_of",
+        lambda params: parameters_to_ndarrays(
+            type(ndarrays_to_parameters([]))(tensors=params.tensors, tensor_type="numpy.ndarray")
+        ),
+    )
+    monkeypatch.setattr(sb, "weighted_average", average)
+    monkeypatch.setattr(cache, "load_partition", lambda entry, s, n, compute: compute())
+
+
+@pytest.mark.parametrize("method,strategy", [("fedprox", "fedadam"), ("feddyn", "feddyn")])
+def test_cuts_leave_a_run_bit_identical(tiny, tmp_path, monkeypatch, method, strategy):
+    """A run through the new path (weights by reference to the store, buffered average,
+    stored partitions, a fresh worker cache) equals, number for number, the same run
+    through the path it replaced (Flower's encoding inside the messages); the methods
+    read the received weights (FedProx's proximal term, FedDyn's anchors)."""
+    from fedrcl_flwr.app.inprocess import run_inprocess
+
+    cfg = tiny(
+        client={"method": method},
+        server={"strategy": strategy},
+        federation={"rounds": 2, "clients_per_round": 2},
+    )
+    runtime.client_partitions(cfg)  # stored: the run below reads them
+    runtime.WORKER.clear()
+    run_inprocess(cfg, tmp_path / "new", overlap_evaluation=True)
+    runtime.WORKER.clear()
+    assert cfg.simulation.transport == "shared"
+    with monkeypatch.context() as m:
+        _old_path(m)
+        cfg.simulation.transport = "flower"
+        run_inprocess(cfg, tmp_path / "old")
+    runtime.WORKER.clear()
+    new, old = read_metrics(tmp_path / "new"), read_metrics(tmp_path / "old")
+    assert len(new) == 2 and _strip(new) == _strip(old)
+
+
+def test_timers_record_every_stage_and_change_nothing(tiny, tmp_path, monkeypatch):
+    """Through the real ClientApp (its mods, Flower's message handling) on the in-process
+    grid: with ``FEDRCL_TIMERS`` set every client message leaves one record with its
+    stages, and the run's numbers equal those of an untimed run."""
+    from fedrcl_flwr.app.inprocess import run_workflow_inprocess
+
+    cfg = tiny(federation={"rounds": 2})
+    run_workflow_inprocess(cfg, tmp_path / "plain")
+    monkeypatch.setattr(timers, "_DIR", str(tmp_path / "t"))
+    (tmp_path / "t").mkdir()
+    run_workflow_inprocess(cfg, tmp_path / "timed")
+    assert _strip(read_metrics(tmp_path / "plain")) == _strip(read_metrics(tmp_path / "timed"))
+    clients, server = timers.read_records(tmp_path / "t")
+    assert len(clients) == 2 * 2
+    for rec in clients:
+        assert rec["t_enter"] <= rec["t_fit"] <= rec["t_fit_end"] <= rec["t_exit"]
+        assert set(rec["stages"]) == {"construct", "data", "load", "train", "encode"}
+        assert rec["created_at"] <= rec["t_enter"] and rec["round"] in (1, 2)
+    events = {(e["event"], e["round"]) for e in server}
+    assert {("configure", 1), ("sent", 1), ("results", 1), ("round_end_end", 2)} <= events
+
+
+def test_timers_off_open_nothing(monkeypatch):
+    """Without ``FEDRCL_TIMERS`` a timer is one test of a constant: no record is opened,
+    every stage is the same no-op context."""
+    monkeypatch.setattr(timers, "_DIR", None)
+    monkeypatch.setattr(timers._local, "record", None, raising=False)
+    assert not timers.enabled()
+    timers.begin(x=1)
+    timers.note(y=2)
+    assert timers._local.record is None
+    assert timers.stage("train") is timers.stage("load") is timers._OFF
+    timers.end()
+
+
+def test_supernodes_default_to_the_clients_per_round(tiny):
+    from fedrcl_flwr.runner import federation_config
+
+    cfg = tiny(federation={"num_clients": 400, "clients_per_round": None, "participation": 0.05})
+    assert cfg.supernodes() == 20
+    assert "num-supernodes=20 " in federation_config(cfg)
+    cfg.simulation.num_supernodes = 200
+    assert cfg.supernodes() == 200
+
+
+def test_reply_poll_interval_bounds():
+    from fedrcl_flwr.app.server_app import reply_poll_interval
+
+    assert reply_poll_interval(1) == 0.01 and reply_poll_interval(5) == 0.01
+    assert reply_poll_interval(20) == pytest.approx(0.04)
+    assert reply_poll_interval(5000) == 0.1
+
+
+def test_client_manager_waits_for_late_nodes():
+    from flwr.server.client_proxy import ClientProxy
+
+    from fedrcl_flwr.app.server_app import EagerClientManager
+
+    class Proxy(ClientProxy):
+        def get_properties(self, *a, **k): ...
+        def get_parameters(self, *a, **k): ...
+        def fit(self, *a, **k): ...
+        def evaluate(self, *a, **k): ...
+        def reconnect(self, *a, **k): ...
+
+    cm = EagerClientManager()
+    threading.Timer(0.2, lambda: [cm.register(Proxy(str(i))) for i in range(3)]).start()
+    t0 = time.monotonic()
+    assert cm.wait_for(3, timeout=10)
+    assert time.monotonic() - t0 < 2.0  # Flower's refresh thread would take up to 5 s
+    assert not cm.wait_for(4, timeout=0.2)
+
+
+def test_records_are_json_lines(tmp_path, monkeypatch):
+    monkeypatch.setattr(timers, "_DIR", str(tmp_path))
+    timers.begin(node=1)
+    with timers.stage("train"):
+        time.sleep(0.01)
+    timers.mark("t_fit")
+    timers.end()
+    timers.server_event("sent", round=1)
+    (tmp_path / "client-999.jsonl").write_text('{"torn": ')  # a killed writer's last line
+    clients, server = timers.read_records(tmp_path)
+    assert len(clients) == 1 and clients[0]["stages"]["train"] >= 0.01
+    assert server == [json.loads((next(tmp_path.glob("server-*.jsonl"))).read_text())]
+
+
+def test_defaults_are_one_single_threaded_actor_per_core(tiny, tmp_path):
+    """Ray sizes Flower's actor pool as its CPUs / ``client-resources-num-cpus``: with the
+    default 1 CPU per client and no cap, one actor per core on any machine; each message
+    runs with one torch thread (issue #24: threads per actor beyond the CPUs it holds
+    only fight the other actors)."""
+    import torch
+    from flwr.common import Context, RecordDict
+
+    from fedrcl_flwr.app.client_app import client_fn
+    from fedrcl_flwr.config import dump_config
+    from fedrcl_flwr.runner import federation_config
+
+    cfg = tiny()
+    fed = federation_config(cfg).split()
+    assert "client-resources-num-cpus=1" in fed
+    assert not any(item.startswith("init-args-num-cpus") for item in fed)
+    dump_config(cfg, tmp_path / "exp.yaml")
+    ctx = Context(
+        run_id=1,
+        node_id=1,
+        node_config={"partition-id": 0},
+        state=RecordDict(),
+        run_config={"experiment": str(tmp_path / "exp.yaml"), "output-dir": str(tmp_path / "out")},
+    )
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        client_fn(ctx)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+        runtime.WORKER.clear()
+
+
+def test_ray_workers_import_the_client_app_as_they_start(monkeypatch):
+    """Issue 24: the simulation's SuperLink environment names Ray's runtime-env hook, which
+    adds the setup hook that imports the ClientApp in every worker (a hook of the user's
+    is kept, and so is Flower's own runtime env); the hook resolves and imports the
+    ClientApp module."""
+    import importlib
+    import sys
+
+    import ray._private.ray_constants as ray_constants
+
+    from fedrcl_flwr.app import worker_warmup
+    from fedrcl_flwr.run.processes import procs_with
+    from fedrcl_flwr.runner import LocalSuperLink
+
+    monkeypatch.delenv("RAY_RUNTIME_ENV_HOOK", raising=False)
+    link = LocalSuperLink(log_path=None)  # (its watchdog starts now: stopped below)
+    cluster = LocalSuperLink(log_path=None, ray_address="10.0.0.1:6379")
+    link.stop()
+    cluster.stop()
+    assert not link.home.exists() and not cluster.home.exists()
+    assert not procs_with(str(link.home)) and not procs_with(str(cluster.home))  # no watchdog left
+    hook = link.env[ray_constants.RAY_RUNTIME_ENV_HOOK]
+    # a cluster's workers are started the cluster's way (no hook of ours)
+    assert ray_constants.RAY_RUNTIME_ENV_HOOK not in cluster.env
+    module, _, name = hook.rpartition(".")
+    add = getattr(importlib.import_module(module), name)
+    flowers = {"env_vars": {"PYTHONPATH": "/x"}}
+    env = add(flowers)
+    assert env == {
+        "env_vars": {"PYTHONPATH": "/x"},
+        "worker_process_setup_hook": worker_warmup.SETUP_HOOK,
+    }
+    assert flowers == {"env_vars": {"PYTHONPATH": "/x"}}  # not modified in place
+    assert (
+        add({"worker_process_setup_hook": "mine.hook"})["worker_process_setup_hook"] == "mine.hook"
+    )
+    assert add(None) == {"worker_process_setup_hook": worker_warmup.SETUP_HOOK}
+    module, _, name = worker_warmup.SETUP_HOOK.rpartition(".")
+    getattr(importlib.import_module(module), name)()  # what Ray calls in a new worker
+    assert "fedrcl_flwr.app.client_app" in sys.modules
+
+
+def test_process_start_time_is_when_the_process_started(tmp_path):
+    """``timers.process_start_time`` (the start-up breakdown's "process start"): a child
+    reports a start between its spawn and its report, not its import time."""
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import time; time.sleep(0.5); "
+        "from fedrcl_flwr.run import timers; print(timers.process_start_time(), time.time())"
+    )
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    started, reported = map(float, out.stdout.split())
+    assert started >= before - 0.05  # not before the spawn (10 ms clock ticks)
+    assert reported - started >= 0.5 - 0.05  # before the child's sleep, not at the import
+
+
+def test_startup_marks_split_the_start_up_into_segments_that_add_up():
+    """``bench_regimes.startup_marks``: the run's start-up events (CLI launch, SuperLink
+    launch, ServerApp process start / module imported / called / built, round 1's
+    configure) in order; later rounds' and a resumed run's second events are ignored;
+    the segments chain, so they add up to the whole start-up."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_regimes
+
+    events = [
+        {"event": "superlink_launch", "t": 101.5},
+        {"event": "serverapp_start", "t": 106.0, "process_start": 103.0, "imported": 105.9},
+        {"event": "serverapp_built", "t": 106.3},
+        {"event": "configure", "t": 106.4, "round": 1},
+        {"event": "sent", "t": 106.5, "round": 1, "clients": 5},
+        {"event": "configure", "t": 110.0, "round": 2},
+        {"event": "serverapp_start", "t": 200.0, "process_start": 199.0, "imported": 199.5},
+    ]
+    marks = bench_regimes.startup_marks(events, 100.0)
+    assert marks == {
+        "launch": 100.0,
+        "superlink": 101.5,
+        "process": 103.0,
+        "imported": 105.9,
+        "called": 106.0,
+        "built": 106.3,
+        "round1": 106.4,
+    }
+    segs = bench_regimes.STARTUP_SEGMENTS
+    assert segs[0][1] == "launch" and segs[-1][2] == "round1"
+    assert all(a[2] == b[1] for a, b in zip(segs, segs[1:]))  # chained: they add up
+    assert bench_regimes.startup_marks([], 5.0) == {"launch": 5.0}  # timers off: nothing
+
+
+def test_methods_without_signals_do_not_import_the_signal_exchange():
+    """The ServerApp of a method that exchanges no signals leaves the signal exchange (and
+    the SciPy its clustering imports: 0.3 s of every run's start-up) unimported; a method
+    that exchanges signals gets its exchange."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from fedrcl_flwr.app.server_app import make_exchange
+from fedrcl_flwr.config import config_from_dict
+plain = config_from_dict({"client": {"method": "fedavg"}}, "test")
+assert make_exchange(plain, 10) is None
+assert "fedrcl_flwr.server.signal_exchange" not in sys.modules, "imported for fedavg"
+assert "scipy" not in sys.modules, "SciPy imported for fedavg"
+fpl = config_from_dict({"client": {"method": "fpl"}}, "test")
+assert type(make_exchange(fpl, 10)).__name__ == "SignalExchange"
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -1,0 +1,273 @@
+"""Issue 30: weights by reference (``simulation.transport: shared``) against Flower's
+messages (``flower``), in process: the same numbers for every method family, the store
+refuses damaged / truncated / foreign entries with one clear line, the fallbacks and
+their log lines, and nothing left in ``/dev/shm``. (The real runs: the pair in
+``test_e2e_flower.py``; the SIGKILL teardown in ``test_hardening_processes.py``.)"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import TINY_SYNTHETIC
+
+from fedrcl_flwr.app import transport
+from fedrcl_flwr.app.inprocess import run_inprocess
+from fedrcl_flwr.config import config_from_dict
+from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.run.results import read_metrics
+from fedrcl_flwr.weight_store import SHM, StoreError, WeightStore, create_store, load, store_dir
+
+ARRAYS = [
+    np.arange(12, dtype=np.float32).reshape(3, 4) / 7,
+    np.array(3, dtype=np.int64),  # 0-d (a BatchNorm counter)
+    np.zeros((0, 5), np.float32),
+    np.array([True, False, True]),
+    np.linspace(-1, 1, 9, dtype=np.float64).reshape(3, 3).T,  # not C-contiguous
+    np.arange(5, dtype=">i4"),  # big-endian
+]
+
+
+def _strip(recs):
+    return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")} for r in recs]
+
+
+@pytest.fixture
+def store(tmp_path):
+    return WeightStore(tmp_path)
+
+
+# ---------------------------------------------------------------- same numbers
+CASES = {
+    # a signal-exchanging method, FedACG's look-ahead, per-client evaluation
+    "fedccl+fedacg+per_client": dict(
+        client={"method": "fedccl"},
+        server={"strategy": "fedacg"},
+        evaluation={"target_rounds": [2], "per_client": {"every": 1}},
+    ),
+    "feddyn": dict(client={"method": "feddyn"}, server={"strategy": "feddyn"}),
+}
+SMALL = {"synthetic": {**TINY_SYNTHETIC, "num_train": 400, "num_test": 100}}
+
+
+def _run(tiny, out: Path, how: str, *, resume=False, stop_after=None, **sections):
+    cfg = tiny(
+        federation={"rounds": 2},
+        simulation={"transport": how},
+        dataset={"name": "synthetic", **SMALL},
+        **sections,
+    )
+    st = run_inprocess(cfg, out, resume=resume, stop_after=stop_after)
+    assert st.transport.shared == (how == "shared")
+    if st.transport.shared:  # the run's store was in /dev/shm and is gone
+        assert st.transport.store.root.parent == SHM
+        assert not st.transport.store.root.exists()
+    return st
+
+
+def _same(a, b, out_a: Path, out_b: Path) -> list[dict]:
+    ra, rb = read_metrics(out_a), read_metrics(out_b)
+    assert len(ra) == 2 and _strip(ra) == _strip(rb)
+    assert all(x.tobytes() == y.tobytes() for x, y in zip(a.weights, b.weights))
+    return ra
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_transports_give_identical_numbers(tiny, tmp_path, case):
+    a = _run(tiny, tmp_path / "shared", "shared", **CASES[case])
+    b = _run(tiny, tmp_path / "flower", "flower", **CASES[case])
+    recs = _same(a, b, tmp_path / "shared", tmp_path / "flower")
+    if "per_client" in case:
+        assert "client_acc_mean" in recs[0]
+
+
+def test_resumed_shared_run_equals_uninterrupted_flower_run(tiny, tmp_path):
+    """FedAvg with server-side DP (no noise: Flower draws it from the OS); the resumed
+    run has a store of its own, and a stale entry cannot be read (the hash decides)."""
+    kw = dict(
+        output={"checkpoint_every": 1},
+        privacy={"dp": {"mode": "server", "noise_multiplier": 0.0, "clipping_norm": 0.5}},
+    )
+    _run(tiny, tmp_path / "cut", "shared", stop_after=1, **kw)
+    assert len(read_metrics(tmp_path / "cut")) == 1
+    a = _run(tiny, tmp_path / "cut", "shared", resume=True, **kw)
+    b = _run(tiny, tmp_path / "full", "flower", **kw)
+    recs = _same(a, b, tmp_path / "cut", tmp_path / "full")
+    assert "dp_epsilon" in recs[0]
+
+
+# ---------------------------------------------------------------- the store
+def test_publish_then_load_gives_the_same_arrays_read_only(store):
+    ref = store.publish(ARRAYS)
+    assert len(json.dumps(ref)) < 2000 and ref["hash"] in store.entries()
+    got = load(ref)
+    for a, b in zip(ARRAYS, got):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+        assert not b.flags.writeable
+    assert all(off % 64 == 0 for _, _, off, _ in ref["arrays"])
+    # the same content: the same name, written once
+    assert store.publish([a.copy() for a in ARRAYS])["hash"] == ref["hash"]
+    assert len(store.entries()) == 1
+    store.remove(ref)
+    assert store.entries() == [] and np.array_equal(got[0], ARRAYS[0])  # mapping lives on
+
+
+def _refused(ref, match):
+    with pytest.raises(StoreError, match=match) as err:
+        load(ref)
+    assert "\n" not in str(err.value)
+
+
+def test_damaged_truncated_and_foreign_entries_are_refused(store):
+    ref = store.publish(ARRAYS)
+    path = store.path(ref["hash"])
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    _refused(ref, "does not hash to its name")
+    path.write_bytes(bytes(data[:-10]))
+    _refused(ref, "truncated or foreign")
+    other = store.publish([a + 1 for a in ARRAYS[:1]] + ARRAYS[1:])  # same size, other content
+    shutil.copy(store.path(other["hash"]), path)
+    _refused(ref, "does not hash to its name")
+    path.unlink()
+    _refused(ref, "cannot open")
+    # a reference whose layout is not the entry's, and references that are not ones
+    _refused({**other, "arrays": other["arrays"][:-1]}, "layout differs")
+    _refused({**other, "hash": "../" + other["hash"][3:]}, "not a xxh3_128 digest|not a sha256")
+    _refused({**other, "store": "relative/dir"}, "not an absolute path")
+    _refused({"hash": other["hash"]}, "needs 'store'")
+
+
+def test_a_damaged_upload_is_dropped_with_the_reason(store, tmp_path):
+    """The strategy's screen sees a one-line reason (the round goes on without it)."""
+    from flwr.common import Code, FitRes, Status
+
+    ref = store.publish(ARRAYS)
+    store.path(ref["hash"]).write_bytes(b"x" * ref["size"])
+    params = transport.Parameters(
+        tensors=[json.dumps(ref).encode()], tensor_type=transport.REF_TYPE
+    )
+    with pytest.raises(StoreError, match="damaged or foreign"):
+        transport.arrays_of(params)
+    res = FitRes(Status(Code.OK, ""), params, 1, {})
+    from strategies.base import FederatedStrategy
+
+    st = FederatedStrategy(
+        initial_weights=ARRAYS[:1],
+        trainable=[True],
+        num_clients=2,
+        clients_per_round=1,
+        rounds=1,
+    )
+    reasons: list[str] = []
+    from fedrcl_flwr.protocol import FitReport
+
+    res.metrics = FitReport(partition_id=0, train_loss=0.1).to_metrics()
+    assert st._screen([(None, res)], reasons) == []
+    assert "undecodable parameters (weight store entry" in reasons[0], reasons
+
+
+def test_store_of_a_run_lives_in_shm_by_home_name_and_goes_with_teardown(tmp_path):
+    from fedrcl_flwr.run.processes import HOME_PREFIX, teardown
+
+    home = tmp_path / f"{HOME_PREFIX}test{tmp_path.name}"
+    home.mkdir()
+    s = create_store(home)
+    assert s.root in (store_dir(home), home / "weights")
+    s.publish(ARRAYS)
+    teardown(home, [])
+    assert not s.root.exists() and not home.exists()
+
+
+# ---------------------------------------------------------------- fallbacks
+def _cfg(tiny, **kw):
+    return tiny(**kw)
+
+
+@pytest.mark.parametrize(
+    "sections,simulation,why",
+    [
+        ({"simulation": {"transport": "flower"}}, True, "simulation.transport: flower"),
+        ({}, False, "Deployment Engine"),
+        ({"simulation": {"ray_address": "head:6379"}}, True, "ray_address"),
+        ({"privacy": {"secagg": True}}, True, "SecAgg"),
+        (
+            {"privacy": {"dp": {"mode": "client", "noise_multiplier": 0.0, "clipping_norm": 1}}},
+            True,
+            "fixedclipping_mod",
+        ),
+    ],
+)
+def test_fallback_to_flower_messages_names_why(tiny, sections, simulation, why):
+    cfg = _cfg(tiny, **sections)
+    t = transport.choose(cfg, {transport.RUN_CONFIG_KEY: "/dev/shm/x"}, simulation=simulation)
+    assert not t.shared and why in t.note and "inside Flower's messages" in t.note
+    assert "\n" not in t.note
+
+
+def test_no_store_falls_back_and_says_why(tiny, tmp_path):
+    cfg = tiny()
+    t = transport.choose(
+        cfg,
+        {transport.RUN_CONFIG_KEY: "", transport.RUN_CONFIG_NOTE: "OSError: full"},
+        simulation=True,
+    )
+    assert not t.shared and "could not be created (OSError: full)" in t.note
+    t = transport.choose(cfg, {transport.RUN_CONFIG_KEY: str(tmp_path)}, simulation=True)
+    assert t.shared and str(tmp_path) in t.note
+
+
+def test_a_failed_write_falls_back_per_message(tmp_path, caplog):
+    store = WeightStore(tmp_path / "gone")  # its folder does not exist: every write fails
+    t = transport.ServerTransport(store)
+    with caplog.at_level(logging.WARNING, logger="fedrcl_flwr"):
+        sent = t.send(ARRAYS)
+        t.send(ARRAYS)
+    assert sent.tensor_type == "numpy.ndarray"
+    assert [np.array_equal(a, b) for a, b in zip(transport.arrays_of(sent), ARRAYS)]
+    assert sum("weight store write failed" in r.message for r in caplog.records) == 1
+    # a client answers by reference when addressed by reference, bytes when that fails
+    ok = transport.ServerTransport(WeightStore(tmp_path)).send(ARRAYS)
+    assert transport.is_reference(ok) and transport.is_reference(transport.reply(ARRAYS, ok))
+    shutil.rmtree(tmp_path)
+    assert transport.reply(ARRAYS, ok).tensor_type == "numpy.ndarray"
+
+
+def test_server_keeps_two_entries_and_releases_uploads(tmp_path):
+    from flwr.common import Code, FitRes, Status
+
+    store = WeightStore(tmp_path)
+    t = transport.ServerTransport(store)
+    refs = [transport.reference_of(t.send([np.full(3, i, np.float32)])) for i in range(3)]
+    assert set(store.entries()) == {refs[1]["hash"], refs[2]["hash"]}
+    up = transport.reply([np.ones(4, np.float32)], transport._as_parameters(refs[2]))
+    t.release([(None, FitRes(Status(Code.OK, ""), up, 1, {}))])
+    assert set(store.entries()) == {refs[1]["hash"], refs[2]["hash"]}
+    assert t.result(ARRAYS).tensors == []  # Flower's copy of the round's model: nothing
+
+
+def test_transport_value_is_checked(tmp_path):
+    from helpers import tiny_config
+
+    assert tiny_config(tmp_path).simulation.transport == "shared"
+    with pytest.raises(ConfigError, match="simulation.transport") as err:
+        tiny_config(tmp_path, simulation={"transport": "ray"})
+    assert "\n" not in str(err.value)
+    assert config_from_dict  # imported for the layering rule (errors from fedrcl_flwr.errors)
+
+
+def test_a_client_process_maps_a_round_model_once(tmp_path):
+    """``reuse`` (WireClient): the second client of a round in the same process gets the
+    arrays it already mapped and checked; a server's read (no reuse) maps again."""
+    sent = transport.ServerTransport(WeightStore(tmp_path)).send(ARRAYS)
+    a = transport.arrays_of(sent, reuse=True)
+    b = transport.arrays_of(sent, reuse=True)
+    assert all(x is y for x, y in zip(a, b))
+    c = transport.arrays_of(sent)
+    assert not any(x is y for x, y in zip(a, c))
+    assert all(np.array_equal(x, y) for x, y in zip(b, ARRAYS))

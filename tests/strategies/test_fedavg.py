@@ -1,0 +1,100 @@
+"""FedAvg aggregation arithmetic and the strategy's round mechanics, in process."""
+
+import numpy as np
+import pytest
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+from helpers import FakeManager, FakeProxy, fitres
+from helpers import make_strategy as make
+
+from fedrcl_flwr.run.runtime import sample_partitions
+from fedrcl_flwr.server.aggregation import client_coefficients, entry_kinds, weighted_average
+from strategies.base import AllClientsFailed
+
+
+def test_uniform_and_weighted_average_by_hand():
+    w1 = [np.array([1.0, 2.0], np.float32), np.array([[0.0]], np.float32)]
+    w2 = [np.array([3.0, 6.0], np.float32), np.array([[4.0]], np.float32)]
+    kinds = ["param", "param"]
+    u = weighted_average([w1, w2], client_coefficients([10, 30], "uniform"), kinds)
+    np.testing.assert_allclose(u[0], [2.0, 4.0])
+    np.testing.assert_allclose(u[1], [[2.0]])
+    s = weighted_average([w1, w2], client_coefficients([10, 30], "samples"), kinds)
+    # 0.25 * w1 + 0.75 * w2
+    np.testing.assert_allclose(s[0], [2.5, 5.0])
+    np.testing.assert_allclose(s[1], [[3.0]])
+    assert u[0].dtype == np.float32
+
+
+def test_integer_counters_not_averaged():
+    w = [[np.array([1.0]), np.array(3, np.int64)], [np.array([2.0]), np.array(8, np.int64)]]
+    kinds = entry_kinds(w[0], [True, False])
+    assert kinds == ["param", "count"]
+    out = weighted_average(w, client_coefficients([1, 1], "uniform"), kinds)
+    assert out[1] == 8 and out[1].dtype == np.int64
+
+
+def test_sampling_depends_only_on_seed_and_round():
+    a = sample_partitions(3, 7, 100, 5)
+    assert a == sample_partitions(3, 7, 100, 5)
+    assert a != sample_partitions(3, 8, 100, 5)
+    assert len(set(a)) == 5 and all(0 <= i < 100 for i in a)
+
+
+def test_configure_fit_sends_partitions_and_weights():
+    w0 = [np.zeros(2, np.float32)]
+    st = make(w0)
+    ins = st.configure_fit(1, ndarrays_to_parameters(w0), FakeManager(10))
+    pids = [fi.config["partition_id"] for _, fi in ins]
+    assert pids == sample_partitions(0, 1, 10, 3)
+    assert len({p.cid for p, _ in ins}) == 3
+    for _, fi in ins:
+        assert fi.config["run_round"] == 1
+        np.testing.assert_array_equal(parameters_to_ndarrays(fi.parameters)[0], w0[0])
+
+
+def test_aggregate_fit_uniform_vs_weighted():
+    w0 = [np.zeros(2, np.float32)]
+    res = [
+        (FakeProxy("a"), fitres([np.array([1.0, 1.0], np.float32)], 100, 0)),
+        (FakeProxy("b"), fitres([np.array([4.0, 7.0], np.float32)], 300, 1)),
+    ]
+    st = make(w0, weighting="uniform")
+    params, _ = st.aggregate_fit(1, res, [])
+    np.testing.assert_allclose(parameters_to_ndarrays(params)[0], [2.5, 4.0])
+    st = make(w0, weighting="samples")
+    params, _ = st.aggregate_fit(1, res, [])
+    np.testing.assert_allclose(parameters_to_ndarrays(params)[0], [3.25, 5.5])
+
+
+def test_aggregation_is_order_independent():
+    w0 = [np.zeros(3, np.float32)]
+    rng = np.random.default_rng(0)
+    res = [
+        (FakeProxy(str(i)), fitres([rng.normal(size=3).astype(np.float32)], 10 + i, i))
+        for i in range(4)
+    ]
+    a = make(w0, weighting="samples")
+    b = make(w0, weighting="samples")
+    pa, _ = a.aggregate_fit(1, res, [])
+    pb, _ = b.aggregate_fit(1, list(reversed(res)), [])
+    np.testing.assert_array_equal(parameters_to_ndarrays(pa)[0], parameters_to_ndarrays(pb)[0])
+
+
+def test_bad_results_dropped_and_counted():
+    w0 = [np.zeros(2, np.float32)]
+    good = (FakeProxy("a"), fitres([np.array([2.0, 2.0], np.float32)], 10, 0))
+    nan = (FakeProxy("b"), fitres([np.array([np.nan, 1.0], np.float32)], 10, 1))
+    shape = (FakeProxy("c"), fitres([np.zeros(3, np.float32)], 10, 2))
+    st = make(w0)
+    params, _ = st.aggregate_fit(1, [good, nan, shape], [RuntimeError("boom")])
+    np.testing.assert_allclose(parameters_to_ndarrays(params)[0], [2.0, 2.0])
+    assert st._fit_info["failures"] == 3 and st._fit_info["num_clients"] == 1
+
+
+def test_all_failed_keeps_model_then_aborts():
+    w0 = [np.ones(2, np.float32)]
+    st = make(w0, max_consecutive_failed_rounds=2)
+    params, _ = st.aggregate_fit(1, [], [RuntimeError("x")])
+    np.testing.assert_array_equal(parameters_to_ndarrays(params)[0], w0[0])
+    with pytest.raises(AllClientsFailed, match="consecutive"):
+        st.aggregate_fit(2, [], [RuntimeError("x")])
