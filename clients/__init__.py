@@ -190,12 +190,21 @@ CLIENTS = Registry(
         ),
         "fpl": Declared(
             "clients.fpl:FPLClient",
-            defaults={"tau": 0.07, "lam": 1.0, "feature": "penultimate", "embed_batch": 500},
+            defaults={
+                "tau": 0.07,
+                "lam": 1.0,
+                "feature": "penultimate",
+                "embed_batch": 500,
+                "mean_over": "valid",
+                "proto_source": "after_training",
+            },
             rules={
                 "tau": positive(),
                 "lam": non_negative(),
                 "feature": feature_tap(),
                 "embed_batch": at_least(1),
+                "mean_over": one_of("valid", "batch"),
+                "proto_source": one_of("after_training", "last_epoch"),
             },
         ),
         "fedpcl": Declared(

@@ -18,14 +18,27 @@ FPL's server uses the current participants.
 
 Parameters: ``tau`` (τ) = 0.07 — FedCCL Sec. 5.1 sets the temperature to 0.07 "for all
 experiments" (FPL's code uses 0.02); ``lam`` (λ) = 1 (FPL adds the two terms to CE with
-weight 1); ``feature`` = ``penultimate``; ``embed_batch`` = 500.
+weight 1); ``feature`` = ``penultimate``; ``embed_batch`` = 500;
+``mean_over`` = ``valid`` (the mean over the samples whose class has prototypes) or
+``batch`` (FPL's code: their sum over the batch size, see
+:func:`~fedrcl_flwr.losses.baselines.fpl_loss`); ``proto_source`` = ``after_training``
+(class means of the un-augmented data under the trained model, eval mode) or
+``last_epoch`` (FPL's code, WenkeHuang/RethinkFL ``models/fpl.py: _train_net``: the class
+means of the training-mode features of every augmented sample of the LAST local epoch,
+each taken in the forward pass before that batch's optimiser step).
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+import torch.nn.functional as F
+
 from clients import CLIENTS
 from clients.fedproto import PrototypeClient
-from fedrcl_flwr.training import LossTerm, cross_entropy_term
+from fedrcl_flwr.signals import class_cluster_signals
+from fedrcl_flwr.training import LossTerm, batch_size_for, cross_entropy_term
 
 
 class FPLClient(PrototypeClient):
@@ -39,19 +52,56 @@ class FPLClient(PrototypeClient):
         return {**super().exchange_settings(p), "finch_early_exit": False}
 
     def loss_terms(self):
-        terms = [cross_entropy_term()]
+        terms = [self._ce_term()]
         if self.global_protos is None:
             return terms
         from fedrcl_flwr.losses.baselines import fpl_loss
 
         pv, pl = self.global_protos
         feat, tau, c = self.p["feature"], float(self.p["tau"]), self.data.num_classes
+        over = str(self.p["mean_over"])
         terms.append(
             LossTerm(
                 "fpl",
-                lambda b: fpl_loss(b.feats[feat], b.y, pv, pl, c, tau),
+                lambda b: fpl_loss(b.feats[feat], b.y, pv, pl, c, tau, mean_over=over),
                 weight=float(self.p["lam"]),
                 needs_features=True,
             )
         )
         return terms
+
+    def _ce_term(self) -> LossTerm:
+        """Cross-entropy; with ``proto_source: last_epoch`` it also keeps the (detached,
+        on the device) features and labels of the last local epoch's batches."""
+        if self.p["proto_source"] != "last_epoch":
+            return cross_entropy_term()
+        c = self.cfg.client
+        size = self.round_data().size
+        steps = math.ceil(size / batch_size_for(size, c.batch_size, c.iterations_per_epoch))
+        if c.iterations_per_epoch:
+            steps = min(steps, int(c.iterations_per_epoch))
+        first_kept = (c.local_epochs - 1) * steps
+        feat = self.p["feature"]
+        kept: list = []
+        self._last_epoch = kept
+        calls = [0]
+
+        def ce(b):
+            if calls[0] >= first_kept:
+                kept.append((b.feats[feat].detach(), b.y.detach()))
+            calls[0] += 1
+            return F.cross_entropy(b.logits, b.y)
+
+        return LossTerm("ce", ce, needs_features=True)
+
+    def on_round_end(self, report):
+        kept = getattr(self, "_last_epoch", None)
+        if self.p["proto_source"] != "last_epoch" or not kept:
+            return super().on_round_end(report)
+        feats = np.concatenate([f.float().cpu().numpy() for f, _ in kept])
+        labels = np.concatenate([y.cpu().numpy() for _, y in kept])
+        self._last_epoch = []
+        self.upload_signals(report, class_cluster_signals(feats, labels, mode="mean"))
+        report.method_metrics["used_global_signals"] = (
+            0 if self.global_protos is None else int(self.global_protos[0].shape[0])
+        )

@@ -67,7 +67,13 @@ PARTITION_SCHEMES: dict[str, str] = {
 }
 SCHEME_NAMES = tuple(PARTITION_SCHEMES)
 # ``partition.generator``: whose random draws make a split (fedrcl_flwr/data/partition.py)
-GENERATORS = ("project", "fedrcl", "fedrcl_labels", "feduv")
+# rethinkfl_*: RethinkFL's (FPL's) domain-skew splits, scheme domain only
+# (fedrcl_flwr/data/rethinkfl.py)
+RETHINKFL_GENERATORS = ("rethinkfl_digits", "rethinkfl_office")
+GENERATORS = ("project", "fedrcl", "fedrcl_labels", "feduv", *RETHINKFL_GENERATORS)
+# ``dataset.test_split``: ``random`` (a seeded test_fraction per class) or RethinkFL's
+# Office-Caltech rule (image i of a domain, ImageFolder order, is a test image iff i % 10 > 7)
+TEST_SPLITS = ("random", "rethinkfl")
 
 # ----------------------------------------------------------------------------- metrics
 

@@ -26,12 +26,18 @@ from fedrcl_flwr.config.catalog import (
     PER_CLIENT_CLIENTS,
     PER_CLIENT_LOCAL_TESTS,
     SCHEME_NAMES,
+    TEST_SPLITS,
     in_words,
     is_report_metric,
     metric_choices,
 )
 from fedrcl_flwr.config.schema import ExperimentConfig
 from fedrcl_flwr.errors import ConfigError
+
+
+def _fraction(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1
+
 
 MAX_NAME_BYTES = 128  # a name the tool turns into a directory (experiment, sweep, label)
 
@@ -111,6 +117,7 @@ CONFIG_RULES: dict[str, Rule] = {
     "dataset.name": one_of(*DATASET_NAMES),
     "dataset.val_fraction": between(0, 1, hi_open=True),
     "dataset.test_fraction": between(0, 1, lo_open=True, hi_open=True),
+    "dataset.test_split": one_of(*TEST_SPLITS),
     "dataset.domains": Rule(
         lambda v: all(isinstance(d, str) and d for d in v),
         "must be a list of domain (folder) names",
@@ -134,6 +141,15 @@ CONFIG_RULES: dict[str, Rule] = {
     "partition.seed": _u32(null=True),
     "partition.generator": Rule(
         lambda v: v in GENERATORS, f"must be {in_words(GENERATORS)} (or null)", ("authors",)
+    ),
+    "partition.domain_fraction": Rule(
+        lambda v: (
+            v is None
+            or (isinstance(v, list) and len(v) > 0 and all(map(_fraction, v)))
+            or _fraction(v)
+        ),
+        "must be a number in (0, 1], a list of them (one per domain), or null",
+        (0.0, 1.5, [0.5, 2.0]),
     ),
     "partition.alpha": positive(),
     "partition.shards_per_client": at_least(1),

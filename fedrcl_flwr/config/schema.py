@@ -85,6 +85,9 @@ class DatasetConfig:
     val_fraction: float = 0.0
     domains: list = field(default_factory=list)
     test_fraction: float = 0.2
+    # random (a seeded test_fraction of each class) | rethinkfl (RethinkFL's Office-Caltech
+    # rule: image i of a domain folder, ImageFolder order, is a test image iff i % 10 > 7)
+    test_split: str = "random"
     verify_md5: bool = True
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     # where prepared arrays are kept (fedrcl_flwr/data/cache.py); null = $FEDRCL_FLWR_CACHE_DIR,
@@ -116,9 +119,14 @@ class PartitionConfig:
     # ``scheme: file``: JSON {"<client>": [indices]} or the authors' dict-literal text file
     path: str | None = None
     # project | fedrcl | fedrcl_labels | feduv (FedUV's partition_data: iid, unbalanced
-    # dirichlet); null = fedrcl for the balanced Dirichlet split (the
-    # authors' function as their trainer calls it), project otherwise (see partition.py)
+    # dirichlet) | rethinkfl_digits | rethinkfl_office; null = fedrcl
+    # for the balanced Dirichlet split (the authors' function as their trainer calls it),
+    # project otherwise (see partition.py)
     generator: str | None = None
+    # rethinkfl_* only: the share of its domain's training set each client draws (their
+    # percent_dict), a number or one per dataset.domains entry; null = theirs (Digits
+    # 0.01, Office-Caltech 0.2)
+    domain_fraction: float | list | None = None
     # scheme pathological: classes per client (k)
     classes_per_client: int = 2
     # scheme flwr_datasets: {name: <flwr_datasets.partitioner class>, <its arguments>}

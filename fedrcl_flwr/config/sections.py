@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from fedrcl_flwr.config.catalog import GENERATORS
+from fedrcl_flwr.config.catalog import GENERATORS, RETHINKFL_GENERATORS
 from fedrcl_flwr.config.extras import installed, pip_install
 from fedrcl_flwr.config.schema import ExperimentConfig
 from fedrcl_flwr.errors import ConfigError, PartitionError
@@ -283,6 +283,13 @@ def resolve_generator(scheme: str, balanced: bool, generator: str | None) -> str
         return generator or "fedrcl"
     if scheme == "file":
         return "project"
+    if scheme == "domain" and generator in RETHINKFL_GENERATORS:
+        return generator
+    if generator in RETHINKFL_GENERATORS:
+        raise PartitionError(
+            f"partition.generator {generator} is RethinkFL's domain-skew split: "
+            "it needs partition.scheme domain"
+        )
     if scheme in ("domain", "pathological", "flwr_datasets") and generator not in (
         None,
         "project",

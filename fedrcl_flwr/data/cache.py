@@ -269,6 +269,7 @@ def entry_settings(d, seed: int) -> dict:
         "val_fraction": float(d.val_fraction),
         "domains": list(d.domains or []),
         "test_fraction": float(d.test_fraction),
+        **({"test_split": d.test_split} if d.test_split != "random" else {}),
         "synthetic": asdict(d.synthetic) if d.name == "synthetic" else None,
         "sources": _fingerprint(_source_files(d)),
     }
@@ -551,6 +552,7 @@ def build_entry(root: Path, key: str, d, seed: int, settings: dict):
         val_fraction=d.val_fraction,
         domains=d.domains,
         test_fraction=d.test_fraction,
+        test_split=d.test_split,
         rotation=d.rotation,
         crop_pad=d.crop_pad,
         verify_md5=d.verify_md5,

@@ -452,13 +452,21 @@ def _class_tree(folder: Path) -> dict[str, list[Path]]:
 
 
 def _imagefolder(
-    root: Path, domains: list, image_size: int | None, test_fraction: float, seed: int
+    root: Path,
+    domains: list,
+    image_size: int | None,
+    test_fraction: float,
+    seed: int,
+    test_split: str = "random",
 ) -> tuple[RawSplit, RawSplit, list]:
     """``root/[domain/][train|test/]class/image``.
 
     With ``domains`` each named sub-folder is one domain (PACS, Office-10, DomainNet). A
-    folder with ``train``/``test`` sub-folders uses them; otherwise a seeded, stratified
-    ``test_fraction`` of each class is held out for testing.
+    folder with ``train``/``test`` (or ``train``/``val``, RethinkFL's SynthDigits layout)
+    sub-folders uses them; otherwise ``test_split`` ``random`` holds out a seeded,
+    stratified ``test_fraction`` of each class for testing, and ``rethinkfl`` RethinkFL's
+    Office-Caltech rule (``datasets/officecaltech.py``: image ``i`` of the domain, classes
+    and files sorted as torchvision's ``ImageFolder``, is a test image iff ``i % 10 > 7``).
     """
     if not root.is_dir():
         raise DatasetError(
@@ -476,8 +484,11 @@ def _imagefolder(
     splits: dict[str, tuple[list, list, list]] = {"train": ([], [], []), "test": ([], [], [])}
     class_names: list | None = None
     for di, ddir in enumerate(domain_dirs):
-        if (ddir / "train").is_dir() and (ddir / "test").is_dir():
-            trees = {s: _class_tree(ddir / s) for s in ("train", "test")}
+        test_dir = next((t for t in ("test", "val") if (ddir / t).is_dir()), None)
+        if (ddir / "train").is_dir() and test_dir:
+            trees = {"train": _class_tree(ddir / "train"), "test": _class_tree(ddir / test_dir)}
+        elif test_split == "rethinkfl":
+            trees = _rethinkfl_trees(_class_tree(ddir))
         else:
             tree = _class_tree(ddir)
             rng = np.random.default_rng([seed, di, 31])
@@ -512,6 +523,18 @@ def _imagefolder(
         xs, ys, ds = splits[s]
         out.append(RawSplit(np.concatenate(xs), np.concatenate(ys), np.concatenate(ds)))
     return out[0], out[1], list(domains) if domains else []
+
+
+def _rethinkfl_trees(tree: dict) -> dict:
+    """Split a class tree by RethinkFL's rule (see :func:`_imagefolder`)."""
+    from fedrcl_flwr.data.rethinkfl import rethinkfl_train_mask
+
+    flat = [(c, f) for c, files in tree.items() for f in files]
+    train = rethinkfl_train_mask(len(flat))
+    trees: dict = {"train": {}, "test": {}}
+    for (cname, f), is_train in zip(flat, train):
+        trees["train" if is_train else "test"].setdefault(cname, []).append(f)
+    return trees
 
 
 def _tinyimagenet(root: Path, image_size: int | None) -> tuple[RawSplit, RawSplit]:
@@ -768,6 +791,7 @@ def load_dataset(
     val_fraction: float = 0.0,
     domains: list | None = None,
     test_fraction: float = 0.2,
+    test_split: str = "random",
     rotation: float = 0.0,
     crop_pad: int | None = None,
     verify_md5: bool = True,
@@ -794,6 +818,7 @@ def load_dataset(
         domains=domains,
         test_fraction=test_fraction,
         verify_md5=verify_md5,
+        test_split=test_split,
         columns=(image_column, label_column),
     )
     _check_splits(name, tr, te)
@@ -844,6 +869,7 @@ def _read_source(
     domains: list | None,
     test_fraction: float,
     verify_md5: bool,
+    test_split: str = "random",
     columns: tuple[str | None, str | None] = (None, None),
 ) -> tuple[RawSplit, RawSplit, list, int | None]:
     """The train and test images of source ``name`` (:data:`~fedrcl_flwr.config.catalog.
@@ -859,7 +885,10 @@ def _read_source(
     if name == "tinyimagenet":
         return (*_tinyimagenet(root_p, image_size), [], None)
     if name == "imagefolder":
-        return (*_imagefolder(root_p, list(domains or []), image_size, test_fraction, seed), None)
+        return (
+            *_imagefolder(root_p, list(domains or []), image_size, test_fraction, seed, test_split),
+            None,
+        )
     if name == "digit5":
         return (*_digit5(root_p, download, list(domains or []), verify_md5), None)
     if name == "npz":

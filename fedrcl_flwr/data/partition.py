@@ -79,8 +79,10 @@ that depends on the file system, and numbers classes in ``wnids.txt`` order; our
 both), so the same function gives the same index lists that name other images there.
 ``feduv``: FedUV's ``partition_data`` (sonhamin/FedUV @ dd2e3c5 ``utils/dataloader.py``,
 see :func:`feduv_dirichlet` and :func:`feduv_iid`), index for index on the same labels
-and seed; FPL's splits (FedCCL) are not reproduced draw for draw (see the experiment
-files).
+and seed. FPL's (RethinkFL's) domain-skew splits are: ``scheme: domain`` with ``generator:
+rethinkfl_digits | rethinkfl_office`` and ``domain_fraction`` (their ``percent``), see
+:mod:`fedrcl_flwr.data.rethinkfl`; not disjoint for Office-Caltech (their class swap may
+give a client a sample another client holds).
 
 Impossible requests fail at once with a :class:`PartitionError` naming the numbers.
 """
@@ -92,7 +94,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from fedrcl_flwr.config.catalog import SCHEME_NAMES
+from fedrcl_flwr.config.catalog import RETHINKFL_GENERATORS, SCHEME_NAMES
 from fedrcl_flwr.config.sections import resolve_generator
 from fedrcl_flwr.errors import PartitionError
 
@@ -842,6 +844,7 @@ def partition(
     path: str | None = None,
     generator: str | None = None,
     num_classes: int | None = None,
+    domain_fraction=None,
     classes_per_client: int = 2,
     partitioner: dict | None = None,
 ) -> list[np.ndarray]:
@@ -849,7 +852,8 @@ def partition(
     ``project`` | ``fedrcl`` | ``fedrcl_labels`` | ``feduv`` | ``None`` (see
     :func:`resolve_generator`);
     ``num_classes``: the dataset's number of classes (the authors' ``K``; default
-    ``max(labels) + 1``).
+    ``max(labels) + 1``); ``domain_fraction``: ``rethinkfl_*`` only, their ``percent``
+    (:mod:`fedrcl_flwr.data.rethinkfl`).
 
     Long on purpose: one flat dispatch over the schemes, each branch the checks its
     builder needs and one call (a table of builders would hide which checks go with which
@@ -920,6 +924,15 @@ def partition(
         domains = np.asarray(domains)
         if len(domains) != n:
             raise PartitionError(f"domain split: {len(domains)} domain ids for {n} samples")
+        if gen in RETHINKFL_GENERATORS:
+            from fedrcl_flwr.data.rethinkfl import rethinkfl_domain_split
+
+            try:
+                return rethinkfl_domain_split(
+                    labels, domains, num_clients, int(seed), gen, domain_fraction
+                )
+            except ValueError as exc:
+                raise PartitionError(f"{gen} split: {exc}") from None
         return by_domain(
             labels,
             domains,

@@ -270,6 +270,7 @@ def fpl_loss(
     cluster_labels: torch.Tensor,
     num_classes: int,
     tau: float = 0.02,
+    mean_over: str = "valid",
 ) -> torch.Tensor:
     """FPL (Huang et al., CVPR 2023, "Rethinking Federated Learning with Domain Shift: A
     Prototype View", the FPL local objective): cluster-prototype contrast plus the
@@ -279,8 +280,11 @@ def fpl_loss(
         L_UPCL = mean_dims (z − U_y)²,   U_y = mean of class y's cluster prototypes
 
     over the server's FINCH cluster prototypes (several per class). As the official code
-    the two are added per sample and averaged over the samples whose class has
-    prototypes (``lossProto / count``)."""
+    (WenkeHuang/RethinkFL @ 74201b3 ``models/fpl.py: hierarchical_info_loss``) the two are
+    added per sample; ``mean_over`` ``valid`` averages them over the samples whose class
+    has prototypes, ``batch`` (their ``_train_net``: ``loss_InfoNCE / i`` with ``i`` the
+    batch size) sums them over those samples and divides by the batch size. The two agree
+    once every class has prototypes (from the second round on, with all classes seen)."""
     sims = F.cosine_similarity(z[:, None, :], cluster_protos[None, :, :], dim=-1) / tau
     pos, valid = _positives(cluster_labels, y)
     info = torch.logsumexp(sims, dim=1) - torch.logsumexp(
@@ -288,6 +292,8 @@ def fpl_loss(
     )
     table, _ = prototype_table(cluster_protos, cluster_labels, num_classes)
     mse = ((z - table[y]) ** 2).mean(dim=1)
+    if mean_over == "batch":
+        return _where_valid(valid, info + mse).sum() / z.shape[0]
     return _mean_valid(valid, info + mse)
 
 

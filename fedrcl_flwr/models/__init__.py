@@ -81,6 +81,14 @@ def _squeezenet_gn(num_classes: int, in_channels: int, image_size: int, **params
     )
 
 
+def _resnet10_bn(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
+    from fedrcl_flwr.models.resnet10_bn import ResNet10BN
+
+    return ResNet10BN(
+        num_classes=num_classes, in_channels=in_channels, image_size=image_size, **params
+    )
+
+
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet18_gn": _resnet18_gn,
     "cnn4": _cnn4,
@@ -92,6 +100,9 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "mobilenet_v2_gn": _mobilenet_v2_gn,
     "shufflenet_v2_gn": _shufflenet_v2_gn,
     "squeezenet_gn": _squeezenet_gn,
+    # FPL's (RethinkFL's) ResNet-10 with BatchNorm, the backbone of their Digits /
+    # Office-Caltech protocol
+    "resnet10_bn": _resnet10_bn,
 }
 MODEL_NAMES = frozenset(MODELS)
 

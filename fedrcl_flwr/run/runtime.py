@@ -169,6 +169,7 @@ def _partition(
             path=p["path"],
             generator=p.get("generator"),
             num_classes=bundle.num_classes,
+            domain_fraction=p.get("domain_fraction"),
             classes_per_client=p.get("classes_per_client", 2),
             partitioner=p.get("partitioner"),
         )
