@@ -91,10 +91,11 @@ def _floats(d):
 
 
 def their_config(code: Path, a, method: str) -> Cfg:
-    import yaml
+    from fedrcl_flwr.config.loading import parse_yaml  # the hardened reader
 
     def load(rel):
-        return yaml.safe_load((code / "configs" / rel).read_text()) or {}
+        path = code / "configs" / rel
+        return parse_yaml(path.read_text(), str(path)) or {}
 
     cfg = _floats(load("config.yaml"))
     cfg.pop("defaults", None)
