@@ -10,7 +10,7 @@ come from this interpreter and nothing large is downloaded), installs only the c
 Flower wheel into it (``pip install --no-deps``: it shadows the installed ``flwr``), then
 runs, with the installed Flower ("baseline") and with the candidate:
 
-1. the Flower-facing tests (``tests/test_flower_private.py`` — the one door to Flower's
+1. the Flower-facing tests (``tests/app/test_flower_private.py`` — the one door to Flower's
    non-public API, ``fedrcl_flwr/app/flower_private.py`` —, the privacy tests — Flower's
    DP wrappers, SecAgg+ workflow and client mods —, and the in-process runs through
    Flower's workflow API), without the tests that start real Flower processes;
@@ -42,9 +42,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FLOWER_TESTS = [
-    "tests/test_flower_private.py",
-    "tests/test_privacy.py",
-    "tests/test_inprocess_runs.py",
+    "tests/app/test_flower_private.py",
+    "tests/strategies/test_privacy.py",
+    "tests/app/test_inprocess_runs.py",
 ]
 TIMING_KEYS = ("wall_time_s", "round_time_s")
 ROUNDS = 2

@@ -13,7 +13,7 @@ constants, RandomRotation(10) -> RandomCrop(32, 4) -> flip) and by ours
 Protocol (both sides, their ``configs/`` with these overrides): ``--clients`` clients,
 ``--participation``, their balanced Dirichlet split (``cifar_dirichlet_balanced`` as their
 trainer calls it; ours ``partition.generator: fedrcl``, seed 0: index-identical, tested in
-tests/test_authors_split.py), SGD lr ``--lr`` x ``--lr-decay`` per round and per local
+tests/datasets/test_authors_split.py), SGD lr ``--lr`` x ``--lr-decay`` per round and per local
 epoch (their ``local_lr_decay``; ours ``lr_decay`` and ``epoch_lr_decay``), no momentum,
 weight decay 1e-3, ``--epochs`` local epochs of batch ``--batch-size``, gradient-norm clip
 10, uniform averaging; float32 (``use_amp: False``, as theirs on a CPU). Methods:

@@ -421,7 +421,7 @@ def pathological(
     (in index order) are cut with ``np.array_split`` into as many parts as clients drew
     it, handed out in client order. A class no client drew is not used (its samples belong
     to nobody, as in Flower's). Index-identical to Flower's partitioner whose generator is
-    ``rng`` (``tests/test_partition_flower.py``: its ``_rng`` replaced by ours; with its own
+    ``rng`` (``tests/datasets/test_partition_flower.py``: its ``_rng`` replaced by ours; with its own
     ``seed`` argument it draws from ``default_rng(seed)``, another stream: use ``scheme:
     flwr_datasets`` for that split). Ours is sorted, Flower's shuffled after the draws.
 
