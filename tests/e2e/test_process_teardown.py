@@ -95,6 +95,37 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
     assert len(read_metrics(out)) == done < 500  # nothing trains on
 
 
+def test_secagg_run_whose_clients_all_drop_out_exits_1_with_the_reasons(tmp_path):
+    """Issue 31, bad item 2, through the real CLI: SecAgg+ with dropout 0.9 (6 clients, 3
+    sampled per round): no round keeps 2 clients, every round is shown and recorded as
+    failed with its reason, and the run that trained nothing exits 1 with one line, however
+    Flower's SecAgg+ workflow ends each round (it used to end 'done' with exit 0)."""
+    out = tmp_path / "run"
+    tag = uuid.uuid4().hex
+    proc = _start(
+        out,
+        "federation.rounds=2",
+        "federation.num_clients=6",
+        "federation.clients_per_round=3",
+        "simulation.num_supernodes=3",
+        "federation.availability.dropout=0.9",
+        "privacy.secagg=true",
+        tag=tag,
+    )
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 1, stdout + stderr
+    err = [ln for ln in stderr.splitlines() if ln.startswith("fedrcl-flwr: run failed")]
+    assert len(err) == 1 and "no client trained in any of the 2 rounds" in err[0], stderr
+    assert "Traceback" not in stderr, stderr
+    failed = [ln for ln in stdout.splitlines() if "ROUND FAILED (model unchanged)" in ln]
+    assert len(failed) == 2, stdout
+    records = read_metrics(out)
+    assert [r["round"] for r in records] == [1, 2]
+    assert all(r["round_failed"] and r["failure_reason"] for r in records), records
+    assert not (out / "summary.json").exists()
+    assert not alive(_home(out), tag, 30.0)
+
+
 def test_run_that_never_starts_times_out_cleanly(tmp_path, monkeypatch):
     """Flower issue #7953: a run that stays 'pending'. Flower cannot be made to hang on
     purpose, so the status query is made to answer 'pending' for this real run."""
