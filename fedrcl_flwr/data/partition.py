@@ -286,6 +286,28 @@ def authors_dirichlet_unbalanced(
     ``N / C`` samples, renormalised, cut points ``(cumsum(q) * n_k).astype(int)[:-1]``;
     then every client's list is shuffled; tries repeat while a client holds fewer than
     ``min_size`` samples (theirs: 10, no limit; here at most ``max_tries``)."""
+    batch = _niid_bench_dirichlet(
+        labels, num_clients, alpha, min_size, seed, num_classes, max_tries, "fedrcl"
+    )
+    return _as_parts(batch)
+
+
+def _niid_bench_dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    min_size: int,
+    seed: int,
+    num_classes: int | None,
+    max_tries: int,
+    code: str,
+) -> list[list]:
+    """The label-Dirichlet split that FedRCL's and FedUV's code both inherit (NIID-Bench's
+    ``noniid-labeldir``), with its calls on NumPy's global generator seeded with ``seed``
+    (see :func:`authors_dirichlet_unbalanced` and :func:`feduv_dirichlet`). The two codes
+    differ only in when the clients' lists are shuffled: ``code="fedrcl"`` inside every
+    try (before the size check), ``code="feduv"`` once, after the accepted try. Returns
+    each client's list in the authors' order."""
     labels = np.asarray(labels, dtype=np.int64)
     n = len(labels)
     k = int(labels.max()) + 1 if num_classes is None else int(num_classes)
@@ -300,12 +322,16 @@ def authors_dirichlet_unbalanced(
                 q = q / q.sum()
                 cuts = (np.cumsum(q) * len(idx_c)).astype(int)[:-1]
                 batch = [b + part.tolist() for b, part in zip(batch, np.split(idx_c, cuts))]
-            for b in batch:
-                np.random.shuffle(b)
+            if code == "fedrcl":
+                for b in batch:
+                    np.random.shuffle(b)
             if min(len(b) for b in batch) >= min_size:
-                return _as_parts(batch)
+                if code == "feduv":
+                    for b in batch:
+                        np.random.shuffle(b)
+                return batch
     raise PartitionError(
-        f"unbalanced Dirichlet split (fedrcl): no draw in {max_tries} tries gave every one "
+        f"unbalanced Dirichlet split ({code}): no draw in {max_tries} tries gave every one "
         f"of {num_clients} clients >= {min_size} samples (alpha={alpha}, {n} samples)"
     )
 
@@ -339,28 +365,10 @@ def feduv_dirichlet(
     Differs from :func:`authors_dirichlet_unbalanced` (FedRCL's) only there: FedRCL
     shuffles the lists inside every try. ``K``: theirs hard-codes 10 (it loads only
     CIFAR-10 and STL-10); here the dataset's number of classes, the same on those two."""
-    labels = np.asarray(labels, dtype=np.int64)
-    n = len(labels)
-    k = int(labels.max()) + 1 if num_classes is None else int(num_classes)
-    with _numpy_global(seed):
-        for _ in range(max_tries):
-            batch: list[list] = [[] for _ in range(num_clients)]
-            for c in range(k):
-                idx_c = np.where(labels == c)[0]
-                np.random.shuffle(idx_c)
-                q = np.random.dirichlet(np.repeat(alpha, num_clients))
-                q = np.array([p * (len(b) < n / num_clients) for p, b in zip(q, batch)])
-                q = q / q.sum()
-                cuts = (np.cumsum(q) * len(idx_c)).astype(int)[:-1]
-                batch = [b + part.tolist() for b, part in zip(batch, np.split(idx_c, cuts))]
-            if min(len(b) for b in batch) >= min_size:
-                for b in batch:
-                    np.random.shuffle(b)
-                return [np.asarray(b, dtype=np.int64) for b in batch]
-    raise PartitionError(
-        f"unbalanced Dirichlet split (feduv): no draw in {max_tries} tries gave every one "
-        f"of {num_clients} clients >= {min_size} samples (alpha={alpha}, {n} samples)"
+    batch = _niid_bench_dirichlet(
+        labels, num_clients, alpha, min_size, seed, num_classes, max_tries, "feduv"
     )
+    return [np.asarray(b, dtype=np.int64) for b in batch]
 
 
 def dirichlet_unbalanced(
