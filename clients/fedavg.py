@@ -3,10 +3,8 @@
 Its whole objective is the default of :class:`clients.base.FederatedClient`.
 """
 
-from clients import CLIENTS
 from clients.base import FederatedClient
 
 
 class FedAvgClient(FederatedClient):
     method = "fedavg"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py

@@ -33,15 +33,50 @@ normalisation is applied inside the attacked model (``losses.fedccl.PixelSpace``
 
 from __future__ import annotations
 
-from clients import CLIENTS
 from clients.base import SignalClient
+from fedrcl_flwr.components import (
+    at_least,
+    feature_tap,
+    finch_level,
+    non_negative,
+    one_of,
+    positive,
+)
 from fedrcl_flwr.signals import class_cluster_signals
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
 class FedCCLClient(SignalClient):
     method = "fedccl"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {
+        "tau": 0.07,
+        "w_local": 1.0,
+        "w_global": 1.0,
+        "use_local": True,
+        "use_global": True,
+        "local_signal": "cluster",
+        "global_signal": "cluster",
+        "signal_level": "coarsest",
+        "feature": "penultimate",
+        "adversarial": False,
+        "eps": 8 / 255,
+        "step": 2 / 255,
+        "steps": 10,
+        "embed_batch": 500,
+    }
+    rules = {
+        "tau": positive(),
+        "w_local": non_negative(),
+        "w_global": non_negative(),
+        "local_signal": one_of("cluster", "mean"),
+        "global_signal": one_of("cluster", "mean"),
+        "signal_level": finch_level(),
+        "feature": feature_tap(),
+        "eps": positive(),
+        "step": positive(),
+        "steps": at_least(1),
+        "embed_batch": at_least(1),
+    }
 
     @classmethod
     def exchange_settings(cls, p: dict) -> dict:

@@ -8,17 +8,22 @@ and flip (``fedrcl_flwr.augment.random_crop_flip``), so no second data pass is n
 
 from __future__ import annotations
 
-from clients import CLIENTS
 from clients.base import FederatedClient
 from fedrcl_flwr.augment import random_crop_flip
-from fedrcl_flwr.components import resolve_levels
+from fedrcl_flwr.components import non_negative, positive, resolve_levels, tap_levels
 from fedrcl_flwr.losses.contrastive import info_nce
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
 class FedCLClient(FederatedClient):
     method = "fedcl"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {"tau": 0.5, "cl_weight": 1.0, "levels": ["all"], "pad": 4}
+    rules = {
+        "tau": positive(),
+        "cl_weight": non_negative(),
+        "levels": tap_levels(),
+        "pad": non_negative(),
+    }
 
     def loss_terms(self):
         levels = resolve_levels(self.p["levels"], tuple(self.model.levels))

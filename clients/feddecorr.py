@@ -15,14 +15,15 @@ Parameters: ``beta`` (β) = 0.01, FedRCL supplementary Sec. E ("0.01 in FedDecor
 
 from __future__ import annotations
 
-from clients import CLIENTS
 from clients.base import FederatedClient
+from fedrcl_flwr.components import feature_tap, non_negative
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
 class FedDecorrClient(FederatedClient):
     method = "feddecorr"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {"beta": 0.01, "feature": "penultimate"}
+    rules = {"beta": non_negative(), "feature": feature_tap()}
 
     def loss_terms(self):
         from fedrcl_flwr.losses.baselines import feddecorr_loss

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import torch
 
-from clients import CLIENTS
 from clients.base import FederatedClient
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 from strategies.feddyn import FedDynParams
@@ -38,7 +37,6 @@ STATE_NAME = "feddyn_grad"
 
 class FedDynClient(FederatedClient):
     method = "feddyn"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
     strategies = ("feddyn",)
 
     def _named_trainable(self):

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import torch
 
-from clients import CLIENTS
 from clients.base import FederatedClient
+from fedrcl_flwr.components import non_negative, one_of
 from fedrcl_flwr.training import LossTerm
 
 
 class FedLCClient(FederatedClient):
     method = "fedlc"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {"tau": 1.0, "absent": "drop"}
+    rules = {"tau": non_negative(), "absent": one_of("drop", "clamp")}
 
     def loss_terms(self):
         from fedrcl_flwr.losses.baselines import fedlc_loss

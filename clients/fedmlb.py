@@ -30,9 +30,8 @@ are both set to 1 in FedMLB"); ``temp`` = 1; ``branches`` = ``[all]``.
 
 from __future__ import annotations
 
-from clients import CLIENTS
 from clients.base import FederatedClient
-from fedrcl_flwr.components import resolve_branches
+from fedrcl_flwr.components import block_indices, non_negative, positive, resolve_branches
 from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.models.interface import has_blocks
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
@@ -50,7 +49,13 @@ def block_forward(model, x, need_features: bool):
 
 class FedMLBClient(FederatedClient):
     method = "fedmlb"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {"lam1": 1.0, "lam2": 1.0, "temp": 1.0, "branches": ["all"]}
+    rules = {
+        "lam1": non_negative(),
+        "lam2": non_negative(),
+        "temp": positive(),
+        "branches": block_indices(),
+    }
 
     @classmethod
     def check_config(cls, cfg, p) -> None:

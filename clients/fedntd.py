@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import torch
 
-from clients import CLIENTS
 from clients.base import FederatedClient
+from fedrcl_flwr.components import non_negative, positive
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
 class FedNTDClient(FederatedClient):
     method = "fedntd"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {"beta": 0.3, "temp": 1.0, "ce_weight": 1.0}
+    rules = {"beta": non_negative(), "temp": positive(), "ce_weight": non_negative()}
 
     def loss_terms(self):
         from fedrcl_flwr.losses.baselines import fedntd_loss

@@ -31,8 +31,8 @@ Parameters: ``tau`` (τ) = 0.07 (FedPCL's and FedCCL's temperature); ``w_global`
 
 from __future__ import annotations
 
-from clients import CLIENTS
 from clients.fedproto import PrototypeClient
+from fedrcl_flwr.components import at_least, feature_tap, non_negative, positive
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
@@ -40,7 +40,22 @@ class FedPCLClient(PrototypeClient):
     method = "fedpcl"
     send_local = True
     normalize_protos = True
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {
+        "tau": 0.07,
+        "w_global": 1.0,
+        "w_local": 1.0,
+        "ce_weight": 1.0,
+        "feature": "penultimate",
+        "embed_batch": 500,
+    }
+    rules = {
+        "tau": positive(),
+        "w_global": non_negative(),
+        "w_local": non_negative(),
+        "ce_weight": non_negative(),
+        "feature": feature_tap(),
+        "embed_batch": at_least(1),
+    }
 
     def loss_terms(self):
         if self.global_protos is None:

@@ -24,8 +24,8 @@ above; a value in [0, 1] fixes α); ``feature`` = ``penultimate``; ``embed_batch
 
 from __future__ import annotations
 
-from clients import CLIENTS
 from clients.fedproto import PrototypeClient
+from fedrcl_flwr.components import at_least, between, feature_tap, positive
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
@@ -38,7 +38,13 @@ def fedproc_alpha(server_round: int, rounds: int) -> float:
 
 class FedProcClient(PrototypeClient):
     method = "fedproc"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {"tau": 0.07, "alpha": -1.0, "feature": "penultimate", "embed_batch": 500}
+    rules = {
+        "tau": positive(),
+        "alpha": between(0.0, 1.0, also=(-1.0,)),
+        "feature": feature_tap(),
+        "embed_batch": at_least(1),
+    }
 
     def alpha(self) -> float:
         a = float(self.p["alpha"])

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients import CLIENTS
 from clients.base import SignalClient
+from fedrcl_flwr.components import at_least, feature_tap, non_negative
 from fedrcl_flwr.signals import class_cluster_signals
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
@@ -63,7 +63,8 @@ class PrototypeClient(SignalClient):
 
 class FedProtoClient(PrototypeClient):
     method = "fedproto"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {"lam": 1.0, "feature": "penultimate", "embed_batch": 500}
+    rules = {"lam": non_negative(), "feature": feature_tap(), "embed_batch": at_least(1)}
 
     def loss_terms(self):
         terms = [cross_entropy_term()]

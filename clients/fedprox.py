@@ -20,14 +20,15 @@ false}``.
 
 from __future__ import annotations
 
-from clients import CLIENTS
 from clients.base import FederatedClient
+from fedrcl_flwr.components import non_negative
 from fedrcl_flwr.training import cross_entropy_term
 
 
 class FedProxClient(FederatedClient):
     method = "fedprox"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {"mu": 0.001, "halve": True}
+    rules = {"mu": non_negative()}
 
     def loss_terms(self):
         mu = float(self.p["mu"])

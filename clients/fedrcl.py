@@ -18,15 +18,41 @@ epochs, 10 iterations per epoch, grad clip 10 (``experiments/fedrcl/``).
 
 from __future__ import annotations
 
-from clients import CLIENTS
 from clients.base import FederatedClient
-from fedrcl_flwr.components import resolve_levels
+from fedrcl_flwr.components import (
+    at_least,
+    between,
+    non_negative,
+    one_of,
+    positive,
+    resolve_levels,
+    tap_levels,
+)
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
 class FedRCLClient(FederatedClient):
     method = "fedrcl"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {
+        "beta": 1.0,
+        "tau": 0.05,
+        "lam": 0.7,
+        "rcl_weight": 1.0,
+        "levels": ["all"],
+        "variant": "official",
+        "topk_pos": 1,
+        "topk_neg": 2,
+    }
+    rules = {
+        "beta": non_negative(),
+        "tau": positive(),
+        "lam": between(-1, 1),
+        "rcl_weight": non_negative(),
+        "levels": tap_levels(),
+        "variant": one_of("official", "paper"),
+        "topk_pos": at_least(1),
+        "topk_neg": at_least(1),
+    }
 
     def contrast_fn(self):
         from fedrcl_flwr.losses.rcl import rcl_loss

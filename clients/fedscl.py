@@ -5,13 +5,14 @@ FedRCL's relaxation fixes."""
 
 from __future__ import annotations
 
-from clients import CLIENTS
 from clients.fedrcl import FedRCLClient
 
 
 class FedSCLClient(FedRCLClient):
     method = "fedscl"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    # FedRCL's parameters less the divergence penalty's (beta, lam)
+    defaults = {k: v for k, v in FedRCLClient.defaults.items() if k not in ("beta", "lam")}
+    rules = {k: v for k, v in FedRCLClient.rules.items() if k not in ("beta", "lam")}
 
     def contrast_fn(self):
         from fedrcl_flwr.losses.rcl import scl_loss

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import torch
 
-from clients import CLIENTS
 from clients.base import FederatedClient
+from fedrcl_flwr.components import feature_tap, non_negative
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
 class FitNetClient(FederatedClient):
     method = "fitnet"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {"lam": 0.001, "feature": "penultimate"}
+    rules = {"lam": non_negative(), "feature": feature_tap()}
 
     def loss_terms(self):
         from fedrcl_flwr.losses.baselines import fitnet_hint_loss

@@ -35,8 +35,8 @@ import math
 import numpy as np
 import torch.nn.functional as F
 
-from clients import CLIENTS
 from clients.fedproto import PrototypeClient
+from fedrcl_flwr.components import at_least, feature_tap, non_negative, one_of, positive
 from fedrcl_flwr.signals import class_cluster_signals
 from fedrcl_flwr.training import LossTerm, batch_size_for, cross_entropy_term
 
@@ -44,7 +44,22 @@ from fedrcl_flwr.training import LossTerm, batch_size_for, cross_entropy_term
 class FPLClient(PrototypeClient):
     method = "fpl"
     global_mode = "finch_clusters"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {
+        "tau": 0.07,
+        "lam": 1.0,
+        "feature": "penultimate",
+        "embed_batch": 500,
+        "mean_over": "valid",
+        "proto_source": "after_training",
+    }
+    rules = {
+        "tau": positive(),
+        "lam": non_negative(),
+        "feature": feature_tap(),
+        "embed_batch": at_least(1),
+        "mean_over": one_of("valid", "batch"),
+        "proto_source": one_of("after_training", "last_epoch"),
+    }
 
     @classmethod
     def exchange_settings(cls, p: dict) -> dict:

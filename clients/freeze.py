@@ -8,13 +8,11 @@ so it travels unchanged and the average of identical copies is the copy itself.
 
 from __future__ import annotations
 
-from clients import CLIENTS
 from clients.base import FederatedClient
 
 
 class FreezeClient(FederatedClient):
     method = "freeze"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
 
     def trainable_parameters(self):
         frozen = {id(p) for p in self.model.fc.parameters()}

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import torch
 
-from clients import CLIENTS
 from clients.base import FederatedClient
+from fedrcl_flwr.components import feature_tap, non_negative, positive
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 STATE_NAME = "moon_prev"
@@ -44,7 +44,8 @@ STATE_NAME = "moon_prev"
 
 class MOONClient(FederatedClient):
     method = "moon"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {"mu": 1.0, "tau": 0.5, "feature": "penultimate"}
+    rules = {"mu": non_negative(), "tau": positive(), "feature": feature_tap()}
 
     def on_round_start(self, ins):
         self.global_net = self.prev_net = None

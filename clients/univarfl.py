@@ -25,15 +25,28 @@ at chance for many rounds (issue #25: digits, MNIST), so a config without
 
 from __future__ import annotations
 
-from clients import CLIENTS
 from clients.base import FederatedClient
+from fedrcl_flwr.components import between, feature_tap, non_negative, one_of
 from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
 class UniVarFLClient(FederatedClient):
     method = "univarfl"
-    defaults, rules = CLIENTS.params(method)  # declared in clients/__init__.py
+    defaults = {
+        "mu": 0.5,
+        "lam": -1.0,
+        "variant": "univarfl",
+        "feature": "penultimate",
+        "eps": -1.0,
+    }
+    rules = {
+        "mu": non_negative(),
+        "lam": between(0.0, also=(-1.0,)),
+        "variant": one_of("univarfl", "feduv"),
+        "feature": feature_tap(),
+        "eps": between(0.0, lo_open=True, also=(-1.0,)),
+    }
 
     @classmethod
     def check_config(cls, cfg, p) -> None:

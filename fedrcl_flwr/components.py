@@ -3,11 +3,11 @@ mechanism and one set of parameter rules for both (no Flower here). The same
 :class:`Rule` declares the allowed values of the experiment's own keys
 (:data:`fedrcl_flwr.config.CONFIG_RULES`).
 
-A component's registry entry (:class:`Declared`, in ``clients/__init__.py`` /
-``strategies/__init__.py``) declares its parameters as ``defaults`` (name -> default
-value) and, next to them, ``rules`` (name -> :class:`Rule`) for the allowed values; its
-class takes both from there (:meth:`Registry.params`). The *type* of a parameter is its
-default's type and is enforced for every key:
+A component's class (a file of ``clients/`` or ``strategies/``, registered by name in
+``clients/__init__.py`` / ``strategies/__init__.py``) declares its parameters as
+``defaults`` (name -> default value) and, next to them, ``rules`` (name -> :class:`Rule`)
+for the allowed values; the registry reads both from the class (:meth:`Registry.params`).
+The *type* of a parameter is its default's type and is enforced for every key:
 
 * ``bool``  - ``true`` / ``false`` only (no ``0`` / ``1``);
 * ``int``   - whole numbers only (``2.0`` and ``true`` are rejected);
@@ -27,7 +27,7 @@ import dataclasses
 import importlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fedrcl_flwr.errors import ConfigError
@@ -238,63 +238,48 @@ def extra_components(key: str) -> dict[str, str]:
     return dict(entries)
 
 
-@dataclass(frozen=True)
-class Declared:
-    """A registered component as its registry declares it, without importing it: the
-    ``"module:Class"`` that implements it and its parameters, ``defaults`` (name ->
-    default value, whose type is the parameter's) with their allowed values in ``rules``
-    (name -> :class:`Rule`). Plain data (no Flower): ``report`` reads a method's defaults
-    from here, and the class takes its ``defaults`` / ``rules`` from here
-    (:meth:`Registry.params`). A component registered from outside the package
-    (:meth:`Registry.register`, :func:`extra_components`: a ``"module:Class"`` only)
-    declares its parameters on its class instead (``clients/faulty.py``)."""
-
-    target: str
-    defaults: dict = field(default_factory=dict)
-    rules: dict = field(default_factory=dict)
-
-
 class Registry(dict):
-    """Name -> :class:`Declared` of one kind of component, the class imported lazily (one
+    """Name -> ``"module:Class"`` of one kind of component, the class imported lazily (one
     broken component cannot break the others); ``key`` is the config key that selects
-    one. An entry given as a ``"module:Class"`` string declares no parameters.
-    ``builtin`` are the package's own entries; others come from :meth:`register` (this
-    process) or :func:`extra_components` (the environment: every process of a run)."""
+    one. A component declares its parameters on its class (``defaults``: name -> default
+    value, whose type is the parameter's; ``rules``: name -> :class:`Rule`), next to the
+    code that uses them; :meth:`params` reads them there. ``builtin`` are the package's own
+    entries; others come from :meth:`register` (this process) or :func:`extra_components`
+    (the environment: every process of a run)."""
 
-    def __init__(self, key: str, entries: dict[str, Any]):
-        super().__init__({name: _declared(e) for name, e in entries.items()})
+    def __init__(self, key: str, entries: dict[str, str]):
+        super().__init__()
         self.key = key
+        for name, target in entries.items():
+            self.register(name, target)
         self.builtin = frozenset(entries)
         for name, target in extra_components(key).items():
-            self[name] = _declared(target)
+            self.register(name, target)
 
     def register(self, name: str, target: str) -> None:
         """Add component ``name`` = ``"module:Class"`` in this process (a process a run
         starts needs :data:`EXTRA_COMPONENTS_ENV` too)."""
-        if target.count(":") != 1:
+        if not isinstance(target, str) or target.count(":") != 1:
             raise ValueError(f"{self.key} '{name}': target must be 'module:Class', got {target!r}")
-        self[name] = _declared(target)
+        self[name] = target
 
-    def declared(self, name: str) -> Declared:
+    def target(self, name: str) -> str:
+        """``"module:Class"`` of component ``name`` (one line naming the choices if unknown)."""
         if name not in self:
             raise ConfigError(
                 f"'{self.key}' must be one of {', '.join(sorted(self))}, got {name!r}"
             )
         return self[name]
 
-    def params(self, name: str) -> tuple[dict, dict]:
-        """``(defaults, rules)`` of component ``name`` as registered (its class's
-        ``defaults`` and ``rules`` for the package's own components)."""
-        entry = self.declared(name)
-        return entry.defaults, entry.rules
-
     def load(self, name: str):
-        module, cls = self.declared(name).target.split(":")
+        module, cls = self.target(name).split(":")
         return getattr(importlib.import_module(module), cls)
 
-
-def _declared(entry: Any) -> Declared:
-    return entry if isinstance(entry, Declared) else Declared(entry)
+    def params(self, name: str) -> tuple[dict, dict]:
+        """``(defaults, rules)`` as component ``name``'s class declares them (this imports
+        the class)."""
+        cls = self.load(name)
+        return cls.defaults, cls.rules
 
 
 # ----------------------------------------------------------- rules about the model's taps

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedrcl_flwr.components import between, non_negative
 from fedrcl_flwr.protocol import StrategyParams
-from strategies import STRATEGIES
 from strategies.base import FederatedStrategy
 
 
@@ -32,7 +32,8 @@ class FedACGParams(StrategyParams):
 
 class FedACG(FederatedStrategy):
     name = "fedacg"
-    defaults, rules = STRATEGIES.params(name)  # declared in strategies/__init__.py
+    defaults = {"lam": 0.85, "beta": 0.001}
+    rules = {"lam": between(0, 1, hi_open=True), "beta": non_negative()}
     buffers = ("m_buf",)
     m_buf: list  # the server momentum, one entry per model entry (set from ``buffers``)
 

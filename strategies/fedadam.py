@@ -19,13 +19,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies import STRATEGIES
+from fedrcl_flwr.components import between, positive
 from strategies.base import FederatedStrategy
 
 
 class FedAdam(FederatedStrategy):
     name = "fedadam"
-    defaults, rules = STRATEGIES.params(name)  # declared in strategies/__init__.py
+    defaults = {
+        "server_lr": 0.01,
+        "beta1": 0.9,
+        "beta2": 0.99,
+        "tau": 1e-3,
+        "v_init_tau_sq": True,
+    }
+    rules = {
+        "server_lr": positive(),
+        "beta1": between(0, 1, hi_open=True),
+        "beta2": between(0, 1, hi_open=True),
+        "tau": positive(),
+    }
     buffers = ("m", "v")
 
     def buffer_fill(self, name: str) -> float:

@@ -4,10 +4,8 @@
 ``samples`` weights each client by its number of training samples |D_i|.
 """
 
-from strategies import STRATEGIES
 from strategies.base import FederatedStrategy
 
 
 class FedAvg(FederatedStrategy):
     name = "fedavg"
-    defaults, rules = STRATEGIES.params(name)  # declared in strategies/__init__.py

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies import STRATEGIES
+from fedrcl_flwr.components import between, positive
 from strategies.base import FederatedStrategy
 
 
 class FedAvgM(FederatedStrategy):
     name = "fedavgm"
-    defaults, rules = STRATEGIES.params(name)  # declared in strategies/__init__.py
+    defaults = {"momentum": 0.4, "server_lr": 1.0}
+    rules = {"momentum": between(0, 1, hi_open=True), "server_lr": positive()}
     buffers = ("m_buf",)
 
     def server_update(self, run_round, average, results):

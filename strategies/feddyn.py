@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedrcl_flwr.components import positive
 from fedrcl_flwr.protocol import StrategyParams
-from strategies import STRATEGIES
 from strategies.base import FederatedStrategy
 
 
@@ -37,7 +37,8 @@ class FedDynParams(StrategyParams):
 
 class FedDyn(FederatedStrategy):
     name = "feddyn"
-    defaults, rules = STRATEGIES.params(name)  # declared in strategies/__init__.py
+    defaults = {"alpha": 0.1}
+    rules = {"alpha": positive()}
     buffers = ("h",)
 
     def client_params(self, run_round):

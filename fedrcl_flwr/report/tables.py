@@ -739,9 +739,10 @@ def setting_title(groups: list[Group]) -> str:
 
 
 def _resolved_params(method: str | None, params: Any) -> Any:
-    """``client.params`` merged over the method's declared defaults (the registry's
-    declarations, ``clients/__init__.py``: no Flower client is imported); as written for
-    an unknown method or invalid parameters."""
+    """``client.params`` merged over the method's declared defaults (its class's
+    ``defaults`` / ``rules``: this imports the client class, and so torch and Flower, which
+    is why only a reference's ``when: {client.params: ...}`` calls it); as written for an
+    unknown method or invalid parameters."""
     if method is None:  # no client.method in the run's config: nothing to resolve
         return params or {}
     try:

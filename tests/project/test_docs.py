@@ -168,28 +168,100 @@ def test_configuration_md_documents_optional_sections_keys():
     assert not missing, missing
 
 
-def test_configuration_md_documents_every_parameter():
+def _cell_value(cell: str):
+    """A default as the table writes it: YAML (``[all]``, ``true``, ``0.001``) or a
+    fraction (``8/255``)."""
+    text = cell.strip().strip("`")
+    m = re.fullmatch(r"(\d+)/(\d+)", text)
+    return int(m.group(1)) / int(m.group(2)) if m else yaml.safe_load(text)
+
+
+def _allowed_text(default, rule) -> str:
+    if rule is not None:
+        return rule.text
+    return "true or false" if isinstance(default, bool) else "any " + type(default).__name__
+
+
+def _documented_rows(text: str, name: str) -> list[tuple[str, str, str]] | None:
+    """``(parameter, default, allowed)`` of component ``name``'s rows in a parameter table
+    (its first row names it, the rows below it leave the name empty)."""
+    rows = re.search(rf"^\| `{re.escape(name)}` \|.*?(?=^\| `|^[^|]|\Z)", text, re.S | re.M)
+    if rows is None:
+        return None
+    out = []
+    for line in rows.group(0).strip().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[2] != "—":
+            out.append((cells[2].strip("`"), cells[3], cells[4]))
+    return out
+
+
+def _parameter_problems(label: str, documented, defaults: dict, rules: dict) -> list[str]:
+    """What a table's rows get wrong about the declared ``defaults`` / ``rules``: the
+    parameters and their order, each default's value and each rule's text."""
+    if documented is None:
+        return [f"{label}: no table row"]
+    names = [r[0] for r in documented]
+    if names != list(defaults):
+        return [f"{label}: the table lists {names}, the class declares {list(defaults)}"]
+    problems = []
+    for key, default_cell, allowed in documented:
+        want = defaults[key]
+        if _cell_value(default_cell) != want or type(_cell_value(default_cell)) is not type(want):
+            problems.append(f"{label} {key}: default {default_cell}, declared {want!r}")
+        if allowed != _allowed_text(want, rules.get(key)):
+            problems.append(
+                f"{label} {key}: allowed '{allowed}', declared '{_allowed_text(want, rules.get(key))}'"
+            )
+    return problems
+
+
+def test_configuration_md_parameter_tables_match_the_declarations():
+    """Every method's and server optimizer's row in ``docs/configuration.md`` names its
+    file and lists exactly the parameters its class declares, in order, with the declared
+    default and the rule's own words (and the signal exchange's table likewise)."""
     from fedrcl_flwr.server.signal_exchange import SignalExchange
 
     page = DOCS / "configuration.md"
-    missing = []
+    problems = []
     for registry, heading in (
         (CLIENTS, "Method parameters"),
         (STRATEGIES, "Server optimizer parameters"),
     ):
         text = _section(page, heading)
         for name in sorted(registry.builtin):
-            rows = re.search(rf"^\| `{re.escape(name)}` \|.*?(?=^\| `|\Z)", text, re.S | re.M)
-            if rows is None:
-                missing.append(f"{registry.key} {name}: no table row")
-                continue
-            missing += [
-                f"{registry.key} {name}: parameter {key}"
-                for key in registry.declared(name).defaults
-                if f"| `{key}` |" not in rows.group(0)
-            ]
+            module = registry.target(name).split(":")[0].replace(".", "/") + ".py"
+            if f"| `{name}` | [{module}](../{module}) |" not in text:
+                problems.append(f"{registry.key} {name}: its row must link [{module}]")
+            defaults, rules = registry.params(name)
+            documented = _documented_rows(text, name)
+            problems += _parameter_problems(f"{registry.key} {name}", documented, defaults, rules)
     text = _section(page, "Signal exchange")
-    missing += [
-        f"server.signals {key}" for key in SignalExchange.defaults if f"| `{key}` |" not in text
+    documented = [
+        (c[0].strip("`"), c[1], c[2])
+        for c in (
+            [x.strip() for x in line.strip().strip("|").split("|")]
+            for line in text.splitlines()
+            if line.startswith("| `")
+        )
     ]
-    assert not missing, missing
+    problems += _parameter_problems(
+        "server.signals", documented, SignalExchange.defaults, SignalExchange.rules
+    )
+    assert not problems, "\n".join(problems)
+
+
+def test_the_parameter_table_check_catches_a_wrong_row():
+    """The check above fails on each kind of drift: a wrong default, a rule's words, a
+    missing and a reordered parameter."""
+    from fedrcl_flwr.components import non_negative, positive
+
+    defaults, rules = {"mu": 0.001, "halve": True}, {"mu": non_negative()}
+    good = [("mu", "`0.001`", "must be >= 0"), ("halve", "`true`", "true or false")]
+    assert _parameter_problems("m", good, defaults, rules) == []
+    assert _parameter_problems("m", [good[0], ("halve", "`1`", "true or false")], defaults, rules)
+    assert _parameter_problems("m", [("mu", "`0.01`", "must be >= 0"), good[1]], defaults, rules)
+    assert _parameter_problems("m", good, defaults, {"mu": positive()})
+    assert _parameter_problems("m", good[:1], defaults, rules)
+    assert _parameter_problems("m", good[::-1], defaults, rules)
+    assert _parameter_problems("m", None, defaults, rules) == ["m: no table row"]

@@ -99,16 +99,20 @@ def test_every_parameter_declares_its_allowed_values(section, name, cls):
     [(CLIENTS, client_class), (STRATEGIES, strategy_class)],
     ids=["client.method", "server.strategy"],
 )
-def test_every_class_takes_the_parameters_its_registry_declares(registry, load):
-    """A component's parameters are declared once, with its registration: the class's
-    ``defaults`` / ``rules`` are its registry entry's (a class that forgot to take them
-    would silently accept no parameters). Every package component; a test double
-    registered from outside declares its own."""
+def test_every_class_declares_its_own_name_and_parameters(registry, load):
+    """The registry names each class by what the class says it is (``method`` /
+    ``name``), and a class with parameters declares them itself, in its own body (so a
+    subclass that forgot its declaration cannot silently take its parent's: FedSCL
+    declares FedRCL's parameters less ``beta`` and ``lam``)."""
     assert registry.builtin
+    attr = "method" if registry is CLIENTS else "name"
     for name in registry.builtin:
         cls = load(name)
+        assert getattr(cls, attr) == name, name
         defaults, rules = registry.params(name)
-        assert cls.defaults is defaults and cls.rules is rules, name
+        assert (defaults, rules) == (cls.defaults, cls.rules), name
+        if defaults:
+            assert "defaults" in vars(cls) and "rules" in vars(cls), name
 
 
 @pytest.fixture

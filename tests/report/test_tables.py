@@ -271,11 +271,13 @@ def test_rows_of_one_method_with_different_params_and_server_optimizers(tmp_path
     assert rows["fedadam+fedrcl"].paper == pytest.approx(0.3)
 
 
-def test_report_resolves_method_defaults_without_importing_flower(tmp_path):
+def test_report_resolves_method_defaults_from_the_class_and_only_then(tmp_path):
     """A paper reference's ``when: {client.params: ...}`` is compared with the run's
     parameters completed by the method's declared defaults (fedprox's mu = 0.001), which
-    ``report`` reads from the registry (``clients/__init__.py``): no Flower client, no
-    Flower (a fresh interpreter, so nothing else imported them before)."""
+    ``report`` reads from the method's class (``clients/fedprox.py``). Only such a
+    reference imports the class: a report without one imports no client and no Flower
+    (a fresh interpreter, so nothing else imported them before)."""
+    plain = [{"source": "S", "metric": "final", "values": {"fedprox": 40.0}}]
     ref = [
         {
             "source": "S",
@@ -284,21 +286,25 @@ def test_report_resolves_method_defaults_without_importing_flower(tmp_path):
             "values": {"fedprox": 40.0},
         }
     ]
-    _run(tmp_path, "default_mu", "fedprox", 0.3, 0, final=0.3, reference=ref)
+    _run(tmp_path / "a", "plain", "fedprox", 0.3, 0, final=0.3, reference=plain)
+    _run(tmp_path / "b", "default_mu", "fedprox", 0.3, 0, final=0.3, reference=ref)
     code = (
-        "import sys; from fedrcl_flwr.report.tables import build_table; "
-        f"groups, _ = build_table([{str(tmp_path)!r}]); "
-        "print(groups[0].paper); "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'flwr' "
-        "or m.startswith('clients.')))"
+        "import sys; from fedrcl_flwr.report.tables import build_table\n"
+        "def loaded(): return sorted(m for m in sys.modules if m.split('.')[0] == 'flwr' "
+        "or m.startswith('clients.'))\n"
+        f"groups, _ = build_table([{str(tmp_path / 'a')!r}]); print(groups[0].paper); "
+        "print(loaded())\n"
+        f"groups, _ = build_table([{str(tmp_path / 'b')!r}]); print(groups[0].paper); "
+        "print('clients.fedprox' in loaded())"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    paper, imported = out.stdout.strip().splitlines()
-    assert float(paper) == pytest.approx(0.4)  # {} matched {mu: 0.001}: the default
-    assert imported == "[]"
+    paper_a, imported_a, paper_b, fedprox_loaded = out.stdout.strip().splitlines()
+    assert float(paper_a) == pytest.approx(0.4) and imported_a == "[]"
+    assert float(paper_b) == pytest.approx(0.4)  # {} matched {mu: 0.001}: the default
+    assert fedprox_loaded == "True"
 
 
 @pytest.mark.parametrize(
