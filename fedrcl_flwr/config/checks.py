@@ -230,16 +230,19 @@ def normalize_constants(value: Any, where: str, channels: int | None) -> tuple |
         unknown = sorted(str(k) for k in value if k not in ("mean", "std"))
         missing = [k for k in ("mean", "std") if k not in value]
         if unknown or missing:
-            what = f"unknown key '{key}.{unknown[0]}'" if unknown else f"'{key}.{missing[0]}'"
+            what = (
+                f"unknown key '{key}.{unknown[0]}'"
+                if unknown
+                else f"'{key}.{missing[0]}' is missing"
+            )
             raise ConfigError(
                 f"{where}: {what}: '{key}' as a mapping takes exactly the keys mean and "
                 f"std (lists, one value per channel), got {sorted(map(str, value))}"
             )
     if not isinstance(value, dict):
-        got = sorted(map(str, value)) if isinstance(value, dict) else repr(value)
         raise ConfigError(
             f"{where}: '{key}' must be true, false or {{mean: [...], std: "
-            f"[...]}} (one value per channel), got {got}"
+            f"[...]}} (one value per channel), got {value!r}"
         )
     out = []
     for part in ("mean", "std"):

@@ -145,7 +145,7 @@ def _cfg(**dataset):
         ({"mean": [0.5] * 3, "std": [0.2, 0.0, 0.2]}, "'dataset.normalize.std' must be >= 0.001"),
         ({"mean": [0.5] * 3, "std": [0.2, -1, 0.2]}, "'dataset.normalize.std' must be >= 0.001"),
         ({"mean": [1.5, 0.5, 0.5], "std": [0.2] * 3}, "'dataset.normalize.mean' must be in [0, 1]"),
-        ({"mean": [0.5] * 3}, "as a mapping takes exactly the keys mean and std"),
+        ({"mean": [0.5] * 3}, "'dataset.normalize.std' is missing: 'dataset.normalize' as a"),
         ({"mean": [0.5] * 3, "std": [0.2] * 3, "eps": 1}, "unknown key 'dataset.normalize.eps'"),
         ({"mean": "0.5", "std": [0.2] * 3}, "'dataset.normalize.mean' must be a list of numbers"),
         ({"mean": [0.5, None, 0.5], "std": [0.2] * 3}, "must be a list of numbers"),
