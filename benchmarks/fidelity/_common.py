@@ -7,6 +7,7 @@ Nothing of the authors' code is here: the harnesses take a path to a checkout of
 
 from __future__ import annotations
 
+import argparse
 import math
 import pickle
 import sys
@@ -79,6 +80,17 @@ def patch_torchvision_cifar_integrity() -> None:
         cls.train_list = [[name, None] for name, _ in cls.train_list]
         cls.test_list = [[name, None] for name, _ in cls.test_list]
         cls.meta = {**cls.meta, "md5": None}
+
+
+def add_their_side_arguments(ap: argparse.ArgumentParser) -> None:
+    """The hidden flags with which a harness starts itself again as the child process
+    that runs the authors' code (their side): the data, the algorithm, the seed and where
+    its log goes."""
+    ap.add_argument("--their-side", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--alg", help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--logdir", help=argparse.SUPPRESS)
 
 
 def run_ours(exp: dict, out: Path) -> list[float]:

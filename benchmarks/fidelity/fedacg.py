@@ -305,11 +305,7 @@ def main() -> None:
     ap.add_argument("--participation", type=float, default=0.25)
     ap.add_argument("--model", default="cnn5")
     ap.add_argument("--out", default=None, help="work directory (default: a temp dir)")
-    ap.add_argument("--their-side", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--alg", help=argparse.SUPPRESS)
-    ap.add_argument("--seed", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--logdir", help=argparse.SUPPRESS)
+    C.add_their_side_arguments(ap)
     a = ap.parse_args()
     if a.their_side:
         their_side(a)
