@@ -37,8 +37,9 @@ TINY_SYNTHETIC = {
 }
 
 
-def tiny_config(tmp_path=None, **sections):
-    """A seconds-sized experiment: 8 clients, 2 per round, 16x16 synthetic images."""
+def tiny_experiment(tmp_path=None, **sections) -> dict:
+    """A seconds-sized experiment as YAML data: 8 clients, 2 per round, 16x16 synthetic
+    images; each given section updates the default one key by key."""
     data = {
         "name": "tiny",
         "seed": 0,
@@ -72,7 +73,12 @@ def tiny_config(tmp_path=None, **sections):
             data[key] = merged
         else:
             data[key] = value
-    return config_from_dict(data, "tiny")
+    return data
+
+
+def tiny_config(tmp_path=None, **sections):
+    """:func:`tiny_experiment`, loaded and checked."""
+    return config_from_dict(tiny_experiment(tmp_path, **sections), "tiny")
 
 
 def assert_run_refused(tmp_path, capsys, experiment: dict, override: str, message: str):

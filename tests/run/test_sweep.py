@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import TINY_SYNTHETIC, leftover_procs
+from helpers import leftover_procs, tiny_experiment
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.run.processes import procs_with
@@ -25,24 +25,9 @@ from fedrcl_flwr.run.sweep import plan_sweep
 ROOT = Path(__file__).resolve().parents[2]
 
 BASE = {
-    "name": "tiny_sweep",
-    "seed": 0,
-    "dataset": {
-        "name": "synthetic",
-        "synthetic": dict(TINY_SYNTHETIC),
-    },
-    "partition": {"scheme": "dirichlet", "alpha": 0.5, "balanced": True},
-    "model": {"name": "cnn5"},
-    "federation": {"num_clients": 6, "rounds": 3, "participation": None, "clients_per_round": 2},
-    "client": {
-        "method": "fedavg",
-        "lr": 0.05,
-        "local_epochs": 1,
-        "batch_size": 32,
-        "device": "cpu",
-    },
-    "server": {"strategy": "fedavg"},
-    "evaluation": {"target_rounds": [2]},
+    k: v
+    for k, v in tiny_experiment(name="tiny_sweep", federation={"num_clients": 6}).items()
+    if k != "output"  # the sweep gives each run its directory
 }
 
 
