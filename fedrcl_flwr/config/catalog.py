@@ -1,12 +1,12 @@
 """What the project knows by name, declared once: the datasets, the partition schemes and
 their generators, and the report metrics. The schema (:mod:`fedrcl_flwr.config`), the
 loaders (:mod:`fedrcl_flwr.data`), the CLI and the report (:mod:`fedrcl_flwr.report.tables`) all
-import these tables; nothing else lists the names (standard library only, so every layer
-can import it).
+import these tables; nothing else lists the names but the data layer's table of loaders,
+checked against :data:`DATASETS` (standard library only, so every layer can import it).
 
-Adding a dataset: its facts here, an entry in :data:`DATASETS` (what the configuration can
-tell before loading: channels, domains, where its images come from), and its loading facts
-in ``fedrcl_flwr/data/datasets.py``'s ``SOURCES`` (its reader, default augmentation,
+Adding a dataset: its entry in :data:`DATASETS` (what the configuration can tell before
+loading: channels, domains, where its images come from) and its entry in
+``fedrcl_flwr/data/datasets.py``'s ``SOURCES`` (its reader, default augmentation,
 torchvision layout, what the seed draws), under the same name and in the same order; no
 other code branches on a dataset's name (``tests/registry/test_registries.py`` checks
 both tables). A partition scheme: an entry in :data:`PARTITION_SCHEMES` and its function
@@ -91,7 +91,6 @@ DATASETS: dict[str, DatasetInfo] = {
 }
 DATASET_NAMES = tuple(DATASETS)
 TORCHVISION_CLASSES = {n: d.torchvision for n, d in DATASETS.items() if d.torchvision}
-DOMAIN_DATASETS = tuple(n for n, d in DATASETS.items() if d.domains)
 
 
 def dataset_info(name: str) -> DatasetInfo:
