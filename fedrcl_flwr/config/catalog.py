@@ -1,12 +1,16 @@
 """What the project knows by name, declared once: the datasets, the partition schemes and
 their generators, and the report metrics. The schema (:mod:`fedrcl_flwr.config`), the
 loaders (:mod:`fedrcl_flwr.data`), the CLI and the report (:mod:`fedrcl_flwr.report.tables`) all
-import these tables; nothing else lists the names (standard library only, so every layer
-can import it).
+import these tables; nothing else lists the names but the data layer's table of loaders,
+checked against :data:`DATASETS` (standard library only, so every layer can import it).
 
-Adding a dataset: an entry in :data:`DATASETS` and its reader in
-``fedrcl_flwr/data/datasets.py``; a partition scheme: an entry in
-:data:`PARTITION_SCHEMES` and its function in ``fedrcl_flwr/data/partition.py``.
+Adding a dataset: its entry in :data:`DATASETS` (what the configuration can tell before
+loading: channels, domains, where its images come from) and its entry in
+``fedrcl_flwr/data/datasets.py``'s ``SOURCES`` (its reader, default augmentation,
+torchvision layout, what the seed draws), under the same name and in the same order; no
+other code branches on a dataset's name (``tests/registry/test_registries.py`` checks
+both tables). A partition scheme: an entry in :data:`PARTITION_SCHEMES` and its function
+in ``fedrcl_flwr/data/partition.py``.
 """
 
 from __future__ import annotations
@@ -20,22 +24,52 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Requirement:
+    """An optional package a dataset's reader imports: its ``module``, the package in
+    words (``what``) and the ``extra`` that installs it (checked before a run)."""
+
+    module: str
+    what: str
+    extra: str
+
+
+@dataclass(frozen=True)
 class DatasetInfo:
     """What the configuration can tell about a dataset before it is loaded.
 
     ``channels``: its images' channels (``None``: known only once loaded, or from the
     config: ``dataset.synthetic.channels``); ``domains``: it can carry domains (``partition.
     scheme: domain``); ``torchvision``: the ``torchvision.datasets`` class that reads it
-    (its file layout, checks and decoding), if any."""
+    (its file layout, checks and decoding), if any; ``source``: where its images come
+    from: ``root`` (files under ``dataset.root``), ``path`` (the file or directory
+    ``dataset.path`` names, which is then required) or ``generated`` (drawn from the
+    ``dataset.synthetic`` section and the seed: no files; that section gives its channels,
+    classes, domains and size); ``domain_folders``: its domains are the sub-folders
+    ``dataset.domains`` names (none without them); ``titled``: a report's title names it
+    with the last component of where it is read from (``npz cifar_tail``);
+    ``requires``: an optional package its reader needs."""
 
     channels: int | None = 3
     domains: bool = False
     torchvision: str | None = None
+    source: str = "root"  # root | path | generated
+    domain_folders: bool = False
+    titled: bool = False
+    requires: Requirement | None = None
+
+    @property
+    def generated(self) -> bool:
+        return self.source == "generated"
+
+    @property
+    def location_key(self) -> str | None:
+        """The config key naming where it is read from (``None``: generated)."""
+        return None if self.generated else f"dataset.{self.source}"
 
 
 # name -> what it is; the order is the order the error messages list them in
 DATASETS: dict[str, DatasetInfo] = {
-    "synthetic": DatasetInfo(channels=None, domains=True),
+    "synthetic": DatasetInfo(channels=None, domains=True, source="generated"),
     "cifar10": DatasetInfo(3, torchvision="CIFAR10"),
     "cifar100": DatasetInfo(3, torchvision="CIFAR100"),
     "mnist": DatasetInfo(1, torchvision="MNIST"),
@@ -44,14 +78,28 @@ DATASETS: dict[str, DatasetInfo] = {
     "usps": DatasetInfo(1, torchvision="USPS"),
     "stl10": DatasetInfo(3, torchvision="STL10"),
     "tinyimagenet": DatasetInfo(3),
-    "imagefolder": DatasetInfo(3, domains=True),
+    "imagefolder": DatasetInfo(3, domains=True, domain_folders=True, titled=True),
     "digit5": DatasetInfo(3, domains=True),
-    "npz": DatasetInfo(channels=None, domains=True),  # your arrays: d_train gives domains
-    "hf_disk": DatasetInfo(channels=None),  # a Hugging Face DatasetDict (save_to_disk)
+    # your arrays: d_train gives domains
+    "npz": DatasetInfo(channels=None, domains=True, source="path", titled=True),
+    # a Hugging Face DatasetDict (save_to_disk)
+    "hf_disk": DatasetInfo(
+        channels=None,
+        source="path",
+        requires=Requirement("datasets", "Hugging Face datasets", "flwr-datasets"),
+    ),
 }
 DATASET_NAMES = tuple(DATASETS)
 TORCHVISION_CLASSES = {n: d.torchvision for n, d in DATASETS.items() if d.torchvision}
-DOMAIN_DATASETS = tuple(n for n, d in DATASETS.items() if d.domains)
+
+
+def dataset_info(name: str) -> DatasetInfo:
+    """``DATASETS[name]``; a name the configuration's checks refuse reads as a plain
+    dataset under ``dataset.root`` (``DatasetInfo()``)."""
+    return DATASETS.get(name, _PLAIN)
+
+
+_PLAIN = DatasetInfo()
 
 # ---------------------------------------------------------------------- partition schemes
 

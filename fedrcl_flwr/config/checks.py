@@ -11,7 +11,7 @@ from typing import Any
 
 from fedrcl_flwr.config.catalog import (
     DATASETS,
-    DOMAIN_DATASETS,
+    dataset_info,
     ema_round,
     is_report_metric,
     metric_choices,
@@ -44,7 +44,8 @@ def _check_federation_size(cfg: ExperimentConfig, source: str) -> None:
             f"{source}: 'federation.clients_per_round' ({fed.clients_per_round}) exceeds "
             f"'federation.num_clients' ({fed.num_clients})"
         )
-    if cfg.dataset.name == "synthetic" and fed.num_clients > cfg.dataset.synthetic.num_train:
+    generated = dataset_info(cfg.dataset.name).generated
+    if generated and fed.num_clients > cfg.dataset.synthetic.num_train:
         raise ConfigError(
             f"{source}: 'federation.num_clients' ({fed.num_clients}) exceeds "
             f"'dataset.synthetic.num_train' ({cfg.dataset.synthetic.num_train}): every "
@@ -83,7 +84,8 @@ def _check_local_optimiser(cfg: ExperimentConfig, source: str) -> None:
 
 def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
     """What the dataset and the partition scheme need of each other."""
-    if cfg.dataset.name in ("npz", "hf_disk") and not cfg.dataset.path:
+    info = dataset_info(cfg.dataset.name)
+    if info.source == "path" and not cfg.dataset.path:
         raise ConfigError(
             f"{source}: 'dataset.path' is required when dataset.name is {cfg.dataset.name}"
         )
@@ -97,16 +99,16 @@ def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
         )
     if cfg.partition.scheme == "domain":
         ds = cfg.dataset
-        if ds.name == "synthetic" and ds.synthetic.num_domains < 2:
+        if info.generated and ds.synthetic.num_domains < 2:
             raise ConfigError(
                 f"{source}: 'partition.scheme' domain needs 'dataset.synthetic.num_domains' >= 2"
             )
-        if ds.name == "imagefolder" and len(ds.domains) < 2:
+        if info.domain_folders and len(ds.domains) < 2:
             raise ConfigError(
                 f"{source}: 'partition.scheme' domain on an image folder needs "
                 "'dataset.domains' (two or more domain sub-folders)"
             )
-        if ds.name not in DOMAIN_DATASETS:
+        if not info.domains:
             raise ConfigError(
                 f"{source}: 'partition.scheme' domain needs a dataset with "
                 f"domains (synthetic, digit5, imagefolder, npz with d_train), "
@@ -119,13 +121,14 @@ def _check_new_schemes(cfg: ExperimentConfig, source: str) -> None:
     (its partitioner spec, :mod:`fedrcl_flwr.config.partitioners`); ``partition.
     partitioner`` only with ``flwr_datasets``."""
     p = cfg.partition
-    if cfg.dataset.name == "hf_disk":
+    info = dataset_info(cfg.dataset.name)
+    if info.requires is not None:
         import importlib.util
 
-        if importlib.util.find_spec("datasets") is None:
+        if importlib.util.find_spec(info.requires.module) is None:
             raise ConfigError(
-                f"{source}: 'dataset.name' hf_disk needs Hugging Face datasets "
-                "(pip install 'fedrcl-flwr[flwr-datasets]')"
+                f"{source}: 'dataset.name' {cfg.dataset.name} needs {info.requires.what} "
+                f"(pip install 'fedrcl-flwr[{info.requires.extra}]')"
             )
     if p.partitioner is not None and p.scheme != "flwr_datasets":
         raise ConfigError(
@@ -134,7 +137,7 @@ def _check_new_schemes(cfg: ExperimentConfig, source: str) -> None:
         )
     if p.scheme == "pathological":
         known = cfg.model.num_classes
-        if cfg.dataset.name == "synthetic":
+        if info.generated:
             known = cfg.dataset.synthetic.num_classes
         if known is not None and p.classes_per_client > known:
             raise ConfigError(
@@ -212,9 +215,9 @@ def _check_supernodes(cfg: ExperimentConfig, source: str) -> None:
 
 def dataset_channels(d: DatasetConfig) -> int | None:
     """Channels of the dataset's images, where the config decides it."""
-    if d.name == "synthetic":
-        return int(d.synthetic.channels)
     info = DATASETS.get(d.name)
+    if info is not None and info.generated:
+        return int(d.synthetic.channels)
     return info.channels if info is not None else None
 
 

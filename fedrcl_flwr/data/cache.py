@@ -203,16 +203,19 @@ def check_cache_dir(path: Path) -> str | None:
 
 
 def _source_files(d) -> list[Path]:
-    """The files (or roots of file trees) a dataset is read from."""
-    from fedrcl_flwr.config.catalog import TORCHVISION_CLASSES
-    from fedrcl_flwr.data.datasets import _torchvision_files
+    """The files (or roots of file trees) a dataset is read from: none for a generated
+    one, ``dataset.path``, torchvision's folder under ``dataset.root``, or the root."""
+    from fedrcl_flwr.config.catalog import dataset_info
+    from fedrcl_flwr.data.datasets import SOURCES, _torchvision_files
 
     root = Path(os.path.expanduser(d.root or "."))
-    if d.name == "synthetic":
+    info = dataset_info(d.name)
+    if info.generated:
         return []
-    if d.name in ("npz", "hf_disk"):
+    if info.source == "path":
         return [Path(os.path.expanduser(d.path))] if d.path else []
-    if d.name in TORCHVISION_CLASSES:
+    source = SOURCES.get(d.name)
+    if source is not None and source.torchvision is not None:
         return [_torchvision_files(d.name, root)[0]]
     return [root]
 
@@ -242,27 +245,28 @@ def seed_shapes_arrays(d) -> bool:
     """Whether the experiment's seed changes the arrays: it draws the synthetic images,
     the ``val_fraction`` hold-out and the test split of an image folder without
     ``train``/``test`` sub-folders; nothing else (an ``npz`` file, torchvision's files)
-    depends on it, so those share one entry across seeds (issue #25)."""
-    if d.name == "synthetic" or float(d.val_fraction) > 0:
+    depends on it, so those share one entry across seeds (issue #25). Per dataset:
+    :data:`~fedrcl_flwr.data.datasets.SOURCES`' ``seeded``."""
+    from fedrcl_flwr.data.datasets import SOURCES
+
+    if float(d.val_fraction) > 0:
         return True
-    if d.name == "imagefolder":
-        root = Path(os.path.expanduser(d.root or "."))
-        folders = [root / x for x in d.domains] if d.domains else [root]
-        return not all((f / "train").is_dir() and (f / "test").is_dir() for f in folders)
-    return False
+    source = SOURCES.get(d.name)
+    return source is not None and source.seeded(d)
 
 
 def entry_settings(d, seed: int) -> dict:
     """Everything that determines a dataset's arrays (see the module docstring): the seed
     only where it does (:func:`seed_shapes_arrays`)."""
-    from dataclasses import asdict
+    from fedrcl_flwr.config.catalog import dataset_info
+    from fedrcl_flwr.data.datasets import SOURCES
 
     root = str(Path(os.path.expanduser(d.root or ".")).resolve())
     settings = {
         "format": FORMAT,
         "name": d.name,
         "seed": int(seed) if seed_shapes_arrays(d) else None,
-        "root": None if d.name in ("synthetic", "npz", "hf_disk") else root,
+        "root": root if dataset_info(d.name).source == "root" else None,
         "path": str(Path(os.path.expanduser(d.path)).resolve()) if d.path else None,
         "image_size": d.image_size,
         "normalize": _normalize_key(d.normalize),
@@ -270,11 +274,12 @@ def entry_settings(d, seed: int) -> dict:
         "domains": list(d.domains or []),
         "test_fraction": float(d.test_fraction),
         **({"test_split": d.test_split} if d.test_split != "random" else {}),
-        "synthetic": asdict(d.synthetic) if d.name == "synthetic" else None,
+        "synthetic": None,  # the generator's settings (key_fields of synthetic)
         "sources": _fingerprint(_source_files(d)),
     }
-    if d.name == "hf_disk":  # which columns are read (a key only this dataset has)
-        settings["columns"] = [d.image_column, d.label_column]
+    source = SOURCES.get(d.name)
+    if source is not None:  # settings only this dataset reads (synthetic, hf_disk's columns)
+        settings.update(source.key_fields(d))
     return settings
 
 
@@ -537,6 +542,9 @@ def _discard(path: Path) -> None:
 def build_entry(root: Path, key: str, d, seed: int, settings: dict):
     """Prepare the dataset and publish it as entry ``key``; returns the opened entry.
     Race-safe: if another process published the key first, theirs is used."""
+    from dataclasses import asdict
+
+    from fedrcl_flwr.config.catalog import dataset_info
     from fedrcl_flwr.data.datasets import load_dataset
 
     bundle = load_dataset(
@@ -547,7 +555,7 @@ def build_entry(root: Path, key: str, d, seed: int, settings: dict):
         augment=d.augment,
         normalize=d.normalize,
         image_size=d.image_size,
-        synthetic=_synthetic_dict(d),
+        synthetic=asdict(d.synthetic) if dataset_info(d.name).generated else None,
         seed=seed,
         val_fraction=d.val_fraction,
         domains=d.domains,
@@ -582,12 +590,6 @@ def build_entry(root: Path, key: str, d, seed: int, settings: dict):
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return open_entry(final, d)
-
-
-def _synthetic_dict(d) -> dict | None:
-    from dataclasses import asdict
-
-    return asdict(d.synthetic) if d.name == "synthetic" else None
 
 
 def load(d, seed: int, *, note=None):

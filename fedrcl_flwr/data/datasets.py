@@ -17,8 +17,10 @@ Nothing is downloaded unless ``download=True``; a missing dataset raises
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from fedrcl_flwr.accel import gather_rows, to_device, transfer_plan
-from fedrcl_flwr.config.catalog import DATASET_NAMES, TORCHVISION_CLASSES
+from fedrcl_flwr.config.catalog import DATASET_NAMES, TORCHVISION_CLASSES, dataset_info
 from fedrcl_flwr.data.raw import DatasetError, RawSplit
 from fedrcl_flwr.data.raw import hwc as _hwc
 from fedrcl_flwr.data.raw import int_labels as _int_labels
@@ -246,28 +248,71 @@ def _missing(name: str, root: Path, extra: str = "") -> DatasetError:
 
 def _torchvision_files(name: str, root: Path) -> tuple[Path, list[tuple[str, str | None]]]:
     """The folder and the ``(file name, MD5 or None)`` list that torchvision's class for
-    ``name`` reads, taken from the class's own attributes (so they follow torchvision).
-    ``None``: torchvision does not check that file's checksum when loading."""
+    ``name`` reads (its :class:`TorchvisionLayout`'s ``files``, taken from the class's own
+    attributes, so they follow torchvision). ``None``: torchvision does not check that
+    file's checksum when loading."""
     import torchvision.datasets as tvd
 
-    cls = getattr(tvd, TORCHVISION_CLASSES[name])
-    if name in ("cifar10", "cifar100"):
-        files = [(f, m) for f, m in cls.train_list + cls.test_list]
-        return root / cls.base_folder, files + [(cls.meta["filename"], cls.meta["md5"])]
-    if name == "stl10":
-        return root / cls.base_folder, [(f, m) for f, m in cls.train_list + cls.test_list]
-    if name == "svhn":
-        return root / "svhn", [
-            (cls.split_list[s][1], cls.split_list[s][2]) for s in ("train", "test")
-        ]
-    if name == "usps":  # torchvision's USPS reads the bz2 files without checking them
-        return root / "usps", [(cls.split_list[s][1], None) for s in ("train", "test")]
-    # MNIST / FashionMNIST: the uncompressed idx files in <root>/<Class>/raw (the MD5s
-    # torchvision lists are those of the .gz downloads; loading only checks existence)
+    return _layout(name).files(getattr(tvd, TORCHVISION_CLASSES[name]), root)
+
+
+def _layout(name: str) -> TorchvisionLayout:
+    layout = SOURCES[name].torchvision
+    if layout is None:
+        raise DatasetError(f"dataset {name!r} is not read by torchvision")
+    return layout
+
+
+def _cifar_files(cls, root: Path) -> tuple[Path, list]:
+    files = [(f, m) for f, m in cls.train_list + cls.test_list]
+    return root / cls.base_folder, files + [(cls.meta["filename"], cls.meta["md5"])]
+
+
+def _cifar_split(cls, root: Path, train: bool, download: bool) -> tuple:
+    ds = cls(str(root), train=train, download=download)
+    return ds.data, ds.targets, len(ds.classes)  # the classes batches.meta names (their K)
+
+
+def _stl10_files(cls, root: Path) -> tuple[Path, list]:
+    return root / cls.base_folder, [(f, m) for f, m in cls.train_list + cls.test_list]
+
+
+def _stl10_split(cls, root: Path, train: bool, download: bool) -> tuple:
+    ds = cls(str(root), split="train" if train else "test", download=download)
+    return ds.data, ds.labels, None
+
+
+def _svhn_files(cls, root: Path) -> tuple[Path, list]:
+    return root / "svhn", [(cls.split_list[s][1], cls.split_list[s][2]) for s in ("train", "test")]
+
+
+def _svhn_split(cls, root: Path, train: bool, download: bool) -> tuple:
+    ds = cls(str(root / "svhn"), split="train" if train else "test", download=download)
+    return ds.data, ds.labels, None
+
+
+def _usps_files(cls, root: Path) -> tuple[Path, list]:
+    # torchvision's USPS reads the bz2 files without checking them
+    return root / "usps", [(cls.split_list[s][1], None) for s in ("train", "test")]
+
+
+def _usps_split(cls, root: Path, train: bool, download: bool) -> tuple:
+    ds = cls(str(root / "usps"), train=train, download=download)
+    return ds.data, ds.targets, None
+
+
+def _idx_files(cls, root: Path) -> tuple[Path, list]:
+    """MNIST / FashionMNIST: the uncompressed idx files in ``<root>/<Class>/raw`` (the MD5s
+    torchvision lists are those of the .gz downloads; loading only checks existence)."""
     return (
         root / cls.__name__ / "raw",
         [(os.path.splitext(os.path.basename(url))[0], None) for url, _ in cls.resources],
     )
+
+
+def _idx_split(cls, root: Path, train: bool, download: bool) -> tuple:
+    ds = cls(str(root), train=train, download=download)
+    return ds.data.numpy(), ds.targets.numpy(), None
 
 
 def _unpack_idx_gz(folder: Path, files: list) -> None:
@@ -314,19 +359,24 @@ def _torchvision(
     files of the tests) with the same class, which then checks only that the files exist
     (:func:`_existence_checked`); MNIST, Fashion-MNIST and USPS are never MD5-checked by
     torchvision when loading."""
+    import torchvision.datasets as tvd
+
+    layout = _layout(name)
     folder, files = _torchvision_files(name, root)
-    if name in ("mnist", "fmnist"):
+    if layout.idx_gz:
         _unpack_idx_gz(folder, files)
-    classes: dict = {}  # CIFAR: the number of classes its batches.meta names
     try:
+        cls = getattr(tvd, TORCHVISION_CLASSES[name])
+        if layout.md5_checked and not verify_md5:
+            cls = _existence_checked(cls)
         out = []
         for train in (True, False):
-            x, y = _torchvision_split(name, root, train, download, verify_md5, classes)
+            x, y, classes = layout.split(cls, root, train, download)
             out.append(
                 RawSplit(
                     _hwc(x, f"dataset '{name}'"),
                     _int_labels(y, f"dataset '{name}' labels"),
-                    classes=classes.get(name),
+                    classes=classes,
                 )
             )
     except DatasetError:
@@ -334,40 +384,6 @@ def _torchvision(
     except Exception as exc:  # noqa: BLE001 - every refusal becomes one clear error
         raise _torchvision_refusal(exc, name, root, download, verify_md5, folder, files) from None
     return out[0], out[1]
-
-
-def _torchvision_split(
-    name: str, root: Path, train: bool, download: bool, verify_md5: bool, classes: dict
-) -> tuple:
-    """The images and labels of one split as torchvision's class for ``name`` decodes
-    them (CIFAR: ``classes[name]`` = the number of classes its meta file names)."""
-    import torchvision.datasets as tvd
-
-    def cls(attr: str):
-        c = getattr(tvd, attr)
-        return c if verify_md5 else _existence_checked(c)
-
-    split = "train" if train else "test"
-    if name in ("cifar10", "cifar100"):
-        ds = cls(TORCHVISION_CLASSES[name])(str(root), train=train, download=download)
-        classes[name] = len(ds.classes)
-        return ds.data, ds.targets
-    if name == "mnist":
-        ds = tvd.MNIST(str(root), train=train, download=download)
-        return ds.data.numpy(), ds.targets.numpy()
-    if name == "fmnist":
-        ds = tvd.FashionMNIST(str(root), train=train, download=download)
-        return ds.data.numpy(), ds.targets.numpy()
-    if name == "svhn":
-        ds = cls("SVHN")(str(root / "svhn"), split=split, download=download)
-        return ds.data, ds.labels
-    if name == "usps":
-        ds = tvd.USPS(str(root / "usps"), train=train, download=download)
-        return ds.data, ds.targets
-    if name == "stl10":
-        ds = cls("STL10")(str(root), split=split, download=download)
-        return ds.data, ds.labels
-    raise DatasetError(f"unknown torchvision dataset {name!r}")
 
 
 def _torchvision_refusal(
@@ -697,30 +713,14 @@ def _resize_u8(x: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-# per-dataset standard augmentation (as the papers' code uses): crop padding, flip
-_AUGMENT = {
-    "cifar10": AugmentSpec(4, True),
-    "cifar100": AugmentSpec(4, True),
-    "tinyimagenet": AugmentSpec(8, True),
-    "stl10": AugmentSpec(12, True),
-    "svhn": AugmentSpec(4, False),
-    "mnist": AugmentSpec(0, False),
-    "fmnist": AugmentSpec(0, False),
-    "usps": AugmentSpec(0, False),
-    "digit5": AugmentSpec(2, False),
-    "synthetic": AugmentSpec(2, True),
-    # your own arrays: nothing is assumed about them (digits, text, medical images, ...:
-    # a horizontal flip is wrong for most that are not natural photographs); opt in with
-    # dataset.crop_pad / dataset.flip / dataset.rotation (issue #25)
-    "npz": AugmentSpec(0, False),
-    "hf_disk": AugmentSpec(0, False),  # your data, like npz: opt in to augmentation
-}
-
-
 def default_augment(name: str, image_size: int) -> AugmentSpec:
-    if name in _AUGMENT:
-        return _AUGMENT[name]
-    return AugmentSpec(max(1, image_size // 8), True)  # imagefolder (natural images)
+    """The standard augmentation of dataset ``name`` (:data:`SOURCES`' ``augment``); for
+    natural images of any size (``augment`` ``None``: image folders, and a name not in
+    the table) a crop padded by an eighth of the image size, and a flip."""
+    source = SOURCES.get(name)
+    if source is not None and source.augment is not None:
+        return source.augment
+    return AugmentSpec(max(1, image_size // 8), True)
 
 
 def augment_spec(
@@ -830,7 +830,7 @@ def load_dataset(
             f"dataset '{name}': train images {tr.x.shape[1:]} and test images "
             f"{te.x.shape[1:]} differ; set dataset.image_size"
         )
-    num_classes = _num_classes(name, tr, te, synthetic, class_list)
+    num_classes = _num_classes(name, tr, te, class_list)
     tr, val_split = _hold_out_validation(tr, val_fraction, seed)
     mean, std = normalisation(normalize, tr.x, f"dataset {name!r}")
     size = int(tr.x.shape[1])
@@ -872,37 +872,30 @@ def _read_source(
     test_split: str = "random",
     columns: tuple[str | None, str | None] = (None, None),
 ) -> tuple[RawSplit, RawSplit, list, int | None]:
-    """The train and test images of source ``name`` (:data:`~fedrcl_flwr.config.catalog.
-    DATASETS`), its domain names, and the number of classes its own class list names
-    (CIFAR's ``batches.meta``; ``None`` for the others)."""
-    root_p = Path(os.path.expanduser(root or "."))
-    if name == "synthetic":
-        tr, te, dnames = _synthetic(synthetic or {}, seed)
-        return tr, te, dnames, None
-    if name in TORCHVISION_CLASSES:
-        tr, te = _torchvision(name, root_p, download, verify_md5)
-        return tr, te, [], tr.classes
-    if name == "tinyimagenet":
-        return (*_tinyimagenet(root_p, image_size), [], None)
-    if name == "imagefolder":
-        return (
-            *_imagefolder(root_p, list(domains or []), image_size, test_fraction, seed, test_split),
-            None,
-        )
-    if name == "digit5":
-        return (*_digit5(root_p, download, list(domains or []), verify_md5), None)
-    if name == "npz":
-        if not path:
-            raise DatasetError("dataset.path is required when dataset.name is npz")
-        return (*_npz(Path(os.path.expanduser(path))), [], None)
-    if name == "hf_disk":
-        from fedrcl_flwr.data.hf import read_hf_disk
-
-        if not path:
-            raise DatasetError("dataset.path is required when dataset.name is hf_disk")
-        tr, te = read_hf_disk(path, *columns)
-        return tr, te, [], tr.classes
-    raise DatasetError(f"unknown dataset {name!r} (known: {', '.join(DATASET_NAMES)})")
+    """The train and test images of source ``name`` (its reader in :data:`SOURCES`), its
+    domain names, and the number of classes its own class list names (CIFAR's
+    ``batches.meta``, a Hugging Face ``ClassLabel``, the synthetic generator's
+    ``num_classes``; ``None`` for the others)."""
+    source = SOURCES.get(name)
+    if source is None:
+        raise DatasetError(f"unknown dataset {name!r} (known: {', '.join(DATASET_NAMES)})")
+    if dataset_info(name).source == "path" and not path:
+        raise DatasetError(f"dataset.path is required when dataset.name is {name}")
+    args = SourceArgs(
+        name=name,
+        root=Path(os.path.expanduser(root or ".")),
+        path=path,
+        download=download,
+        image_size=image_size,
+        synthetic=synthetic or {},
+        seed=seed,
+        domains=list(domains or []),
+        test_fraction=test_fraction,
+        verify_md5=verify_md5,
+        test_split=test_split,
+        columns=columns,
+    )
+    return source.read(args)
 
 
 def _synthetic(sy: dict, seed: int) -> tuple[RawSplit, RawSplit, list]:
@@ -927,6 +920,180 @@ def _synthetic(sy: dict, seed: int) -> tuple[RawSplit, RawSplit, list]:
     )
 
 
+# --------------------------------------------------------------------------------------
+# The sources: every dataset of the catalog once, by name
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourceArgs:
+    """What :func:`_read_source` hands a reader: the dataset settings that shape its
+    arrays (``root`` expanded)."""
+
+    name: str
+    root: Path
+    path: str | None
+    download: bool
+    image_size: int | None
+    synthetic: dict
+    seed: int
+    domains: list
+    test_fraction: float
+    verify_md5: bool
+    test_split: str
+    columns: tuple[str | None, str | None]
+
+
+# (train, test, domain names, number of classes its own class list names or None)
+SourceRead = tuple[RawSplit, RawSplit, list, int | None]
+
+
+@dataclass(frozen=True)
+class TorchvisionLayout:
+    """How the ``torchvision.datasets`` class of a dataset (the catalog's
+    ``torchvision``) is read. ``files(cls, root)``: the folder and the ``(file name, MD5
+    or None)`` list the class reads (``None``: not checked when loading);
+    ``split(cls, root, train, download)``: one split's images, labels and the number of
+    classes the class's own list names (or ``None``); ``md5_checked``: the class checks
+    its files' MD5s on every load (``dataset.verify_md5: false`` then swaps in
+    :func:`_existence_checked`); ``idx_gz``: MNIST's ``.gz`` idx files are unpacked
+    first (:func:`_unpack_idx_gz`)."""
+
+    files: Callable[[Any, Path], tuple[Path, list[tuple[str, str | None]]]]
+    split: Callable[[Any, Path, bool, bool], tuple[Any, Any, int | None]]
+    md5_checked: bool
+    idx_gz: bool = False
+
+
+def _never(d: Any) -> bool:
+    return False
+
+
+def _always(d: Any) -> bool:
+    return True
+
+
+def _no_key_fields(d: Any) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """How a dataset is loaded (its facts before loading are the catalog's
+    :class:`~fedrcl_flwr.config.catalog.DatasetInfo`).
+
+    ``read``: its reader (:class:`SourceArgs` -> train, test, domain names, the classes
+    its own class list names); ``augment``: its standard training augmentation, as the
+    papers' code uses (``None``: natural images of any size, scaled to the image size:
+    :func:`default_augment`); ``torchvision``: how torchvision's class reads it;
+    ``seeded(d)``: the experiment's seed draws its arrays (beyond ``dataset.val_fraction``:
+    :func:`fedrcl_flwr.data.cache.seed_shapes_arrays`); ``key_fields(d)``: settings of
+    the dataset config ``d`` only this dataset reads, added to its cache key."""
+
+    read: Callable[[SourceArgs], SourceRead]
+    augment: AugmentSpec | None
+    torchvision: TorchvisionLayout | None = None
+    seeded: Callable[[Any], bool] = _never
+    key_fields: Callable[[Any], dict] = _no_key_fields
+
+
+def _read_synthetic(a: SourceArgs) -> SourceRead:
+    tr, te, dnames = _synthetic(a.synthetic, a.seed)
+    classes = a.synthetic.get("num_classes")
+    return tr, te, dnames, None if classes is None else int(classes)
+
+
+def _read_torchvision(a: SourceArgs) -> SourceRead:
+    tr, te = _torchvision(a.name, a.root, a.download, a.verify_md5)
+    return tr, te, [], tr.classes
+
+
+def _read_tinyimagenet(a: SourceArgs) -> SourceRead:
+    return (*_tinyimagenet(a.root, a.image_size), [], None)
+
+
+def _read_imagefolder(a: SourceArgs) -> SourceRead:
+    return (
+        *_imagefolder(a.root, a.domains, a.image_size, a.test_fraction, a.seed, a.test_split),
+        None,
+    )
+
+
+def _read_digit5(a: SourceArgs) -> SourceRead:
+    return (*_digit5(a.root, a.download, a.domains, a.verify_md5), None)
+
+
+def _read_npz(a: SourceArgs) -> SourceRead:
+    assert a.path is not None  # dataset.path: required (catalog source "path")
+    return (*_npz(Path(os.path.expanduser(a.path))), [], None)
+
+
+def _read_hf_disk(a: SourceArgs) -> SourceRead:
+    from fedrcl_flwr.data.hf import read_hf_disk
+
+    assert a.path is not None  # dataset.path: required (catalog source "path")
+    tr, te = read_hf_disk(a.path, *a.columns)
+    return tr, te, [], tr.classes
+
+
+def _synthetic_key(d: Any) -> dict:
+    from dataclasses import asdict
+
+    return {"synthetic": asdict(d.synthetic)}
+
+
+def _imagefolder_seeded(d: Any) -> bool:
+    """An image folder without ``train`` / ``test`` sub-folders: the seed draws its test
+    split (:func:`_imagefolder`)."""
+    root = Path(os.path.expanduser(d.root or "."))
+    folders = [root / x for x in d.domains] if d.domains else [root]
+    return not all((f / "train").is_dir() and (f / "test").is_dir() for f in folders)
+
+
+def _hf_columns_key(d: Any) -> dict:
+    return {"columns": [d.image_column, d.label_column]}  # which columns are read
+
+
+_CIFAR = TorchvisionLayout(_cifar_files, _cifar_split, md5_checked=True)
+_IDX = TorchvisionLayout(_idx_files, _idx_split, md5_checked=False, idx_gz=True)
+
+# name -> how it is loaded: the catalog's DATASETS, same names, same order
+# (tests/registry/test_registries.py)
+SOURCES: dict[str, DataSource] = {
+    "synthetic": DataSource(
+        _read_synthetic, AugmentSpec(2, True), seeded=_always, key_fields=_synthetic_key
+    ),
+    "cifar10": DataSource(_read_torchvision, AugmentSpec(4, True), _CIFAR),
+    "cifar100": DataSource(_read_torchvision, AugmentSpec(4, True), _CIFAR),
+    "mnist": DataSource(_read_torchvision, AugmentSpec(0, False), _IDX),
+    "fmnist": DataSource(_read_torchvision, AugmentSpec(0, False), _IDX),
+    "svhn": DataSource(
+        _read_torchvision,
+        AugmentSpec(4, False),
+        TorchvisionLayout(_svhn_files, _svhn_split, md5_checked=True),
+    ),
+    "usps": DataSource(
+        _read_torchvision,
+        AugmentSpec(0, False),
+        TorchvisionLayout(_usps_files, _usps_split, md5_checked=False),
+    ),
+    "stl10": DataSource(
+        _read_torchvision,
+        AugmentSpec(12, True),
+        TorchvisionLayout(_stl10_files, _stl10_split, md5_checked=True),
+    ),
+    "tinyimagenet": DataSource(_read_tinyimagenet, AugmentSpec(8, True)),
+    "imagefolder": DataSource(_read_imagefolder, None, seeded=_imagefolder_seeded),
+    "digit5": DataSource(_read_digit5, AugmentSpec(2, False)),
+    # your own arrays: nothing is assumed about them (digits, text, medical images, ...:
+    # a horizontal flip is wrong for most that are not natural photographs); opt in with
+    # dataset.crop_pad / dataset.flip / dataset.rotation (issue #25)
+    "npz": DataSource(_read_npz, AugmentSpec(0, False)),
+    # your data, like npz: opt in to augmentation
+    "hf_disk": DataSource(_read_hf_disk, AugmentSpec(0, False), key_fields=_hf_columns_key),
+}
+
+
 def _check_splits(name: str, tr: RawSplit, te: RawSplit) -> None:
     if len(tr.y) == 0:
         raise DatasetError(f"dataset '{name}' has no training images")
@@ -942,15 +1109,12 @@ def _check_splits(name: str, tr: RawSplit, te: RawSplit) -> None:
         )
 
 
-def _num_classes(
-    name: str, tr: RawSplit, te: RawSplit, synthetic: dict | None, class_list: int | None
-) -> int:
-    """The largest label + 1; synthetic: its ``num_classes``; CIFAR: the classes its
-    ``batches.meta`` names (the authors' ``K``)."""
+def _num_classes(name: str, tr: RawSplit, te: RawSplit, class_list: int | None) -> int:
+    """The largest label + 1, or the classes the source's own class list names
+    (:func:`_read_source`: CIFAR's ``batches.meta``, the authors' ``K``; the synthetic
+    generator's ``num_classes``)."""
     num_classes = int(max(tr.y.max(), te.y.max() if len(te.y) else 0)) + 1
-    if name == "synthetic":
-        num_classes = int((synthetic or {}).get("num_classes", num_classes))
-    if class_list is not None:  # CIFAR: the classes batches.meta names (their K)
+    if class_list is not None:  # e.g. CIFAR: the classes batches.meta names (their K)
         if num_classes > class_list:
             raise DatasetError(
                 f"dataset '{name}': label {num_classes - 1} but the class "

@@ -54,6 +54,7 @@ import yaml
 from fedrcl_flwr.config import check_reference, flatten_keys
 from fedrcl_flwr.config.catalog import (
     PARTITION_SCHEMES,
+    dataset_info,
     ema_round,
     is_report_metric,
     metric_choices,
@@ -706,8 +707,9 @@ def setting_title(groups: list[Group]) -> str:
     parts = []
     name = common("dataset.name")
     if isinstance(name, str):
-        path = common("dataset.path" if name == "npz" else "dataset.root")
-        if name in ("npz", "imagefolder") and isinstance(path, str):
+        info = dataset_info(name)
+        path = common(info.location_key) if info.titled and info.location_key else None
+        if isinstance(path, str):
             parts.append(f"{name} {Path(path).name}")
         else:
             parts.append(name)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedrcl_flwr.config import ExperimentConfig, apply_overrides, config_from_dict, read_yaml
+from fedrcl_flwr.config.catalog import dataset_info
 from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.run.run_files import (
     LOCK_FILE,
@@ -541,7 +542,7 @@ def check_pending_runs(runs: list[PlannedRun], finished: frozenset = frozenset()
         except ConfigError as exc:
             raise ConfigError(f"{label}: {exc}") from None
         check_model(cfg, label)
-        if cfg.dataset.name == "synthetic" or cfg.dataset.download:
+        if dataset_info(cfg.dataset.name).generated or cfg.dataset.download:
             continue
         key = _dataset_key(cfg)
         if key != last:  # one dataset in memory at a time

@@ -438,14 +438,16 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def run_title(cfg) -> str:
     """What a run's ``accuracy.png`` is of: ``name: method (+ optimizer) on dataset,
     partition (α), clients (per round), rounds``."""
-    from fedrcl_flwr.config.catalog import PARTITION_SCHEMES
+    from fedrcl_flwr.config.catalog import PARTITION_SCHEMES, dataset_info
 
     method = cfg.client.method
     if cfg.server.strategy != "fedavg":
         method += f" + {cfg.server.strategy}"
     data = cfg.dataset.name
-    where = cfg.dataset.path if data == "npz" else getattr(cfg.dataset, "root", None)
-    if data in ("npz", "imagefolder") and where:
+    info = dataset_info(data)
+    key = info.location_key if info.titled else None
+    where = getattr(cfg.dataset, key.removeprefix("dataset."), None) if key else None
+    if where:
         data += f" {Path(str(where)).name}"
     p = cfg.partition
     part = PARTITION_SCHEMES.get(p.scheme, p.scheme)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from fedrcl_flwr.config import ExperimentConfig
+from fedrcl_flwr.config.catalog import dataset_info
 from fedrcl_flwr.models import build_model
 
 
@@ -261,7 +262,7 @@ def probe_model(cfg: ExperimentConfig) -> nn.Module | None:
 
 def _probe(cfg: ExperimentConfig):
     d = cfg.dataset
-    synth = d.name == "synthetic"
+    synth = dataset_info(d.name).generated
     channels = d.synthetic.channels if synth else 3
     size = d.image_size or (d.synthetic.image_size if synth else 32)
     classes = cfg.model.num_classes or (d.synthetic.num_classes if synth else 10)

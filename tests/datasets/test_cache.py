@@ -272,3 +272,70 @@ def test_seed_is_in_the_key_only_where_it_draws_the_arrays(tmp_path):
     for split in ("train", "test"):
         (tree / split).mkdir()
     assert cache.entry_key(flat, 0) == cache.entry_key(flat, 1)
+
+
+def _settings(**differs):
+    """The key settings every dataset shares, as the cache wrote them at format 3."""
+    base = {
+        "format": 3,
+        "seed": None,
+        "root": None,
+        "path": None,
+        "image_size": None,
+        "normalize": True,
+        "val_fraction": 0.0,
+        "domains": [],
+        "test_fraction": 0.2,
+        "synthetic": None,
+        "sources": [],
+    }
+    return {**base, **differs}
+
+
+def test_entry_keys_are_those_users_caches_hold(tmp_path):
+    """An entry's key is the SHA-256 of its settings' JSON (sorted keys): these settings,
+    hence these keys, name the entries users already hold (a change here silently
+    rebuilds every cache). Pinned for a generated dataset, an npz, an hf_disk (its columns)
+    and a torchvision dataset (its folder's files)."""
+    import hashlib
+    import json
+    import os
+
+    from fedrcl_flwr.config import DatasetConfig
+
+    def key_of(settings):
+        text = json.dumps(settings, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    synth = DatasetConfig()
+    want = _settings(
+        name="synthetic",
+        seed=0,
+        synthetic=dataclasses.asdict(synth.synthetic),
+    )
+    assert cache.entry_settings(synth, 0) == want
+    assert cache.entry_key(synth, 0) == "72fcce1e86c244deeb5903890d111005"
+
+    f = tmp_path / "d.npz"
+    f.write_bytes(b"12345")
+    os.utime(f, ns=(10**18, 10**18))
+    npz = DatasetConfig(name="npz", path=str(f), root=str(tmp_path / "r"))
+    want = _settings(name="npz", path=str(f.resolve()), sources=[[str(f.resolve()), 5, 10**18]])
+    assert cache.entry_settings(npz, 7) == want and cache.entry_key(npz, 7) == key_of(want)
+
+    hf = DatasetConfig(name="hf_disk", path=str(f), image_column="img", label_column=None)
+    want = {**want, "name": "hf_disk", "columns": ["img", None]}
+    assert cache.entry_settings(hf, 7) == want and cache.entry_key(hf, 7) == key_of(want)
+
+    batches = tmp_path / "r" / "cifar-10-batches-py"
+    batches.mkdir(parents=True)
+    (batches / "data_batch_1").write_bytes(b"xy")
+    os.utime(batches / "data_batch_1", ns=(10**18, 10**18))
+    cifar = DatasetConfig(name="cifar10", root=str(tmp_path / "r"), image_size=16)
+    want = _settings(
+        name="cifar10",
+        root=str((tmp_path / "r").resolve()),
+        image_size=16,
+        sources=[["data_batch_1", 2, 10**18]],
+    )
+    assert cache.entry_settings(cifar, 3) == want and cache.entry_key(cifar, 3) == key_of(want)

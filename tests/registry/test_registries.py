@@ -1,7 +1,9 @@
 """Every registry is walked, so that a forgotten registration fails here (issue #23,
 CONTRIBUTING.md): each client file's method and each strategy file's server rule is
-registered under its own name and documented; each dataset of the catalog has a reader
-and a documentation entry; each partition scheme has a builder; each model builds, follows
+registered under its own name and documented; each dataset of the catalog has its entry
+in the data layer's table (a reader, its augmentation, torchvision's files where it is
+torchvision's, its cache key), reaches its reader and is documented; each partition scheme
+has a builder; each model builds, follows
 the model interface and is documented. Walked from the code (the files, the registries),
 never from a list written here. In-process, about two seconds (importing the clients
 imports Flower)."""
@@ -17,9 +19,11 @@ import numpy as np
 import pytest
 
 from clients import CLIENTS
-from fedrcl_flwr.config.catalog import DATASET_NAMES, SCHEME_NAMES
+from fedrcl_flwr.config.catalog import DATASET_NAMES, DATASETS, SCHEME_NAMES
+from fedrcl_flwr.config.schema import DatasetConfig
+from fedrcl_flwr.data import cache
 from fedrcl_flwr.data import datasets as data_readers
-from fedrcl_flwr.data.datasets import DatasetError
+from fedrcl_flwr.data.datasets import SOURCES, AugmentSpec, DatasetError, DataSource
 from fedrcl_flwr.data.partition import partition
 from fedrcl_flwr.errors import ConfigError, PartitionError
 from fedrcl_flwr.models import MODELS, build_model
@@ -92,6 +96,32 @@ def test_every_method_and_strategy_is_documented():
         if f"`{n}`" not in overview
     ]
     assert not missing, missing
+
+
+def test_every_dataset_of_the_catalog_is_in_the_data_layer_table(tmp_path):
+    """The two tables a dataset is declared in, the catalog's DATASETS (config) and the
+    data layer's SOURCES, name the same datasets in the same order; each entry states its
+    augmentation (``None``, scaled to the image size, only for 3-channel images that are
+    not torchvision's), has torchvision's files exactly where the catalog names a
+    torchvision class, and gives a cache key (its fingerprint and its own key fields)."""
+    import torchvision.datasets as tvd
+
+    assert list(SOURCES) == list(DATASETS)
+    for name, info in DATASETS.items():
+        source = SOURCES[name]
+        assert isinstance(source, DataSource), name
+        assert isinstance(source.augment, AugmentSpec) or (
+            source.augment is None and info.channels == 3 and info.torchvision is None
+        ), name
+        assert isinstance(data_readers.default_augment(name, 32), AugmentSpec), name
+        assert (source.torchvision is None) == (info.torchvision is None), name
+        if info.torchvision is not None:
+            assert hasattr(tvd, info.torchvision), name
+            folder, files = data_readers._torchvision_files(name, tmp_path)
+            assert folder.is_relative_to(tmp_path) and files, name
+            assert all(isinstance(f, str) and f for f, _ in files), name
+        d = DatasetConfig(name=name, root=str(tmp_path), path=str(tmp_path / "x.npz"))
+        assert len(cache.entry_key(d, 0)) == cache.KEY_LEN, name
 
 
 def test_every_dataset_of_the_catalog_has_a_reader(tmp_path):
