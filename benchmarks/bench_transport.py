@@ -6,9 +6,15 @@ Timed here, in one process, is only what *our* code does with the weights:
 * ``flower``: the server encodes the model once (``.npy`` bytes,
   :mod:`fedrcl_flwr.codec`); each client decodes it (views) and encodes its upload; the
   server decodes the K uploads (views);
-* ``shared``: the server publishes the model once (hash + one write into the store);
-  each client maps and re-hashes it and publishes its upload; the server maps and
-  re-hashes the K uploads and deletes them.
+* ``shared``: the server publishes the model once (hash + one write into a slot of the
+  store's arena, :class:`fedrcl_flwr.weight_store.Arena`); each client re-hashes it
+  through its process's mapping of the arena and writes its upload into its slot; the
+  server re-hashes the K uploads where they lie;
+* ``files``: ``shared`` without the arena (what a run does when the slots would not fit
+  in memory, and what every shared run did before them): a new file per entry, mapped
+  afresh by each reader, the uploads deleted after the round.
+
+The model sent changes every round (as a trained one does), so no write is skipped.
 
 Not in it: what Flower does with the bytes of a ``flower`` message (its protobuf, the
 SuperLink's object store, Ray's hand-over: several more copies of the model per
@@ -39,18 +45,19 @@ def weights(model: str, num_classes: int) -> list:
     return [v.detach().cpu().numpy().copy() for v in m.state_dict().values()]
 
 
-def one_round(t: transport.ServerTransport, model: list, uploads: list) -> dict:
-    """Seconds of each step of one round (K clients, one after the other)."""
+def one_round(t: transport.ServerTransport, rnd: int, model: list, uploads: list) -> dict:
+    """Seconds of each step of round ``rnd`` (K clients, one after the other)."""
     out = {}
     t0 = time.perf_counter()
     sent = t.send(model)
     out["server send"] = time.perf_counter() - t0
     replies = []
     t0 = time.perf_counter()
-    for up in uploads:
-        got = transport.arrays_of(sent, reuse=True)  # as WireClient
+    for i, up in enumerate(uploads):
+        mine = t.for_client(sent, rnd, i)  # the server's per-client message
+        got = transport.arrays_of(mine, reuse=True)  # as WireClient
         float(got[-1].reshape(-1)[0])  # touch it, as a client loading it would
-        replies.append((None, _Res(transport.reply(up, sent))))
+        replies.append((None, _Res(transport.reply(up, mine))))
     out["clients: load + upload"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _, res in replies:
@@ -80,17 +87,25 @@ def main() -> int:
         [a + (i + 1) * 1e-3 if a.dtype.kind == "f" else a for a in model]
         for i in range(args.clients)
     ]
-    store, root = temporary_store("bench-transport-")
+    stores = [temporary_store("bench-transport-") for _ in range(2)]
     import shutil
 
     try:
-        kinds = {"flower": transport.ServerTransport(), "shared": transport.ServerTransport(store)}
+        kinds = {
+            "flower": transport.ServerTransport(),
+            "files": transport.ServerTransport(stores[0][0]),
+            "shared": transport.ServerTransport(stores[1][0], uploads=args.clients),
+        }
         times: dict = {k: [] for k in kinds}
-        for _ in range(args.repeat):
+        for rnd in range(1, args.repeat + 1):
+            sent = [a + rnd * 1e-6 if a.dtype.kind == "f" else a for a in model]
+            ups = [[a + rnd * 1e-6 if a.dtype.kind == "f" else a for a in u] for u in uploads]
             for k, t in kinds.items():
-                times[k].append(one_round(t, model, uploads))
+                times[k].append(one_round(t, rnd, sent, ups))
+        assert kinds["shared"].arena is not None, kinds["shared"].arena_note
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        for _, root in stores:
+            shutil.rmtree(root, ignore_errors=True)
     import flwr
     import numpy
     import torch
@@ -102,14 +117,12 @@ def main() -> int:
         f"torch {torch.__version__}, numpy {numpy.__version__}"
     )
     steps = list(times["flower"][0])
-    print(f"  {'step (ms)':<26}{'flower':>10}{'shared':>10}{'shared/flower':>15}")
+    print(f"  {'step (ms)':<26}{'flower':>10}{'files':>10}{'shared':>10}{'shared/flower':>15}")
     for s in steps:
-        f = median(r[s] for r in times["flower"]) * 1e3
-        h = median(r[s] for r in times["shared"]) * 1e3
-        print(f"  {s:<26}{f:10.1f}{h:10.1f}{h / f if f else float('nan'):15.2f}")
-    f = median(r["round"] for r in times["flower"])
-    h = median(r["round"] for r in times["shared"])
-    print(f"our handling per round: shared/flower = {h / f:.2f}")
+        f, d, h = (median(r[s] for r in times[k]) * 1e3 for k in ("flower", "files", "shared"))
+        print(f"  {s:<26}{f:10.1f}{d:10.1f}{h:10.1f}{h / f if f else float('nan'):15.2f}")
+    f, d, h = (median(r["round"] for r in times[k]) for k in ("flower", "files", "shared"))
+    print(f"our handling per round: files/flower = {d / f:.2f}, shared/flower = {h / f:.2f}")
     return 0
 
 

@@ -455,8 +455,14 @@ class FederatedStrategy(Strategy):
                 )
                 pids = pids[: len(slots)]
             out = [
-                (slot, FitIns(send, self.fit_instructions(rnd, pid).to_config()))
-                for slot, pid in zip(slots, pids)
+                (
+                    node,
+                    FitIns(
+                        self.transport.for_client(send, rnd, i),
+                        self.fit_instructions(rnd, pid).to_config(),
+                    ),
+                )
+                for i, (node, pid) in enumerate(zip(slots, pids))
             ]
         self._sent = pids  # the clients whose data may enter this round's release
         self._sampled = pids if self.availability is None else sampled

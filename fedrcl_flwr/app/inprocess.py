@@ -88,7 +88,10 @@ def run_inprocess(
     root = None
     if fallback_reason(cfg) is None:
         store, root = temporary_store()
-        strategy.transport = ServerTransport(store, f"weights by reference through {root}")
+        strategy.transport = ServerTransport(
+            store, f"weights by reference through {root}", uploads=strategy.clients_per_round
+        )
+        strategy.transport.prepare(strategy.weights)
     try:
         _rounds(strategy, cfg, out_dir, rounds_left, stop_after, client_factory)
     finally:

@@ -332,7 +332,10 @@ def server_components(context: Context, simulation: bool = True):
     timers.server_event("serverapp_built")
     from fedrcl_flwr.app.transport import choose
 
-    strategy.transport = choose(cfg, context.run_config, simulation=simulation)
+    strategy.transport = choose(
+        cfg, context.run_config, simulation=simulation, uploads=strategy.clients_per_round
+    )
+    strategy.transport.prepare(strategy.weights)
     print(f"[fedrcl-flwr] {strategy.transport.note}", file=sys.stderr, flush=True)
     print(
         f"[fedrcl-flwr] {cfg.name}: {cfg.client.method} + {cfg.server.strategy}, "

@@ -8,12 +8,17 @@ reference; otherwise ``.npy`` bytes. So a receiver needs no setting:
 
 * the server (``strategies/base.py``) sends through its :class:`ServerTransport` (by
   reference when it has a store, else bytes; a write that fails falls back to bytes for
-  that message, with one warning) and reads every upload with :func:`arrays_of`; after a
-  round it deletes the round's uploads (:meth:`ServerTransport.release`) and keeps only
-  the last two entries it published;
+  that message, with one warning) and reads every upload with :func:`arrays_of`. On its
+  first send it makes the store's arena of slots (:class:`~fedrcl_flwr.weight_store.
+  Arena`: a ring for its sends, one slot per client of a round for the uploads) and
+  tells each sampled client its upload slot inside that client's reference
+  (:meth:`ServerTransport.for_client`). Without an arena (too big for the free memory)
+  each entry is a file: it then deletes the round's uploads after averaging
+  (:meth:`ServerTransport.release`) and keeps only the last two entries it published;
 * a client (``clients/base.py``: ``WireClient``) reads what it got with :func:`arrays_of`
-  and answers the same way it was addressed (:func:`reply`): by reference into the same
-  store when it received a reference (bytes if that write fails), else bytes.
+  and answers the same way it was addressed (:func:`reply`): into its upload slot, or a
+  file of the same store when it was given none, when it received a reference (bytes if
+  that write fails), else bytes.
 
 :func:`choose` decides for a run and gives the one line the run's log shows: Flower's
 messages when ``simulation.transport: flower``, under the Deployment Engine (real devices
@@ -33,7 +38,14 @@ import numpy as np
 from flwr.common import Parameters
 
 from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
-from fedrcl_flwr.weight_store import StoreError, WeightStore, load
+from fedrcl_flwr.weight_store import (
+    GLOBAL_SLOTS,
+    Arena,
+    Entry,
+    StoreError,
+    WeightStore,
+    load,
+)
 
 REF_TYPE = "fedrcl.weight-ref"  # Parameters.tensor_type of a reference
 RUN_CONFIG_KEY = "weight-store"  # run config: the store's folder ("" = none)
@@ -72,14 +84,16 @@ def arrays_of(parameters: Parameters, *, reuse: bool = False) -> list[np.ndarray
     """The arrays a message carries (read-only views: of the message's bytes, or of the
     store entry's mapping after its hash was checked). ``reuse`` (a client): an entry
     this process mapped and checked lately is not mapped and hashed again (an actor
-    trains several clients of a round on the same global model; an entry is immutable:
-    writers replace files, never rewrite them, and a mapping outlives the file)."""
+    trains several clients of a round on the same global model; a file entry is
+    immutable, and a slot is rewritten only :data:`~fedrcl_flwr.weight_store.
+    GLOBAL_SLOTS` sends later, after its round: a later send of the same hash into the
+    same slot holds the same bytes)."""
     if not is_reference(parameters):
         return decode_arrays(parameters.tensors)
     ref = reference_of(parameters)
     if not reuse:
         return load(ref)
-    key = (ref.get("store"), ref.get("hash"), json.dumps(ref.get("arrays")))
+    key = (ref.get("store"), ref.get("hash"), ref.get("offset"), json.dumps(ref.get("arrays")))
     if key in _LOADED:
         _LOADED.move_to_end(key)
         return list(_LOADED[key])
@@ -92,10 +106,19 @@ def arrays_of(parameters: Parameters, *, reuse: bool = False) -> list[np.ndarray
 
 def reply(arrays: Sequence, received: Parameters) -> Parameters:
     """A client's upload, sent the way its instructions came: by reference into the same
-    store, or (received bytes, or the write failed) as bytes."""
+    store (into the slot the reference names as ``upload``, else a file), or (received
+    bytes, or the write failed) as bytes."""
     if is_reference(received):
         try:
-            store = WeightStore(reference_of(received)["store"])
+            ref = reference_of(received)
+            store = WeightStore(ref["store"])
+            slot = ref.get("upload")
+            if slot is not None:
+                try:
+                    offset, capacity = (int(v) for v in slot)
+                    return _as_parameters(store.publish_in_slot(Entry(arrays), offset, capacity))
+                except (OSError, StoreError, TypeError, ValueError) as exc:
+                    log.warning("weight store slot write failed (%s): this upload is a file", exc)
             return _as_parameters(store.publish(arrays))
         except (OSError, StoreError, KeyError) as exc:
             log.warning("weight store write failed (%s): this upload goes inside the message", exc)
@@ -107,9 +130,14 @@ class ServerTransport:
 
     KEEP = 2  # published entries kept (FedACG's look-ahead + the global model)
 
-    def __init__(self, store: WeightStore | None = None, note: str = ""):
+    def __init__(self, store: WeightStore | None = None, note: str = "", uploads: int = 0):
         self.store = store
         self.note = note
+        self.uploads = uploads  # clients per round: the arena's upload slots
+        self.arena: Arena | None = None
+        self.arena_note = ""  # why there is no arena (decided on the first send)
+        self._decided = False
+        self._in_slots: dict[str, dict] = {}  # hash -> reference, of the ring's live slots
         self._published: list[dict] = []
         self._warned = False
 
@@ -123,7 +151,7 @@ class ServerTransport:
         if self.store is None:
             return to_bytes(arrays)
         try:
-            ref = self.store.publish(arrays)
+            ref = self._publish(arrays)
         except OSError as exc:
             if not self._warned:
                 log.warning(
@@ -133,10 +161,58 @@ class ServerTransport:
                 )
                 self._warned = True
             return to_bytes(arrays)
-        self._published = [r for r in self._published if r["hash"] != ref["hash"]] + [ref]
-        while len(self._published) > self.KEEP:
-            self.store.remove(self._published.pop(0))
+        if "offset" not in ref:
+            self._published = [r for r in self._published if r["hash"] != ref["hash"]] + [ref]
+            while len(self._published) > self.KEEP:
+                self.store.remove(self._published.pop(0))
         return _as_parameters(ref)
+
+    def prepare(self, model: Entry | Sequence) -> None:
+        """Make the store's arena for entries of ``model``'s size (the run's model) and
+        say so in :attr:`note`, or why there is none; once, before the first send (or on
+        it)."""
+        if self._decided or self.store is None:
+            return
+        self._decided = True
+        entry = model if isinstance(model, Entry) else Entry(model)
+        made = Arena.create(self.store, entry.size, self.uploads) if self.uploads else None
+        if isinstance(made, Arena):
+            self.arena = made
+            self.note += (
+                f" ({GLOBAL_SLOTS + 2 * self.uploads} slots of "
+                f"{made.slot_size / 2**20:.1f} MiB in one file)"
+            )
+        else:
+            self.arena_note = made or "no upload slots asked for"
+            self.note += f" (one file per entry: {self.arena_note})"
+
+    def _publish(self, arrays: Sequence) -> dict:
+        """``arrays`` into the arena's ring (made on the first send; unless a live slot
+        already holds them), else as a file."""
+        assert self.store is not None
+        entry = Entry(arrays)
+        if not self._decided:
+            self.prepare(entry)
+        if self.arena is not None and entry.size <= self.arena.slot_size:
+            if entry.hash in self._in_slots:
+                return self._in_slots[entry.hash]
+            offset = self.arena.next_global_offset()
+            ref = self.store.publish_in_slot(entry, offset, self.arena.slot_size)
+            self._in_slots = {h: r for h, r in self._in_slots.items() if r["offset"] != offset}
+            self._in_slots[entry.hash] = ref
+            return ref
+        return self.store.publish(arrays)
+
+    def for_client(self, send: Parameters, run_round: int, index: int) -> Parameters:
+        """``send`` for the ``index``-th client of round ``run_round``: with an arena, the
+        reference plus that client's upload slot (``upload: [offset, capacity]``)."""
+        if self.arena is None or not is_reference(send):
+            return send
+        offset = self.arena.upload_offset(run_round, index)
+        if offset is None:
+            return send
+        ref = reference_of(send)
+        return _as_parameters({**ref, "upload": [offset, self.arena.slot_size]})
 
     def result(self, arrays: Sequence) -> Parameters:
         """What ``aggregate_fit`` hands back to Flower's server loop, which only keeps
@@ -161,12 +237,17 @@ class ServerTransport:
                 ref = reference_of(params)
             except StoreError:
                 continue
-            if ref.get("hash") not in mine and ref.get("store") == str(self.store.root):
+            if (
+                "offset" not in ref  # a slot is reused, not deleted
+                and ref.get("hash") not in mine
+                and ref.get("store") == str(self.store.root)
+            ):
                 self.store.remove(ref)
 
 
-def choose(cfg, run_config: dict, *, simulation: bool) -> ServerTransport:
-    """The run's transport, and in ``.note`` the line the run's log shows (why)."""
+def choose(cfg, run_config: dict, *, simulation: bool, uploads: int = 0) -> ServerTransport:
+    """The run's transport, and in ``.note`` the line the run's log shows (why);
+    ``uploads``: clients per round (the arena's upload slots)."""
     why = fallback_reason(cfg, simulation=simulation)
     root = str(run_config.get(RUN_CONFIG_KEY, "") or "")
     if why is None and not root:
@@ -174,7 +255,9 @@ def choose(cfg, run_config: dict, *, simulation: bool) -> ServerTransport:
         why = f"the weight store could not be created ({why})"
     if why is not None:
         return ServerTransport(None, f"weights travel inside Flower's messages: {why}")
-    return ServerTransport(WeightStore(root), f"weights travel by reference through {root}")
+    return ServerTransport(
+        WeightStore(root), f"weights travel by reference through {root}", uploads=uploads
+    )
 
 
 def fallback_reason(cfg, *, simulation: bool = True) -> str | None:

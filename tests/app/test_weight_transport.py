@@ -52,17 +52,21 @@ CASES = {
     "feddyn": dict(client={"method": "feddyn"}, server={"strategy": "feddyn"}),
 }
 SMALL = {"synthetic": {**TINY_SYNTHETIC, "num_train": 400, "num_test": 100}}
+# enough rounds that every arena slot is written again (uploads: every other round; the
+# ring of sends after GLOBAL_SLOTS sends)
+ROUNDS = 4
 
 
 def _run(tiny, out: Path, how: str, *, resume=False, stop_after=None, **sections):
     cfg = tiny(
-        federation={"rounds": 2},
+        federation={"rounds": ROUNDS},
         simulation={"transport": how},
         dataset={"name": "synthetic", **SMALL},
         **sections,
     )
     st = run_inprocess(cfg, out, resume=resume, stop_after=stop_after)
     assert st.transport.shared == (how == "shared")
+    assert (st.transport.arena is not None) == (how == "shared")  # the slots were used
     if st.transport.shared:  # the run's store was in /dev/shm and is gone
         assert st.transport.store.root.parent == SHM
         assert not st.transport.store.root.exists()
@@ -71,7 +75,7 @@ def _run(tiny, out: Path, how: str, *, resume=False, stop_after=None, **sections
 
 def _same(a, b, out_a: Path, out_b: Path) -> list[dict]:
     ra, rb = read_metrics(out_a), read_metrics(out_b)
-    assert len(ra) == 2 and _strip(ra) == _strip(rb)
+    assert len(ra) == ROUNDS and _strip(ra) == _strip(rb)
     assert all(x.tobytes() == y.tobytes() for x, y in zip(a.weights, b.weights))
     return ra
 
@@ -92,8 +96,8 @@ def test_resumed_shared_run_equals_uninterrupted_flower_run(tiny, tmp_path):
         output={"checkpoint_every": 1},
         privacy={"dp": {"mode": "server", "noise_multiplier": 0.0, "clipping_norm": 0.5}},
     )
-    _run(tiny, tmp_path / "cut", "shared", stop_after=1, **kw)
-    assert len(read_metrics(tmp_path / "cut")) == 1
+    _run(tiny, tmp_path / "cut", "shared", stop_after=3, **kw)
+    assert len(read_metrics(tmp_path / "cut")) == 3
     a = _run(tiny, tmp_path / "cut", "shared", resume=True, **kw)
     b = _run(tiny, tmp_path / "full", "flower", **kw)
     recs = _same(a, b, tmp_path / "cut", tmp_path / "full")
@@ -271,3 +275,101 @@ def test_a_client_process_maps_a_round_model_once(tmp_path):
     c = transport.arrays_of(sent)
     assert not any(x is y for x, y in zip(a, c))
     assert all(np.array_equal(x, y) for x, y in zip(b, ARRAYS))
+
+
+# ---------------------------------------------------------------- the arena's slots
+def _arena_transport(tmp_path, uploads=2):
+    t = transport.ServerTransport(WeightStore(tmp_path), uploads=uploads)
+    sent = t.send(ARRAYS)
+    assert t.arena is not None and (tmp_path / "arena").is_file()
+    return t, sent
+
+
+def test_sends_and_uploads_go_into_slots_of_one_preallocated_file(tmp_path):
+    t, sent = _arena_transport(tmp_path)
+    ref = transport.reference_of(sent)
+    assert ref["offset"] == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["arena"]
+    size = (tmp_path / "arena").stat().st_size
+    assert size == t.arena.slot_size * (4 + 2 * 2) and t.arena.slot_size % 4096 == 0
+    assert size // 512 <= (tmp_path / "arena").stat().st_blocks  # reserved, not sparse
+    # each client of a round is told its slot; its upload goes there, readable as sent
+    first, second = t.for_client(sent, 1, 0), t.for_client(sent, 1, 1)
+    slots = [transport.reference_of(x)["upload"] for x in (first, second)]
+    assert slots[0][0] != slots[1][0] and slots[0][1] == t.arena.slot_size
+    ups = [[a * (i + 2) if a.dtype.kind == "f" else a for a in ARRAYS] for i in range(2)]
+    replies = [transport.reply(u, x) for u, x in zip(ups, (first, second))]
+    offsets = [transport.reference_of(r)["offset"] for r in replies]
+    assert offsets == [s[0] for s in slots]
+    for up, r in zip(ups, replies):
+        assert all(np.array_equal(a, b) for a, b in zip(transport.arrays_of(r), up))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["arena"]  # no file per entry
+    # the next round's uploads use the other set of slots, the one after it these again
+    nxt = transport.reference_of(t.for_client(sent, 2, 0))["upload"][0]
+    assert (
+        nxt not in offsets
+        and transport.reference_of(t.for_client(sent, 3, 0))["upload"][0] == offsets[0]
+    )
+    # more clients than slots: that client writes a file
+    assert t.for_client(sent, 1, 2) is sent
+    t.release([])  # nothing to delete in slots
+    assert (tmp_path / "arena").exists()
+
+
+def test_a_slot_written_again_refuses_its_old_reference(tmp_path):
+    """The ring of sends: the same model again reuses its live slot; after
+    GLOBAL_SLOTS other sends its slot holds another model and the old reference is
+    refused with one line (a reader more than a round late), never read as the new one."""
+    t, sent = _arena_transport(tmp_path)
+    assert t.send(ARRAYS).tensors == sent.tensors  # the live slot, not a new one
+    others = [t.send([np.full(3, i, np.float32)]) for i in range(4)]
+    assert transport.reference_of(others[-1])["offset"] == 0  # the ring came round
+    with pytest.raises(StoreError, match="slot was written again since"):
+        transport.arrays_of(sent)
+    assert np.array_equal(transport.arrays_of(others[-1])[0], np.full(3, 3, np.float32))
+
+
+def test_an_upload_too_big_for_its_slot_becomes_a_file(tmp_path, caplog):
+    t, sent = _arena_transport(tmp_path)
+    big = [np.zeros(t.arena.slot_size, np.uint8)]
+    with caplog.at_level(logging.WARNING, logger="fedrcl_flwr"):
+        r = transport.reply(big, t.for_client(sent, 1, 0))
+    ref = transport.reference_of(r)
+    assert "offset" not in ref and (tmp_path / ref["hash"]).is_file()
+    assert any("does not fit" in rec.message for rec in caplog.records)
+    assert np.array_equal(transport.arrays_of(r)[0], big[0])
+
+
+def test_no_arena_when_it_would_not_fit_in_memory(tmp_path, monkeypatch):
+    """Slots that would take more than half the free space: one file per entry, as
+    before, with the reason kept for the log."""
+    import os as _os
+
+    real = _os.statvfs
+
+    class Tiny:
+        def __init__(self, st):
+            self.f_frsize, self.f_bavail = st.f_frsize, 4
+
+    monkeypatch.setattr(_os, "statvfs", lambda p: Tiny(real(p)))
+    t = transport.ServerTransport(WeightStore(tmp_path), uploads=2)
+    ref = transport.reference_of(t.send(ARRAYS))
+    assert t.arena is None and "more than half" in t.arena_note
+    assert "offset" not in ref and t.for_client(t.send(ARRAYS), 1, 0).tensors[0]
+    assert not (tmp_path / "arena").exists()
+
+
+def test_a_process_keeps_one_mapping_of_the_arena(tmp_path):
+    """Every load of a slot in a process reads through the same mapping (its pages
+    fault once), and a new arena at the same path (another run) is mapped afresh."""
+    from fedrcl_flwr import weight_store
+
+    t, sent = _arena_transport(tmp_path)
+    transport.arrays_of(sent)
+    first = weight_store._MAPS[str(tmp_path / "arena")][1]
+    transport.arrays_of(t.send([np.ones(3, np.float32)]))
+    assert weight_store._MAPS[str(tmp_path / "arena")][1] is first
+    shutil.rmtree(tmp_path)
+    tmp_path.mkdir()
+    t2, sent2 = _arena_transport(tmp_path)
+    assert all(np.array_equal(a, b) for a, b in zip(transport.arrays_of(sent2), ARRAYS))
+    assert weight_store._MAPS[str(tmp_path / "arena")][1] is not first

@@ -141,7 +141,10 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     assert "fedrcl-flwr timing:" in flog
     # issue 30: the run above carried the weights by reference (simulation.transport's
     # default); the same run inside Flower's messages gives the same numbers and model
-    store = re.search(r"weights travel by reference through (\S+)", (run / "run.log").read_text())
+    store = re.search(
+        r"weights travel by reference through (\S+) \(10 slots of [0-9.]+ MiB in one file\)",
+        (run / "run.log").read_text(),
+    )  # 4 for the server's sends, 2 x 3 for the uploads (3 clients per round)
     assert store and store[1].startswith("/dev/shm/fedrcl-flwr-home-"), store
     assert not Path(store[1]).exists()  # removed with the run
     (tmp_path / "f").mkdir()

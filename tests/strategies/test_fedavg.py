@@ -25,6 +25,33 @@ def test_uniform_and_weighted_average_by_hand():
     assert u[0].dtype == np.float32
 
 
+def test_chunked_average_is_bit_identical_to_the_whole_array_sum():
+    """``weighted_average`` works CHUNK entries at a time; every entry must still be the
+    float64 sum, in client order, of ``c_i * float64(w_i)``, cast back: the whole-array
+    formula, bit for bit (odd sizes across chunk borders, a 0-d and an empty entry,
+    -0.0, float16 and float64 entries, coefficients that do not sum exactly to 1)."""
+    from fedrcl_flwr.server.aggregation import CHUNK
+
+    rng = np.random.default_rng(7)
+    shapes = [(3 * CHUNK + 17,), (5, CHUNK // 3 + 1), (), (0, 4), (CHUNK - 1,)]
+    dtypes = [np.float32, np.float32, np.float64, np.float32, np.float16]
+    clients = []
+    for _ in range(4):
+        ws = [(rng.standard_normal(sh) * 10).astype(dt) for sh, dt in zip(shapes, dtypes)]
+        ws[0][:5] = -0.0
+        clients.append(ws)
+    coefs = rng.random(4)
+    coefs /= 3 * coefs.sum()
+    out = weighted_average(clients, coefs, ["param"] * len(shapes))
+    for j, dt in enumerate(dtypes):
+        want = np.zeros(shapes[j], np.float64)
+        for c, ws in zip(coefs, clients):
+            want = want + np.float64(c) * ws[j].astype(np.float64)
+        want = want.astype(dt)
+        assert out[j].dtype == want.dtype and out[j].shape == want.shape
+        assert out[j].tobytes() == want.tobytes(), j
+
+
 def test_integer_counters_not_averaged():
     w = [[np.array([1.0]), np.array(3, np.int64)], [np.array([2.0]), np.array(8, np.int64)]]
     kinds = entry_kinds(w[0], [True, False])
