@@ -52,6 +52,23 @@ def test_chunked_average_is_bit_identical_to_the_whole_array_sum():
         assert out[j].tobytes() == want.tobytes(), j
 
 
+def test_a_non_finite_entry_is_found_in_any_chunk():
+    """``check_update`` scans CHUNK entries at a time: a NaN or an infinity anywhere (the
+    first entry, a chunk border, the last entry, a 0-d entry) is found; none, none."""
+    from fedrcl_flwr.server.aggregation import CHUNK, check_update
+
+    ref = [np.zeros(3 * CHUNK + 5, np.float32), np.zeros((), np.float64), np.zeros((0, 3))]
+    assert check_update([r.copy() for r in ref], ref) is None
+    for pos in (0, CHUNK - 1, CHUNK, 3 * CHUNK + 4):
+        for bad in (np.nan, np.inf, -np.inf):
+            w = [r.copy() for r in ref]
+            w[0][pos] = bad
+            assert check_update(w, ref) == "array 0 contains NaN or Inf", (pos, bad)
+    w = [r.copy() for r in ref]
+    w[1] = np.array(np.nan)
+    assert check_update(w, ref) == "array 1 contains NaN or Inf"
+
+
 def test_integer_counters_not_averaged():
     w = [[np.array([1.0]), np.array(3, np.int64)], [np.array([2.0]), np.array(8, np.int64)]]
     kinds = entry_kinds(w[0], [True, False])
