@@ -103,9 +103,12 @@ REGIMES = {
 INPROCESS = """
 import sys
 from pathlib import Path
-from fedrcl_flwr.cli import _load
+try:
+    from fedrcl_flwr.run.preflight import load_experiment
+except ImportError:  # a checkout (--code) from before the pre-run checks had their module
+    from fedrcl_flwr.cli import _load as load_experiment
 from fedrcl_flwr.app.inprocess import run_inprocess
-cfg = _load(sys.argv[1], sys.argv[3:], sys.argv[2])
+cfg = load_experiment(sys.argv[1], sys.argv[3:], sys.argv[2])
 run_inprocess(cfg, Path(cfg.output_dir()))
 """
 
@@ -958,10 +961,10 @@ def print_table(table: list, repeat: int) -> None:
 def measure_floor_for(
     regime: Regime, rounds: int, env: dict, work: Path, marker: str, exp: Path, extra: list[str]
 ) -> dict:
-    from fedrcl_flwr.cli import _load
+    from fedrcl_flwr.run.preflight import load_experiment
     from fedrcl_flwr.run.runtime import get_weights, load_bundle, new_model
 
-    cfg = _load(str(exp), [f"federation.rounds={rounds}", *regime.sets, *extra], None)
+    cfg = load_experiment(str(exp), [f"federation.rounds={rounds}", *regime.sets, *extra], None)
     nodes, k = cfg.supernodes(), cfg.federation.sampled_per_round()
     payload = sum(a.nbytes for a in get_weights(new_model(cfg, load_bundle(cfg))))
     res = measure_floor(nodes, k, 6, payload, env, work, marker)

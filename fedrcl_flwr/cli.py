@@ -24,8 +24,6 @@ from fedrcl_flwr.run.preflight import (  # noqa: F401 - the checks' one home, re
     prepare_data,
 )
 
-_load = load_experiment  # (name kept for callers of the earlier API: tests, benchmarks)
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # exit 2 with one line (argparse would add its usage lines)

@@ -55,10 +55,10 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     ``aggregate_evaluate``) and the availability records (stragglers, none late)."""
     import os
 
-    from fedrcl_flwr.cli import _load
+    from fedrcl_flwr.run.preflight import load_experiment
     from fedrcl_flwr.run.runtime import prepare_dataset
 
-    cfg = _load(
+    cfg = load_experiment(
         str(ROOT / "experiments" / "quickstart.yaml"), [*SMALL, "federation.rounds=4"], None
     )
     prepare_dataset(cfg)
