@@ -459,6 +459,16 @@ def remove_store(home: Path | str) -> None:
     shutil.rmtree(store_dir(home), ignore_errors=True)
 
 
+def forget(root: Path | str) -> None:
+    """Drop this process's kept handles of the arena under ``root`` (its fd is closed;
+    its mapping goes once no array views it), so that a removed store's memory is given
+    back (the in-process runner, which outlives its runs)."""
+    key = str(Path(root) / ARENA)
+    if key in _FDS:
+        os.close(_FDS.pop(key)[1])
+    _MAPS.pop(key, None)
+
+
 def temporary_store(prefix: str = "fedrcl-flwr-store-") -> tuple[WeightStore, Path]:
     """A store with a fresh unique name (the in-process runner, benchmarks): the store
     and the folder to delete afterwards (under ``/dev/shm`` when usable)."""

@@ -19,7 +19,7 @@ from fedrcl_flwr.app.server_app import build_server
 from fedrcl_flwr.app.transport import ServerTransport, fallback_reason
 from fedrcl_flwr.config import ExperimentConfig
 from fedrcl_flwr.run.run_files import CLIENT_STATE_DIR
-from fedrcl_flwr.weight_store import temporary_store
+from fedrcl_flwr.weight_store import forget, temporary_store
 
 
 class _Slot:
@@ -97,6 +97,7 @@ def run_inprocess(
     finally:
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
+            forget(root)
     return strategy
 
 

@@ -70,6 +70,10 @@ def _run(tiny, out: Path, how: str, *, resume=False, stop_after=None, **sections
     if st.transport.shared:  # the run's store was in /dev/shm and is gone
         assert st.transport.store.root.parent == SHM
         assert not st.transport.store.root.exists()
+        from fedrcl_flwr import weight_store  # and this process keeps no handle of it
+
+        arena = str(st.transport.store.root / "arena")
+        assert arena not in weight_store._MAPS and arena not in weight_store._FDS
     return st
 
 
