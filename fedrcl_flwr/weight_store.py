@@ -256,8 +256,9 @@ def check_reference(ref) -> dict:
     return ref
 
 
-def _map_file(path: Path, short: str, size: int) -> mmap.mmap:
-    """A read-only mapping of the entry file ``path`` (``size`` bytes as the reference says)."""
+def _map_file(path: Path, short: str, size: int | None = None) -> mmap.mmap:
+    """A read-only mapping of the whole file ``path``; ``size``: the bytes the entry's
+    reference says it has (checked; ``None`` for the arena)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
@@ -266,14 +267,14 @@ def _map_file(path: Path, short: str, size: int) -> mmap.mmap:
         ) from None
     try:
         actual = os.fstat(fd).st_size
-        if actual != size:
+        if size is not None and actual != size:
             raise StoreError(
                 f"weight store entry {short}: {actual} bytes, the reference says {size} "
                 "(truncated or foreign)"
             )
-        if size == 0:
+        if actual == 0:
             raise StoreError(f"weight store entry {short}: empty")
-        return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        return mmap.mmap(fd, actual, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
 
@@ -354,20 +355,8 @@ def _cached(cache: OrderedDict, path: Path, open_fn, close_fn):
 
 
 def _arena_map(path: Path, short: str) -> mmap.mmap:
-    def open_map():
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except OSError as exc:
-            raise StoreError(
-                f"weight store entry {short}: cannot open {path} ({exc.strerror})"
-            ) from None
-        try:
-            return mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
-
     # an old mapping is left to the garbage collector (arrays may still view it)
-    return _cached(_MAPS, path, open_map, lambda mm: None)
+    return _cached(_MAPS, path, lambda: _map_file(path, short), lambda mm: None)
 
 
 def _arena_fd(path: Path) -> int:
