@@ -47,7 +47,9 @@ class DatasetInfo:
     classes, domains and size); ``domain_folders``: its domains are the sub-folders
     ``dataset.domains`` names (none without them); ``titled``: a report's title names it
     with the last component of where it is read from (``npz cifar_tail``);
-    ``requires``: an optional package its reader needs."""
+    ``requires``: an optional package its reader needs; ``domains_from``: what gives it
+    domains, when it can carry them (the messages that ask for a dataset with domains
+    say it: :func:`domain_datasets_in_words`)."""
 
     channels: int | None = 3
     domains: bool = False
@@ -56,6 +58,7 @@ class DatasetInfo:
     domain_folders: bool = False
     titled: bool = False
     requires: Requirement | None = None
+    domains_from: str = ""
 
     @property
     def generated(self) -> bool:
@@ -69,7 +72,9 @@ class DatasetInfo:
 
 # name -> what it is; the order is the order the error messages list them in
 DATASETS: dict[str, DatasetInfo] = {
-    "synthetic": DatasetInfo(channels=None, domains=True, source="generated"),
+    "synthetic": DatasetInfo(
+        channels=None, domains=True, source="generated", domains_from="num_domains >= 2"
+    ),
     "cifar10": DatasetInfo(3, torchvision="CIFAR10"),
     "cifar100": DatasetInfo(3, torchvision="CIFAR100"),
     "mnist": DatasetInfo(1, torchvision="MNIST"),
@@ -78,10 +83,14 @@ DATASETS: dict[str, DatasetInfo] = {
     "usps": DatasetInfo(1, torchvision="USPS"),
     "stl10": DatasetInfo(3, torchvision="STL10"),
     "tinyimagenet": DatasetInfo(3),
-    "imagefolder": DatasetInfo(3, domains=True, domain_folders=True, titled=True),
+    "imagefolder": DatasetInfo(
+        3, domains=True, domain_folders=True, titled=True, domains_from="dataset.domains"
+    ),
     "digit5": DatasetInfo(3, domains=True),
     # your arrays: d_train gives domains
-    "npz": DatasetInfo(channels=None, domains=True, source="path", titled=True),
+    "npz": DatasetInfo(
+        channels=None, domains=True, source="path", titled=True, domains_from="d_train"
+    ),
     # a Hugging Face DatasetDict (save_to_disk)
     "hf_disk": DatasetInfo(
         channels=None,
@@ -91,6 +100,17 @@ DATASETS: dict[str, DatasetInfo] = {
 }
 DATASET_NAMES = tuple(DATASETS)
 TORCHVISION_CLASSES = {n: d.torchvision for n, d in DATASETS.items() if d.torchvision}
+
+
+def domain_datasets_in_words() -> str:
+    """The datasets that can carry domains, each with what gives it them:
+    ``synthetic with num_domains >= 2, imagefolder with dataset.domains, digit5 or npz
+    with d_train``."""
+    return in_words(
+        f"{n} with {d.domains_from}" if d.domains_from else n
+        for n, d in DATASETS.items()
+        if d.domains
+    )
 
 
 def dataset_info(name: str) -> DatasetInfo:

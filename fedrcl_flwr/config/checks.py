@@ -12,6 +12,7 @@ from typing import Any
 from fedrcl_flwr.config.catalog import (
     DATASETS,
     dataset_info,
+    domain_datasets_in_words,
     ema_round,
     is_report_metric,
     metric_choices,
@@ -111,7 +112,7 @@ def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
         if not info.domains:
             raise ConfigError(
                 f"{source}: 'partition.scheme' domain needs a dataset with "
-                f"domains (synthetic, digit5, imagefolder, npz with d_train), "
+                f"domains ({domain_datasets_in_words()}), "
                 f"not {ds.name!r}"
             )
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from fedrcl_flwr.config.catalog import domain_datasets_in_words
 from fedrcl_flwr.config.partitioners import build, install_hint, offline
 from fedrcl_flwr.errors import ConfigError
 
@@ -62,8 +63,7 @@ def flwr_datasets_split(
     if column == "domain" and domains is None:
         raise PartitionError(
             f"{where}: partition_by domain needs a dataset with domains "
-            "(synthetic with num_domains >= 2, digit5, imagefolder with dataset.domains, "
-            "npz with d_train)"
+            f"({domain_datasets_in_words()})"
         )
     datasets = _datasets(where)
     n = len(labels)

@@ -94,7 +94,11 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from fedrcl_flwr.config.catalog import RETHINKFL_GENERATORS, SCHEME_NAMES
+from fedrcl_flwr.config.catalog import (
+    RETHINKFL_GENERATORS,
+    SCHEME_NAMES,
+    domain_datasets_in_words,
+)
 from fedrcl_flwr.config.sections import resolve_generator
 from fedrcl_flwr.errors import PartitionError
 
@@ -926,8 +930,7 @@ def partition(
         if domains is None:
             raise PartitionError(
                 "partition.scheme 'domain' needs a dataset with domains "
-                "(synthetic with num_domains >= 2, digit5, or imagefolder "
-                "with dataset.domains)"
+                f"({domain_datasets_in_words()})"
             )
         domains = np.asarray(domains)
         if len(domains) != n:

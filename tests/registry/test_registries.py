@@ -194,3 +194,28 @@ def test_every_model_builds_follows_the_interface_and_is_documented(name):
     )
     assert isinstance(model, FeatureModel)
     assert re.search(rf"\b{name}\b", (DOCS / "configuration.md").read_text(encoding="utf-8"))
+
+
+def test_the_messages_asking_for_domains_name_every_domain_dataset(tmp_path):
+    """The config check, the split and Flower Datasets' ``partition_by: domain`` each
+    refuse a dataset without domains naming the ones that have them, from the catalog
+    (a new domain dataset reaches all three messages by its ``DatasetInfo``)."""
+    from helpers import tiny_config
+
+    want = [f"{n} with {d.domains_from}" if d.domains_from else n for n, d in DATASETS.items()]
+    want = [w for w, d in zip(want, DATASETS.values()) if d.domains]
+    assert len(want) >= 4
+    with pytest.raises(ConfigError) as err:
+        tiny_config(tmp_path, dataset={"name": "cifar10"}, partition={"scheme": "domain"})
+    messages = [str(err.value)]
+    with pytest.raises(PartitionError) as err2:
+        partition(np.zeros(40, np.int64), 4, "domain", domains=None)
+    messages.append(str(err2.value))
+    from fedrcl_flwr.data.hf import flwr_datasets_split
+
+    with pytest.raises(PartitionError) as err3:
+        spec = {"name": "NaturalIdPartitioner", "partition_by": "domain"}
+        flwr_datasets_split(spec, np.zeros(40, np.int64), 4, 0, domains=None)
+    messages.append(str(err3.value))
+    for message in messages:
+        assert all(w in message for w in want), (message, want)
