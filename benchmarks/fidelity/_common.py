@@ -156,3 +156,32 @@ def table(rows: dict, label: str) -> str:
             f"(per seed {seeds}) |"
         )
     return "\n".join(out)
+
+
+def side_by_side(a, run_theirs, run_ours, data: Path, work: Path, title: str) -> None:
+    """Run every method of ``a.methods`` and seed of ``a.seeds`` on their side and ours
+    (``run_theirs`` / ``run_ours(a, method, seed, data, work)`` return the accuracy curve),
+    print a line per run and the final-accuracy table, and keep the curves in
+    ``work/curves.json``."""
+    import json
+    import time
+
+    rows: dict = {}
+    curves: dict = {}
+    for alg in a.methods:
+        rows[alg] = {"ours": [], "theirs": []}
+        for seed in a.seeds:
+            for side, fn in (("theirs", run_theirs), ("ours", run_ours)):
+                t0 = time.time()
+                accs = fn(a, alg, seed, data, work)
+                rows[alg][side].append(accs[-1])
+                curves[f"{side}/{alg}/{seed}"] = accs
+                print(
+                    f"{side:6s} {alg:7s} seed {seed}: round {len(accs)} acc {accs[-1]:.2f} "
+                    f"({time.time() - t0:.0f} s)",
+                    flush=True,
+                )
+    (work / "curves.json").write_text(json.dumps(curves, indent=1))
+    print(f"\n{title} side by side, digits as CIFAR-10, {a.rounds} rounds, final test accuracy (%)")
+    print(table(rows, "project"))
+    print(f"(curves: {work / 'curves.json'})")

@@ -40,12 +40,10 @@ draws the split instead of reading a released file.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
 import tempfile
-import time
 import types
 from pathlib import Path
 
@@ -318,25 +316,7 @@ def main() -> None:
     data = work / "data"
     if not (data / "cifar-10-batches-py").is_dir():
         C.write_digits_as_cifar10(data)
-    rows: dict = {}
-    curves: dict = {}
-    for alg in a.methods:
-        rows[alg] = {"ours": [], "theirs": []}
-        for seed in a.seeds:
-            for side, fn in (("theirs", run_theirs), ("ours", run_ours)):
-                t0 = time.time()
-                accs = fn(a, alg, seed, data, work)
-                rows[alg][side].append(accs[-1])
-                curves[f"{side}/{alg}/{seed}"] = accs
-                print(
-                    f"{side:6s} {alg:7s} seed {seed}: round {len(accs)} acc {accs[-1]:.2f} "
-                    f"({time.time() - t0:.0f} s)",
-                    flush=True,
-                )
-    (work / "curves.json").write_text(json.dumps(curves, indent=1))
-    print(f"\nFedACG side by side, digits as CIFAR-10, {a.rounds} rounds, final test accuracy (%)")
-    print(C.table(rows, "project"))
-    print(f"(curves: {work / 'curves.json'})")
+    C.side_by_side(a, run_theirs, run_ours, data, work, "FedACG")
 
 
 if __name__ == "__main__":
