@@ -307,3 +307,23 @@ def write_cifar10(root: Path, per_class_batch: int = 1, per_class_test: int = 2,
         },
     )
     return np.concatenate(xs), np.concatenate(ys), xt, yt
+
+
+def stop_process_groups(procs, timeout: float) -> None:
+    """SIGTERM the process group of each ``Popen`` a test started (``start_new_session``),
+    wait up to ``timeout`` s for each, then SIGKILL its group."""
+    import os
+    import signal
+    import subprocess
+
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

@@ -4,7 +4,6 @@ failure. Marked ``flwr`` (slow: each round starts fresh ClientApp processes)."""
 
 import json
 import os
-import signal
 import ssl
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import stop_process_groups
 
 from fedrcl_flwr.runner import free_port
 
@@ -214,16 +214,7 @@ def loopback(tmp_path, request):
             )
         yield home, env, tmp_path
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop_process_groups(procs, timeout=15)
         for log in logs:
             log.close()
         alive = [p.pid for p in procs if p.poll() is None]

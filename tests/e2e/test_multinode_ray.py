@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import leftover_procs
+from helpers import leftover_procs, stop_process_groups
 
 from fedrcl_flwr.run.processes import procs_with
 from fedrcl_flwr.runner import free_port
@@ -116,16 +116,8 @@ def two_node_cluster(tmp_path):
         assert got.stdout.strip().endswith("2"), got.stdout + got.stderr
         yield f"127.0.0.1:{port}", marker
     finally:
-        for p in procs:  # `ray start --block` stops the node's processes on SIGTERM
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        # `ray start --block` stops the node's processes on SIGTERM
+        stop_process_groups(procs, timeout=30)
         deadline = time.time() + 20
         while procs_with(marker) and time.time() < deadline:
             time.sleep(0.5)
