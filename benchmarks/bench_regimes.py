@@ -370,7 +370,7 @@ STAGES = [
     ("model load (pooled model + global weights)", "load"),
     ("training (train_local)", "train"),
     ("rest of fit (seeding, batches, metrics)", "fit_rest"),
-    ("encode (weights out, Flower's encoding)", "encode"),
+    ("upload (weights out: store or encoding, Flower's reply)", "encode"),
 ]
 
 
@@ -400,9 +400,11 @@ def breakdown(timer_dir: Path, first_round: int) -> dict | None:
             "data": st.get("data", 0.0),
             "load": st.get("load", 0.0),
             "train": st.get("train", 0.0),
-            "encode": st.get("encode", 0.0) + c["t_exit"] - c["t_fit_end"],
+            # from the end of training to the ClientApp's return: the upload's write
+            # (the "encode" stage, WireClient) and Flower's reply message
+            "encode": c["t_exit"] - c["t_fit_end"],
         }
-        vals["fit_rest"] = fit - sum(st.get(k, 0.0) for k in ("data", "load", "train", "encode"))
+        vals["fit_rest"] = fit - sum(st.get(k, 0.0) for k in ("data", "load", "train"))
         for k, v in vals.items():
             rows.setdefault(k, []).append(v)
     gaps = [c["dispatch"] for c in steady if "dispatch" in c]

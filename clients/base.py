@@ -111,20 +111,22 @@ class WireClient(Client):
         )
 
     def fit(self, ins: FitIns) -> FitRes:
-        out = self.numpy_client.fit(transport.arrays_of(ins.parameters, reuse=True), ins.config)
-        if not (
-            len(out) == 3
-            and isinstance(out[0], list)
-            and isinstance(out[1], int)
-            and isinstance(out[2], dict)
-        ):
-            raise TypeError(
-                f"{type(self.numpy_client).__name__}.fit must return (list of arrays, int, dict)"
-            )
-        weights, num_examples, metrics = out
+        """The round's training (:meth:`FederatedClient.train_round`), then its upload
+        (:meth:`FederatedClient.upload`: views of the model) written out at once, into
+        the message or the weight store, so no copy of the model is made for it."""
+        client = self.numpy_client
+        out = client.train_round(transport.arrays_of(ins.parameters, reuse=True), ins.config)
+        if not (len(out) == 2 and isinstance(out[0], int) and isinstance(out[1], dict)):
+            raise TypeError(f"{type(client).__name__}.train_round must return (int, dict)")
+        num_examples, metrics = out
+        weights = client.upload()
+        if not isinstance(weights, list):
+            raise TypeError(f"{type(client).__name__}.upload must return a list of arrays")
+        with timers.stage("encode"):  # after t_fit_end: inside its "encode" share
+            parameters = transport.reply(weights, ins.parameters)
         return FitRes(
             status=self._ok(),
-            parameters=transport.reply(weights, ins.parameters),
+            parameters=parameters,
             num_examples=num_examples,
             metrics=metrics,
         )
@@ -153,6 +155,14 @@ class FederatedClient(NumPyClient):
     defaults: dict = {}
     rules: dict = {}  # parameter name -> fedrcl_flwr.components.Rule (allowed values)
     strategies: tuple | None = None  # the server strategies it needs (None: any)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "fit" in cls.__dict__:
+            raise TypeError(
+                f"{cls.__name__} overrides fit(): override train_round() or upload() "
+                "instead (the runners call those two, not fit)"
+            )
 
     def __init__(
         self,
@@ -240,16 +250,16 @@ class FederatedClient(NumPyClient):
         return self._state_store
 
     def round_model(self) -> torch.nn.Module:
-        """The model of the round in progress (loaded by :meth:`fit` with the received
+        """The model of the round in progress (loaded by :meth:`train_round` with the received
         weights before any hook runs)."""
         if self.model is None:
-            raise RuntimeError(f"{type(self).__name__}: no model yet (fit() loads it)")
+            raise RuntimeError(f"{type(self).__name__}: no model yet (train_round() loads it)")
         return self.model
 
     def round_data(self) -> LocalData:
-        """The round's local data (picked by :meth:`fit` before any hook runs)."""
+        """The round's local data (picked by :meth:`train_round` before any hook runs)."""
         if self.data is None:
-            raise RuntimeError(f"{type(self).__name__}: no local data yet (fit() picks it)")
+            raise RuntimeError(f"{type(self).__name__}: no local data yet (train_round() picks it)")
         return self.data
 
     def received_trainable(self) -> list[torch.Tensor]:
@@ -259,7 +269,7 @@ class FederatedClient(NumPyClient):
             model, received = self.round_model(), self.global_weights
             if received is None:
                 raise RuntimeError(
-                    f"{type(self).__name__}: no received weights (fit() stores them)"
+                    f"{type(self).__name__}: no received weights (train_round() stores them)"
                 )
             keys = list(model.state_dict().keys())
             by_key = dict(zip(keys, received))
@@ -330,9 +340,20 @@ class FederatedClient(NumPyClient):
         return runtime.get_weights(self._model())
 
     def fit(self, parameters, config):
+        """Flower's ``NumPyClient.fit``: :meth:`train_round`, then a copy of
+        :meth:`upload` (arrays of its own, which a later round cannot change). The
+        runners do not call it: :class:`WireClient` writes :meth:`upload`'s views out at
+        once instead. A method changes what it trains or sends through the hooks,
+        :meth:`train_round` or :meth:`upload`, never here (checked when the class is
+        defined), so that both ways run the same code."""
+        num_examples, metrics = self.train_round(parameters, config)
+        return [np.array(w, copy=True) for w in self.upload()], num_examples, metrics
+
+    def train_round(self, parameters, config) -> tuple[int, dict]:
         """One round of local training: read the :class:`FitInstructions`, train from the
         received weights with the method's loss terms (plus the server strategy's own,
-        :meth:`strategy_terms`) and return the weights with a :class:`FitReport`."""
+        :meth:`strategy_terms`); return the upload's weight and the :class:`FitReport`
+        as metrics."""
         timers.mark("t_fit")
         t0 = time.time()
         ins = FitInstructions.from_config(config)
@@ -351,12 +372,19 @@ class FederatedClient(NumPyClient):
             report.local_repr = self.local_representation()
         self.on_round_end(report)
         weight = upload_weight(
-            self.data.size, secagg=self.cfg.privacy.secagg, weighting=self.cfg.server.weighting
+            self.round_data().size,
+            secagg=self.cfg.privacy.secagg,
+            weighting=self.cfg.server.weighting,
         )
-        with timers.stage("encode"):
-            weights = runtime.get_weights(self.model)
         timers.mark("t_fit_end")
-        return weights, weight, report.to_metrics()
+        return weight, report.to_metrics()
+
+    def upload(self) -> list[np.ndarray]:
+        """What the client sends back after :meth:`train_round`: its model's state
+        (parameters and buffers, ``state_dict`` order) as read-only NumPy views, valid
+        until the model is used again (the next round or evaluation in this process,
+        whose pooled model it is); :meth:`fit` copies them."""
+        return runtime.weight_views(self.round_model())
 
     def _start_round(self, ins: FitInstructions, parameters: list) -> int:
         """The round's partition, data, RNG seeds and model (loaded with ``parameters``),

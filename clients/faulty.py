@@ -32,24 +32,32 @@ class FaultyClient(FederatedClient):
         "sleep_s": non_negative(),
     }
 
-    def fit(self, parameters, config):
-        weights, n, metrics = super().fit(parameters, config)
+    def _misbehaves(self) -> bool:
         targets = list(self.p["partitions"])
-        if -1 not in targets and self.partition_id not in targets:
-            return weights, n, metrics
+        return -1 in targets or self.partition_id in targets
+
+    def train_round(self, parameters, config):
+        out = super().train_round(parameters, config)
+        if self._misbehaves():
+            if self.p["mode"] == "raise":
+                raise RuntimeError(f"injected failure on partition {self.partition_id}")
+            if self.p["mode"] == "sleep":
+                time.sleep(float(self.p["sleep_s"]))
+        return out
+
+    def upload(self):
+        weights = super().upload()
+        if not self._misbehaves():
+            return weights
         mode = self.p["mode"]
-        if mode == "raise":
-            raise RuntimeError(f"injected failure on partition {self.partition_id}")
         if mode in ("nan", "inf"):
             bad = np.nan if mode == "nan" else np.inf
-            weights = [
+            return [
                 w.astype(np.float32) * bad if np.issubdtype(w.dtype, np.floating) else w
                 for w in weights
             ]
-        elif mode == "shape":
-            weights = [np.zeros((3, 3), np.float32)] + weights[1:]
-        elif mode == "missing":
-            weights = weights[:-1]
-        elif mode == "sleep":
-            time.sleep(float(self.p["sleep_s"]))
-        return weights, n, metrics
+        if mode == "shape":
+            return [np.zeros((3, 3), np.float32)] + weights[1:]
+        if mode == "missing":
+            return weights[:-1]
+        return weights

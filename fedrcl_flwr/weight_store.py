@@ -35,8 +35,9 @@ that under load). So the server also creates, once, one preallocated file ``aren
 the store, cut into equal slots (the entry's size rounded up to a page): a ring of
 :data:`GLOBAL_SLOTS` for the models it sends and two sets of one slot per client of a
 round for the uploads (round parity). Every process maps the arena once and keeps the
-mapping; writers ``pwrite`` into a slot, whose pages already exist. An entry in a slot
-has the same layout and the same hash check as a file (its reference adds ``offset``),
+mapping (a writer also a writable one); a writer copies an entry into a slot, whose pages
+already exist, and hashes each piece right after copying it. An entry in a slot has the
+same layout and the same hash check as a file (its reference adds ``offset``),
 but a slot is reused: a global model's slot two rounds later (after ``GLOBAL_SLOTS``
 more sends), an upload's slot two rounds later. A reader that re-reads a slot after that
 is refused by the hash (a client more than a round late); what it mapped and checked in
@@ -73,6 +74,7 @@ MAGIC = b"FRCLWS01"
 ALIGN = 64
 ARENA = "arena"  # a store's file of slots (Arena)
 PAGE = 4096
+PIECE = 1 << 18  # bytes copied (and hashed) at a time into a slot: stays in the cache
 GLOBAL_SLOTS = 4  # the server's sends kept readable: two rounds of FedACG's look-ahead + model
 _HEX = {"xxh3_128": 32, "sha256": 64}
 _counter = count()
@@ -138,19 +140,27 @@ def _chunks(head: bytes, arrays: list[np.ndarray]):
 
 
 class Entry:
-    """``arrays`` as a store entry: its head, layout, size and content hash (computed
-    once; :meth:`chunks` gives its bytes in order, without copying the arrays)."""
+    """``arrays`` as a store entry: its head, layout and size (from the layout, without
+    reading the arrays), its content hash, and :meth:`chunks`, its bytes in order without
+    copying the arrays. The hash is computed on first use of :attr:`hash` (one read of
+    the arrays), or while :meth:`WeightStore.publish_in_slot` copies the entry into its
+    slot (the bytes hashed are then the slot's, still in the cache)."""
 
     def __init__(self, arrays: Sequence):
         self.arrays = _contiguous(arrays)
         self.head, self.layout = _layout(self.arrays)
-        h = _hasher()
-        size = 0
-        for c in self.chunks():
-            h.update(c)
-            size += len(c) if isinstance(c, bytes) else c.nbytes
-        self.hash: str = h.hexdigest()
-        self.size = size
+        last = self.layout[-1] if self.layout else None
+        self.size = len(self.head) if last is None else last[2] + last[3] + _pad(last[3])
+        self._hash: str | None = None
+
+    @property
+    def hash(self) -> str:
+        if self._hash is None:
+            h = _hasher()
+            for c in self.chunks():
+                h.update(c)
+            self._hash = h.hexdigest()
+        return self._hash
 
     def chunks(self):
         return _chunks(self.head, self.arrays)
@@ -204,18 +214,34 @@ class WeightStore:
         return entry.reference(self.root)
 
     def publish_in_slot(self, entry: Entry, offset: int, capacity: int) -> dict:
-        """Write ``entry`` into the arena's slot at ``offset`` (``capacity`` bytes) and
-        return its reference. ``OSError`` when the arena cannot be written;
-        :class:`StoreError` when the entry does not fit (the caller writes a file)."""
+        """Copy ``entry`` into the arena's slot at ``offset`` (``capacity`` bytes), through
+        this process's writable mapping of the arena (kept: the slot's pages are mapped
+        once per process), and return its reference. An entry not hashed yet is hashed
+        piece by piece right after each piece is copied (the copy is then the one read of
+        the arrays). ``OSError`` when the arena cannot be written; :class:`StoreError`
+        when the entry does not fit (the caller writes a file)."""
         if entry.size > capacity:
             raise StoreError(f"an entry of {entry.size} bytes does not fit a {capacity}-byte slot")
-        fd = _arena_fd(self.root / ARENA)
-        pos = offset
-        for c in entry.chunks():
-            view = memoryview(c).cast("B")
-            while len(view):
-                n = os.pwrite(fd, view, pos)
-                view, pos = view[n:], pos + n
+        mm = _arena_writer(self.root / ARENA)
+        if offset + capacity > len(mm):
+            raise StoreError("the slot lies outside the arena")
+        h = _hasher() if entry._hash is None else None
+        slot = np.frombuffer(mm, dtype=np.uint8, count=entry.size, offset=offset)
+        try:
+            pos = 0
+            for c in entry.chunks():
+                src = np.frombuffer(c, dtype=np.uint8)
+                for start in range(0, src.size, PIECE):
+                    piece = src[start : start + PIECE]
+                    dst = slot[pos : pos + piece.size]
+                    np.copyto(dst, piece)
+                    if h is not None:
+                        h.update(dst)
+                    pos += piece.size
+        finally:
+            del slot
+        if h is not None:
+            entry._hash = h.hexdigest()
         return entry.reference(self.root, offset)
 
     def remove(self, ref: dict) -> None:
@@ -331,7 +357,7 @@ def load(ref) -> list[np.ndarray]:
 
 # ------------------------------------------------------------------ the arena's slots
 _MAPS: OrderedDict = OrderedDict()  # arena path -> (inode, read-only mapping): kept
-_FDS: OrderedDict = OrderedDict()  # arena path -> (inode, fd opened for writing): kept
+_WRITERS: OrderedDict = OrderedDict()  # arena path -> (inode, writable mapping): kept
 _KEEP_OPEN = 4  # arenas per process (a process serves one run; tests make many)
 
 
@@ -359,10 +385,22 @@ def _arena_map(path: Path, short: str) -> mmap.mmap:
     return _cached(_MAPS, path, lambda: _map_file(path, short), lambda mm: None)
 
 
-def _arena_fd(path: Path) -> int:
-    return _cached(
-        _FDS, path, lambda: os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0)), os.close
-    )
+def _arena_writer(path: Path) -> mmap.mmap:
+    def open_writer() -> mmap.mmap:
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            return mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_WRITE)
+        finally:
+            os.close(fd)
+
+    return _cached(_WRITERS, path, open_writer, _close_map)
+
+
+def _close_map(mm: mmap.mmap) -> None:
+    try:
+        mm.close()
+    except BufferError:  # still viewed: the garbage collector unmaps it later
+        pass
 
 
 class Arena:
@@ -449,12 +487,12 @@ def remove_store(home: Path | str) -> None:
 
 
 def forget(root: Path | str) -> None:
-    """Drop this process's kept handles of the arena under ``root`` (its fd is closed;
-    its mapping goes once no array views it), so that a removed store's memory is given
-    back (the in-process runner, which outlives its runs)."""
+    """Drop this process's kept mappings of the arena under ``root`` (the writable one
+    is closed; the read-only one goes once no array views it), so that a removed store's
+    memory is given back (the in-process runner, which outlives its runs)."""
     key = str(Path(root) / ARENA)
-    if key in _FDS:
-        os.close(_FDS.pop(key)[1])
+    if key in _WRITERS:
+        _close_map(_WRITERS.pop(key)[1])
     _MAPS.pop(key, None)
 
 

@@ -324,8 +324,19 @@ def worker_model(
 
 
 def get_weights(model: nn.Module) -> list[np.ndarray]:
-    """All state_dict entries (parameters and buffers) in a fixed order, as NumPy."""
+    """All state_dict entries (parameters and buffers) in a fixed order, as NumPy copies."""
     return [v.detach().cpu().numpy().copy() for v in model.state_dict().values()]
+
+
+def weight_views(model: nn.Module) -> list[np.ndarray]:
+    """:func:`get_weights` without the copy: read-only NumPy views of the model's
+    tensors (on a GPU, the one copy to the host), valid until the model changes."""
+    out = []
+    for v in model.state_dict().values():
+        a = v.detach().cpu().numpy()
+        a.flags.writeable = False
+        out.append(a)
+    return out
 
 
 def constant_tensor(array, **kwargs) -> torch.Tensor:

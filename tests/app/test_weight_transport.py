@@ -73,7 +73,7 @@ def _run(tiny, out: Path, how: str, *, resume=False, stop_after=None, **sections
         from fedrcl_flwr import weight_store  # and this process keeps no handle of it
 
         arena = str(st.transport.store.root / "arena")
-        assert arena not in weight_store._MAPS and arena not in weight_store._FDS
+        assert arena not in weight_store._MAPS and arena not in weight_store._WRITERS
     return st
 
 
@@ -377,3 +377,28 @@ def test_a_process_keeps_one_mapping_of_the_arena(tmp_path):
     t2, sent2 = _arena_transport(tmp_path)
     assert all(np.array_equal(a, b) for a, b in zip(transport.arrays_of(sent2), ARRAYS))
     assert weight_store._MAPS[str(tmp_path / "arena")][1] is not first
+
+
+def test_a_slot_write_hashes_what_it_copies_as_a_reader_does(tmp_path):
+    """An entry written into a slot before its hash was known is hashed while it is
+    copied, piece by piece (arrays larger than a piece, padding between arrays): the
+    reference names the digest a reader computes over the slot, the same as reading the
+    arrays gives, and the arrays come back equal; a writable mapping is kept per arena
+    and the same writer is reused."""
+    from fedrcl_flwr import weight_store
+    from fedrcl_flwr.weight_store import PIECE, Entry
+
+    big = np.random.default_rng(0).standard_normal(PIECE // 4 * 3 + 5).astype(np.float32)
+    arrays = [*ARRAYS, big, np.arange(7, dtype=np.int16)]
+    t = transport.ServerTransport(WeightStore(tmp_path), uploads=2)
+    t.send(arrays)  # the arena, its slots sized for these arrays
+    fresh = Entry(arrays)
+    assert fresh._hash is None  # nothing read yet
+    ref = t.store.publish_in_slot(fresh, t.arena.upload_offset(1, 0), t.arena.slot_size)
+    assert ref["hash"] == Entry(arrays).hash and ref["size"] == Entry(arrays).size
+    assert all(np.array_equal(a, b) for a, b in zip(load(ref), arrays))
+    writer = weight_store._WRITERS[str(tmp_path / "arena")][1]
+    t.store.publish_in_slot(Entry(arrays), t.arena.upload_offset(1, 1), t.arena.slot_size)
+    assert weight_store._WRITERS[str(tmp_path / "arena")][1] is writer
+    with pytest.raises(StoreError, match="does not fit"):
+        t.store.publish_in_slot(Entry([big, big]), 0, PIECE)

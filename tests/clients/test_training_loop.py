@@ -750,3 +750,39 @@ def test_channels_last_training_gives_the_same_model(tiny):
     for a, b in zip(*out):  # NHWC changes the kernels' summation order, not the maths
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
         assert a.flags["C_CONTIGUOUS"] and b.flags["C_CONTIGUOUS"]
+
+
+def test_fit_returns_copies_and_the_runners_upload_the_same_weights_as_views(tiny, tmp_path):
+    """``fit`` (Flower's NumPyClient API) returns arrays of its own: a later round of
+    the same process (the same pooled model) leaves them as they were. The runners'
+    ``WireClient`` writes ``upload()``'s read-only views of the model instead, with the
+    same bytes."""
+    from flwr.common import FitIns
+
+    from fedrcl_flwr.app import transport
+    from fedrcl_flwr.codec import decode_arrays
+
+    cfg = tiny()
+    cls = client_class("fedavg")
+    w0 = runtime.get_weights(runtime.initial_model(cfg, runtime.load_bundle(cfg)))
+    first, _, _ = cls(cfg, state_dir=str(tmp_path)).fit(w0, _fit_config(1))
+    kept = [a.copy() for a in first]
+    client = cls(cfg, state_dir=str(tmp_path))
+    res = client.to_client().fit(FitIns(transport.to_bytes(w0), _fit_config(1)))
+    views = client.upload()
+    assert all(not v.flags.writeable for v in views)
+    assert all(
+        a.tobytes() == b.tobytes() for a, b in zip(decode_arrays(res.parameters.tensors), first)
+    )
+    cls(cfg, state_dir=str(tmp_path)).fit(first, _fit_config(2))  # trains the pooled model again
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(first, kept))
+
+
+def test_a_method_that_overrides_fit_is_refused_when_defined():
+    from clients.base import FederatedClient
+
+    with pytest.raises(TypeError, match="override train_round\\(\\) or upload\\(\\)"):
+
+        class Bad(FederatedClient):  # noqa: F841 - defining it is the test
+            def fit(self, parameters, config):
+                return super().fit(parameters, config)
