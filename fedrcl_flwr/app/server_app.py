@@ -19,6 +19,7 @@ from flwr.server import (
 )
 
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
+from fedrcl_flwr.app.replies import ReplyCollector
 from fedrcl_flwr.config import dump_config
 from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
@@ -382,15 +383,6 @@ class EagerClientManager(SimpleClientManager):
         return True
 
 
-def reply_poll_interval(clients_per_round: int) -> float:
-    """Seconds between the ServerApp's looks for a client's reply in the simulation
-    (Flower's ``InMemoryGrid.pull_interval``, 0.1 s by default): every client of a round
-    waits in its own thread, so ``clients / interval`` look-ups per second cost the
-    simulation process CPU; at most 500 per second, at most 0.1 s and at least 10 ms
-    apart. A round's last reply waits half an interval on average."""
-    return min(0.1, max(0.01, clients_per_round / 500.0))
-
-
 def run_secagg(grid, context: Context, simulation: bool = True) -> None:
     """``privacy.secagg``: Flower's ``DefaultWorkflow`` with ``SecAggPlusWorkflow`` as its
     fit step, around the same strategy (as a ``LegacyContext``); the clients run
@@ -430,8 +422,8 @@ def main(grid, context: Context) -> None:
 
     cfg = config_from_run_config(context.run_config)
     simulation = hasattr(grid, "pull_interval")  # the simulation's in-memory grid
-    if simulation:
-        grid.pull_interval = reply_poll_interval(cfg.federation.sampled_per_round())
+    if simulation:  # one thread looks for every client's reply, every 10 ms
+        grid = ReplyCollector(grid)
     if cfg.privacy.secagg:
         run_secagg(grid, context, simulation)
     else:

@@ -274,12 +274,84 @@ def test_supernodes_default_to_the_clients_per_round(tiny):
     assert cfg.supernodes() == 200
 
 
-def test_reply_poll_interval_bounds():
-    from fedrcl_flwr.app.server_app import reply_poll_interval
+class _FakeGrid:
+    """push_messages gives ids; a reply for an id exists once ``answer(id)`` ran;
+    pull_messages returns (and consumes) the replies of the ids asked for."""
 
-    assert reply_poll_interval(1) == 0.01 and reply_poll_interval(5) == 0.01
-    assert reply_poll_interval(20) == pytest.approx(0.04)
-    assert reply_poll_interval(5000) == 0.1
+    def __init__(self, fail=False):
+        import itertools
+        import threading
+
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.ready: dict[str, object] = {}
+        self.pulls: list[list[str]] = []
+        self.fail = fail
+
+    def push_messages(self, messages):
+        return [f"m{next(self._ids)}" for _ in messages]
+
+    def answer(self, mid):
+        from types import SimpleNamespace
+
+        with self._lock:
+            self.ready[mid] = SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=mid))
+
+    def pull_messages(self, ids):
+        if self.fail:
+            raise RuntimeError("the SuperLink went away")
+        with self._lock:
+            self.pulls.append(sorted(ids))
+            return [self.ready.pop(i) for i in list(ids) if i in self.ready]
+
+
+def test_one_thread_collects_the_replies_of_every_waiting_client(monkeypatch):
+    """Legacy loop: one thread per client calls send_and_receive([message]); the
+    collector asks the grid for all of them in one pull per interval and hands each
+    reply to its caller."""
+    import threading
+
+    from fedrcl_flwr.app import replies
+
+    fake = _FakeGrid()
+    grid = replies.ReplyCollector(fake, interval=0.005)
+    got: dict[int, list] = {}
+    threads = [
+        threading.Thread(target=lambda k=k: got.update({k: grid.send_and_receive([k])}))
+        for k in range(8)
+    ]
+    for th in threads:
+        th.start()
+    deadline = time.time() + 5
+    while len({i for p in fake.pulls for i in p}) < 8 and time.time() < deadline:
+        time.sleep(0.005)
+    assert max(len(p) for p in fake.pulls) == 8  # one look-up for all eight
+    for k in range(8):
+        fake.answer(f"m{k}")
+    for th in threads:
+        th.join(5)
+    mids = sorted(r[0].metadata.reply_to_message_id for r in got.values())
+    assert len(got) == 8 and mids == sorted(f"m{k}" for k in range(8))
+    # a timeout returns what came, and leaves the late reply to the grid
+    t0 = time.time()
+    assert grid.send_and_receive(["late"], timeout=0.05) == []
+    assert 0.04 <= time.time() - t0 < 2 and not grid._waiters
+    # nothing waited for: the thread ends
+    monkeypatch.setattr(replies, "IDLE_EXIT", 0.01)
+    grid2 = replies.ReplyCollector(_FakeGrid(), interval=0.005)
+    assert grid2.send_and_receive([1], timeout=0.02) == []
+    deadline = time.time() + 5
+    while grid2._thread is not None and time.time() < deadline:
+        time.sleep(0.01)
+    assert grid2._thread is None
+
+
+def test_a_grid_failure_reaches_every_waiting_caller():
+    from fedrcl_flwr.app.replies import ReplyCollector
+
+    grid = ReplyCollector(_FakeGrid(fail=True), interval=0.005)
+    with pytest.raises(RuntimeError, match="SuperLink went away"):
+        grid.send_and_receive([1, 2])
 
 
 def test_client_manager_waits_for_late_nodes():
