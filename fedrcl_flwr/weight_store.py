@@ -307,9 +307,19 @@ def _map_file(path: Path, short: str, size: int | None = None) -> mmap.mmap:
 
 def load(ref) -> list[np.ndarray]:
     """The arrays of the entry ``ref`` names: read-only views of its mapping (its file's,
-    or the arena's, kept by this process), after the entry's bytes were re-hashed and its
-    header matched the reference. A missing, truncated, damaged, overwritten or foreign
-    entry raises :class:`StoreError` (one line)."""
+    or the arena's, kept by this process), after its header matched the reference and
+    its bytes were re-hashed. A missing, truncated, damaged, overwritten or foreign entry
+    raises :class:`StoreError` (one line)."""
+    arrays, check = open_entry(ref)
+    check.finish()
+    return arrays
+
+
+def open_entry(ref) -> tuple[list[np.ndarray], HashCheck]:
+    """:func:`load` with the hash left to the caller: the arrays (views) and the
+    entry's :class:`HashCheck`, which the caller feeds as it reads the arrays and
+    finishes before it uses what it computed from them (the server's average reads
+    each upload once for both)."""
     ref = check_reference(ref)
     short = ref["hash"][:12]
     size = ref["size"]
@@ -322,27 +332,27 @@ def load(ref) -> list[np.ndarray]:
         mm = _map_file(Path(ref["store"]) / ref["hash"], short, size)
         base = 0
     view = memoryview(mm)[base : base + size]
-    h = _hasher(ref["algo"])
-    h.update(view)
-    if h.hexdigest() != ref["hash"]:
-        why = (
-            "damaged, or its slot was written again since: a reader more than a round late"
-            if "offset" in ref
-            else "damaged or foreign"
-        )
-        raise StoreError(
-            f"weight store entry {short}: its content does not hash to its name ({why})"
-        )
-    if bytes(view[: len(MAGIC)]) != MAGIC or size < len(MAGIC) + 8:
-        raise StoreError(f"weight store entry {short}: not a weight store file")
-    (hlen,) = struct.unpack("<Q", view[len(MAGIC) : len(MAGIC) + 8])
     try:
-        layout = json.loads(bytes(view[len(MAGIC) + 8 : len(MAGIC) + 8 + hlen]))
-    except ValueError:
-        raise StoreError(f"weight store entry {short}: unreadable header") from None
-    if layout != ref["arrays"]:
-        raise StoreError(f"weight store entry {short}: its layout differs from the reference's")
-    view.release()
+        if bytes(view[: len(MAGIC)]) != MAGIC or size < len(MAGIC) + 8:
+            raise StoreError(
+                f"weight store entry {short}: not a weight store file "
+                f"({_overwritten_or(ref, 'damaged or foreign')})"
+            )
+        (hlen,) = struct.unpack("<Q", view[len(MAGIC) : len(MAGIC) + 8])
+        try:
+            layout = json.loads(bytes(view[len(MAGIC) + 8 : len(MAGIC) + 8 + hlen]))
+        except ValueError:
+            raise StoreError(
+                f"weight store entry {short}: unreadable header "
+                f"({_overwritten_or(ref, 'damaged or foreign')})"
+            ) from None
+        if layout != ref["arrays"]:
+            raise StoreError(
+                f"weight store entry {short}: its layout differs from the reference's "
+                f"({_overwritten_or(ref, 'damaged or foreign')})"
+            )
+    finally:
+        view.release()
     out = []
     for dtype, shape, offset, nbytes in layout:
         dt = np.dtype(dtype)
@@ -352,7 +362,50 @@ def load(ref) -> list[np.ndarray]:
         if n * dt.itemsize != nbytes:
             raise StoreError(f"weight store entry {short}: array size does not match its shape")
         out.append(np.frombuffer(mm, dtype=dt, count=n, offset=base + offset).reshape(shape))
-    return out
+    return out, HashCheck(ref, mm, base)
+
+
+def _overwritten_or(ref: dict, otherwise: str) -> str:
+    return (
+        "damaged, or its slot was written again since: a reader more than a round late"
+        if "offset" in ref
+        else otherwise
+    )
+
+
+class HashCheck:
+    """The content hash of one entry, computed as its reader goes: :meth:`upto` hashes
+    the entry's bytes from where it stopped to the end of what the reader has just read
+    (``array``'s first ``stop`` elements: the bytes before the array, head or padding,
+    come with it), :meth:`finish` the rest, then compares with the entry's name
+    (:class:`StoreError` when they differ)."""
+
+    def __init__(self, ref: dict, mm, base: int):
+        self.ref = ref
+        self._mm = mm
+        self._base = base
+        self._pos = 0  # bytes of the entry hashed so far
+        self._hasher = _hasher(ref["algo"])
+
+    def upto(self, array: int, stop: int) -> None:
+        dtype, _, offset, _ = self.ref["arrays"][array]
+        self._hash_to(offset + stop * np.dtype(dtype).itemsize)
+
+    def _hash_to(self, end: int) -> None:
+        if end > self._pos:
+            view = memoryview(self._mm)[self._base + self._pos : self._base + end]
+            self._hasher.update(view)
+            view.release()
+            self._pos = end
+
+    def finish(self) -> None:
+        self._hash_to(self.ref["size"])
+        if self._hasher.hexdigest() != self.ref["hash"]:
+            why = _overwritten_or(self.ref, "damaged or foreign")
+            raise StoreError(
+                f"weight store entry {self.ref['hash'][:12]}: its content does not hash to "
+                f"its name ({why})"
+            )
 
 
 # ------------------------------------------------------------------ the arena's slots

@@ -83,7 +83,7 @@ from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
 from fedrcl_flwr.app.flower_private import ClientProxy
-from fedrcl_flwr.app.transport import ServerTransport, arrays_of, to_bytes
+from fedrcl_flwr.app.transport import ServerTransport, open_upload, to_bytes
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.protocol import (
     LOCAL_REPR_PREFIX,
@@ -98,11 +98,14 @@ from fedrcl_flwr.protocol import (
 from fedrcl_flwr.run import timers
 from fedrcl_flwr.run.runtime import sample_partitions
 from fedrcl_flwr.server.aggregation import (
+    average_and_screen,
+    check_shapes,
     check_update,
     client_coefficients,
     entry_kinds,
     weighted_average,
 )
+from fedrcl_flwr.weight_store import StoreError
 
 if TYPE_CHECKING:  # the client-side hook's types (torch)
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -169,6 +172,7 @@ class ClientResult:
     weights: list  # the client's model, NumPy arrays in the model's state order
     report: FitReport  # what it reported (fedrcl_flwr/protocol.py)
     fit_res: FitRes  # Flower's result (Flower's DP wrapper reads it)
+    hash_check: Any = None  # the upload's pending store hash check (screening only)
 
     @property
     def num_examples(self) -> int:
@@ -502,6 +506,8 @@ class FederatedStrategy(Strategy):
         timers.server_event("results", round=rnd, results=len(results), failures=len(failures))
         reasons = [f"client error: {self._note_error(client_error_line(f))}" for f in failures]
         kept = self._screen(results, reasons)
+        kept.sort(key=lambda r: r.partition_id)  # order-independent arithmetic
+        kept, average = self._verify(kept, reasons)
         # the uploads' store entries go now: what _screen mapped stays readable
         self.transport.release(results)
         if self.secagg and len(kept) < len(results):
@@ -519,8 +525,8 @@ class FederatedStrategy(Strategy):
             return self._empty_round(rnd, info)
         self.consecutive_empty = 0
         self.rounds_trained += 1
-        kept.sort(key=lambda r: r.partition_id)  # order-independent arithmetic
-        average = self._average(server_round, kept, info)
+        if average is None:
+            average = self._average(server_round, kept, info)
         extra = self.server_update(rnd, average, kept) or {}
         info.update(client_statistics(kept))
         info.update(extra)
@@ -534,9 +540,10 @@ class FederatedStrategy(Strategy):
         return line
 
     def _screen(self, results, reasons: list[str]) -> list[ClientResult]:
-        """The usable results as :class:`ClientResult`; why each other one is unusable
-        goes to ``reasons``: a malformed report, undecodable parameters, wrong shapes,
-        NaN/Inf, a non-finite training loss, or (client-side DP) an unclipped update."""
+        """The results whose report, parameters and shapes are usable, as
+        :class:`ClientResult`; why each other one is unusable goes to ``reasons``: a
+        malformed report, undecodable parameters, wrong shapes or a non-finite training
+        loss. What needs the values (hash, NaN/Inf, clipping) is :meth:`_verify`'s."""
         kept: list[ClientResult] = []
         for _, res in results:
             try:
@@ -546,21 +553,61 @@ class FederatedStrategy(Strategy):
                 continue
             pid = report.partition_id
             try:
-                arrays = arrays_of(res.parameters)
+                arrays, hash_check = open_upload(res.parameters)
             except Exception as exc:  # noqa: BLE001 - any undecodable upload is dropped
                 reasons.append(f"partition {pid}: undecodable parameters ({exc})")
                 continue
-            why = check_update(arrays, self.weights)
+            why = check_shapes(arrays, self.weights)
             loss = report.train_loss if report.train_loss is not None else 0.0
             if why is None and not np.isfinite(loss):
                 why = "non-finite training loss"
-            if why is None and self.dp is not None and not self.secagg:
-                why = self.dp.unclipped(arrays)
             if why is not None:
                 reasons.append(f"partition {pid}: {why}")
                 continue
-            kept.append(ClientResult(pid, arrays, report, res))
+            kept.append(ClientResult(pid, arrays, report, res, hash_check))
         return kept
+
+    def _verify(
+        self, kept: list[ClientResult], reasons: list[str]
+    ) -> tuple[list[ClientResult], list | None]:
+        """The screened results whose values are usable: an upload by reference hashes
+        to its name (:class:`~fedrcl_flwr.weight_store.HashCheck`), holds no NaN/Inf and
+        (client-side DP) is clipped; why each other one is not goes to ``reasons``.
+        With the plain average (no DP, no SecAgg+) one pass over the uploads does the
+        hash, the NaN/Inf screen and the average (:func:`average_and_screen`); that
+        average is returned when every upload passed (else ``None``: :meth:`_average`
+        averages the rest, the same arithmetic)."""
+        if not kept:
+            return kept, None
+        average = None
+        if self.dp is None and not self.secagg:
+            checks = [r.hash_check for r in kept]
+
+            def visit(i: int, j: int, stop: int) -> None:
+                if checks[i] is not None:
+                    checks[i].upto(j, stop)
+
+            coefs = client_coefficients([r.num_examples for r in kept], self.weighting)
+            average, finite = average_and_screen(
+                [r.weights for r in kept], coefs, self.kinds, visit
+            )
+        good = []
+        for r in kept:
+            why = None
+            try:
+                if r.hash_check is not None:
+                    r.hash_check.finish()
+            except StoreError as exc:
+                why = f"undecodable parameters ({exc})"
+            if why is None and (average is None or not finite):
+                why = check_update(r.weights, self.weights)
+            if why is None and self.dp is not None and not self.secagg:
+                why = self.dp.unclipped(r.weights)
+            if why is not None:
+                reasons.append(f"partition {r.partition_id}: {why}")
+                continue
+            good.append(r)
+        return good, average if len(good) == len(kept) else None
 
     def _discard_secagg_sum(
         self, rnd: int, kept: list[ClientResult], received: int, reasons: list[str]

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from flwr.serverapp import Grid
+from flwr.server import Grid
 
 INTERVAL = 0.01  # seconds between look-ups while a reply is awaited
 

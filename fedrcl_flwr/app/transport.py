@@ -42,9 +42,11 @@ from fedrcl_flwr.weight_store import (
     GLOBAL_SLOTS,
     Arena,
     Entry,
+    HashCheck,
     StoreError,
     WeightStore,
     load,
+    open_entry,
 )
 
 REF_TYPE = "fedrcl.weight-ref"  # Parameters.tensor_type of a reference
@@ -102,6 +104,16 @@ def arrays_of(parameters: Parameters, *, reuse: bool = False) -> list[np.ndarray
     while len(_LOADED) > _KEEP_LOADED:
         _LOADED.popitem(last=False)
     return list(arrays)
+
+
+def open_upload(parameters: Parameters) -> tuple[list[np.ndarray], HashCheck | None]:
+    """The server's read of an upload: the arrays (views) and, for a reference, the
+    entry's :class:`~fedrcl_flwr.weight_store.HashCheck`, which the server finishes
+    before it uses the arrays' values (``strategies/base.py``: while averaging); bytes
+    inside the message need none (``None``)."""
+    if not is_reference(parameters):
+        return decode_arrays(parameters.tensors), None
+    return open_entry(reference_of(parameters))
 
 
 def reply(arrays: Sequence, received: Parameters) -> Parameters:

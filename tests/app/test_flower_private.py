@@ -98,13 +98,20 @@ def test_no_flower_import_outside_app():
     assert not bad, "Flower imported outside fedrcl_flwr/app/:\n" + "\n".join(bad)
 
 
-def test_the_in_process_grid_implements_flowers_grid_interface():
+def test_our_grids_implement_flowers_grid_interface():
+    """The in-process grid and the reply collector (a wrapper: every method of
+    Flower's Grid must reach the wrapped grid, not the base class's default)."""
+    import inspect
+
     from flwr.server import Grid
 
     from fedrcl_flwr.app.inprocess import InProcessGrid
+    from fedrcl_flwr.app.replies import ReplyCollector
 
     missing = {m for m in Grid.__abstractmethods__ if m not in vars(InProcessGrid)}
     assert not missing, f"flwr.server.Grid gained abstract method(s) {sorted(missing)}"
+    theirs = {n for n, _ in inspect.getmembers(Grid) if not n.startswith("_")}
+    assert theirs <= set(vars(ReplyCollector)), sorted(theirs - set(vars(ReplyCollector)))
 
 
 def test_the_in_process_grid_takes_both_pull_messages_signatures():

@@ -142,3 +142,110 @@ def test_all_failed_keeps_model_then_aborts():
     np.testing.assert_array_equal(parameters_to_ndarrays(params)[0], w0[0])
     with pytest.raises(AllClientsFailed, match="consecutive"):
         st.aggregate_fit(2, [], [RuntimeError("x")])
+
+
+def test_the_screening_average_flags_any_non_finite_entry_and_visits_every_piece():
+    """``average_and_screen`` gives ``weighted_average``'s bytes; its finiteness flag is
+    False for a NaN or an infinity of any client anywhere (a zero coefficient too:
+    0 * inf is NaN), True otherwise; ``visit`` sees each client's progress through
+    every entry, in order, ending at each entry's size."""
+    from fedrcl_flwr.server.aggregation import CHUNK, average_and_screen
+
+    rng = np.random.default_rng(3)
+    shapes = [(2 * CHUNK + 3,), (), (0, 2), (4,)]
+    kinds = ["param", "buffer", "param", "count"]
+    clients = [
+        [rng.standard_normal(s).astype(np.float32) for s in shapes[:3]]
+        + [np.array([1, 2, 3, i], np.int64)]
+        for i in range(3)
+    ]
+    coefs = np.array([0.5, 0.5, 0.0])
+    seen: dict = {}
+    out, finite = average_and_screen(
+        clients, coefs, kinds, lambda i, j, stop: seen.setdefault((i, j), []).append(stop)
+    )
+    assert finite
+    assert all(
+        a.tobytes() == b.tobytes() for a, b in zip(out, weighted_average(clients, coefs, kinds))
+    )
+    for i in range(3):
+        for j, s in enumerate(shapes):
+            stops = seen[(i, j)]
+            assert stops == sorted(stops) and stops[-1] == int(np.prod(s)), (i, j, stops)
+    for client in range(3):  # the last has coefficient 0
+        for pos in (0, CHUNK, 2 * CHUNK + 2):
+            for bad in (np.nan, np.inf, -np.inf):
+                w = [[a.copy() for a in c] for c in clients]
+                w[client][0][pos] = bad
+                assert not average_and_screen(w, coefs, kinds)[1], (client, pos, bad)
+    w = [[a.copy() for a in c] for c in clients]
+    w[1][1] = np.array(np.inf, np.float32)
+    assert not average_and_screen(w, coefs, kinds)[1]
+
+
+def test_uploads_by_reference_are_hashed_screened_and_averaged_in_one_pass(tmp_path):
+    """Through the strategy with uploads in store slots: all good, the round's model is
+    the plain average; an upload whose slot was written again after it was sent, one
+    with a NaN and one with an infinity are dropped with their reasons, and the model is
+    the average of the rest, bit for bit."""
+    from flwr.common import Code, FitRes, Status
+
+    from fedrcl_flwr.app import transport
+    from fedrcl_flwr.protocol import FitReport
+    from fedrcl_flwr.server.aggregation import CHUNK
+    from fedrcl_flwr.weight_store import Entry, WeightStore
+    from strategies.base import FederatedStrategy
+
+    rng = np.random.default_rng(5)
+    init = [rng.standard_normal(CHUNK + 9).astype(np.float32), np.array(0, np.int64)]
+    k = 5
+
+    def run_round(ups, tamper=None):
+        st = FederatedStrategy(
+            initial_weights=[a.copy() for a in init],
+            trainable=[True, False],
+            num_clients=k,
+            clients_per_round=k,
+            rounds=1,
+        )
+        st.transport = transport.ServerTransport(WeightStore(tmp_path / str(id(ups))), uploads=k)
+        (tmp_path / str(id(ups))).mkdir()
+        sent = st.transport.send(st.weights)
+        results = []
+        for i, up in enumerate(ups):
+            params = transport.reply(up, st.transport.for_client(sent, 1, i))
+            res = FitRes(Status(Code.OK, ""), params, 10 + i, {})
+            res.metrics = FitReport(partition_id=i, train_loss=0.1).to_metrics()
+            results.append((None, res))
+        if tamper is not None:
+            tamper(results)
+        st.aggregate_fit(1, results, [])
+        return st
+
+    ups = [[(init[0] + i).astype(np.float32), np.array(i, np.int64)] for i in range(k)]
+    st = run_round(ups)
+    want = weighted_average(ups, client_coefficients([1] * k, "uniform"), st.kinds)
+    assert st.weights[0].tobytes() == want[0].tobytes() and st._round_errors == []
+
+    bad = [[a.copy() for a in u] for u in ups]
+    bad[1][0][CHUNK + 3] = np.nan
+    bad[3][0][0] = np.inf
+
+    def overwrite(results):  # client 2's slot holds other bytes now
+        ref = transport.reference_of(results[2][1].parameters)
+        store = WeightStore(ref["store"])
+        other = [(init[0] * 7).astype(np.float32), np.array(9, np.int64)]
+        store.publish_in_slot(Entry(other), ref["offset"], ref["size"])
+
+    st = run_round(bad, overwrite)
+    reasons = sorted(st._round_errors)
+    assert len(reasons) == 3, reasons
+    assert "partition 1: array 0 contains NaN or Inf" in reasons
+    assert "partition 3: array 0 contains NaN or Inf" in reasons
+    assert any(
+        r.startswith("partition 2: undecodable parameters") and "written again" in r
+        for r in reasons
+    ), reasons
+    rest = [bad[0], bad[4]]
+    want = weighted_average(rest, client_coefficients([1, 1], "uniform"), st.kinds)
+    assert st.weights[0].tobytes() == want[0].tobytes()
