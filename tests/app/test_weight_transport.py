@@ -402,3 +402,23 @@ def test_a_slot_write_hashes_what_it_copies_as_a_reader_does(tmp_path):
     assert weight_store._WRITERS[str(tmp_path / "arena")][1] is writer
     with pytest.raises(StoreError, match="does not fit"):
         t.store.publish_in_slot(Entry([big, big]), 0, PIECE)
+
+
+def test_a_writer_maps_each_region_of_the_arena_once(tmp_path):
+    """The first write of a process into the ring (the server's sends) or into the
+    upload slots maps that whole region at once, and only then; the bytes written are
+    those read back."""
+    from fedrcl_flwr import weight_store
+
+    t, sent = _arena_transport(tmp_path)
+    mm = weight_store._WRITERS[str(tmp_path / "arena")][1]
+    ring = weight_store.GLOBAL_SLOTS * t.arena.slot_size
+    assert (id(mm), 0) in weight_store._POPULATED
+    assert (id(mm), ring) not in weight_store._POPULATED
+    up = [a * 3 if a.dtype.kind == "f" else a for a in ARRAYS]
+    r = transport.reply(up, t.for_client(sent, 1, 1))
+    assert (id(mm), ring) in weight_store._POPULATED
+    before = set(weight_store._POPULATED)
+    transport.reply(up, t.for_client(sent, 2, 0))  # the same region: nothing new
+    assert weight_store._POPULATED == before
+    assert all(np.array_equal(a, b) for a, b in zip(transport.arrays_of(r), up))
