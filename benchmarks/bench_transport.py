@@ -5,11 +5,13 @@ Timed here, in one process, is only what *our* code does with the weights:
 
 * ``flower``: the server encodes the model once (``.npy`` bytes,
   :mod:`fedrcl_flwr.codec`); each client decodes it (views) and encodes its upload; the
-  server decodes the K uploads (views);
-* ``shared``: the server publishes the model once (hash + one write into a slot of the
+  server decodes the K uploads (views) and averages them as the strategy does
+  (``average_and_screen``: the average and the NaN/Inf screen in one pass);
+* ``shared``: the server publishes the model once (hash + one copy into a slot of the
   store's arena, :class:`fedrcl_flwr.weight_store.Arena`); each client re-hashes it
-  through its process's mapping of the arena and writes its upload into its slot; the
-  server re-hashes the K uploads where they lie;
+  through its process's mapping of the arena and copies its upload into its slot,
+  hashing as it copies; the server averages the K uploads where they lie, hashing each
+  as the average reads it (``HashCheck``);
 * ``files``: ``shared`` without the arena (what a run does when the slots would not fit
   in memory, and what every shared run did before them): a new file per entry, mapped
   afresh by each reader, the uploads deleted after the round.
@@ -37,6 +39,7 @@ from _common import ROOT  # noqa: F401 - puts the checkout first on the path
 
 from fedrcl_flwr.app import transport
 from fedrcl_flwr.models import build_model
+from fedrcl_flwr.server.aggregation import average_and_screen, client_coefficients
 from fedrcl_flwr.weight_store import HASH_ALGO, temporary_store
 
 
@@ -60,11 +63,21 @@ def one_round(t: transport.ServerTransport, rnd: int, model: list, uploads: list
         replies.append((None, _Res(transport.reply(up, mine))))
     out["clients: load + upload"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    for _, res in replies:
-        arrays = transport.arrays_of(res.parameters)
-        float(arrays[-1].reshape(-1)[0])
+    opened = [transport.open_upload(res.parameters) for _, res in replies]
+    checks = [c for _, c in opened]
+
+    def visit(i: int, j: int, stop: int) -> None:  # as the strategy's screen
+        if checks[i] is not None:
+            checks[i].upto(j, stop)
+
+    coefs = client_coefficients([1] * len(opened), "uniform")
+    kinds = ["param" if a.dtype.kind == "f" else "count" for a in model]
+    average_and_screen([a for a, _ in opened], coefs, kinds, visit)
+    for c in checks:
+        if c is not None:
+            c.finish()
     t.release(replies)
-    out["server: read uploads"] = time.perf_counter() - t0
+    out["server: read + average uploads"] = time.perf_counter() - t0
     out["round"] = sum(out.values())
     return out
 

@@ -8,7 +8,8 @@ reference; otherwise ``.npy`` bytes. So a receiver needs no setting:
 
 * the server (``strategies/base.py``) sends through its :class:`ServerTransport` (by
   reference when it has a store, else bytes; a write that fails falls back to bytes for
-  that message, with one warning) and reads every upload with :func:`arrays_of`. On its
+  that message, with one warning) and reads every upload with :func:`open_upload` (the
+  arrays, and the entry's hash check, which it finishes while averaging). On its
   first send it makes the store's arena of slots (:class:`~fedrcl_flwr.weight_store.
   Arena`: a ring for its sends, one slot per client of a round for the uploads) and
   tells each sampled client its upload slot inside that client's reference
