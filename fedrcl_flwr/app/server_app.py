@@ -19,7 +19,7 @@ from flwr.server import (
 )
 
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
-from fedrcl_flwr.app.replies import ReplyCollector
+from fedrcl_flwr.app.replies import INTERVAL, WIRE_INTERVAL, ReplyCollector
 from fedrcl_flwr.config import dump_config
 from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
@@ -422,8 +422,10 @@ def main(grid, context: Context) -> None:
 
     cfg = config_from_run_config(context.run_config)
     simulation = hasattr(grid, "pull_interval")  # the simulation's in-memory grid
-    if simulation:  # one thread looks for every client's reply, every 10 ms
-        grid = ReplyCollector(grid)
+    # one thread looks for every waiting client's reply: every 10 ms in memory, every
+    # 0.2 s over the wire (Flower's own loop: one look-up per client every 0.1 s in
+    # simulation, every 3 s under the Deployment Engine)
+    grid = ReplyCollector(grid, interval=INTERVAL if simulation else WIRE_INTERVAL)
     if cfg.privacy.secagg:
         run_secagg(grid, context, simulation)
     else:
