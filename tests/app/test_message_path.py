@@ -470,7 +470,7 @@ def test_ray_workers_import_the_client_app_as_they_start(monkeypatch):
     assert add(None) == {"worker_process_setup_hook": worker_warmup.SETUP_HOOK}
     module, _, name = worker_warmup.SETUP_HOOK.rpartition(".")
     getattr(importlib.import_module(module), name)()  # what Ray calls in a new worker
-    assert "fedrcl_flwr.app.client_app" in sys.modules
+    assert "fedrcl_flwr.app.client_app" in sys.modules and "torch._dynamo" in sys.modules
 
 
 def test_process_start_time_is_when_the_process_started(tmp_path):
