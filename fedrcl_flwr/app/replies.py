@@ -57,6 +57,12 @@ class ReplyCollector(Grid):
         self._thread: threading.Thread | None = None
 
     # -- the grid's own
+    def __getattr__(self, name: str):
+        """Anything else the grid has (an attribute a later Flower reads) is its own."""
+        if name == "grid":  # not set yet (during unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.grid, name)
+
     def set_run(self, run) -> None:
         self.grid.set_run(run)
 

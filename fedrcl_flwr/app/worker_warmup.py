@@ -35,7 +35,8 @@ def preload() -> None:
     ``torch._dynamo``, which torch imports on a process's first optimizer (0.9 s on the
     2-core machine, inside round 1's first fit otherwise)."""
     try:
-        import fedrcl_flwr.app.client_app  # noqa: F401  (the import is the point)
         import torch._dynamo  # noqa: F401
+
+        import fedrcl_flwr.app.client_app  # noqa: F401  (the import is the point)
     except Exception:  # reported by the first message's load, with Flower's context
         pass

@@ -547,3 +547,14 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_the_collector_hands_anything_else_to_the_grid():
+    from fedrcl_flwr.app.replies import ReplyCollector
+
+    fake = _FakeGrid()
+    fake.pull_interval = 0.1
+    grid = ReplyCollector(fake)
+    assert grid.pull_interval == 0.1 and grid.push_messages([1, 2]) == ["m0", "m1"]
+    with pytest.raises(AttributeError):
+        grid.no_such_attribute  # noqa: B018 - the lookup is the test
