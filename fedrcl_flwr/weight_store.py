@@ -222,10 +222,11 @@ class WeightStore:
         when the entry does not fit (the caller writes a file)."""
         if entry.size > capacity:
             raise StoreError(f"an entry of {entry.size} bytes does not fit a {capacity}-byte slot")
-        mm = _arena_writer(self.root / ARENA)
+        writer = _arena_writer(self.root / ARENA)
+        mm = writer.mm
         if offset + capacity > len(mm):
             raise StoreError("the slot lies outside the arena")
-        _populate_once(mm, offset, capacity)
+        writer.populate_once(offset, capacity)
         h = _hasher() if entry._hash is None else None
         slot = np.frombuffer(mm, dtype=np.uint8, count=entry.size, offset=offset)
         try:
@@ -411,7 +412,7 @@ class HashCheck:
 
 # ------------------------------------------------------------------ the arena's slots
 _MAPS: OrderedDict = OrderedDict()  # arena path -> (inode, read-only mapping): kept
-_WRITERS: OrderedDict = OrderedDict()  # arena path -> (inode, writable mapping): kept
+_WRITERS: OrderedDict = OrderedDict()  # arena path -> (inode, _Writer): kept
 _KEEP_OPEN = 4  # arenas per process (a process serves one run; tests make many)
 
 
@@ -439,37 +440,44 @@ def _arena_map(path: Path, short: str) -> mmap.mmap:
     return _cached(_MAPS, path, lambda: _map_file(path, short), lambda mm: None)
 
 
-def _arena_writer(path: Path) -> mmap.mmap:
-    def open_writer() -> mmap.mmap:
+def _arena_writer(path: Path) -> _Writer:
+    def open_writer() -> _Writer:
         fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
         try:
-            return mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_WRITE)
+            return _Writer(mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_WRITE))
         finally:
             os.close(fd)
 
-    return _cached(_WRITERS, path, open_writer, _close_map)
+    return _cached(_WRITERS, path, open_writer, lambda w: _close_map(w.mm))
 
 
-_POPULATED: set[tuple[int, int]] = set()  # (id of a writable mapping, region start)
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 
 
-def _populate_once(mm: mmap.mmap, offset: int, capacity: int) -> None:
-    """Map, in one call, every page of the arena's region that holds the slot at
-    ``offset`` (the server's ring, or the upload slots), the first time this process
-    writes into that region: otherwise each slot's first write in each process faults
-    its pages in one by one (~13 ms per 42 MiB slot on the 2-core machine, for every
-    upload slot in every actor over a run's first rounds); the same pages, paid at
-    once at the start. Where the kernel cannot (before 5.14), the faults stay lazy."""
-    ring = GLOBAL_SLOTS * capacity
-    start, stop = (0, ring) if offset < ring else (ring, len(mm))
-    if (id(mm), start) in _POPULATED or stop <= start:
-        return
-    _POPULATED.add((id(mm), start))
-    try:
-        mm.madvise(MADV_POPULATE_WRITE, start, stop - start)
-    except (OSError, ValueError):
-        pass
+class _Writer:
+    """A process's writable mapping of an arena, and the regions it has mapped in."""
+
+    def __init__(self, mm: mmap.mmap):
+        self.mm = mm
+        self.populated: set[int] = set()  # start offsets of the regions mapped in
+
+    def populate_once(self, offset: int, capacity: int) -> None:
+        """Map, in one call, every page of the arena's region that holds the slot at
+        ``offset`` (the server's ring, or the upload slots), the first time this process
+        writes into that region: otherwise each slot's first write in each process
+        faults its pages in one by one (~13 ms per 42 MiB slot on the 2-core machine, for
+        every upload slot in every actor over a run's first rounds); the same pages,
+        paid at once at the start. Where the kernel cannot (before 5.14), the faults
+        stay lazy."""
+        ring = GLOBAL_SLOTS * capacity
+        start, stop = (0, ring) if offset < ring else (ring, len(self.mm))
+        if start in self.populated or stop <= start:
+            return
+        self.populated.add(start)
+        try:
+            self.mm.madvise(MADV_POPULATE_WRITE, start, stop - start)
+        except (OSError, ValueError):
+            pass
 
 
 def _close_map(mm: mmap.mmap) -> None:
@@ -568,7 +576,7 @@ def forget(root: Path | str) -> None:
     memory is given back (the in-process runner, which outlives its runs)."""
     key = str(Path(root) / ARENA)
     if key in _WRITERS:
-        _close_map(_WRITERS.pop(key)[1])
+        _close_map(_WRITERS.pop(key)[1].mm)
     _MAPS.pop(key, None)
 
 

@@ -411,14 +411,12 @@ def test_a_writer_maps_each_region_of_the_arena_once(tmp_path):
     from fedrcl_flwr import weight_store
 
     t, sent = _arena_transport(tmp_path)
-    mm = weight_store._WRITERS[str(tmp_path / "arena")][1]
+    writer = weight_store._WRITERS[str(tmp_path / "arena")][1]
     ring = weight_store.GLOBAL_SLOTS * t.arena.slot_size
-    assert (id(mm), 0) in weight_store._POPULATED
-    assert (id(mm), ring) not in weight_store._POPULATED
+    assert writer.populated == {0}  # the server's first send: the ring only
     up = [a * 3 if a.dtype.kind == "f" else a for a in ARRAYS]
     r = transport.reply(up, t.for_client(sent, 1, 1))
-    assert (id(mm), ring) in weight_store._POPULATED
-    before = set(weight_store._POPULATED)
+    assert writer.populated == {0, ring}
     transport.reply(up, t.for_client(sent, 2, 0))  # the same region: nothing new
-    assert weight_store._POPULATED == before
+    assert writer.populated == {0, ring}
     assert all(np.array_equal(a, b) for a, b in zip(transport.arrays_of(r), up))
