@@ -99,10 +99,12 @@ from fedrcl_flwr.run import timers
 from fedrcl_flwr.run.runtime import sample_partitions
 from fedrcl_flwr.server.aggregation import (
     average_and_screen,
+    average_workers,
     check_shapes,
     check_update,
     client_coefficients,
     entry_kinds,
+    thread_pool,
     weighted_average,
 )
 from fedrcl_flwr.weight_store import StoreError
@@ -298,6 +300,8 @@ class FederatedStrategy(Strategy):
         self._deferred: tuple | None = None  # a round end awaiting per-client evaluation
         self._round_end_executor: ThreadPoolExecutor | None = None  # created on first use
         self._round_end_pending: Future | None = None
+        # threads of the server's average (the same bytes for any number: aggregation.py)
+        self.average_workers = average_workers()
 
     def _init_buffers(self) -> None:
         """Create each declared buffer (module doc): float64 per trainable parameter."""
@@ -573,29 +577,43 @@ class FederatedStrategy(Strategy):
         """The screened results whose values are usable: an upload by reference hashes
         to its name (:class:`~fedrcl_flwr.weight_store.HashCheck`), holds no NaN/Inf and
         (client-side DP) is clipped; why each other one is not goes to ``reasons``.
-        With the plain average (no DP, no SecAgg+) one pass over the uploads does the
-        hash, the NaN/Inf screen and the average (:func:`average_and_screen`); that
-        average is returned when every upload passed (else ``None``: :meth:`_average`
-        averages the rest, the same arithmetic)."""
+        With the plain average (no DP, no SecAgg+) the uploads are read once for the
+        hash, the NaN/Inf screen and the average (:func:`average_and_screen`): by one
+        thread that hashes each piece after averaging it, or, with
+        :attr:`average_workers` > 1, by that many threads averaging pieces of the entries
+        while others hash whole uploads. That average is returned when every upload
+        passed (else ``None``: :meth:`_average` averages the rest, the same
+        arithmetic)."""
         if not kept:
             return kept, None
         average = None
+        hashed: dict[int, Future] = {}
         if self.dp is None and not self.secagg:
             checks = [r.hash_check for r in kept]
-
-            def visit(i: int, j: int, stop: int) -> None:
-                if checks[i] is not None:
-                    checks[i].upto(j, stop)
-
             coefs = client_coefficients([r.num_examples for r in kept], self.weighting)
-            average, finite = average_and_screen(
-                [r.weights for r in kept], coefs, self.kinds, visit
-            )
+            workers = self.average_workers
+            if workers > 1:
+                pool = thread_pool(workers)
+                hashed = {i: pool.submit(c.finish) for i, c in enumerate(checks) if c}
+                average, finite = average_and_screen(
+                    [r.weights for r in kept], coefs, self.kinds, workers=workers
+                )
+            else:
+
+                def visit(i: int, j: int, stop: int) -> None:
+                    if checks[i] is not None:
+                        checks[i].upto(j, stop)
+
+                average, finite = average_and_screen(
+                    [r.weights for r in kept], coefs, self.kinds, visit
+                )
         good = []
-        for r in kept:
+        for i, r in enumerate(kept):
             why = None
             try:
-                if r.hash_check is not None:
+                if i in hashed:
+                    hashed[i].result()
+                elif r.hash_check is not None:
                     r.hash_check.finish()
             except StoreError as exc:
                 why = f"undecodable parameters ({exc})"

@@ -11,7 +11,9 @@ Policy for model entries (``kinds`` from :func:`entry_kinds`):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -59,11 +61,17 @@ def weighted_average(
     return average_and_screen(client_weights, coefficients, kinds)[0]
 
 
+# a piece of one entry's average: the clients' flat arrays, the result, the entry's
+# index, the first and the last element (equal: nothing to average, visits only)
+_Piece = tuple[list[np.ndarray], np.ndarray, int, int, int]
+
+
 def average_and_screen(
     client_weights: Sequence[Sequence[np.ndarray]],
     coefficients: np.ndarray,
     kinds: Sequence[str],
     visit: Callable[[int, int, int], None] | None = None,
+    workers: int = 1,
 ) -> tuple[list[np.ndarray], bool]:
     """:func:`weighted_average` (the same operations), and whether every float entry of
     every client was finite, in the one pass that reads the clients' arrays: after each
@@ -71,28 +79,46 @@ def average_and_screen(
     element ``stop`` of entry ``entry``: the server's hash check of an upload, which
     reads those bytes while they are still in the cache).
 
+    ``workers`` > 1 (without ``visit``, which needs each client's bytes in order): the
+    entries are cut into pieces of :data:`SEGMENT` elements, averaged by that many
+    threads of :func:`thread_pool` (NumPy releases the interpreter lock in its loops).
+    Every element still sees the same operations in the same order, so the result is
+    the same bytes whatever the number of workers.
+
     The finiteness comes from the accumulator: with coefficients >= 0, a NaN or an
     infinity in any client makes its sum non-finite (``0 * inf`` is NaN). The converse
     fails only when finite float64 values overflow, so ``False`` means "check each
     client" (:func:`check_update`), never "drop them all"."""
-    out = []
-    finite = True
+    out: list[np.ndarray] = []
     coefs = [np.float64(c) for c in coefficients]
+    pieces: list[_Piece] = []
     for j, kind in enumerate(kinds):
         arrays = [np.asarray(cw[j]) for cw in client_weights]
-        if kind == "count":
-            out.append(np.max(np.stack(arrays), axis=0).astype(arrays[0].dtype))
-            if visit is not None:
-                for i, a in enumerate(arrays):
-                    visit(i, j, a.size)
-            continue
         flat = [a.reshape(-1) for a in arrays]
         n = flat[0].size
+        if kind == "count":  # a piece with nothing to average: the visits, in order
+            out.append(np.max(np.stack(arrays), axis=0).astype(arrays[0].dtype))
+            pieces.append((flat, out[-1], j, n, n))
+            continue
         result = np.empty(n, dtype=arrays[0].dtype)
-        acc = np.empty(min(n, CHUNK), dtype=np.float64)
+        step = n if workers <= 1 or visit is not None else SEGMENT
+        pieces += [(flat, result, j, a, min(n, a + step)) for a in range(0, n, max(step, 1))]
+        if n == 0:
+            pieces.append((flat, result, j, 0, 0))
+        out.append(result.reshape(arrays[0].shape))
+
+    def average_piece(piece: _Piece) -> bool:
+        flat, result, j, first, last = piece
+        if first == last:  # an integer counter, or an empty entry
+            if visit is not None:
+                for i in range(len(flat)):
+                    visit(i, j, last)
+            return True
+        acc = np.empty(min(last - first, CHUNK), dtype=np.float64)
         product = np.empty_like(acc)
-        for start in range(0, n, CHUNK):
-            stop = min(n, start + CHUNK)
+        finite = True
+        for start in range(first, last, CHUNK):
+            stop = min(last, start + CHUNK)
             acc_part, product_part = acc[: stop - start], product[: stop - start]
             acc_part.fill(0.0)
             for i, (c, w) in enumerate(zip(coefs, flat)):
@@ -103,11 +129,35 @@ def average_and_screen(
             if finite and not np.isfinite(acc_part).all():
                 finite = False
             result[start:stop] = acc_part
-        if visit is not None and n == 0:
-            for i in range(len(flat)):
-                visit(i, j, 0)
-        out.append(result.reshape(arrays[0].shape))
-    return out, finite
+        return finite
+
+    if workers <= 1 or visit is not None or len(pieces) < 2:
+        flags = [average_piece(piece) for piece in pieces]
+    else:
+        flags = list(thread_pool(workers).map(average_piece, pieces))
+    return out, all(flags)
+
+
+SEGMENT = 8 * CHUNK  # elements per piece of a threaded average
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def thread_pool(workers: int) -> ThreadPoolExecutor:
+    """This process's pool of ``workers`` threads for the server's passes over the
+    uploads (made once per size)."""
+    if workers not in _POOLS:
+        _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="fedrcl-average")
+    return _POOLS[workers]
+
+
+def average_workers() -> int:
+    """Threads for the server's average: the CPUs this process may use, at most 8 (the
+    clients are idle while the server aggregates their round)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(8, cpus))
 
 
 def check_shapes(weights: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> str | None:

@@ -206,7 +206,7 @@ def _old_path(monkeypatch):
     monkeypatch.setattr(sb, "weighted_average", average)
     # the screen's NaN/Inf check on each upload, then the formula
     monkeypatch.setattr(
-        sb, "average_and_screen", lambda w, c, k, visit=None: (average(w, c, k), False)
+        sb, "average_and_screen", lambda w, c, k, visit=None, workers=1: (average(w, c, k), False)
     )
     monkeypatch.setattr(cache, "load_partition", lambda entry, s, n, compute: compute())
 

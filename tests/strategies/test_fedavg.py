@@ -183,8 +183,10 @@ def test_the_screening_average_flags_any_non_finite_entry_and_visits_every_piece
     assert not average_and_screen(w, coefs, kinds)[1]
 
 
-def test_uploads_by_reference_are_hashed_screened_and_averaged_in_one_pass(tmp_path):
-    """Through the strategy with uploads in store slots: all good, the round's model is
+@pytest.mark.parametrize("workers", [1, 2])
+def test_uploads_by_reference_are_hashed_screened_and_averaged_in_one_pass(tmp_path, workers):
+    """Through the strategy with uploads in store slots (one thread hashing as it
+    averages, or threads averaging while others hash): all good, the round's model is
     the plain average; an upload whose slot was written again after it was sent, one
     with a NaN and one with an infinity are dropped with their reasons, and the model is
     the average of the rest, bit for bit."""
@@ -208,6 +210,7 @@ def test_uploads_by_reference_are_hashed_screened_and_averaged_in_one_pass(tmp_p
             clients_per_round=k,
             rounds=1,
         )
+        st.average_workers = workers
         st.transport = transport.ServerTransport(WeightStore(tmp_path / str(id(ups))), uploads=k)
         (tmp_path / str(id(ups))).mkdir()
         sent = st.transport.send(st.weights)
@@ -249,3 +252,32 @@ def test_uploads_by_reference_are_hashed_screened_and_averaged_in_one_pass(tmp_p
     rest = [bad[0], bad[4]]
     want = weighted_average(rest, client_coefficients([1, 1], "uniform"), st.kinds)
     assert st.weights[0].tobytes() == want[0].tobytes()
+
+
+def test_a_threaded_average_gives_the_same_bytes_for_any_number_of_workers():
+    """Entries cut into pieces averaged by 1, 2 or 3 threads (pieces across SEGMENT and
+    CHUNK borders, a counter, an empty and a 0-d entry): the bytes of
+    ``weighted_average``; a NaN in any piece still makes the flag False."""
+    from fedrcl_flwr.server.aggregation import SEGMENT, average_and_screen
+
+    rng = np.random.default_rng(11)
+    shapes = [(2 * SEGMENT + 7,), (3,), (0,), (), (SEGMENT - 1,)]
+    kinds = ["param", "count", "param", "buffer", "param"]
+    clients = [
+        [
+            rng.integers(0, 9, s).astype(np.int64)
+            if kind == "count"
+            else (rng.standard_normal(s) * 5).astype(np.float32)
+            for s, kind in zip(shapes, kinds)
+        ]
+        for _ in range(3)
+    ]
+    coefs = np.array([0.2, 0.3, 0.5])
+    want = weighted_average(clients, coefs, kinds)
+    for workers in (1, 2, 3):
+        got, finite = average_and_screen(clients, coefs, kinds, workers=workers)
+        assert finite and all(
+            a.tobytes() == b.tobytes() and a.shape == b.shape for a, b in zip(got, want)
+        ), workers
+    clients[2][0][SEGMENT + 1] = np.nan
+    assert not average_and_screen(clients, coefs, kinds, workers=2)[1]
