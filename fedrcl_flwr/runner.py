@@ -102,6 +102,41 @@ def federation_config(cfg: ExperimentConfig) -> str:
     return " ".join(items)
 
 
+# Ray's sockets are ``<RAY_TMPDIR>/ray/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store``
+# (``ray._private.node``) and an AF_UNIX path has at most 107 bytes
+RAY_SOCKET_TAIL = len("/ray/session_2026-11-28_07-22-05_619201_/sockets/plasma_store")
+AF_UNIX_PATH_MAX = 107
+
+
+def _pid_digits() -> int:
+    try:
+        return len(Path("/proc/sys/kernel/pid_max").read_text().strip())
+    except OSError:
+        return 7  # Linux's largest pid_max, 4194304
+
+
+def ray_sockets_fit(home: Path) -> bool:
+    """Whether a private Ray can keep its session directory under ``home``
+    (``RAY_TMPDIR=home``): its socket paths must fit in an AF_UNIX address."""
+    tail = RAY_SOCKET_TAIL + _pid_digits()
+    return len(os.fsencode(str(home))) + tail <= AF_UNIX_PATH_MAX
+
+
+def ray_session_note(env: dict, home: Path) -> str:
+    """One line for ``flower.log``: where the private Ray keeps its session files."""
+    if env.get("RAY_ADDRESS"):
+        return "Ray: joining the cluster at " + env["RAY_ADDRESS"]
+    if env.get("RAY_TMPDIR") == str(home):
+        return f"Ray's session files: {home}/ray (removed with the run)"
+    where = f"{env['RAY_TMPDIR']}/ray" if env.get("RAY_TMPDIR") else "$TMPDIR/ray or /tmp/ray"
+    return (
+        f"Ray's session files: {where}, kept "
+        "after the run: the run's private home is too long a path for Ray's sockets "
+        f"(at most {AF_UNIX_PATH_MAX - RAY_SOCKET_TAIL - _pid_digits()} bytes; a shorter "
+        "TMPDIR keeps them in the run's home)"
+    )
+
+
 class LocalSuperLink:
     """A private simulation SuperLink on loopback, stopped by :meth:`stop` (or, if this
     process dies first, by its watchdog)."""
@@ -142,6 +177,11 @@ class LocalSuperLink:
             self.env.setdefault(
                 "RAY_RUNTIME_ENV_HOOK", "fedrcl_flwr.app.worker_warmup.add_setup_hook"
             )
+            # Ray's session files (logs, sockets, spilled objects) inside the home, so the
+            # teardown removes them with it; Ray's default (``$TMPDIR/ray``) kept one
+            # session directory per run forever
+            if ray_sockets_fit(self.home):
+                self.env["RAY_TMPDIR"] = str(self.home)
         if not verbose:
             self.env["PYTHONWARNINGS"] = "ignore"
         # the ServerApp's start-up events, for the CLI's progress lines (run/timers.py)
@@ -168,6 +208,8 @@ class LocalSuperLink:
 
     def start(self, timeout: float = 60.0) -> None:
         self._log = open(self.log_path, "ab")
+        self._log.write(f"fedrcl-flwr: {ray_session_note(self.env, self.home)}\n".encode())
+        self._log.flush()
         timers.server_event("superlink_launch")  # where Flower's own start-up begins
         self.proc = subprocess.Popen(
             [

@@ -106,8 +106,9 @@ def _session_tmpdir(tmp_path_factory):
     session, every process of a run the tests started — the SuperLink, the simulation
     process, Ray's workers and agents (found by their command line or working directory)
     — names ``<session dir>/fedrcl-flwr-home-``, and processes of anyone else's runs on
-    the machine never do (``helpers.leftover_procs`` judges only ours). Ray also keeps its
-    session files under ``$TMPDIR/ray``. pytest's own temporary directories are fixed
+    the machine never do (``helpers.leftover_procs`` judges only ours). The homes under it
+    are too long a path for Ray's sockets, so Ray keeps its session files under
+    ``$TMPDIR/ray`` (``fedrcl_flwr.runner.ray_sockets_fit``), removed with the directory. pytest's own temporary directories are fixed
     first and stay where they were; the directory is removed at the end."""
     import os
     import shutil

@@ -42,9 +42,11 @@ SMALL = [
 ]
 
 
-def _start(out: Path, *sets, tag: str):
+def _start(out: Path, *sets, tag: str, tmpdir: str | None = None):
     args = quickstart_run_args(out, *SMALL, *sets)
     env = {**os.environ, "FEDRCL_TEST_TAG": tag}
+    if tmpdir is not None:
+        env["TMPDIR"] = tmpdir
     return subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -70,11 +72,20 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
     # a quote, a space and braces in the output path: handed to Flower without pasting
     out = tmp_path / 'run "q" {x}'
     tag = uuid.uuid4().hex
-    proc = _start(out, "federation.rounds=500", tag=tag)
+    # the run's home in /tmp (the suite's $TMPDIR is too long a path for Ray's sockets):
+    # Ray's session files then live in the home and go with it (found by the tag)
+    proc = _start(out, "federation.rounds=500", tag=tag, tmpdir="/tmp")
     try:
         _wait_for_round(proc, out, 1)  # round 2 is being trained now
         home = _home(out)
+        assert home.startswith("/tmp/fedrcl-flwr-home-"), home
         assert procs_with(home), "the run's processes should be found while it runs"
+        sessions = list((Path(home) / "ray").glob("session_*/sockets"))
+        assert sessions, f"Ray's session directory is not in the run's home {home}"
+        assert (
+            f"Ray's session files: {home}/ray (removed with the run)"
+            in (out / "flower.log").read_text()
+        )
         # the run's weight store (simulation.transport: shared, issue 30) is in use
         store = store_dir(home)
         assert store.is_dir(), f"no weight store {store} while the run trains"
