@@ -129,6 +129,48 @@ def _proc_ticks(pid: str) -> tuple[int, int]:
     return int(rest[11]) + int(rest[12]), int(rest[19])
 
 
+# what each process of a run is, by its command line (the first match), for the CPU
+# accounting of a run (``cpu_line``): the start-up of a whole run on a small machine is
+# CPU-bound, so CPU seconds say where it goes better than a timeline does
+PROCESS_KINDS = [
+    ("default_worker.py", "Ray workers (actors)"),
+    ("flwr-simulation", "simulation process"),
+    ("flower-superlink", "SuperLink"),
+    ("flower-superexec", "SuperExec"),
+    ("gcs_server", "Ray's node"),
+    ("raylet", "Ray's node"),
+    ("dashboard", "Ray's node"),
+    ("runtime_env", "Ray's node"),
+    ("log_monitor", "Ray's node"),
+    ("monitor.py", "Ray's node"),
+    ("fedrcl_flwr.run.processes", "watchdog"),
+    ("run_inprocess", "in-process runner"),  # before the CLI: its code names the CLI module
+    ("fedrcl_flwr.cli", "CLI"),
+]
+
+
+def process_kind(pid: str) -> str:
+    if pid == str(os.getpid()):
+        return "benchmark"
+    try:
+        cmd = (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return "other"
+    return next((kind for needle, kind in PROCESS_KINDS if needle in cmd), "other")
+
+
+def cpu_line(name: str, r: dict) -> str:
+    """CPU seconds of a run's processes by kind (sampled every 0.5 s: a process's last
+    half second before it ends, and any process shorter than that, are missed)."""
+    cpu = r.get("cpu") or {}
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+    return (
+        f"  {'':<17} CPU {sum(cpu.values()):5.1f} s over {r['wall']:.1f} s: {parts}" if cpu else ""
+    )
+
+
 class LoadWatch:
     """CPU used by processes other than the benchmark's while a measurement runs:
     total busy CPU (``/proc/stat``) less the CPU of the benchmark's processes (itself and
@@ -138,6 +180,8 @@ class LoadWatch:
     def __init__(self, marker: str):
         self.marker = marker
         self.ours: dict[tuple[str, int], bool] = {}  # (pid, start time) -> ours?
+        self.kind: dict[tuple[str, int], str] = {}  # ... -> what it is (PROCESS_KINDS)
+        self.kind_ticks: dict[str, int] = {}
         self.last: dict[tuple[str, int], int] = {}  # ... -> CPU ticks at the last sample
         self.ours_ticks = 0
         self._started = False
@@ -166,10 +210,14 @@ class LoadWatch:
             key = (entry.name, start)
             if key not in self.ours:
                 self.ours[key] = self._is_ours(entry.name)
+                if self.ours[key]:
+                    self.kind[key] = process_kind(entry.name)
                 # a process of ours born during the watch counts with all of its CPU
                 self.last[key] = 0 if self._started else ticks
             if self.ours[key]:
                 self.ours_ticks += ticks - self.last[key]
+                kind = self.kind[key]
+                self.kind_ticks[kind] = self.kind_ticks.get(kind, 0) + ticks - self.last[key]
                 self.last[key] = ticks
 
     def __enter__(self):
@@ -177,6 +225,7 @@ class LoadWatch:
         self._sample()
         self._started = True
         self.ours_ticks = 0
+        self.kind_ticks = {}
         self.t0, self.busy0 = time.time(), _busy_ticks()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -195,6 +244,9 @@ class LoadWatch:
         hz = os.sysconf("SC_CLK_TCK")
         others = (_busy_ticks() - self.busy0 - self.ours_ticks) / hz
         self.others_cores = max(others, 0.0) / wall
+        self.cpu_by_kind = {
+            k: t / hz for k, t in self.kind_ticks.items() if k != "benchmark" and t > 0
+        }
         return False
 
     def describe(self) -> str:
@@ -236,6 +288,7 @@ def timed_process(cmd: list[str], env: dict, watch: LoadWatch) -> dict:
         "t_launch": t_launch,
         "load": watch.describe(),
         "others": watch.others_cores,
+        "cpu": watch.cpu_by_kind,
     }
     if rounds:
         out["startup"] = rounds[0][0] - rounds[0][1]
@@ -875,6 +928,9 @@ def report(regime, rounds, transport, trials, env, work, marker, exp, args, tabl
         )
     print(describe("in-process", bare))
     print(describe(f"run ({transport})", sim))
+    for r in (bare, sim):
+        if r["rc"] == 0 and cpu_line("", r):
+            print(cpu_line("", r))
     if bare["rc"] or sim["rc"] or not bare["rounds"] or not sim["rounds"]:
         table.append((regime.name, rounds, transport, None, None, None, "FAILED", trials))
         return False
