@@ -610,3 +610,29 @@ def test_the_collector_hands_anything_else_to_the_grid():
     assert grid.pull_interval == 0.1 and grid.push_messages([1, 2]) == ["m0", "m1"]
     with pytest.raises(AttributeError):
         grid.no_such_attribute  # noqa: B018 - the lookup is the test
+
+
+def test_the_cli_imports_flowers_run_command_while_the_superlink_starts(monkeypatch):
+    """The runner imports ``flwr run``'s modules in a thread while it waits for the
+    SuperLink (``runner._import_flower_cli``); an import failure there is left for the
+    real call to report, with its context."""
+    import subprocess
+    import sys
+
+    from fedrcl_flwr import runner
+    from fedrcl_flwr.app import flower_private
+
+    code = (
+        "import sys; from fedrcl_flwr import runner\n"
+        "assert 'flwr.cli.run.run' not in sys.modules\n"
+        "runner._import_flower_cli()\n"
+        "print('flwr.cli.run.run' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "True", out.stdout + out.stderr
+
+    def broken():
+        raise ImportError("no flwr.cli here")
+
+    monkeypatch.setattr(flower_private, "cli_run", broken)
+    assert runner._import_flower_cli() is None
