@@ -158,10 +158,15 @@ def process_kind(pid: str) -> str:
         )
     except OSError:
         return "other"
+    return kind_of_command(cmd)
+
+
+def kind_of_command(cmd: str) -> str:
+    """What a process of a run is (:data:`PROCESS_KINDS`), from its command line."""
     return next((kind for needle, kind in PROCESS_KINDS if needle in cmd), "other")
 
 
-def cpu_line(name: str, r: dict) -> str:
+def cpu_line(r: dict) -> str:
     """CPU seconds of a run's processes by kind (sampled every 0.5 s: a process's last
     half second before it ends, and any process shorter than that, are missed)."""
     cpu = r.get("cpu") or {}
@@ -931,8 +936,8 @@ def report(regime, rounds, transport, trials, env, work, marker, exp, args, tabl
     print(describe("in-process", bare))
     print(describe(f"run ({transport})", sim))
     for r in (bare, sim):
-        if r["rc"] == 0 and cpu_line("", r):
-            print(cpu_line("", r))
+        if r["rc"] == 0 and cpu_line(r):
+            print(cpu_line(r))
     if bare["rc"] or sim["rc"] or not bare["rounds"] or not sim["rounds"]:
         table.append((regime.name, rounds, transport, None, None, None, "FAILED", trials))
         return False

@@ -636,3 +636,32 @@ def test_the_cli_imports_flowers_run_command_while_the_superlink_starts(monkeypa
 
     monkeypatch.setattr(flower_private, "cli_run", broken)
     assert runner._import_flower_cli() is None
+
+
+def test_bench_regimes_counts_each_kind_of_a_runs_processes():
+    """``bench_regimes``' CPU accounting: each process of a run named by its command line
+    (the in-process runner's code, which names the CLI module, is the in-process runner;
+    an unknown command is "other"), the line sorted by CPU with its total, and the
+    benchmark's own process known as such."""
+    import os
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_regimes
+
+    kind = bench_regimes.kind_of_command
+    py = "/usr/bin/python3.11"
+    assert kind(f"{py} /x/ray/_private/workers/default_worker.py --node-ip") == (
+        "Ray workers (actors)"
+    )
+    assert kind(f"{py} /x/bin/flwr-simulation --runtime-api-address 1") == "simulation process"
+    assert kind(f"{py} /x/bin/flower-superlink --simulation") == "SuperLink"
+    assert kind("/x/ray/core/src/ray/raylet/raylet --node-ip") == "Ray's node"
+    assert kind(f"{py} -m fedrcl_flwr.run.processes watch /tmp/h") == "watchdog"
+    assert kind(f"{py} -m fedrcl_flwr.cli run q.yaml") == "CLI"
+    assert kind(f"{py} -c {bench_regimes.INPROCESS} q.yaml") == "in-process runner"
+    assert kind("/bin/sh -c true") == "other"
+    assert bench_regimes.process_kind(str(os.getpid())) == "benchmark"
+    line = bench_regimes.cpu_line({"wall": 10.0, "cpu": {"SuperLink": 1.25, "CLI": 2.5}})
+    assert line.split("CPU", 1)[1] == "   3.8 s over 10.0 s: CLI 2.5, SuperLink 1.2"
+    assert bench_regimes.cpu_line({"wall": 1.0, "cpu": {}}) == ""
