@@ -29,6 +29,11 @@ the round's clients. ``--floor`` measures Flower's own minimal simulation (a no-
 ServerApp + ClientApp, the same number of SuperNodes and messages per round, Flower's own
 ``flwr run``) and reports the run's start-up as "Flower's floor + X s".
 
+Under each run's line, its CPU seconds by kind of process (:data:`PROCESS_KINDS`: Ray's
+workers, the simulation process, Ray's node, the SuperLink, the SuperExec, the CLI, the
+watchdog; or the in-process runner), sampled every 0.5 s: on a small machine a whole run's
+start-up is CPU-bound, and this says whose CPU it is.
+
 Every figure is printed with the machine's load: the 1-minute load average before the
 run and the CPU that processes other than the benchmark's used during it. A goal is
 called met only when that CPU stayed under ``--quiet-cores`` (0.10 cores); otherwise the
