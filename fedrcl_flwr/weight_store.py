@@ -582,9 +582,58 @@ def forget(root: Path | str) -> None:
 
 def temporary_store(prefix: str = "fedrcl-flwr-store-") -> tuple[WeightStore, Path]:
     """A store with a fresh unique name (the in-process runner, benchmarks): the store
-    and the folder to delete afterwards (under ``/dev/shm`` when usable)."""
+    and the folder to delete afterwards (under ``/dev/shm`` when usable).
+
+    The name carries this process's PID (``<prefix><pid>-<random>``): a process killed
+    before it deleted its store (SIGTERM and SIGKILL run no ``finally``) left a folder in
+    ``/dev/shm``, that is in memory, which the next call with the same prefix removes
+    (:func:`remove_stale_stores`)."""
+    owned = f"{prefix}{os.getpid()}-"
+    for parent in (SHM, Path(tempfile.gettempdir())):
+        remove_stale_stores(parent, prefix)
+        try:
+            return WeightStore(root := Path(tempfile.mkdtemp(prefix=owned, dir=parent))), root
+        except OSError:
+            continue
+    raise OSError(f"cannot create a weight store in {SHM} or {tempfile.gettempdir()}")
+
+
+def remove_stale_stores(parent: Path, prefix: str) -> list[Path]:
+    """Delete the stores :func:`temporary_store` made in ``parent`` for processes that no
+    longer exist; returns them. Only what it can recognise: a folder of this user named
+    ``<prefix><pid>-<random>`` whose process is gone, holding nothing but regular files
+    (an arena, entries, an entry being written). A live PID (even a reused one) keeps
+    its folder."""
+    removed: list[Path] = []
     try:
-        root = Path(tempfile.mkdtemp(prefix=prefix, dir=SHM))
+        entries = list(os.scandir(parent))
     except OSError:
-        root = Path(tempfile.mkdtemp(prefix=prefix))
-    return WeightStore(root), root
+        return removed
+    for entry in entries:
+        pid_text, dash, _ = entry.name[len(prefix) :].partition("-")
+        if not (entry.name.startswith(prefix) and dash and pid_text.isdigit()):
+            continue
+        if _alive(int(pid_text)):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+                continue
+            if not all(f.is_file(follow_symlinks=False) for f in os.scandir(entry.path)):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(Path(entry.path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a PID this module wrote: leave it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, another user's
+        return True
+    return True

@@ -420,3 +420,46 @@ def test_a_writer_maps_each_region_of_the_arena_once(tmp_path):
     transport.reply(up, t.for_client(sent, 2, 0))  # the same region: nothing new
     assert writer.populated == {0, ring}
     assert all(np.array_equal(a, b) for a, b in zip(transport.arrays_of(r), up))
+
+
+def test_a_killed_processs_temporary_store_is_removed_by_the_next_one(tmp_path, monkeypatch):
+    """The in-process runner's store (``temporary_store``) is in ``/dev/shm``, in memory:
+    one whose process was killed (no ``finally`` ran) is removed by the next call, and
+    only such a folder: a live process's store, a name without a PID, a folder holding a
+    sub-folder, and another prefix's folder stay."""
+    import os
+    import subprocess
+    import sys
+
+    from fedrcl_flwr import weight_store
+
+    monkeypatch.setattr(weight_store, "SHM", tmp_path)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead_pid = int(dead.stdout)
+    prefix = "fedrcl-flwr-store-"
+    stale = tmp_path / f"{prefix}{dead_pid}-abc"
+    stale.mkdir()
+    (stale / weight_store.ARENA).write_bytes(b"x" * 100)
+    (stale / ".tmp-1-2").write_bytes(b"")
+    live = tmp_path / f"{prefix}{os.getpid()}-def"  # this process: alive
+    live.mkdir()
+    unnamed = tmp_path / f"{prefix}qdtpw3sj"  # the old names: no PID, left alone
+    unnamed.mkdir()
+    nested = tmp_path / f"{prefix}{dead_pid}-ghi"  # not a store's contents
+    (nested / "sub").mkdir(parents=True)
+    other = tmp_path / f"bench-transport-{dead_pid}-jkl"
+    other.mkdir()
+    store, root = weight_store.temporary_store()
+    try:
+        assert root.parent == tmp_path and root.name.startswith(f"{prefix}{os.getpid()}-")
+        assert not stale.exists()
+        assert live.is_dir() and unnamed.is_dir() and nested.is_dir() and other.is_dir()
+        assert weight_store.remove_stale_stores(tmp_path, "bench-transport-") == [other]
+        assert weight_store.remove_stale_stores(tmp_path / "absent", prefix) == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
