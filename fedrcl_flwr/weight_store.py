@@ -584,11 +584,11 @@ def temporary_store(prefix: str = "fedrcl-flwr-store-") -> tuple[WeightStore, Pa
     """A store with a fresh unique name (the in-process runner, benchmarks): the store
     and the folder to delete afterwards (under ``/dev/shm`` when usable).
 
-    The name carries this process's PID (``<prefix><pid>-<random>``): a process killed
-    before it deleted its store (SIGTERM and SIGKILL run no ``finally``) left a folder in
-    ``/dev/shm``, that is in memory, which the next call with the same prefix removes
-    (:func:`remove_stale_stores`)."""
-    owned = f"{prefix}{os.getpid()}-"
+    The name carries this process's PID and PID namespace (``<prefix><pid>-<namespace>-
+    <random>``): a process killed before it deleted its store (SIGTERM and SIGKILL run no
+    ``finally``) left a folder in ``/dev/shm``, that is in memory, which the next call
+    with the same prefix removes (:func:`remove_stale_stores`)."""
+    owned = f"{prefix}{os.getpid()}-{_pid_namespace()}-"
     for parent in (SHM, Path(tempfile.gettempdir())):
         remove_stale_stores(parent, prefix)
         try:
@@ -601,17 +601,22 @@ def temporary_store(prefix: str = "fedrcl-flwr-store-") -> tuple[WeightStore, Pa
 def remove_stale_stores(parent: Path, prefix: str) -> list[Path]:
     """Delete the stores :func:`temporary_store` made in ``parent`` for processes that no
     longer exist; returns them. Only what it can recognise: a folder of this user named
-    ``<prefix><pid>-<random>`` whose process is gone, holding nothing but regular files
-    (an arena, entries, an entry being written). A live PID (even a reused one) keeps
-    its folder."""
+    ``<prefix><pid>-<namespace>-<random>`` whose process is gone, holding nothing but
+    regular files (an arena, entries, an entry being written). A live PID (even a reused
+    one) keeps its folder, and so does one of another PID namespace (a container sharing
+    ``/dev/shm``, whose PIDs this process cannot see)."""
     removed: list[Path] = []
+    namespace = _pid_namespace()
     try:
         entries = list(os.scandir(parent))
     except OSError:
         return removed
     for entry in entries:
-        pid_text, dash, _ = entry.name[len(prefix) :].partition("-")
+        pid_text, _, rest = entry.name[len(prefix) :].partition("-")
+        ns_text, dash, _ = rest.partition("-")
         if not (entry.name.startswith(prefix) and dash and pid_text.isdigit()):
+            continue
+        if namespace == "0" or ns_text != namespace:
             continue
         if _alive(int(pid_text)):
             continue
@@ -625,6 +630,17 @@ def remove_stale_stores(parent: Path, prefix: str) -> list[Path]:
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(Path(entry.path))
     return removed
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace (the inode of ``/proc/self/ns/pid``), or ``"0"``
+    where it cannot be read (then no store is ever judged stale)."""
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return "0"
+    digits = "".join(ch for ch in link if ch.isdigit())
+    return digits or "0"
 
 
 def _alive(pid: int) -> bool:

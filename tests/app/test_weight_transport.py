@@ -425,8 +425,8 @@ def test_a_writer_maps_each_region_of_the_arena_once(tmp_path):
 def test_a_killed_processs_temporary_store_is_removed_by_the_next_one(tmp_path, monkeypatch):
     """The in-process runner's store (``temporary_store``) is in ``/dev/shm``, in memory:
     one whose process was killed (no ``finally`` ran) is removed by the next call, and
-    only such a folder: a live process's store, a name without a PID, a folder holding a
-    sub-folder, and another prefix's folder stay."""
+    only such a folder: a live process's store, another PID namespace's, a name without
+    a PID, a folder holding a sub-folder, and another prefix's folder stay."""
     import os
     import subprocess
     import sys
@@ -442,23 +442,29 @@ def test_a_killed_processs_temporary_store_is_removed_by_the_next_one(tmp_path, 
     )
     dead_pid = int(dead.stdout)
     prefix = "fedrcl-flwr-store-"
-    stale = tmp_path / f"{prefix}{dead_pid}-abc"
+    ns = weight_store._pid_namespace()
+    assert ns != "0" and ns.isdigit()
+    stale = tmp_path / f"{prefix}{dead_pid}-{ns}-abc"
     stale.mkdir()
     (stale / weight_store.ARENA).write_bytes(b"x" * 100)
     (stale / ".tmp-1-2").write_bytes(b"")
-    live = tmp_path / f"{prefix}{os.getpid()}-def"  # this process: alive
+    live = tmp_path / f"{prefix}{os.getpid()}-{ns}-def"  # this process: alive
+    elsewhere = tmp_path / f"{prefix}{dead_pid}-1{ns}-abc"  # another PID namespace
+    elsewhere.mkdir()
     live.mkdir()
     unnamed = tmp_path / f"{prefix}qdtpw3sj"  # the old names: no PID, left alone
     unnamed.mkdir()
-    nested = tmp_path / f"{prefix}{dead_pid}-ghi"  # not a store's contents
+    nested = tmp_path / f"{prefix}{dead_pid}-{ns}-ghi"  # not a store's contents
     (nested / "sub").mkdir(parents=True)
-    other = tmp_path / f"bench-transport-{dead_pid}-jkl"
+    other = tmp_path / f"bench-transport-{dead_pid}-{ns}-jkl"
     other.mkdir()
     store, root = weight_store.temporary_store()
     try:
-        assert root.parent == tmp_path and root.name.startswith(f"{prefix}{os.getpid()}-")
+        assert root.parent == tmp_path
+        assert root.name.startswith(f"{prefix}{os.getpid()}-{ns}-")
         assert not stale.exists()
         assert live.is_dir() and unnamed.is_dir() and nested.is_dir() and other.is_dir()
+        assert elsewhere.is_dir()
         assert weight_store.remove_stale_stores(tmp_path, "bench-transport-") == [other]
         assert weight_store.remove_stale_stores(tmp_path / "absent", prefix) == []
     finally:
