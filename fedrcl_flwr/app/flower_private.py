@@ -23,6 +23,9 @@ its response ``log_output``)
 ``flwr.supercore.task_identity:TaskIdentity``          the in-process workflow's task id
 ``flwr.common.constant:ErrorCode``                     the code of a ClientApp that raised
 ``flwr.server.client_proxy:ClientProxy``               the strategy's type annotations
+``flwr.server.superlink.fleet.vce.vce_api:``           the simulation engine's look-up for
+``add_messages_to_queue``                              new messages, woken when the
+                                                       ServerApp sends (:func:`engine_doorbell`)
 =====================================================  ====================================
 """
 
@@ -31,6 +34,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,9 +46,11 @@ from flwr.server.client_proxy import ClientProxy
 __all__ = [
     "CLIENT_APP_RAISED_EXCEPTION",
     "ClientProxy",
+    "EngineDoorbell",
     "PRIVATE_API",
     "cli_run",
     "control_http_client",
+    "engine_doorbell",
     "list_runs_request",
     "load",
     "problem",
@@ -109,6 +116,101 @@ def task_identity(run_id: int, node_id: int, task_id: int = 0) -> Iterator[None]
         identity.run_id, identity.node_id, identity.task_id = before
 
 
+# ------------------------------------------------------ the simulation engine's look-up
+ENGINE_MODULE = "flwr.server.superlink.fleet.vce.vce_api"
+ENGINE_LOOKUP = f"{ENGINE_MODULE}:add_messages_to_queue"
+ENGINE_LOOKUP_PARAMETERS = ("state", "queue", "nodes_mapping", "f_stop")
+LOOKUP_INTERVAL = 0.1  # seconds: Flower's own interval, kept when nothing rings
+
+
+@dataclass
+class EngineDoorbell:
+    """Rung by the ServerApp after it sends messages (``ReplyCollector``): the engine's
+    look-up for new messages runs at once instead of at its next 0.1 s tick.
+
+    ``note`` says, for the run's log, whether the engine listens (``installed``) or keeps
+    Flower's own look-up, and why."""
+
+    installed: bool
+    note: str
+    event: threading.Event
+
+    def ring(self) -> None:
+        self.event.set()
+
+
+_DOORBELL: EngineDoorbell | None = None
+_DOORBELL_LOCK = threading.Lock()
+
+
+def _lookup_on_ring(event: threading.Event) -> Callable[..., None]:
+    """Flower's ``add_messages_to_queue`` (flwr 1.42, ``vce_api.py``) with one change:
+    between two passes it waits for ``event`` (at most Flower's 0.1 s) where Flower waits
+    only for ``f_stop``. A pass is Flower's: one ``get_message_ins(node_id, limit=1)`` per
+    node, each message found put on the engine's queue. The event is cleared after the wait
+    and before the pass, so a ring during a pass brings one more pass, never a lost one."""
+
+    def add_messages_to_queue(state: Any, queue: Any, nodes_mapping: Any, f_stop: Any) -> None:
+        while not f_stop.is_set():
+            for node_id in nodes_mapping.keys():
+                for message in state.get_message_ins(node_id=node_id, limit=1):
+                    queue.put(message)
+            event.wait(LOOKUP_INTERVAL)
+            event.clear()
+
+    add_messages_to_queue.__doc__ = _lookup_on_ring.__doc__
+    return add_messages_to_queue
+
+
+def engine_doorbell() -> EngineDoorbell:
+    """In a Flower simulation process, the doorbell of its engine's look-up for new
+    messages (installed once per process; later calls return the same one).
+
+    Flower's simulation engine and the ServerApp share one process and one in-memory
+    LinkState; a thread of the engine looks for new messages every 0.1 s
+    (``add_messages_to_queue``: ``f_stop.wait(0.1)``, a constant), so a round's messages
+    waited 50 ms on average before any client started (docs/performance.md). Flower's
+    ``run_api`` starts that thread with the module's ``add_messages_to_queue`` once its
+    Ray backend is built, seconds after the ServerApp has started; the ServerApp replaces
+    the function before then with :func:`_lookup_on_ring`'s. Not installed (Flower's own
+    look-up is kept, ``note`` says why) outside a simulation process (the engine's module
+    is not loaded), when Flower's function no longer has the shape replaced here
+    (``PRIVATE_API`` names it), or when the engine's thread had already started."""
+    global _DOORBELL
+    with _DOORBELL_LOCK:
+        if _DOORBELL is None:
+            _DOORBELL = _install_doorbell()
+        return _DOORBELL
+
+
+def _install_doorbell() -> EngineDoorbell:
+    event = threading.Event()
+
+    def kept(why: str) -> EngineDoorbell:
+        note = f"the simulation engine looks for new messages every 0.1 s (Flower's): {why}"
+        return EngineDoorbell(False, note, event)
+
+    module = sys.modules.get(ENGINE_MODULE)
+    if module is None:
+        return kept("not a Flower simulation process")
+    original = getattr(module, "add_messages_to_queue", None)
+    run_api = getattr(module, "run_api", None)
+    if original is None or run_api is None:
+        return kept(f"{ENGINE_MODULE} changed (no add_messages_to_queue or run_api)")
+    why = _parameters(*ENGINE_LOOKUP_PARAMETERS)(original) or _starts_lookup_by_name(run_api)
+    if why:
+        return kept(f"{ENGINE_MODULE} changed ({why})")
+    if any(getattr(t, "_target", None) is original for t in threading.enumerate()):
+        return kept("its thread had started before the ServerApp")
+    setattr(module, "add_messages_to_queue", _lookup_on_ring(event))  # noqa: B010
+    return EngineDoorbell(
+        True,
+        "the simulation engine picks up messages when the ServerApp sends them "
+        f"(its look-up, {ENGINE_LOOKUP}, woken; Flower's 0.1 s otherwise)",
+        event,
+    )
+
+
 # ------------------------------------------------------ the shapes this project relies on
 @dataclass(frozen=True)
 class PrivateSymbol:
@@ -171,6 +273,14 @@ def _settable_class_properties(*names: str) -> Callable[[Any], str | None]:
     return check
 
 
+def _starts_lookup_by_name(run_api: Any) -> str | None:
+    """``run_api`` must start the look-up's thread with the module's global
+    ``add_messages_to_queue``, read when it runs (what :func:`engine_doorbell` replaces)."""
+    if "add_messages_to_queue" not in run_api.__code__.co_names:
+        return "does not read the module's add_messages_to_queue when it runs"
+    return None
+
+
 def _int_attribute(name: str) -> Callable[[Any], str | None]:
     def check(obj: Any) -> str | None:
         value = getattr(obj, name, None)
@@ -217,6 +327,8 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "flwr.server.client_proxy:ClientProxy",
         _all(_parameters("cid"), _attributes("fit", "evaluate")),
     ),
+    PrivateSymbol(ENGINE_LOOKUP, _parameters(*ENGINE_LOOKUP_PARAMETERS)),
+    PrivateSymbol(f"{ENGINE_MODULE}:run_api", _starts_lookup_by_name),
 )
 
 

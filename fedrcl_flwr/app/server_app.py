@@ -19,6 +19,7 @@ from flwr.server import (
 )
 
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
+from fedrcl_flwr.app.flower_private import engine_doorbell
 from fedrcl_flwr.app.replies import INTERVAL, WIRE_INTERVAL, ReplyCollector
 from fedrcl_flwr.config import dump_config
 from fedrcl_flwr.errors import ConfigError
@@ -420,12 +421,20 @@ def main(grid, context: Context) -> None:
     ``privacy.secagg`` the SecAgg+ workflow (:func:`run_secagg`)."""
     from functools import partial
 
-    cfg = config_from_run_config(context.run_config)
     simulation = hasattr(grid, "pull_interval")  # the simulation's in-memory grid
+    # first: the engine starts its look-up's thread once Ray is up (flower_private)
+    doorbell = engine_doorbell() if simulation else None
+    cfg = config_from_run_config(context.run_config)
+    if doorbell is not None:
+        print(f"[fedrcl-flwr] {doorbell.note}", file=sys.stderr, flush=True)
     # one thread looks for every waiting client's reply: every 10 ms in memory, every
     # 0.2 s over the wire (Flower's own loop: one look-up per client every 0.1 s in
     # simulation, every 3 s under the Deployment Engine)
-    grid = ReplyCollector(grid, interval=INTERVAL if simulation else WIRE_INTERVAL)
+    grid = ReplyCollector(
+        grid,
+        interval=INTERVAL if simulation else WIRE_INTERVAL,
+        on_send=doorbell.ring if doorbell is not None and doorbell.installed else None,
+    )
     if cfg.privacy.secagg:
         run_secagg(grid, context, simulation)
     else:

@@ -665,3 +665,141 @@ def test_bench_regimes_counts_each_kind_of_a_runs_processes():
     line = bench_regimes.cpu_line({"wall": 10.0, "cpu": {"SuperLink": 1.25, "CLI": 2.5}})
     assert line.split("CPU", 1)[1] == "   3.8 s over 10.0 s: CLI 2.5, SuperLink 1.2"
     assert bench_regimes.cpu_line({"wall": 1.0, "cpu": {}}) == ""
+
+
+# ------------------------------------------------ the simulation engine's doorbell (issue 30)
+def _fake_engine_module(monkeypatch, add_messages_to_queue=None, run_api=None):
+    """A stand-in for Flower's ``vce_api`` in ``sys.modules``: its ``run_api`` reads
+    ``add_messages_to_queue`` by name, as Flower's does."""
+    import sys
+    import types
+
+    from fedrcl_flwr.app import flower_private
+
+    module = types.ModuleType(flower_private.ENGINE_MODULE)
+
+    def flowers_lookup(state, queue, nodes_mapping, f_stop):
+        while not f_stop.is_set():
+            f_stop.wait(0.1)
+
+    def flowers_run_api(app_fn, backend_fn, nodes_mapping, state_factory, stores, f_stop):
+        return module.add_messages_to_queue  # the global, read when run_api runs
+
+    module.add_messages_to_queue = add_messages_to_queue or flowers_lookup
+    module.run_api = run_api or flowers_run_api
+    monkeypatch.setitem(sys.modules, flower_private.ENGINE_MODULE, module)
+    return module
+
+
+def test_the_engine_doorbell_replaces_flowers_look_up_only_where_it_can(monkeypatch):
+    import sys
+    import threading
+
+    from fedrcl_flwr.app import flower_private
+
+    # not a simulation process: Flower's look-up is kept, and the log says why
+    monkeypatch.delitem(sys.modules, flower_private.ENGINE_MODULE, raising=False)
+    bell = flower_private._install_doorbell()
+    assert not bell.installed and "not a Flower simulation process" in bell.note
+
+    # the engine's module as Flower 1.42 has it: replaced, and run_api starts ours
+    module = _fake_engine_module(monkeypatch)
+    original = module.add_messages_to_queue
+    bell = flower_private._install_doorbell()
+    assert bell.installed and "picks up messages when the ServerApp sends them" in bell.note
+    assert module.add_messages_to_queue is not original
+    assert module.run_api(None, None, {}, None, {}, None) is module.add_messages_to_queue
+
+    # a later Flower whose look-up has another shape: kept, the change named
+    def other_shape(state, queue, nodes_mapping, stop_event):
+        pass
+
+    _fake_engine_module(monkeypatch, add_messages_to_queue=other_shape)
+    bell = flower_private._install_doorbell()
+    assert not bell.installed and "no parameter(s) ['f_stop']" in bell.note
+
+    # a run_api that holds the function itself instead of reading the module's: kept
+    def binds_early(app_fn, backend_fn, nodes_mapping, state_factory, stores, f_stop):
+        return app_fn
+
+    _fake_engine_module(monkeypatch, run_api=binds_early)
+    bell = flower_private._install_doorbell()
+    assert not bell.installed and "does not read the module's add_messages_to_queue" in bell.note
+
+    # the engine's thread already runs Flower's look-up: replacing the module's function
+    # would change nothing, and the log says so
+    module = _fake_engine_module(monkeypatch)
+    stop = threading.Event()
+    engine = threading.Thread(target=module.add_messages_to_queue, args=(None, None, {}, stop))
+    engine.start()
+    try:
+        bell = flower_private._install_doorbell()
+        assert not bell.installed and "its thread had started before the ServerApp" in bell.note
+    finally:
+        stop.set()
+        engine.join(10)
+
+
+def test_a_ring_makes_the_engine_look_up_at_once(monkeypatch):
+    """The replaced look-up makes Flower's passes (one ``get_message_ins(node, limit=1)``
+    per node); between passes it waits for the doorbell. With the interval set to 10
+    minutes here, a message sent after a pass reaches the engine's queue only because the
+    ServerApp rang."""
+    import queue
+    import threading
+
+    from fedrcl_flwr.app import flower_private
+
+    monkeypatch.setattr(flower_private, "LOOKUP_INTERVAL", 600.0)
+
+    class State:
+        def __init__(self):
+            self.pending: dict[int, list[str]] = {7: ["a", "b"], 9: []}
+            self.lock = threading.Lock()
+            self.calls: list[tuple[int, int]] = []
+            self.passed = threading.Event()
+
+        def get_message_ins(self, node_id, limit):
+            with self.lock:
+                self.calls.append((node_id, limit))
+                out, self.pending[node_id] = (
+                    self.pending[node_id][:limit],
+                    self.pending[node_id][limit:],
+                )
+            if node_id == 9:
+                self.passed.set()
+            return out
+
+    event = threading.Event()
+    lookup = flower_private._lookup_on_ring(event)
+    state, inbox, stop = State(), queue.Queue(), threading.Event()
+    engine = threading.Thread(target=lookup, args=(state, inbox, {7: 0, 9: 1}, stop))
+    engine.start()
+    try:
+        assert inbox.get(timeout=60) == "a"  # the first pass: one message per node
+        assert state.passed.wait(60)
+        assert inbox.empty()  # "b" waits for the next pass
+        state.passed.clear()
+        with state.lock:
+            state.pending[9].append("c")
+        flower_private.EngineDoorbell(True, "", event).ring()
+        got = {inbox.get(timeout=60), inbox.get(timeout=60)}
+        assert got == {"b", "c"}
+        assert state.calls[:2] == [(7, 1), (9, 1)]
+    finally:
+        stop.set()
+        event.set()
+        engine.join(60)
+    assert not engine.is_alive()
+
+
+def test_the_collector_rings_after_every_send():
+    from fedrcl_flwr.app.replies import ReplyCollector
+
+    rings: list[int] = []
+    fake = _FakeGrid()
+    grid = ReplyCollector(fake, interval=0.005, on_send=lambda: rings.append(len(rings)))
+    grid.push_messages([1, 2])
+    assert rings == [0]
+    assert grid.send_and_receive([3], timeout=0.01) == []
+    assert rings == [0, 1]

@@ -146,6 +146,8 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
         (run / "run.log").read_text(),
     )  # 4 for the server's sends, 2 x 3 for the uploads (3 clients per round)
     assert store and store[1].startswith("/dev/shm/fedrcl-flwr-home-"), store
+    # the simulation engine's look-up was replaced before its thread started
+    assert "engine picks up messages when the ServerApp sends them" in (run / "run.log").read_text()
     assert not Path(store[1]).exists()  # removed with the run
     (tmp_path / "f").mkdir()
     flower = _run(tmp_path / "f", *research, "simulation.transport=flower", env=env)
