@@ -26,6 +26,10 @@ its response ``log_output``)
 ``flwr.server.superlink.fleet.vce.vce_api:``           the simulation engine's look-up for
 ``add_messages_to_queue``                              new messages, woken when the
                                                        ServerApp sends (:func:`engine_doorbell`)
+``flwr.server.superlink.fleet.vce.backend.``           each actor given its next message
+``raybackend:RayBackend`` (``build``, ``terminate``,   while it runs one
+its ``pool``: a ``BasicActorPool``'s ``pool`` list     (:func:`two_messages_per_actor`)
+and ``num_actors``)
 =====================================================  ====================================
 """
 
@@ -51,6 +55,7 @@ __all__ = [
     "cli_run",
     "control_http_client",
     "engine_doorbell",
+    "two_messages_per_actor",
     "list_runs_request",
     "load",
     "problem",
@@ -211,6 +216,100 @@ def _install_doorbell() -> EngineDoorbell:
     )
 
 
+# ------------------------------------------------------- two messages per actor in flight
+BACKEND_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
+BACKEND = f"{BACKEND_MODULE}:RayBackend"
+IN_FLIGHT_PER_ACTOR = 2
+
+
+@dataclass
+class EnginePatch:
+    """One change to Flower's simulation engine: whether it is made, and a line for the
+    run's log saying what it does or why Flower's own behaviour is kept."""
+
+    installed: bool
+    note: str
+
+
+_PIPELINE: EnginePatch | None = None
+
+
+def two_messages_per_actor() -> EnginePatch:
+    """In a Flower simulation process, give each Ray actor its next message while it runs
+    one (installed once per process; later calls return the same answer).
+
+    Flower's engine (``vce_api.run_api``) runs one worker thread per actor of its pool
+    (``RayBackend.num_workers``); a thread takes a message, hands it to an idle actor
+    (``a.run.remote``), waits for the reply (``ray.get``) and only then takes the next
+    one. Between two messages an actor idles while its reply travels back and the next
+    message is sent: 5-7 ms per message on the 2-core machine, a third of the cross-device
+    regime's per-client overhead (docs/performance.md). After Flower's ``build`` this lists
+    every actor :data:`IN_FLIGHT_PER_ACTOR` times in the pool (``BasicActorPool.pool``,
+    ``num_actors``), so that many worker threads serve each actor: Ray runs an actor's
+    tasks one at a time in the order they were sent, and the next message is already in
+    the actor when one ends. Nothing else changes: one message at a time per actor, every
+    message's context retrieved and stored by Flower's worker as before (the suite's runs
+    give the same numbers). ``terminate`` stops each actor once.
+
+    Not installed (Flower's pool kept, ``note`` says why) outside a simulation process,
+    when Flower's classes no longer have the shape relied on here (``PRIVATE_API`` names
+    it), or when Ray had already started in this process (the pool may have been built)."""
+    global _PIPELINE
+    with _DOORBELL_LOCK:
+        if _PIPELINE is None:
+            _PIPELINE = _install_two_per_actor()
+        return _PIPELINE
+
+
+def _install_two_per_actor() -> EnginePatch:
+    def kept(why: str) -> EnginePatch:
+        return EnginePatch(False, f"each Ray actor gets one message at a time (Flower's): {why}")
+
+    if sys.modules.get(ENGINE_MODULE) is None:
+        return kept("not a Flower simulation process")
+    why = next(filter(None, (problem(s) for s in _PIPELINE_SYMBOLS)), None)
+    if why:
+        return kept(f"Flower's engine changed ({why})")
+    backend = load(BACKEND)
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return kept("Ray had started before the ServerApp")
+    build, terminate = backend.build, backend.terminate
+
+    def build_two_per_actor(self: Any, app_fn: Any) -> None:
+        build(self, app_fn)
+        actors = list(self.pool.pool)
+        self.pool.pool.extend(actors * (IN_FLIGHT_PER_ACTOR - 1))
+        self.pool.num_actors = len(self.pool.pool)
+        print(
+            f"[fedrcl-flwr] each of the {len(actors)} Ray actors holds its next message "
+            f"while it runs one ({IN_FLIGHT_PER_ACTOR} in flight per actor)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def terminate_each_actor_once(self: Any) -> None:
+        if self.pool is not None:
+            once = {id(actor): actor for actor in self.pool.pool}
+            self.pool.pool[:] = list(once.values())
+            self.pool.num_actors = len(self.pool.pool)
+        terminate(self)
+
+    build_two_per_actor.__doc__ = two_messages_per_actor.__doc__
+    backend.build, backend.terminate = build_two_per_actor, terminate_each_actor_once
+    return EnginePatch(
+        True,
+        f"each Ray actor is given its next message while it runs one ({BACKEND}.build)",
+    )
+
+
+def _runs_a_worker_per_pool_entry(run_api: Any) -> str | None:
+    """``run_api`` must start its worker threads by ``backend.num_workers``."""
+    if "num_workers" not in run_api.__code__.co_names:
+        return "does not start a worker per backend.num_workers"
+    return None
+
+
 # ------------------------------------------------------ the shapes this project relies on
 @dataclass(frozen=True)
 class PrivateSymbol:
@@ -289,6 +388,19 @@ def _int_attribute(name: str) -> Callable[[Any], str | None]:
     return check
 
 
+# what :func:`two_messages_per_actor` relies on
+_PIPELINE_SYMBOLS: tuple[PrivateSymbol, ...] = (
+    PrivateSymbol(f"{ENGINE_MODULE}:run_api", _runs_a_worker_per_pool_entry),
+    PrivateSymbol(BACKEND, _attributes("build", "terminate", "process_message", "num_workers")),
+    PrivateSymbol(
+        "flwr.simulation.ray_transport.ray_actor:BasicActorPool",
+        _all(
+            _attributes("add_actors_to_pool", "submit", "terminate_all_actors"),
+            _parameters("actor_type", "client_resources", "actor_kwargs"),
+        ),
+    ),
+)
+
 PRIVATE_API: tuple[PrivateSymbol, ...] = (
     PrivateSymbol(
         "flwr.cli.run.run:run",
@@ -328,7 +440,11 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         _all(_parameters("cid"), _attributes("fit", "evaluate")),
     ),
     PrivateSymbol(ENGINE_LOOKUP, _parameters(*ENGINE_LOOKUP_PARAMETERS)),
-    PrivateSymbol(f"{ENGINE_MODULE}:run_api", _starts_lookup_by_name),
+    PrivateSymbol(
+        f"{ENGINE_MODULE}:run_api",
+        _all(_starts_lookup_by_name, _runs_a_worker_per_pool_entry),
+    ),
+    *_PIPELINE_SYMBOLS[1:],
 )
 
 

@@ -19,7 +19,7 @@ from flwr.server import (
 )
 
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
-from fedrcl_flwr.app.flower_private import engine_doorbell
+from fedrcl_flwr.app.flower_private import engine_doorbell, two_messages_per_actor
 from fedrcl_flwr.app.replies import INTERVAL, WIRE_INTERVAL, ReplyCollector
 from fedrcl_flwr.config import dump_config
 from fedrcl_flwr.errors import ConfigError
@@ -422,11 +422,14 @@ def main(grid, context: Context) -> None:
     from functools import partial
 
     simulation = hasattr(grid, "pull_interval")  # the simulation's in-memory grid
-    # first: the engine starts its look-up's thread once Ray is up (flower_private)
+    # first: the engine builds its actor pool and starts its look-up's thread once Ray is
+    # up, seconds after the ServerApp started (flower_private)
     doorbell = engine_doorbell() if simulation else None
+    pipeline = two_messages_per_actor() if simulation else None
     cfg = config_from_run_config(context.run_config)
-    if doorbell is not None:
-        print(f"[fedrcl-flwr] {doorbell.note}", file=sys.stderr, flush=True)
+    for patch in (doorbell, pipeline):
+        if patch is not None:
+            print(f"[fedrcl-flwr] {patch.note}", file=sys.stderr, flush=True)
     # one thread looks for every waiting client's reply: every 10 ms in memory, every
     # 0.2 s over the wire (Flower's own loop: one look-up per client every 0.1 s in
     # simulation, every 3 s under the Deployment Engine)

@@ -803,3 +803,85 @@ def test_the_collector_rings_after_every_send():
     assert rings == [0]
     assert grid.send_and_receive([3], timeout=0.01) == []
     assert rings == [0, 1]
+
+
+def test_each_actor_is_given_its_next_message_while_it_runs_one(monkeypatch):
+    """``two_messages_per_actor``: after Flower's ``build`` every actor is in the pool
+    twice (two of Flower's worker threads serve it, ``num_workers`` counts both), and
+    ``terminate`` stops each actor once."""
+    import sys
+    import types
+
+    from fedrcl_flwr.app import flower_private
+
+    flower_private.load("flwr.simulation.ray_transport.ray_actor:BasicActorPool")  # real
+
+    class Pool:
+        def __init__(self, actors):
+            self.pool, self.num_actors, self.terminated = list(actors), len(actors), []
+
+        def terminate_all_actors(self):
+            self.terminated.extend(self.pool)
+
+    class RayBackend:
+        def __init__(self):
+            self.pool = None
+
+        def build(self, app_fn):
+            self.pool = Pool(["actor0", "actor1"])
+
+        def terminate(self):
+            self.pool.terminate_all_actors()
+
+        def process_message(self, message, context):
+            raise NotImplementedError
+
+        @property
+        def num_workers(self):
+            return self.pool.num_actors
+
+    def run_api(app_fn, backend_fn, nodes_mapping, state_factory, stores, f_stop):
+        backend = backend_fn()
+        return [add_messages_to_queue for _ in range(backend.num_workers)]
+
+    add_messages_to_queue = None
+    engine = types.ModuleType(flower_private.ENGINE_MODULE)
+    engine.run_api = run_api
+    backend_module = types.ModuleType(flower_private.BACKEND_MODULE)
+    backend_module.RayBackend = RayBackend
+
+    # not a simulation process: Flower's pool is kept
+    monkeypatch.delitem(sys.modules, flower_private.ENGINE_MODULE, raising=False)
+    patch = flower_private._install_two_per_actor()
+    assert not patch.installed and "not a Flower simulation process" in patch.note
+
+    monkeypatch.setitem(sys.modules, flower_private.ENGINE_MODULE, engine)
+    monkeypatch.setitem(sys.modules, flower_private.BACKEND_MODULE, backend_module)
+    # Ray already up in this process: the pool may be built, Flower's is kept
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: True))
+    patch = flower_private._install_two_per_actor()
+    assert not patch.installed and "Ray had started before the ServerApp" in patch.note
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False))
+
+    patch = flower_private._install_two_per_actor()
+    assert patch.installed and "given its next message while it runs one" in patch.note
+    backend = RayBackend()
+    backend.build(app_fn=None)
+    assert backend.pool.pool == ["actor0", "actor1", "actor0", "actor1"]
+    assert backend.num_workers == 4  # run_api starts a worker thread per entry
+    pool = backend.pool
+    backend.terminate()
+    assert pool.terminated == ["actor0", "actor1"]
+
+    # a later Flower whose backend has no `build`: kept, the change named
+    class Renamed:
+        terminate = process_message = num_workers = None
+
+    backend_module.RayBackend = Renamed
+    patch = flower_private._install_two_per_actor()
+    assert not patch.installed and "no attribute(s) ['build']" in patch.note
+    # a run_api that no longer starts a worker per backend.num_workers: kept
+    backend_module.RayBackend = RayBackend
+    engine.run_api = lambda app_fn, backend_fn: None
+    patch = flower_private._install_two_per_actor()
+    assert not patch.installed and "does not start a worker per backend.num_workers" in patch.note

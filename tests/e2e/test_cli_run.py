@@ -146,8 +146,11 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
         (run / "run.log").read_text(),
     )  # 4 for the server's sends, 2 x 3 for the uploads (3 clients per round)
     assert store and store[1].startswith("/dev/shm/fedrcl-flwr-home-"), store
-    # the simulation engine's look-up was replaced before its thread started
-    assert "engine picks up messages when the ServerApp sends them" in (run / "run.log").read_text()
+    # the simulation engine's look-up was replaced before its thread started, and each
+    # actor was given its next message while it ran one
+    log = (run / "run.log").read_text()
+    assert "engine picks up messages when the ServerApp sends them" in log
+    assert re.search(r"each of the \d+ Ray actors holds its next message while it runs one", log)
     assert not Path(store[1]).exists()  # removed with the run
     (tmp_path / "f").mkdir()
     flower = _run(tmp_path / "f", *research, "simulation.transport=flower", env=env)
