@@ -51,16 +51,17 @@ __all__ = [
     "CLIENT_APP_RAISED_EXCEPTION",
     "ClientProxy",
     "EngineDoorbell",
+    "EnginePatch",
     "PRIVATE_API",
     "cli_run",
     "control_http_client",
     "engine_doorbell",
-    "two_messages_per_actor",
     "list_runs_request",
     "load",
     "problem",
     "stream_logs_request",
     "task_identity",
+    "two_messages_per_actor",
 ]
 
 # the error code of a reply whose ClientApp raised
@@ -129,15 +130,19 @@ LOOKUP_INTERVAL = 0.1  # seconds: Flower's own interval, kept when nothing rings
 
 
 @dataclass
-class EngineDoorbell:
-    """Rung by the ServerApp after it sends messages (``ReplyCollector``): the engine's
-    look-up for new messages runs at once instead of at its next 0.1 s tick.
-
-    ``note`` says, for the run's log, whether the engine listens (``installed``) or keeps
-    Flower's own look-up, and why."""
+class EnginePatch:
+    """One change to Flower's simulation engine: whether it is made (``installed``), and
+    a line for the run's log saying what it does or why Flower's own behaviour is kept."""
 
     installed: bool
     note: str
+
+
+@dataclass
+class EngineDoorbell(EnginePatch):
+    """Rung by the ServerApp after it sends messages (``ReplyCollector``): the engine's
+    look-up for new messages runs at once instead of at its next 0.1 s tick."""
+
     event: threading.Event
 
     def ring(self) -> None:
@@ -145,7 +150,7 @@ class EngineDoorbell:
 
 
 _DOORBELL: EngineDoorbell | None = None
-_DOORBELL_LOCK = threading.Lock()
+_INSTALL_LOCK = threading.Lock()
 
 
 def _lookup_on_ring(event: threading.Event) -> Callable[..., None]:
@@ -182,7 +187,7 @@ def engine_doorbell() -> EngineDoorbell:
     is not loaded), when Flower's function no longer has the shape replaced here
     (``PRIVATE_API`` names it), or when the engine's thread had already started."""
     global _DOORBELL
-    with _DOORBELL_LOCK:
+    with _INSTALL_LOCK:
         if _DOORBELL is None:
             _DOORBELL = _install_doorbell()
         return _DOORBELL
@@ -222,15 +227,6 @@ BACKEND = f"{BACKEND_MODULE}:RayBackend"
 IN_FLIGHT_PER_ACTOR = 2
 
 
-@dataclass
-class EnginePatch:
-    """One change to Flower's simulation engine: whether it is made, and a line for the
-    run's log saying what it does or why Flower's own behaviour is kept."""
-
-    installed: bool
-    note: str
-
-
 _PIPELINE: EnginePatch | None = None
 
 
@@ -255,7 +251,7 @@ def two_messages_per_actor() -> EnginePatch:
     when Flower's classes no longer have the shape relied on here (``PRIVATE_API`` names
     it), or when Ray had already started in this process (the pool may have been built)."""
     global _PIPELINE
-    with _DOORBELL_LOCK:
+    with _INSTALL_LOCK:
         if _PIPELINE is None:
             _PIPELINE = _install_two_per_actor()
         return _PIPELINE
