@@ -245,7 +245,10 @@ def two_messages_per_actor() -> EnginePatch:
     tasks one at a time in the order they were sent, and the next message is already in
     the actor when one ends. Nothing else changes: one message at a time per actor, every
     message's context retrieved and stored by Flower's worker as before (the suite's runs
-    give the same numbers). ``terminate`` stops each actor once.
+    give the same numbers). ``terminate`` stops each actor once. Flower runs its workers
+    in a ``ThreadPoolExecutor()`` (``min(32, cores + 4)`` threads): with more pool entries
+    than that, the entries left over are never served and some actors keep one message at
+    a time, as before.
 
     Not installed (Flower's pool kept, ``note`` says why) outside a simulation process,
     when Flower's classes no longer have the shape relied on here (``PRIVATE_API`` names
