@@ -52,6 +52,7 @@ __all__ = [
     "ClientProxy",
     "EngineDoorbell",
     "EnginePatch",
+    "LeastBusyFirst",
     "PRIVATE_API",
     "cli_run",
     "control_http_client",
@@ -245,10 +246,11 @@ def two_messages_per_actor() -> EnginePatch:
     tasks one at a time in the order they were sent, and the next message is already in
     the actor when one ends. Nothing else changes: one message at a time per actor, every
     message's context retrieved and stored by Flower's worker as before (the suite's runs
-    give the same numbers). ``terminate`` stops each actor once. Flower runs its workers
-    in a ``ThreadPoolExecutor()`` (``min(32, cores + 4)`` threads): with more pool entries
-    than that, the entries left over are never served and some actors keep one message at
-    a time, as before.
+    give the same numbers). A message goes to the actor with the fewest messages in
+    flight (:class:`LeastBusyFirst`), so an idle actor is never passed over. ``terminate``
+    stops each actor once. Flower runs its workers in a ``ThreadPoolExecutor()``
+    (``min(32, cores + 4)`` threads), which bounds the messages in flight: with more
+    actors than half of that, some actors hold one message at a time, as before.
 
     Not installed (Flower's pool kept, ``note`` says why) outside a simulation process,
     when Flower's classes no longer have the shape relied on here (``PRIVATE_API`` names
@@ -278,7 +280,7 @@ def _install_two_per_actor() -> EnginePatch:
     def build_two_per_actor(self: Any, app_fn: Any) -> None:
         build(self, app_fn)
         actors = list(self.pool.pool)
-        self.pool.pool.extend(actors * (IN_FLIGHT_PER_ACTOR - 1))
+        self.pool.pool = LeastBusyFirst(actors * IN_FLIGHT_PER_ACTOR)
         self.pool.num_actors = len(self.pool.pool)
         print(
             f"[fedrcl-flwr] each of the {len(actors)} Ray actors holds its next message "
@@ -290,7 +292,7 @@ def _install_two_per_actor() -> EnginePatch:
     def terminate_each_actor_once(self: Any) -> None:
         if self.pool is not None:
             once = {id(actor): actor for actor in self.pool.pool}
-            self.pool.pool[:] = list(once.values())
+            self.pool.pool = list(once.values())
             self.pool.num_actors = len(self.pool.pool)
         terminate(self)
 
@@ -300,6 +302,34 @@ def _install_two_per_actor() -> EnginePatch:
         True,
         f"each Ray actor is given its next message while it runs one ({BACKEND}.build)",
     )
+
+
+class LeastBusyFirst(list):
+    """The actor pool's list of idle entries (``BasicActorPool.pool``) when every actor has
+    :data:`IN_FLIGHT_PER_ACTOR` entries: ``pop()`` returns an entry of the actor with the
+    most entries here, i.e. the fewest messages in flight (of those, the entry nearest the
+    end, as Flower's ``list.pop()``). A plain list of duplicates would hand a message to
+    whichever entry was returned last, so that with fewer messages than entries (5 clients
+    a round on 5 GPU actors) one actor could be given two while another idled. Flower's
+    worker threads pop and append concurrently: both hold a lock here."""
+
+    def __init__(self, entries: Any = ()) -> None:
+        super().__init__(entries)
+        self._lock = threading.Lock()
+
+    def pop(self, index: Any = -1) -> Any:
+        with self._lock:
+            if index != -1 or not self:
+                return super().pop(index)
+            free: dict[int, int] = {}
+            for entry in self:
+                free[id(entry)] = free.get(id(entry), 0) + 1
+            best = max(range(len(self)), key=lambda i: (free[id(self[i])], i))
+            return super().pop(best)
+
+    def append(self, entry: Any) -> None:
+        with self._lock:
+            super().append(entry)
 
 
 def _runs_a_worker_per_pool_entry(run_api: Any) -> str | None:

@@ -867,8 +867,16 @@ def test_each_actor_is_given_its_next_message_while_it_runs_one(monkeypatch):
     assert patch.installed and "given its next message while it runs one" in patch.note
     backend = RayBackend()
     backend.build(app_fn=None)
-    assert backend.pool.pool == ["actor0", "actor1", "actor0", "actor1"]
+    assert sorted(backend.pool.pool) == ["actor0", "actor0", "actor1", "actor1"]
+    assert isinstance(backend.pool.pool, flower_private.LeastBusyFirst)
     assert backend.num_workers == 4  # run_api starts a worker thread per entry
+    # Flower's submit pops an idle entry, add_actor_back_to_pool appends it: each message
+    # goes to the actor with the fewest in flight
+    entries = backend.pool.pool
+    first = [entries.pop(), entries.pop()]
+    assert sorted(first) == ["actor0", "actor1"]  # one each before any gets two
+    entries.append(first[0])  # its message is done: that actor has none in flight now
+    assert entries.pop() == first[0]
     pool = backend.pool
     backend.terminate()
     assert pool.terminated == ["actor0", "actor1"]
@@ -885,3 +893,42 @@ def test_each_actor_is_given_its_next_message_while_it_runs_one(monkeypatch):
     engine.run_api = lambda app_fn, backend_fn: None
     patch = flower_private._install_two_per_actor()
     assert not patch.installed and "does not start a worker per backend.num_workers" in patch.note
+
+
+def test_an_idle_actor_is_never_passed_over():
+    """With fewer messages than pool entries (5 clients a round on 5 actors, two entries
+    each), whatever order the entries came back in, each message goes to an idle actor;
+    and Flower's worker threads popping and appending at once lose no entry."""
+    import random
+    import threading
+
+    from fedrcl_flwr.app.flower_private import LeastBusyFirst
+
+    actors = [f"actor{i}" for i in range(5)]
+    rng = random.Random(0)
+    for _ in range(50):
+        order = actors * 2
+        rng.shuffle(order)  # the order the last round's entries were returned in
+        entries = LeastBusyFirst(order)
+        taken = [entries.pop() for _ in range(5)]
+        assert sorted(taken) == actors, order
+        taken += [entries.pop() for _ in range(5)]
+        assert sorted(taken) == sorted(actors * 2) and not entries
+
+    entries = LeastBusyFirst(actors * 2)
+    errors: list[BaseException] = []
+
+    def worker():
+        try:
+            for _ in range(2000):
+                entry = entries.pop()
+                entries.append(entry)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and sorted(entries) == sorted(actors * 2)
