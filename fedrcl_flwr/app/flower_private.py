@@ -42,7 +42,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from flwr.common.constant import ErrorCode
 from flwr.server.client_proxy import ClientProxy
@@ -150,8 +150,16 @@ class EngineDoorbell(EnginePatch):
         self.event.set()
 
 
-_DOORBELL: EngineDoorbell | None = None
+_INSTALLED: dict[str, EnginePatch] = {}  # what this process made of each change
 _INSTALL_LOCK = threading.Lock()
+
+
+def _once(name: str, install: Callable[[], EnginePatch]) -> EnginePatch:
+    """``install()``'s answer, asked once per process."""
+    with _INSTALL_LOCK:
+        if name not in _INSTALLED:
+            _INSTALLED[name] = install()
+        return _INSTALLED[name]
 
 
 def _lookup_on_ring(event: threading.Event) -> Callable[..., None]:
@@ -187,11 +195,7 @@ def engine_doorbell() -> EngineDoorbell:
     look-up is kept, ``note`` says why) outside a simulation process (the engine's module
     is not loaded), when Flower's function no longer has the shape replaced here
     (``PRIVATE_API`` names it), or when the engine's thread had already started."""
-    global _DOORBELL
-    with _INSTALL_LOCK:
-        if _DOORBELL is None:
-            _DOORBELL = _install_doorbell()
-        return _DOORBELL
+    return cast(EngineDoorbell, _once("doorbell", _install_doorbell))
 
 
 def _install_doorbell() -> EngineDoorbell:
@@ -228,9 +232,6 @@ BACKEND = f"{BACKEND_MODULE}:RayBackend"
 IN_FLIGHT_PER_ACTOR = 2
 
 
-_PIPELINE: EnginePatch | None = None
-
-
 def two_messages_per_actor() -> EnginePatch:
     """In a Flower simulation process, give each Ray actor its next message while it runs
     one (installed once per process; later calls return the same answer).
@@ -255,11 +256,7 @@ def two_messages_per_actor() -> EnginePatch:
     Not installed (Flower's pool kept, ``note`` says why) outside a simulation process,
     when Flower's classes no longer have the shape relied on here (``PRIVATE_API`` names
     it), or when Ray had already started in this process (the pool may have been built)."""
-    global _PIPELINE
-    with _INSTALL_LOCK:
-        if _PIPELINE is None:
-            _PIPELINE = _install_two_per_actor()
-        return _PIPELINE
+    return _once("two per actor", _install_two_per_actor)
 
 
 def _install_two_per_actor() -> EnginePatch:

@@ -10,14 +10,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_bench_threads_prints_each_setting_and_the_floor():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_threads.py"), "--repeat", "2"],
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_threads.py"), *args],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=ROOT,
     )
+
+
+def test_bench_threads_prints_each_setting_and_the_floor():
+    out = _bench("--repeat", "2")
     assert out.returncode == 0, out.stdout + out.stderr
     one = float(re.search(r"one thread alone\s+([0-9.]+) ms", out.stdout)[1])
     two = re.search(
@@ -35,10 +39,5 @@ def test_bench_threads_prints_each_setting_and_the_floor():
 
 
 def test_bench_threads_refuses_a_bad_repeat():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_threads.py"), "--repeat", "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = _bench("--repeat", "0")
     assert out.returncode == 2 and "--repeat must be >= 1" in out.stderr
