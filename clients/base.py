@@ -63,6 +63,7 @@ from fedrcl_flwr.training import (
     LossTerm,
     batch_size_for,
     cross_entropy_term,
+    last_batch_rule,
     local_train_settings,
     train_local,
 )
@@ -115,6 +116,19 @@ class WireClient(Client):
         (:meth:`FederatedClient.upload`: views of the model) written out at once, into
         the message or the weight store, so no copy of the model is made for it."""
         client = self.numpy_client
+        client.partition_id = -1  # set by the round's start (FederatedClient._start_round)
+        try:
+            return self._fit(client, ins)
+        except Exception as exc:
+            # the server counts each client's failures (strategies/base.py: client_failure)
+            if client.partition_id >= 0 and not hasattr(exc, "partition_id"):
+                try:
+                    exc.partition_id = client.partition_id  # type: ignore[attr-defined]
+                except AttributeError:  # an exception type without attributes
+                    pass
+            raise
+
+    def _fit(self, client: FederatedClient, ins: FitIns) -> FitRes:
         out = client.train_round(transport.arrays_of(ins.parameters, reuse=True), ins.config)
         if not (len(out) == 2 and isinstance(out[0], int) and isinstance(out[1], dict)):
             raise TypeError(f"{type(client).__name__}.train_round must return (int, dict)")
@@ -361,11 +375,13 @@ class FederatedClient(NumPyClient):
         stats = self._train(ins, seed)
         report = FitReport(
             partition_id=self.partition_id,
-            train_loss=stats.loss,
+            # a client that took no step (client.drop_last, fewer samples than a batch)
+            # has no training loss
+            train_loss=stats.loss if stats.steps else None,
             steps=stats.steps,
             fit_time_s=time.time() - t0,
             node=runtime.node_name(),
-            term_losses=dict(stats.terms),
+            term_losses=dict(stats.terms) if stats.steps else {},
         )
         every = self.cfg.evaluation.local_representation_every
         if every and self.run_round % every == 0:
@@ -414,7 +430,14 @@ class FederatedClient(NumPyClient):
         c = self.cfg.client
         model, data = self.round_model(), self.round_data()
         bs = batch_size_for(data.size, c.batch_size, c.iterations_per_epoch)
-        batches = runtime.make_batches(data.dataset, data.indices, bs, seed, device=self.device)
+        batches = runtime.make_batches(
+            data.dataset,
+            data.indices,
+            bs,
+            seed,
+            device=self.device,
+            last_batch=last_batch_rule(c.drop_last, model),
+        )
         channels_last = use_channels_last(c.channels_last, self.device, model)
         if channels_last:  # the pooled model keeps it; set_weights preserves the layout
             model.to(memory_format=torch.channels_last)

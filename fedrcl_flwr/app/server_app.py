@@ -34,6 +34,7 @@ from fedrcl_flwr.run.results import (
     shows_ema,
 )
 from strategies import strategy_class
+from strategies.base import failure_counts
 
 # when this module (torch, Flower, the project) finished importing: the start-up breakdown
 # of ``benchmarks/bench_regimes.py`` (event ``serverapp_start``)
@@ -84,6 +85,7 @@ def make_strategy(cfg, model, bundle, *, round_offset: int = 0, **callbacks):
         eval_every=cfg.federation.eval_every,
         params=cfg.server.params,
         max_consecutive_failed_rounds=cfg.federation.max_consecutive_failed_rounds,
+        round_timeout_s=cfg.federation.round_timeout_s,
         round_offset=round_offset,
         exchange=make_exchange(cfg, bundle.num_classes),
         availability=make_availability(cfg),
@@ -176,6 +178,7 @@ def build_server(
     if ckpt:
         strategy.load_state_dict(ckpt["strategy"])
     if done >= cfg.federation.rounds:
+        recorder.client_failures = failure_counts(ckpt["strategy"] if ckpt else {})
         recorder.finish(None, before_summary=finish)
     return strategy, max(cfg.federation.rounds - done, 0)
 
@@ -301,6 +304,7 @@ def checkpoint_writer(cfg, out_dir, recorder: RunRecorder, tracker, ema: EMATrac
             if tracker is not None:
                 tracker.flush(rnd)
         if rnd >= cfg.federation.rounds:
+            recorder.client_failures = failure_counts(state)
             model_state = None
             if cfg.output.save_model:
                 runtime.set_weights(eval_model, state["weights"])

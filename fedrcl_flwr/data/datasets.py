@@ -1151,6 +1151,36 @@ def _takes_device(get_batch) -> bool:
         return False
 
 
+# what becomes of an epoch's last, incomplete batch (:func:`batch_bounds`)
+LAST_BATCH_RULES = ("keep", "drop", "fold")
+
+
+def batch_bounds(n: int, batch_size: int, last_batch: str = "keep") -> list[tuple[int, int]]:
+    """``(start, stop)`` of each batch of ``n`` samples in batches of ``batch_size``.
+
+    ``last_batch`` says what becomes of the last, incomplete batch: ``keep`` it (PyTorch's
+    ``DataLoader`` default); ``drop`` it (``DataLoader(drop_last=True)``: FedUV's
+    ``utils/dataloader.py``, sonhamin/FedUV @ dd2e3c5, and RethinkFL's label-skew loader;
+    fewer than ``batch_size`` samples make no batch at all); ``fold``: never a batch of
+    one — a last batch of a single sample joins the batch before it (which then holds
+    ``batch_size + 1``), and a lone single sample makes no batch (a BatchNorm layer in
+    training mode cannot normalise one sample; :func:`fedrcl_flwr.training.last_batch_rule`
+    picks ``fold`` for such models). Every other batch is the same under all three.
+    """
+    if last_batch not in LAST_BATCH_RULES:
+        raise ValueError(f"last_batch must be one of {', '.join(LAST_BATCH_RULES)}")
+    bounds = [(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+    if not bounds or bounds[-1][1] - bounds[-1][0] == batch_size:
+        return bounds
+    if last_batch == "drop":
+        return bounds[:-1]
+    if last_batch == "fold" and bounds[-1][1] - bounds[-1][0] == 1:
+        if len(bounds) == 1:
+            return []
+        return bounds[:-2] + [(bounds[-2][0], n)]
+    return bounds
+
+
 def iterate_batches(
     dataset,
     indices,
@@ -1158,6 +1188,7 @@ def iterate_batches(
     *,
     generator: torch.Generator | None = None,
     device: torch.device | None = None,
+    last_batch: str = "keep",
 ):
     """The project's one batch iterator: ``(x, y)`` batches of ``dataset[indices]``.
 
@@ -1168,6 +1199,7 @@ def iterate_batches(
     ``device``: where the batches are delivered; a ``get_batch`` that takes ``device``
     (:meth:`ImageArrayDataset.get_batch`) moves the ``uint8`` pixels there and
     normalises / augments there, other datasets' batches are moved as they come.
+    ``last_batch``: what becomes of the last, incomplete batch (:func:`batch_bounds`).
     """
     ds = dataset
     indices = np.asarray(indices, dtype=np.int64)
@@ -1178,8 +1210,8 @@ def iterate_batches(
     batch_has_device = (
         device is not None and hasattr(ds, "get_batch") and _takes_device(ds.get_batch)
     )
-    for i in range(0, len(indices), batch_size):
-        chunk = indices[i : i + batch_size]
+    for start, stop in batch_bounds(len(indices), batch_size, last_batch):
+        chunk = indices[start:stop]
         if batch_has_device:
             yield ds.get_batch(chunk, generator=generator, device=device)
             continue

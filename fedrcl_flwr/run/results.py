@@ -7,7 +7,8 @@ Files in a run directory:
   (``round_failed: true`` with its ``failure_reason``, evaluated or not)
 * ``summary.json``  - method, strategy, ``rounds_failed``, final/EMA/best accuracy, ``last5`` (mean test
   accuracy of the last five evaluated rounds, FedCCL's reported metric) overall and per
-  domain, EMA accuracy at the target rounds the run reached, ``report_metric``, time
+  domain, EMA accuracy at the target rounds the run reached, ``report_metric``, time,
+  ``client_failures`` (each client that failed in some round: how often, its first error)
 * ``model.pt``      - the final global model's state_dict
 * ``accuracy.png``  - test accuracy and EMA accuracy per round
 
@@ -276,6 +277,9 @@ class RunRecorder:
         self.elapsed_before = elapsed_before
         self.report_metric = report_metric
         self.records: list[dict] = []
+        # per partition id (text) that failed in some round: {"failed", "rounds",
+        # "first_error"} (strategies/base.py: failure_counts), set before finish()
+        self.client_failures: dict[str, dict] = {}
 
     @property
     def metrics_path(self) -> Path:
@@ -338,6 +342,8 @@ class RunRecorder:
             "wall_time_s": round(self.wall_time(), 3),
             # rounds in which no client's update reached the model (strategies/base.py)
             "rounds_failed": sum(1 for r in self.records if r.get("round_failed")),
+            # clients whose update did not reach the model in some round they trained in
+            "client_failures": self.client_failures,
         }
         private = [
             r for r in self.records if r.get("dp_epsilon", None) is not None or "dp_delta" in r
@@ -371,6 +377,35 @@ class RunRecorder:
             )
         atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         return summary
+
+
+def always_failing(summary: dict) -> list[str]:
+    """One phrase per client that failed in every round it was sampled (``summary.json``'s
+    ``client_failures``, :meth:`RunRecorder.summary`): ``client 17 failed in 12 of 12
+    rounds it was sampled: <its first error>``, in partition order. A client that failed
+    in only some rounds is counted in ``summary.json`` and not named here."""
+    out = []
+    entries = summary.get("client_failures")
+    for pid, entry in (entries if isinstance(entries, dict) else {}).items():
+        try:
+            failed, rounds = int(entry["failed"]), int(entry["rounds"])
+            error = one_line(str(entry["first_error"]), 300)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if failed and failed >= rounds:
+            out.append(
+                f"client {pid} failed in {failed} of {rounds} "
+                f"round{'s' if rounds != 1 else ''} it was sampled: {error}"
+            )
+    return out
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line, cut to ``limit`` characters (``...`` and the full length)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
 
 
 def research_summary(records: list[dict]) -> dict:
