@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from fedrcl_flwr.config import ExperimentConfig
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.errors import ConfigError, one_line
 from fedrcl_flwr.run.preflight import (  # noqa: F401 - the checks' one home, re-exported
     check_output_dir,
     check_output_file,
@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as exc:
-        print(f"fedrcl-flwr: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"fedrcl-flwr: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fedrcl-flwr: interrupted", file=sys.stderr)

@@ -30,7 +30,7 @@ import yaml
 
 from fedrcl_flwr.config.checks import check_config
 from fedrcl_flwr.config.schema import ExperimentConfig
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.errors import ConfigError, shown
 
 MAX_YAML_BYTES = 1 << 20  # an experiment file is a few KB; refuse anything over 1 MiB
 MAX_YAML_NODES = 100_000  # nodes after alias expansion (a config has a few hundred)
@@ -174,12 +174,12 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
                 if "finite" in str(exc):
                     raise
         raise ConfigError(
-            f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} ({value!r})"
+            f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} ({shown(value)})"
         )
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(float(value)):
-                raise ConfigError(f"{source}: '{key}' must be a finite number, got {value!r}")
+                raise ConfigError(f"{source}: '{key}' must be a finite number, got {shown(value)}")
             return float(value)
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -206,7 +206,7 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     else:  # pragma: no cover - schema uses only the types above
         return value
     raise ConfigError(
-        f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} ({value!r})"
+        f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} ({shown(value)})"
     )
 
 

@@ -212,6 +212,10 @@ def _source_files(d) -> list[Path]:
     info = dataset_info(d.name)
     if info.generated:
         return []
+    if info.source == "path" and d.name == "hf_disk" and d.path:
+        from fedrcl_flwr.data.hf import hf_disk_files
+
+        return hf_disk_files(d.path)  # checked first; its files only, no folder walked
     if info.source == "path":
         return [Path(os.path.expanduser(d.path))] if d.path else []
     source = SOURCES.get(d.name)

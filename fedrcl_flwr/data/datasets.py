@@ -1032,7 +1032,7 @@ def _read_hf_disk(a: SourceArgs) -> SourceRead:
     from fedrcl_flwr.data.hf import read_hf_disk
 
     assert a.path is not None  # dataset.path: required (catalog source "path")
-    tr, te = read_hf_disk(a.path, *a.columns)
+    tr, te = read_hf_disk(a.path, *a.columns, image_size=a.image_size)
     return tr, te, [], tr.classes
 
 

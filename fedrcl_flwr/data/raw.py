@@ -11,6 +11,10 @@ import numpy as np
 
 from fedrcl_flwr.errors import ConfigError
 
+# the most classes (and domains) a dataset may have: a label is below it (ImageNet-21k has
+# 21,841 classes; a label of 10**9 would make a classifier of 10**9 outputs)
+MAX_CLASSES = 100_000
+
 
 class DatasetError(ConfigError):
     """A dataset that cannot be found or read (a user-input problem: exit code 2)."""
@@ -86,7 +90,8 @@ def hwc(x, what: str = "images") -> np.ndarray:
 
 def int_labels(y, what: str) -> np.ndarray:
     """Labels as int64: integers, or floats that are whole numbers (1.0 -> 1); NaN/Inf,
-    fractional, negative or non-numeric labels are a :class:`DatasetError`."""
+    fractional, negative or non-numeric labels, and labels of :data:`MAX_CLASSES` or more,
+    are a :class:`DatasetError`."""
     y = np.asarray(y)
     if y.dtype.kind not in "uif":
         raise DatasetError(f"{what}: labels of type {y.dtype} (need non-negative integers)")
@@ -99,4 +104,9 @@ def int_labels(y, what: str) -> np.ndarray:
             raise DatasetError(f"{what}: fractional labels such as {bad} (need whole numbers)")
     if len(y) and y.min() < 0:
         raise DatasetError(f"{what}: negative labels (min {y.min()})")
+    if len(y) and y.max() >= MAX_CLASSES:
+        raise DatasetError(
+            f"{what}: label {int(y.max())} (labels are class numbers 0..{MAX_CLASSES - 1:,}: "
+            f"at most {MAX_CLASSES:,} classes)"
+        )
     return y.astype(np.int64)
