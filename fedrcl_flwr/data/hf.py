@@ -123,9 +123,10 @@ def flwr_datasets_split(
 
 def _arithmetic_refusal(spec: dict, n: int, num_clients: int, exc: ArithmeticError) -> str:
     """The one line of a partitioner whose arithmetic failed on ``n`` samples and
-    ``num_clients`` clients (flwr-datasets 0.6.1 checks neither): ``ShardPartitioner``'s
-    shards must hold a sample each — ``num_shards_per_partition`` × clients at most the
-    training samples, a ``shard_size`` at most the samples."""
+    ``num_clients`` clients: ``ShardPartitioner``'s shards must hold a sample each —
+    ``num_shards_per_partition`` × clients at most the training samples (flwr-datasets
+    0.6.1 divides by the shard size it computes, 0); any other partitioner's arithmetic
+    error is named as such."""
     name = spec["name"]
     where = f"partition.scheme flwr_datasets ({name})"
     per = spec.get("num_shards_per_partition")
@@ -134,12 +135,6 @@ def _arithmetic_refusal(spec: dict, n: int, num_clients: int, exc: ArithmeticErr
             f"{where}: 'partition.partitioner.num_shards_per_partition' {per} × "
             f"{num_clients} clients = {per * num_clients} shards for {n} training samples: "
             f"a shard would hold no sample (at most {n // max(num_clients, 1)} per client)"
-        )
-    size = spec.get("shard_size")
-    if name == "ShardPartitioner" and isinstance(size, int) and size > n:
-        return (
-            f"{where}: 'partition.partitioner.shard_size' {size} is more than the {n} "
-            "training samples: there would be no shard"
         )
     text = " ".join(str(exc).split()) or type(exc).__name__
     return (
@@ -215,18 +210,20 @@ def _pixels(values: list, what: str, image_size: int | None = None) -> np.ndarra
 DICT_FILE = "dataset_dict.json"
 STATE_FILE = "state.json"
 INFO_FILE = "dataset_info.json"
-MAX_JSON_BYTES = 1 << 20  # one of those files (a few hundred bytes each)
+MAX_JSON_BYTES = 1 << 20  # dataset_dict.json, state.json (a few hundred bytes each)
+# dataset_info.json: its ClassLabel names (MAX_CLASSES of them take about 2 MB)
+MAX_INFO_BYTES = 16 << 20
 SPLITS = ("train", "test")
 
 
-def _small_json(path: Path, what: str) -> Any:
-    """The JSON of ``path``, a regular file of at most :data:`MAX_JSON_BYTES` (opened
-    without following a link or blocking on a FIFO), or a :class:`DatasetError`."""
+def _small_json(path: Path, what: str, limit: int = MAX_JSON_BYTES) -> Any:
+    """The JSON of ``path``, a regular file of at most ``limit`` bytes (opened without
+    following a link or blocking on a FIFO), or a :class:`DatasetError`."""
     import json
     import os
     import stat
 
-    from fedrcl_flwr.data.raw import DatasetError
+    from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
@@ -234,10 +231,15 @@ def _small_json(path: Path, what: str) -> Any:
         raise DatasetError(f"{what}: cannot read {path.name} ({exc.strerror or exc})") from None
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_JSON_BYTES:
-            raise DatasetError(f"{what}: {path.name} is not a small regular file")
+        if not stat.S_ISREG(st.st_mode):
+            raise DatasetError(f"{what}: {path.name} is not a regular file")
+        if st.st_size > limit:
+            raise DatasetError(
+                f"{what}: {path.name} holds {st.st_size:,} bytes (at most {limit:,}: a "
+                f"ClassLabel of more than {MAX_CLASSES:,} classes?)"
+            )
         try:
-            return json.loads(fh.read(MAX_JSON_BYTES + 1).decode("utf-8"))
+            return json.loads(fh.read(limit + 1).decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise DatasetError(f"{what}: {path.name} is not JSON") from None
 
@@ -246,11 +248,13 @@ def hf_disk_files(path: str) -> list[Path]:
     """The files of the ``DatasetDict`` saved at ``path`` that ``train`` and ``test`` are
     read from (what the dataset cache fingerprints), checked before anything is read:
     ``dataset.path`` a folder with ``dataset_dict.json`` naming both splits, each split
-    folder's ``state.json`` naming its data files (none: an empty split). Anything else
-    is one :class:`DatasetError` naming ``dataset.path``; no folder is walked."""
+    folder's ``state.json`` naming its data files (none: an empty split) and its
+    ``dataset_info.json`` no ``ClassLabel`` of more than ``MAX_CLASSES`` classes (loading
+    one of 10**6 takes half a minute). Anything else is one :class:`DatasetError` naming
+    ``dataset.path``; no folder is walked."""
     import errno
 
-    from fedrcl_flwr.data.raw import DatasetError
+    from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError
 
     p = Path(path).expanduser()
     try:
@@ -291,6 +295,16 @@ def hf_disk_files(path: str) -> list[Path]:
         names = [d.get("filename") if isinstance(d, dict) else None for d in data]
         if not all(isinstance(n, str) and n and "/" not in n and n != ".." for n in names):
             raise DatasetError(f"{what} [{split}]: {STATE_FILE} names a data file outside it")
+        info = _small_json(p / split / INFO_FILE, f"{what} [{split}]", MAX_INFO_BYTES)
+        features = info.get("features") if isinstance(info, dict) else None
+        for column, feat in (features if isinstance(features, dict) else {}).items():
+            names_ = feat.get("names") if isinstance(feat, dict) else None
+            if feat.get("_type") == "ClassLabel" and isinstance(names_, list):  # type: ignore[union-attr]
+                if len(names_) > MAX_CLASSES:
+                    raise DatasetError(
+                        f"{what} [{split}]: the ClassLabel of column {shown(column)} has "
+                        f"{len(names_):,} classes (at most {MAX_CLASSES:,})"
+                    )
         files += [p / split / STATE_FILE, p / split / INFO_FILE]
         files += [p / split / str(n) for n in names]
     return files
