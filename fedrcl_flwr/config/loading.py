@@ -305,8 +305,9 @@ def read_text_file(
     label = str(path) if label is None else label
     try:
         if not path.is_file():
+            kind = file_kind(path)
             raise error(
-                f"{label}: not a regular file" if path.exists() else f"{label}: no such file"
+                f"{label}: not a regular file ({kind})" if kind else f"{label}: no such file"
             )
         size = path.stat().st_size
         if size > limit:
@@ -324,9 +325,31 @@ def read_text_file(
         ) from None
 
 
+def file_kind(path: Path) -> str | None:
+    """What ``path`` is when it is not a regular file: ``a directory``, ``a FIFO``, ...;
+    ``None`` when nothing is there."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "a broken link" if path.is_symlink() else None
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
+        kind = file_kind(path)
+        if kind is not None:  # a FIFO would block a reader: refused, not opened
+            raise ConfigError(f"{path}: not an experiment file ({kind}); give a YAML file")
         raise ConfigError(f"experiment file not found: {path}")
     text = read_text_file(path, MAX_YAML_BYTES, "an experiment file")
     data = parse_yaml(text, str(path))

@@ -57,15 +57,29 @@ def from_safe(obj):
     return obj
 
 
-def save_checkpoint(run_dir: Path, state: dict) -> Path:
-    path = Path(run_dir) / CHECKPOINT_FILE
+def write_torch_file(path: Path, obj) -> None:
+    """``torch.save(obj)`` into ``path`` whole or not at all: serialised in memory first,
+    then written through ``path.tmp`` (fsynced) and renamed. On a full disk the error is
+    the file system's ``OSError`` — a :class:`~fedrcl_flwr.run.run_files.RunFileError`
+    naming ``path``, no ``.tmp`` left — where torch's own writer would raise a
+    ``RuntimeError`` ("file write failed") that leaves its partial ``.tmp`` behind."""
+    import io
+
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with guarded_write(path, tmp):  # a full disk: no .tmp left, the last checkpoint kept
+    with guarded_write(path, tmp):  # a full disk: no .tmp left, the earlier file kept
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
         with open(tmp, "wb") as fh:
-            torch.save(to_safe(state), fh)
+            fh.write(buffer.getbuffer())
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+
+
+def save_checkpoint(run_dir: Path, state: dict) -> Path:
+    path = Path(run_dir) / CHECKPOINT_FILE
+    write_torch_file(path, to_safe(state))
     return path
 
 

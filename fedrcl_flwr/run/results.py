@@ -363,12 +363,9 @@ class RunRecorder:
         just before (the experiment trackers, ``fedrcl_flwr.tracking``)."""
         summary = self.summary()
         if model_state is not None:
-            import torch
+            from fedrcl_flwr.run.checkpoint import write_torch_file
 
-            tmp = self.out_dir / (MODEL_FILE + TMP_SUFFIX)
-            with guarded_write(self.out_dir / MODEL_FILE, tmp):
-                torch.save(model_state, tmp)
-                os.replace(tmp, self.out_dir / MODEL_FILE)
+            write_torch_file(self.out_dir / MODEL_FILE, model_state)
         plot_accuracy(self.records, self.out_dir / PLOT_FILE, title=self.title)
         if before_summary is not None:
             before_summary(
