@@ -458,10 +458,10 @@ def read_metrics(run_dir: Path) -> list[dict]:
         if line:
             try:
                 rec = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):
+            except (ValueError, RecursionError):  # an integer of over 4,300 digits too
                 break  # a torn last line from a killed run
             rnd = rec.get("round") if isinstance(rec, dict) else None
-            if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+            if not isinstance(rnd, int) or isinstance(rnd, bool) or not 0 <= rnd < 2**63:
                 break
             out.append(rec)
     return out
