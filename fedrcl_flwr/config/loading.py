@@ -257,11 +257,30 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def key_problem(key: Any) -> str | None:
+    """Why ``key`` is not a dotted config key (``section.key``: names joined by ``.``,
+    none empty, none with spaces around it or a ``/``), or ``None``."""
+    if not isinstance(key, str) or not key:
+        return "is not a dotted config key (section.key)"
+    for part in key.split("."):
+        if not part:
+            return "has an empty name between dots (a dotted config key is section.key)"
+        if part != part.strip():
+            return f"has spaces around the name {shown(part, 40)}"
+        if "/" in part or "\\" in part:
+            return "holds a path separator (a dotted config key is section.key, not a path)"
+    return None
+
+
 def apply_overrides(data: dict, overrides: list[str] | list[tuple[str, Any]]) -> dict:
-    """Apply dotted overrides to a raw mapping (before validation)."""
+    """Apply dotted overrides to a raw mapping (before validation); a key that is not a
+    dotted config key (:func:`key_problem`) is a :class:`ConfigError`."""
     data = _deepcopy(data)
     for item in overrides:
         key, value = parse_override(item) if isinstance(item, str) else item
+        why = key_problem(key)
+        if why:
+            raise ConfigError(f"override {shown(key)} {why}")
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
