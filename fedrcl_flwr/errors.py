@@ -20,7 +20,10 @@ class CheckpointError(ValueError):
 def shown(value: object, limit: int = 80) -> str:
     """``repr(value)`` for a message, cut to ``limit`` characters with its full length
     (a value of 100,000 characters is not echoed whole)."""
-    r = repr(value)
+    try:
+        r = repr(value)
+    except ValueError:  # an integer beyond Python's 4,300 digits of int -> str
+        return f"an integer of {value.bit_length():,} bits" if isinstance(value, int) else "?"
     return r if len(r) <= limit else f"{r[:limit]}... ({len(r):,} characters)"
 
 

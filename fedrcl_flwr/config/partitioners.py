@@ -185,18 +185,19 @@ def _number_table(value: Any, key: str, where: str) -> Any:
 
     import numpy as np
 
-    rows = value if isinstance(value, list) else None
+    def number(v: Any) -> bool:  # finite and >= 0; an int of 400 digits is no float
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return False
+        return 0 <= v < 2**63 if isinstance(v, int) else math.isfinite(v) and v >= 0
+
+    rows: list = value if isinstance(value, list) else []
     ok = bool(rows) and all(isinstance(r, list) and r for r in rows)
     ok = ok and len({len(r) for r in rows}) == 1 and len(rows) * len(rows[0]) <= MAX_ARRAY_ENTRIES
-    ok = ok and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-        for r in rows
-        for v in r
-    )
+    ok = ok and all(number(v) for r in rows for v in r)
     if not ok:
         raise ConfigError(
             f"{where}: '{key}' must be a list of equally long lists of numbers >= 0 (one "
-            f"row per label, at most {MAX_ARRAY_ENTRIES:,} numbers), got {repr(value)[:80]}"
+            f"row per label, at most {MAX_ARRAY_ENTRIES:,} numbers), got {shown(value)}"
         )
     return np.asarray(rows, dtype=np.float64)
 

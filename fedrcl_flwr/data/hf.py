@@ -299,7 +299,7 @@ def hf_disk_files(path: str) -> list[Path]:
         features = info.get("features") if isinstance(info, dict) else None
         for column, feat in (features if isinstance(features, dict) else {}).items():
             names_ = feat.get("names") if isinstance(feat, dict) else None
-            if feat.get("_type") == "ClassLabel" and isinstance(names_, list):  # type: ignore[union-attr]
+            if isinstance(names_, list) and feat.get("_type") == "ClassLabel":
                 if len(names_) > MAX_CLASSES:
                     raise DatasetError(
                         f"{what} [{split}]: the ClassLabel of column {shown(column)} has "
