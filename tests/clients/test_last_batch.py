@@ -111,13 +111,13 @@ def _feduv_config(tmp_path, **client):
                 "participation": None,
                 "clients_per_round": 2,
             },
-            client=dict(
-                TINY["client"],
-                method="univarfl",
-                params={"variant": "feduv"},
-                batch_size=50,
+            client={
+                **TINY["client"],
+                "method": "univarfl",
+                "params": {"variant": "feduv"},
+                "batch_size": 50,
                 **client,
-            ),
+            },
             output={"dir": str(tmp_path / "run"), "checkpoint_every": 0},
         )
     )
@@ -150,3 +150,25 @@ def test_feduv_code_protocol_drops_the_last_batch():
 
     path = Path(__file__).resolve().parents[2] / "experiments/univarfl/feduv_code_protocol.yaml"
     assert load_config(path).client.drop_last is True
+
+
+def test_a_client_smaller_than_a_batch_takes_no_step_with_drop_last(tmp_path):
+    """FedUV's loader gives a client of fewer samples than a batch no batch at all: it
+    takes no step and reports no training loss (not 0: the round's mean leaves it out),
+    and it uploads the model it received."""
+    from clients import client_class
+    from fedrcl_flwr.protocol import FitInstructions
+    from fedrcl_flwr.run import runtime
+
+    cfg = _feduv_config(tmp_path, drop_last=True, batch_size=102)  # sizes 102 and 101
+    sizes = [len(p) for p in runtime.client_partitions(cfg)]
+    model = runtime.new_model(cfg, runtime.load_bundle(cfg))
+    weights = runtime.get_weights(model)
+    for pid in (0, 1):
+        client = client_class("univarfl")(cfg, state_dir=str(tmp_path / "state"))
+        _, metrics = client.train_round(weights, FitInstructions.build(1, pid).to_config())
+        if sizes[pid] < 102:
+            assert metrics["steps"] == 0 and "train_loss" not in metrics
+            assert all(np.array_equal(a, b) for a, b in zip(client.upload(), weights))
+        else:
+            assert metrics["steps"] == 1 and np.isfinite(metrics["train_loss"])
