@@ -612,13 +612,16 @@ class FederatedStrategy(Strategy):
         for pid in sent:
             self.client_rounds[pid] = self.client_rounds.get(pid, 0) + 1
         failed: dict[int, str] = {}
-        answered = set()
-        for _, res in results:
+        kept_ids = {r.partition_id for r in kept}
+        answered = set(kept_ids)
+        kept_res = {id(r.fit_res) for r in kept}
+        for _, res in results:  # the few results that were not kept: whose were they?
+            if id(res) in kept_res:
+                continue
             try:
                 answered.add(FitReport.from_metrics(res.metrics).partition_id)
             except ProtocolError:
                 continue
-        kept_ids = {r.partition_id for r in kept}
         for done in sorted(answered - kept_ids):
             prefix = f"partition {done}: "
             why = next((r for r in reasons if r.startswith(prefix)), None)
