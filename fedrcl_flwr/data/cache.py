@@ -213,9 +213,11 @@ def _source_files(d) -> list[Path]:
     if info.generated:
         return []
     if info.source == "path" and d.name == "hf_disk" and d.path:
-        from fedrcl_flwr.data.hf import hf_disk_files
+        from fedrcl_flwr.data.hf import check_hf_disk
 
-        return hf_disk_files(d.path)  # checked first; its files only, no folder walked
+        # checked before its folder is walked (``dataset.path: /`` would walk the whole
+        # file system); the fingerprint is the folder's, as the entries users hold
+        check_hf_disk(d.path)
     if info.source == "path":
         return [Path(os.path.expanduser(d.path))] if d.path else []
     source = SOURCES.get(d.name)

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from fedrcl_flwr.accel import gather_rows, to_device, transfer_plan
@@ -32,6 +31,7 @@ from fedrcl_flwr.config.catalog import DATASET_NAMES, TORCHVISION_CLASSES, datas
 from fedrcl_flwr.data.raw import DatasetError, RawSplit
 from fedrcl_flwr.data.raw import hwc as _hwc
 from fedrcl_flwr.data.raw import int_labels as _int_labels
+from fedrcl_flwr.data.raw import resize_u8 as _resize_u8
 from fedrcl_flwr.errors import ConfigError
 
 # --------------------------------------------------------------------------------------
@@ -697,20 +697,6 @@ def _digit5(
 # --------------------------------------------------------------------------------------
 # Assembly
 # --------------------------------------------------------------------------------------
-
-
-def _resize_u8(x: np.ndarray, size: int) -> np.ndarray:
-    """Resize uint8 (N, H, W, C) to ``size x size`` (antialiased bilinear), in chunks."""
-    if x.shape[1] == size and x.shape[2] == size:
-        return x
-    out = np.empty((x.shape[0], size, size, x.shape[3]), np.uint8)
-    for i in range(0, len(x), 2048):
-        t = torch.from_numpy(x[i : i + 2048]).permute(0, 3, 1, 2).float()
-        r = F.interpolate(
-            t, size=(size, size), mode="bilinear", antialias=True, align_corners=False
-        )
-        out[i : i + 2048] = r.round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
-    return out
 
 
 def default_augment(name: str, image_size: int) -> AugmentSpec:

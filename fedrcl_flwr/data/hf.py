@@ -19,7 +19,7 @@
   images to RGB (L when every image is greyscale). Images of one size are resized by
   ``dataset.image_size`` as for every dataset; images of several sizes need it, and are
   each resized to it as they are read (bilinear, as an image folder's). Checked before
-  anything is read or fingerprinted (:func:`hf_disk_files`): ``dataset.path`` a folder
+  anything is read or fingerprinted (:func:`check_hf_disk`): ``dataset.path`` a folder
   holding ``dataset_dict.json`` with splits ``train`` and ``test``, each split folder's
   ``state.json`` naming at least one data file (an empty split is refused as such); a
   ``ClassLabel`` of at most :data:`~fedrcl_flwr.data.raw.MAX_CLASSES` classes.
@@ -198,11 +198,14 @@ def _pixels(values: list, what: str, image_size: int | None = None) -> np.ndarra
             for im in images
         ]
     elif len(shapes) > 1:
-        from fedrcl_flwr.data.datasets import _resize_u8
+        from fedrcl_flwr.data.raw import resize_u8
 
-        return np.concatenate(
-            [_resize_u8(hwc(a[None], what), int(image_size)) for a in arrays]  # type: ignore[arg-type]
-        )
+        side = int(image_size)  # type: ignore[arg-type]
+        resized = [resize_u8(hwc(a[None], what), side) for a in arrays]
+        channels = sorted({r.shape[3] for r in resized})
+        if len(channels) > 1:
+            raise DatasetError(f"{what}: images with {channels[0]} and {channels[-1]} channels")
+        return np.concatenate(resized)
     return hwc(np.stack(arrays) if arrays else np.zeros((0, 1, 1), np.uint8), what)
 
 
@@ -244,14 +247,14 @@ def _small_json(path: Path, what: str, limit: int = MAX_JSON_BYTES) -> Any:
             raise DatasetError(f"{what}: {path.name} is not JSON") from None
 
 
-def hf_disk_files(path: str) -> list[Path]:
-    """The files of the ``DatasetDict`` saved at ``path`` that ``train`` and ``test`` are
-    read from (what the dataset cache fingerprints), checked before anything is read:
-    ``dataset.path`` a folder with ``dataset_dict.json`` naming both splits, each split
-    folder's ``state.json`` naming its data files (none: an empty split) and its
-    ``dataset_info.json`` no ``ClassLabel`` of more than ``MAX_CLASSES`` classes (loading
-    one of 10**6 takes half a minute). Anything else is one :class:`DatasetError` naming
-    ``dataset.path``; no folder is walked."""
+def check_hf_disk(path: str) -> None:
+    """Check the ``DatasetDict`` saved at ``path`` before anything is read from it or the
+    dataset cache fingerprints its folder: ``dataset.path`` a folder with
+    ``dataset_dict.json`` naming both splits, each split folder's ``state.json`` naming
+    its data files (none: an empty split) and its ``dataset_info.json`` no ``ClassLabel``
+    of more than ``MAX_CLASSES`` classes (loading one of 10**6 takes half a minute).
+    Anything else is one :class:`DatasetError` naming ``dataset.path``; no folder is
+    walked."""
     import errno
 
     from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError
@@ -281,7 +284,6 @@ def hf_disk_files(path: str) -> list[Path]:
             f"{what}: need a DatasetDict with splits train and test (found {shown_held}); "
             "save DatasetDict({'train': ..., 'test': ...}) with save_to_disk"
         )
-    files = [p / DICT_FILE]
     for split in SPLITS:
         state = _small_json(p / split / STATE_FILE, f"{what} [{split}]")
         data = state.get("_data_files") if isinstance(state, dict) else None
@@ -305,9 +307,6 @@ def hf_disk_files(path: str) -> list[Path]:
                         f"{what} [{split}]: the ClassLabel of column {shown(column)} has "
                         f"{len(names_):,} classes (at most {MAX_CLASSES:,})"
                     )
-        files += [p / split / STATE_FILE, p / split / INFO_FILE]
-        files += [p / split / str(n) for n in names]
-    return files
 
 
 def read_hf_disk(
@@ -320,7 +319,7 @@ def read_hf_disk(
     ``path`` (see the module docstring)."""
     from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError, RawSplit, int_labels
 
-    hf_disk_files(path)
+    check_hf_disk(path)
     p = Path(path).expanduser()
     datasets = _datasets("dataset.name hf_disk")
     with offline():

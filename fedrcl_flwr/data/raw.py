@@ -110,3 +110,21 @@ def int_labels(y, what: str) -> np.ndarray:
             f"at most {MAX_CLASSES:,} classes)"
         )
     return y.astype(np.int64)
+
+
+def resize_u8(x: np.ndarray, size: int) -> np.ndarray:
+    """Resize uint8 (N, H, W, C) to ``size x size`` (torch's antialiased bilinear), in
+    chunks."""
+    import torch
+    import torch.nn.functional as F
+
+    if x.shape[1] == size and x.shape[2] == size:
+        return x
+    out = np.empty((x.shape[0], size, size, x.shape[3]), np.uint8)
+    for i in range(0, len(x), 2048):
+        t = torch.from_numpy(x[i : i + 2048]).permute(0, 3, 1, 2).float()
+        r = F.interpolate(
+            t, size=(size, size), mode="bilinear", antialias=True, align_corners=False
+        )
+        out[i : i + 2048] = r.round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
+    return out

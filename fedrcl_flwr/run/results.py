@@ -38,6 +38,7 @@ from fedrcl_flwr.run.run_files import (  # noqa: F401 - the names' one home, re-
     RUN_SUBDIRS,
     SUMMARY_FILE,
     TMP_SUFFIX,
+    atomic_write_bytes,
     guarded_write,
 )
 
@@ -362,10 +363,14 @@ class RunRecorder:
         every result of the run is on disk). ``before_summary(summary, plots)`` is called
         just before (the experiment trackers, ``fedrcl_flwr.tracking``)."""
         summary = self.summary()
-        if model_state is not None:
-            from fedrcl_flwr.run.checkpoint import write_torch_file
+        if model_state is not None:  # serialised in memory: a full disk names model.pt
+            import io
 
-            write_torch_file(self.out_dir / MODEL_FILE, model_state)
+            import torch
+
+            buffer = io.BytesIO()
+            torch.save(model_state, buffer)
+            atomic_write_bytes(self.out_dir / MODEL_FILE, buffer.getbuffer())
         plot_accuracy(self.records, self.out_dir / PLOT_FILE, title=self.title)
         if before_summary is not None:
             before_summary(

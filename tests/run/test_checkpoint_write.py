@@ -42,8 +42,12 @@ CHILD = textwrap.dedent(
 def test_a_checkpoint_that_does_not_fit_is_named_and_leaves_no_tmp(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    res = subprocess.run(
-        [sys.executable, "-c", CHILD, str(out)], capture_output=True, text=True, timeout=300
+    res = subprocess.run(  # not in the checkout: the child imports what the tests import
+        [sys.executable, "-c", CHILD, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     lines = res.stdout.splitlines()
     assert "NAMED checkpoint.pt True" in lines, res.stdout + res.stderr[-2000:]
