@@ -137,6 +137,9 @@ class AllClientsFailed(RuntimeError):
 # Flower's legacy client proxy when no reply came back (flwr
 # server/compat/grid_client_proxy.py): a client that outlived the round's time-out
 NO_REPLY = "Expected one Message but got: 0"
+# how that proxy ends the error of a ClientApp that raised: ``ValueError("Message contains
+# an Error (reason: <reason>). It originated during client-side execution of a message.")``
+PROXY_ERROR_END = "). It originated during client-side execution of a message."
 
 
 def no_reply_line(timeout_s: float | None) -> str:
@@ -149,11 +152,14 @@ def no_reply_line(timeout_s: float | None) -> str:
 def client_failure(failure, timeout_s: float | None = None) -> tuple[int | None, str]:
     """``(partition id or None, one line Type: message)`` of a failed client result.
 
-    Flower hands the strategy ``Exception(Error(code, reason))`` for a ClientApp that
-    raised, with ``reason`` like ``"<class '...ClientAppException'>:<'\\nException
-    ClientAppException occurred. Message: RuntimeError: boom'>"`` (the ClientApp's
-    ``name_errors`` mod puts the original type in front of the message, and the partition
-    in front of that: :func:`fedrcl_flwr.protocol.tag_partition`); an exception raised in
+    For a ClientApp that raised, Flower builds ``reason`` as ``"<class
+    '...ClientAppException'>:<'\\nException ClientAppException occurred. Message:
+    RuntimeError: boom'>"`` (``vce_api.py``; the ClientApp's ``name_errors`` mod puts the
+    original type in front of the message, and the partition in front of that:
+    :func:`fedrcl_flwr.protocol.tag_partition`) and hands the strategy either
+    ``Exception(Error(code, reason))`` or, through its legacy client proxy (a simulation
+    with ``flwr run``), ``ValueError("Message contains an Error (reason: <reason>)`` +
+    :data:`PROXY_ERROR_END`; only ``RuntimeError: boom`` is kept. An exception raised in
     this process carries the partition as its ``partition_id`` attribute
     (``clients/base.py``). Flower's "no reply" (:data:`NO_REPLY`) is said in the run's
     words, with the configured ``timeout_s``."""
@@ -167,7 +173,7 @@ def client_failure(failure, timeout_s: float | None = None) -> tuple[int | None,
     reason = getattr(err, "reason", None)
     text = str(reason if reason is not None else err)
     if "Message: " in text:
-        text = text.split("Message: ", 1)[1]
+        text = text.split("Message: ", 1)[1].removesuffix(PROXY_ERROR_END)
         if text.endswith("'>"):
             text = text[:-2]
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]

@@ -90,6 +90,22 @@ def _tagged(pid, line):
     return Exception(Error(0, reason))
 
 
+def _proxied(pid, line):
+    """A ClientApp's error as Flower's legacy client proxy raises it (a simulation under
+    ``flwr run``): ``vce_api.py``'s reason of the ``ClientAppException`` inside
+    ``grid_client_proxy.py``'s ``ValueError`` (flwr 1.42)."""
+    from flwr.clientapp.client_app import ClientAppException
+
+    from fedrcl_flwr.protocol import tag_partition
+
+    ex = ClientAppException(tag_partition(pid, line))
+    reason = str(type(ex)) + ":<'" + str(ex) + "'>"
+    return ValueError(
+        f"Message contains an Error (reason: {reason}). "
+        "It originated during client-side execution of a message."
+    )
+
+
 def test_counts_per_partition_over_rounds():
     """A client failing in some rounds is counted, not named; one failing in every round
     it was sampled is named; an unusable result counts like an error."""
@@ -176,6 +192,7 @@ def test_every_client_timed_out_is_said_in_the_runs_words():
     "make, pid, line",
     [
         (lambda: _tagged(17, "RuntimeError: boom"), 17, "RuntimeError: boom"),
+        (lambda: _proxied(3, "ValueError: x 'y'"), 3, "ValueError: x 'y'"),
         (lambda: ValueError("Expected one Message but got: 0"), None, "no reply from the client"),
         (lambda: RuntimeError("plain"), None, "plain"),
     ],
