@@ -172,3 +172,12 @@ def test_a_client_smaller_than_a_batch_takes_no_step_with_drop_last(tmp_path):
             assert all(np.array_equal(a, b) for a, b in zip(client.upload(), weights))
         else:
             assert metrics["steps"] == 1 and np.isfinite(metrics["train_loss"])
+    # in a run both are averaged (the unchanged model weighted by its size, as FedUV's
+    # train_fl.py weights every sampled client by its data size), no failure; the round's
+    # training loss is the one client's that trained
+    from fedrcl_flwr.app.inprocess import run_inprocess
+    from fedrcl_flwr.run.results import read_metrics
+
+    run_inprocess(cfg, tmp_path / "run")
+    (rec,) = read_metrics(tmp_path / "run")
+    assert (rec["num_clients"], rec["failures"]) == (2, 0) and np.isfinite(rec["train_loss"])
