@@ -584,7 +584,33 @@ def _tinyimagenet(root: Path, image_size: int | None) -> tuple[RawSplit, RawSpli
     return tr, te
 
 
+def check_npz_path(path: Path) -> None:
+    """``dataset.path`` of an ``npz`` dataset, when something is there, is a regular file:
+    a directory is refused before the dataset cache would fingerprint every file under it
+    (``/``: the whole file system), a FIFO before ``np.load`` would wait on it, a path
+    that cannot be looked up (a name too long) as such. One :class:`DatasetError`."""
+    import errno
+
+    from fedrcl_flwr.config.loading import file_kind
+    from fedrcl_flwr.errors import shown
+
+    try:
+        if path.is_file():
+            return
+        kind = file_kind(path)
+    except OSError as exc:
+        why = "a file name too long" if exc.errno == errno.ENAMETOOLONG else exc.strerror
+        raise DatasetError(
+            f"dataset.path {shown(str(path))}: cannot be looked up ({why or exc})"
+        ) from None
+    if kind is not None:
+        raise DatasetError(
+            f"dataset.path {shown(str(path), 300)}: {kind}, not an .npz file of arrays"
+        )
+
+
 def _npz(path: Path) -> tuple[RawSplit, RawSplit]:
+    check_npz_path(path)
     if not path.exists():
         raise DatasetError(f"npz dataset file {path} does not exist (dataset.path)")
     try:
