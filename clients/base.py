@@ -65,6 +65,7 @@ from fedrcl_flwr.training import (
     cross_entropy_term,
     last_batch_rule,
     local_train_settings,
+    steps_per_epoch,
     train_local,
 )
 from strategies import strategy_class
@@ -425,6 +426,19 @@ class FederatedClient(NumPyClient):
         self.on_round_start(ins)
         return seed
 
+    def last_batch(self) -> str:
+        """What the round's local epochs do with their last, incomplete batch: keep, drop
+        (``client.drop_last``) or fold it (a model with BatchNorm;
+        :func:`fedrcl_flwr.training.last_batch_rule`)."""
+        return last_batch_rule(self.cfg.client.drop_last, self.round_model())
+
+    def epoch_steps(self) -> int:
+        """Optimisation steps of one local epoch of the round in progress, as
+        :meth:`_train` runs them (:func:`fedrcl_flwr.training.steps_per_epoch`)."""
+        c, size = self.cfg.client, self.round_data().size
+        bs = batch_size_for(size, c.batch_size, c.iterations_per_epoch)
+        return steps_per_epoch(size, bs, c.iterations_per_epoch, self.last_batch())
+
     def _train(self, ins: FitInstructions, seed: int):
         """The shared training loop on the round's batches (``fedrcl_flwr.training``)."""
         c = self.cfg.client
@@ -436,7 +450,7 @@ class FederatedClient(NumPyClient):
             bs,
             seed,
             device=self.device,
-            last_batch=last_batch_rule(c.drop_last, model),
+            last_batch=self.last_batch(),
         )
         channels_last = use_channels_last(c.channels_last, self.device, model)
         if channels_last:  # the pooled model keeps it; set_weights preserves the layout

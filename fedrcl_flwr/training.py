@@ -203,6 +203,28 @@ def last_batch_rule(drop_last: bool, model: nn.Module) -> str:
     return "fold" if normalises_over_batch(model) else "keep"
 
 
+def steps_per_epoch(
+    num_samples: int,
+    batch_size: int,
+    iterations_per_epoch: int | None = None,
+    last_batch: str = "keep",
+) -> int:
+    """Optimisation steps of one local epoch of :func:`train_local` on ``num_samples``
+    samples in batches of ``batch_size`` (:func:`batch_size_for`), the last incomplete
+    batch treated by ``last_batch`` (:func:`last_batch_rule`; the batches of
+    :func:`fedrcl_flwr.data.datasets.batch_bounds`), at most ``iterations_per_epoch``."""
+    full, rest = divmod(max(int(num_samples), 0), int(batch_size))
+    if last_batch == "drop":
+        steps = full
+    elif last_batch == "fold":  # a last batch of one joins the one before; alone: none
+        steps = full + (rest > 1)
+    elif last_batch == "keep":
+        steps = full + (rest > 0)
+    else:
+        raise ValueError("last_batch must be one of keep, drop, fold")
+    return min(steps, int(iterations_per_epoch)) if iterations_per_epoch else steps
+
+
 def batch_size_for(num_samples: int, batch_size: int, iterations_per_epoch: int | None) -> int:
     """Batch size so an epoch is ``iterations_per_epoch`` steps (FedRCL: 10), if given."""
     if iterations_per_epoch:

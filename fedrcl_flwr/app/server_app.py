@@ -55,9 +55,12 @@ def make_exchange(cfg, num_classes: int):
     return SignalExchange({**settings, **cfg.server.signals}, num_classes=num_classes)
 
 
-def make_availability(cfg):
-    """The dropout / straggler simulation (``federation.availability``), or ``None``."""
+def make_availability(cfg, model=None):
+    """The dropout / straggler simulation (``federation.availability``), or ``None``; a
+    straggler's workload counts its local steps as the clients train ``model``
+    (``training.last_batch_rule``)."""
     from fedrcl_flwr import availability, client_eval
+    from fedrcl_flwr.training import last_batch_rule
 
     if not availability.enabled(cfg):
         return None
@@ -67,7 +70,11 @@ def make_availability(cfg):
             len(client_eval.training_indices(cfg, i, part))
             for i, part in enumerate(runtime.client_partitions(cfg))
         ]
-    return availability.Availability.from_config(cfg, sizes)
+    if model is not None:
+        rule = last_batch_rule(cfg.client.drop_last, model)
+    else:
+        rule = "drop" if cfg.client.drop_last else "keep"
+    return availability.Availability.from_config(cfg, sizes, last_batch=rule)
 
 
 def make_strategy(cfg, model, bundle, *, round_offset: int = 0, **callbacks):
@@ -88,7 +95,7 @@ def make_strategy(cfg, model, bundle, *, round_offset: int = 0, **callbacks):
         round_timeout_s=cfg.federation.round_timeout_s,
         round_offset=round_offset,
         exchange=make_exchange(cfg, bundle.num_classes),
-        availability=make_availability(cfg),
+        availability=make_availability(cfg, model),
         per_client=(pc.every, pc.clients) if pc.every else None,
         privacy=cfg.privacy,
         **callbacks,

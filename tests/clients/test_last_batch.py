@@ -48,6 +48,49 @@ def test_batch_bounds(n, bs, keep, drop, fold):
         batch_bounds(n, bs, "skip")
 
 
+def test_steps_per_epoch_counts_the_batches():
+    """The closed form the step counts use (FPL's last epoch, a straggler's workload) is
+    the number of batches the epochs iterate, under each rule, capped by
+    ``iterations_per_epoch``."""
+    from fedrcl_flwr.data.datasets import batch_bounds
+    from fedrcl_flwr.training import steps_per_epoch
+
+    for n in range(0, 130):
+        for bs in (1, 2, 3, 7, 32, 50):
+            for rule in ("keep", "drop", "fold"):
+                batches = len(batch_bounds(n, bs, rule))
+                assert steps_per_epoch(n, bs, None, rule) == batches, (n, bs, rule)
+                assert steps_per_epoch(n, bs, 3, rule) == min(batches, 3), (n, bs, rule)
+    with pytest.raises(ValueError, match="last_batch"):
+        steps_per_epoch(10, 3, None, "skip")
+
+
+def test_a_stragglers_workload_counts_the_folded_batch(tiny, monkeypatch):
+    """With a BatchNorm model a client of 65 samples in batches of 32 takes 2 steps an
+    epoch (its last sample joins the batch before), not 3; with ``drop_last`` 2 too, and
+    one of 20 samples none."""
+    from fedrcl_flwr import client_eval
+    from fedrcl_flwr.app.server_app import make_availability
+    from fedrcl_flwr.run import runtime
+
+    sizes = [64, 65, 20, 96]
+    monkeypatch.setattr(client_eval, "training_indices", lambda cfg, i, part: range(sizes[i]))
+    expected = {
+        ("cnn5", False): [2, 3, 1, 3],
+        ("lightcnn", False): [2, 2, 1, 3],
+        ("lightcnn", True): [2, 2, 0, 3],
+    }
+    for (name, drop_last), steps in expected.items():
+        cfg = tiny(
+            model={"name": name},
+            client={"batch_size": 32, "local_epochs": 1, "drop_last": drop_last},
+            federation={"num_clients": 4, "availability": {"stragglers": {"speed": 1.0}}},
+        )
+        av = make_availability(cfg, runtime.new_model(cfg, runtime.load_bundle(cfg)))
+        s = np.array(steps, dtype=float)
+        assert np.allclose(av.workload, s / s.mean()), (name, drop_last, av.workload)
+
+
 def test_drop_last_is_torchs_dataloader_drop_last():
     """FedUV's loader, ``DataLoader(drop_last=True)``: the same number and sizes of
     batches as ours with ``drop``."""
@@ -181,3 +224,37 @@ def test_a_client_smaller_than_a_batch_takes_no_step_with_drop_last(tmp_path):
     run_inprocess(cfg, tmp_path / "run")
     (rec,) = read_metrics(tmp_path / "run")
     assert (rec["num_clients"], rec["failures"]) == (2, 0) and np.isfinite(rec["train_loss"])
+
+
+@pytest.mark.parametrize("drop_last, samples", [(False, 100), (True, 99)])
+def test_fpl_last_epoch_prototypes_follow_the_last_batch(
+    tiny, tmp_path, monkeypatch, drop_last, samples
+):
+    """FPL's ``proto_source: last_epoch`` counts the steps before the last epoch as the
+    epochs run them: clients of 100 samples in batches of 33 with a BatchNorm model run 3
+    steps an epoch (the last sample folded), so the prototypes hold every sample of the
+    last epoch once; with ``drop_last`` the 99 of its 3 full batches."""
+    import clients.fpl as fpl
+    from fedrcl_flwr.app.inprocess import run_inprocess
+
+    seen = []
+
+    def spy(feats, labels, **kw):
+        seen.append(np.asarray(labels).copy())
+        return real(feats, labels, **kw)
+
+    real = fpl.class_cluster_signals
+    monkeypatch.setattr(fpl, "class_cluster_signals", spy)
+    cfg = tiny(
+        model={"name": "lightcnn"},
+        federation={"rounds": 1, "clients_per_round": 2},
+        client={
+            "method": "fpl",
+            "local_epochs": 2,
+            "batch_size": 33,
+            "drop_last": drop_last,
+            "params": {"mean_over": "batch", "proto_source": "last_epoch", "tau": 0.02},
+        },
+    )
+    run_inprocess(cfg, tmp_path / "run")
+    assert [len(labels) for labels in seen] == [samples, samples]
