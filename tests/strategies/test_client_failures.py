@@ -241,3 +241,25 @@ def test_the_client_names_its_partition_when_it_raises(tmp_path):
     with pytest.raises(RuntimeError) as ei:
         client.to_client().fit(FitIns(params, FitInstructions.build(1, 3).to_config()))
     assert ei.value.partition_id == 3
+
+
+def test_the_done_line_names_three_and_counts_the_others(tmp_path):
+    """Three clients that failed in every round they were sampled are named (partition
+    order), the others counted; one that failed in some rounds only is not named."""
+    from helpers import tiny_config
+
+    from fedrcl_flwr.cli import _result_text
+
+    # as failure_counts writes them: partition ids in numeric order
+    entries = {str(p): {"failed": 2, "rounds": 2, "first_error": f"E{p}"} for p in (3, 5, 9, 11)}
+    entries["4"] = {"failed": 1, "rounds": 3, "first_error": "sometimes"}
+    entries["12"] = {"failed": 2, "rounds": 2, "first_error": "E12"}
+    order = sorted(entries, key=int)
+    summary = {"final_accuracy": 0.5, "client_failures": {k: entries[k] for k in order}}
+    line = _result_text(tiny_config(tmp_path), summary)
+    named = [p.split()[1] for p in line.split("; ")[1:4]]
+    assert named == ["3", "5", "9"], line
+    assert "; client 3 failed in 2 of 2 rounds it was sampled: E3;" in line
+    assert "; 2 more clients failed in every round they were sampled" in line
+    assert "client 4" not in line and line.startswith("final accuracy 50.00%; client ")
+    assert line.endswith("(summary.json: client_failures)")
