@@ -63,7 +63,9 @@ from fedrcl_flwr.training import (
     LossTerm,
     batch_size_for,
     cross_entropy_term,
+    last_batch_rule,
     local_train_settings,
+    steps_per_epoch,
     train_local,
 )
 from strategies import strategy_class
@@ -115,6 +117,19 @@ class WireClient(Client):
         (:meth:`FederatedClient.upload`: views of the model) written out at once, into
         the message or the weight store, so no copy of the model is made for it."""
         client = self.numpy_client
+        client.partition_id = -1  # set by the round's start (FederatedClient._start_round)
+        try:
+            return self._fit(client, ins)
+        except Exception as exc:
+            # the server counts each client's failures (strategies/base.py: client_failure)
+            if client.partition_id >= 0 and not hasattr(exc, "partition_id"):
+                try:
+                    exc.partition_id = client.partition_id  # type: ignore[attr-defined]
+                except AttributeError:  # an exception type without attributes
+                    pass
+            raise
+
+    def _fit(self, client: FederatedClient, ins: FitIns) -> FitRes:
         out = client.train_round(transport.arrays_of(ins.parameters, reuse=True), ins.config)
         if not (len(out) == 2 and isinstance(out[0], int) and isinstance(out[1], dict)):
             raise TypeError(f"{type(client).__name__}.train_round must return (int, dict)")
@@ -361,11 +376,13 @@ class FederatedClient(NumPyClient):
         stats = self._train(ins, seed)
         report = FitReport(
             partition_id=self.partition_id,
-            train_loss=stats.loss,
+            # a client that took no step (client.drop_last, fewer samples than a batch)
+            # has no training loss
+            train_loss=stats.loss if stats.steps else None,
             steps=stats.steps,
             fit_time_s=time.time() - t0,
             node=runtime.node_name(),
-            term_losses=dict(stats.terms),
+            term_losses=dict(stats.terms) if stats.steps else {},
         )
         every = self.cfg.evaluation.local_representation_every
         if every and self.run_round % every == 0:
@@ -409,12 +426,32 @@ class FederatedClient(NumPyClient):
         self.on_round_start(ins)
         return seed
 
+    def last_batch(self) -> str:
+        """What the round's local epochs do with their last, incomplete batch: keep, drop
+        (``client.drop_last``) or fold it (a model with BatchNorm;
+        :func:`fedrcl_flwr.training.last_batch_rule`)."""
+        return last_batch_rule(self.cfg.client.drop_last, self.round_model())
+
+    def epoch_steps(self) -> int:
+        """Optimisation steps of one local epoch of the round in progress, as
+        :meth:`_train` runs them (:func:`fedrcl_flwr.training.steps_per_epoch`)."""
+        c, size = self.cfg.client, self.round_data().size
+        bs = batch_size_for(size, c.batch_size, c.iterations_per_epoch)
+        return steps_per_epoch(size, bs, c.iterations_per_epoch, self.last_batch())
+
     def _train(self, ins: FitInstructions, seed: int):
         """The shared training loop on the round's batches (``fedrcl_flwr.training``)."""
         c = self.cfg.client
         model, data = self.round_model(), self.round_data()
         bs = batch_size_for(data.size, c.batch_size, c.iterations_per_epoch)
-        batches = runtime.make_batches(data.dataset, data.indices, bs, seed, device=self.device)
+        batches = runtime.make_batches(
+            data.dataset,
+            data.indices,
+            bs,
+            seed,
+            device=self.device,
+            last_batch=self.last_batch(),
+        )
         channels_last = use_channels_last(c.channels_last, self.device, model)
         if channels_last:  # the pooled model keeps it; set_weights preserves the layout
             model.to(memory_format=torch.channels_last)

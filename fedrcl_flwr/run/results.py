@@ -7,7 +7,8 @@ Files in a run directory:
   (``round_failed: true`` with its ``failure_reason``, evaluated or not)
 * ``summary.json``  - method, strategy, ``rounds_failed``, final/EMA/best accuracy, ``last5`` (mean test
   accuracy of the last five evaluated rounds, FedCCL's reported metric) overall and per
-  domain, EMA accuracy at the target rounds the run reached, ``report_metric``, time
+  domain, EMA accuracy at the target rounds the run reached, ``report_metric``, time,
+  ``client_failures`` (each client that failed in some round: how often, its first error)
 * ``model.pt``      - the final global model's state_dict
 * ``accuracy.png``  - test accuracy and EMA accuracy per round
 
@@ -37,6 +38,7 @@ from fedrcl_flwr.run.run_files import (  # noqa: F401 - the names' one home, re-
     RUN_SUBDIRS,
     SUMMARY_FILE,
     TMP_SUFFIX,
+    atomic_write_bytes,
     guarded_write,
 )
 
@@ -276,6 +278,9 @@ class RunRecorder:
         self.elapsed_before = elapsed_before
         self.report_metric = report_metric
         self.records: list[dict] = []
+        # per partition id (text) that failed in some round: {"failed", "rounds",
+        # "first_error"} (strategies/base.py: failure_counts), set before finish()
+        self.client_failures: dict[str, dict] = {}
 
     @property
     def metrics_path(self) -> Path:
@@ -338,6 +343,8 @@ class RunRecorder:
             "wall_time_s": round(self.wall_time(), 3),
             # rounds in which no client's update reached the model (strategies/base.py)
             "rounds_failed": sum(1 for r in self.records if r.get("round_failed")),
+            # clients whose update did not reach the model in some round they trained in
+            "client_failures": self.client_failures,
         }
         private = [
             r for r in self.records if r.get("dp_epsilon", None) is not None or "dp_delta" in r
@@ -356,13 +363,14 @@ class RunRecorder:
         every result of the run is on disk). ``before_summary(summary, plots)`` is called
         just before (the experiment trackers, ``fedrcl_flwr.tracking``)."""
         summary = self.summary()
-        if model_state is not None:
+        if model_state is not None:  # serialised in memory: a full disk names model.pt
+            import io
+
             import torch
 
-            tmp = self.out_dir / (MODEL_FILE + TMP_SUFFIX)
-            with guarded_write(self.out_dir / MODEL_FILE, tmp):
-                torch.save(model_state, tmp)
-                os.replace(tmp, self.out_dir / MODEL_FILE)
+            buffer = io.BytesIO()
+            torch.save(model_state, buffer)
+            atomic_write_bytes(self.out_dir / MODEL_FILE, buffer.getbuffer())
         plot_accuracy(self.records, self.out_dir / PLOT_FILE, title=self.title)
         if before_summary is not None:
             before_summary(
@@ -371,6 +379,35 @@ class RunRecorder:
             )
         atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         return summary
+
+
+def always_failing(summary: dict) -> list[str]:
+    """One phrase per client that failed in every round it was sampled (``summary.json``'s
+    ``client_failures``, :meth:`RunRecorder.summary`): ``client 17 failed in 12 of 12
+    rounds it was sampled: <its first error>``, in partition order. A client that failed
+    in only some rounds is counted in ``summary.json`` and not named here."""
+    out = []
+    entries = summary.get("client_failures")
+    for pid, entry in (entries if isinstance(entries, dict) else {}).items():
+        try:
+            failed, rounds = int(entry["failed"]), int(entry["rounds"])
+            error = one_line(str(entry["first_error"]), 300)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if failed and failed >= rounds:
+            out.append(
+                f"client {pid} failed in {failed} of {rounds} "
+                f"round{'s' if rounds != 1 else ''} it was sampled: {error}"
+            )
+    return out
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line, cut to ``limit`` characters (``...`` and the full length)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
 
 
 def research_summary(records: list[dict]) -> dict:
@@ -426,10 +463,10 @@ def read_metrics(run_dir: Path) -> list[dict]:
         if line:
             try:
                 rec = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):
+            except (ValueError, RecursionError):  # an integer of over 4,300 digits too
                 break  # a torn last line from a killed run
             rnd = rec.get("round") if isinstance(rec, dict) else None
-            if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+            if not isinstance(rnd, int) or isinstance(rnd, bool) or not 0 <= rnd < 2**63:
                 break
             out.append(rec)
     return out

@@ -128,3 +128,17 @@ def guarded_write(path: Path, tmp: Path | None = None, *, truncate_to: int | Non
             with contextlib.suppress(OSError):
                 os.truncate(path, truncate_to)
         raise write_problem(Path(path), exc) from None
+
+
+def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
+    """Write ``data`` into ``path`` whole or not at all: through ``path.tmp`` (fsynced),
+    then renamed. The file system's error (a full disk) is a :class:`RunFileError`
+    naming ``path``; no ``.tmp`` is left and an earlier ``path`` stays as it was."""
+    path = Path(path)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    with guarded_write(path, tmp):
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)

@@ -67,11 +67,12 @@ from fedrcl_flwr.config import (
     apply_overrides,
     config_from_dict,
     dump_config,
+    key_problem,
     name_problem,
     parse_override,
     read_yaml,
 )
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.errors import ConfigError, shown
 from fedrcl_flwr.run.plan import PlannedRun, _dir_state, earlier_runs, experiment_hash
 from fedrcl_flwr.run.processes import HOME_PREFIX, SWEEP_VAR, OutputLock, Watchdog
 from fedrcl_flwr.run.results import (
@@ -169,6 +170,10 @@ def _mapping(value: Any, key: str, source: str) -> dict:
         return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
         raise ConfigError(f"{source}: '{key}' must be a mapping of dotted config keys")
+    for k in value:  # '../x' is no key (it would be read as the key '')
+        why = key_problem(k)
+        if why:
+            raise ConfigError(f"{source}: '{key}' key {shown(k)} {why}")
     return value
 
 
