@@ -29,7 +29,11 @@ import numpy as np
 import torch
 
 from fedrcl_flwr.errors import CheckpointError
-from fedrcl_flwr.run.run_files import CHECKPOINT_FILE, guarded_write  # noqa: F401 - re-exported
+from fedrcl_flwr.run.run_files import (  # noqa: F401 - guarded_write re-exported
+    CHECKPOINT_FILE,
+    guarded_write,
+    new_file,
+)
 from fedrcl_flwr.serialization import safe_load
 
 
@@ -61,7 +65,7 @@ def save_checkpoint(run_dir: Path, state: dict) -> Path:
     path = Path(run_dir) / CHECKPOINT_FILE
     tmp = path.with_name(path.name + ".tmp")
     with guarded_write(path, tmp):  # a full disk: no .tmp left, the last checkpoint kept
-        with open(tmp, "wb") as fh:
+        with new_file(tmp) as fh:
             torch.save(to_safe(state), fh)
             fh.flush()
             os.fsync(fh.fileno())
