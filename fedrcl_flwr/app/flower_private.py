@@ -378,6 +378,13 @@ def _runs_a_worker_per_pool_entry(run_api: Any) -> str | None:
     return None
 
 
+def _concrete(function: Any) -> str | None:
+    """A method the class implements (not only its base class's abstract one)."""
+    if getattr(function, "__isabstractmethod__", False):
+        return "is abstract here (the class no longer implements it)"
+    return None
+
+
 def _sets_in_init(*names: str) -> Callable[[Any], str | None]:
     """A class whose ``__init__`` sets the instance attributes ``names``."""
 
@@ -494,8 +501,8 @@ _PIPELINE_SYMBOLS: tuple[PrivateSymbol, ...] = (
             _sets_in_init("pool"),
         ),
     ),
-    PrivateSymbol(f"{BACKEND}.build", _parameters("app_fn")),
-    PrivateSymbol(f"{BACKEND}.terminate", _parameters()),
+    PrivateSymbol(f"{BACKEND}.build", _all(_concrete, _parameters("app_fn"))),
+    PrivateSymbol(f"{BACKEND}.terminate", _all(_concrete, _parameters())),
     PrivateSymbol(
         "flwr.simulation.ray_transport.ray_actor:BasicActorPool",
         _all(

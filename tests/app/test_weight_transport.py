@@ -602,3 +602,80 @@ def test_a_killed_processs_store_is_removed_by_the_next_one(tmp_path, monkeypatc
     finally:
         assert weight_store.remove_store(root)
     assert not root.exists()
+
+
+# ---------------------------------------------------------------- damage during a run
+def _damaging_run(tiny, out: Path, monkeypatch, *, after_first: bool):
+    """An in-process run (3 rounds, 3 clients a round, shared transport) in which the
+    arrays of the model's ring slot are zeroed (its header kept) during round 2: after
+    round 2's first client has read it (``after_first``), or before any client read it.
+    Returns the strategy and the damaged reference."""
+    from clients import client_class
+    from fedrcl_flwr.protocol import FitInstructions
+
+    sent: dict[int, dict] = {}
+    real = transport.ServerTransport.for_client
+
+    def for_client(self, send, run_round, index):
+        sent.setdefault(run_round, transport.reference_of(send))
+        return real(self, send, run_round, index)
+
+    monkeypatch.setattr(transport.ServerTransport, "for_client", for_client)
+    cfg = tiny(
+        federation={"rounds": 3, "clients_per_round": 3},
+        simulation={"transport": "shared"},
+        evaluation={"target_rounds": [3]},
+    )
+    base = client_class(cfg.client.method)
+    fits = {"round 2": 0}
+
+    class Damaging(base):  # the harness, not a method: zeroes the slot in round 2
+        def train_round(self, parameters, config):
+            second = FitInstructions.from_config(config).run_round == 2
+            if second and not after_first and fits["round 2"] == 0:
+                _zero_arrays_of_slot(Path(sent[2]["store"]), sent[2])
+            try:
+                return super().train_round(parameters, config)
+            finally:
+                if second and after_first and fits["round 2"] == 0:
+                    _zero_arrays_of_slot(Path(sent[2]["store"]), sent[2])
+                fits["round 2"] += second
+
+    state_dir = str(out / "client_state")
+    st = run_inprocess(cfg, out, client_factory=lambda: Damaging(cfg, state_dir=state_dir))
+    return st, sent[2]
+
+
+def test_a_slot_damaged_after_a_client_read_it_is_refused_to_every_later_client(
+    tiny, tmp_path, monkeypatch
+):
+    """The model's slot zeroed during round 2 after its first client read it: the round's
+    later clients refuse it (they never train on unchecked bytes), the round's record and
+    line say so, and the run goes on (round 3 trains every client on a new slot)."""
+    from fedrcl_flwr.run.results import format_round_line
+
+    st, _ = _damaging_run(tiny, tmp_path / "run", monkeypatch, after_first=True)
+    recs = read_metrics(tmp_path / "run")
+    assert [r["round"] for r in recs] == [1, 2, 3]
+    assert recs[1]["failures"] == 2 and recs[1]["num_clients"] == 1, recs[1]
+    assert "damaged weight store entry" in recs[1].get("weight_store", ""), recs[1]
+    assert "weight store: 2 result(s) lost" in format_round_line(recs[1], 3)
+    assert recs[2]["failures"] == 0 and recs[2]["num_clients"] == 3
+    assert abs(recs[2]["test_loss"] - np.log(4)) > 1e-3  # not an all-zero model
+
+
+def test_a_damaged_slot_whose_model_is_sent_again_is_rewritten(tiny, tmp_path, monkeypatch):
+    """The model's slot zeroed before round 2's clients read it: every client of round 2
+    refuses it (the round fails, its line names the store), the model is unchanged, and
+    the server, about to send the same model again, finds the slot damaged and writes it
+    into a new one: round 3 trains every client; one damage costs one round."""
+    from fedrcl_flwr.run.results import format_round_line
+
+    st, ref = _damaging_run(tiny, tmp_path / "run", monkeypatch, after_first=False)
+    recs = read_metrics(tmp_path / "run")
+    assert [r["round"] for r in recs] == [1, 2, 3]
+    assert recs[1]["num_clients"] == 0 and recs[1]["failures"] == 3, recs[1]
+    line = format_round_line(recs[1], 3)
+    assert "ROUND FAILED" in line and "weight store" in line, line
+    assert recs[2]["failures"] == 0 and recs[2]["num_clients"] == 3, recs[2]
+    assert f"slot at offset {ref['offset']} no longer held the model" in recs[2]["weight_store"]
