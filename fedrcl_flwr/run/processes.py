@@ -392,27 +392,40 @@ def watch(home: str) -> None:
     teardown(Path(home), pgids)
 
 
-def run_processes(home: str | Path) -> list[int]:
+def run_processes(home: str | Path, sessions: set[int] | None = None) -> list[int]:
     """PIDs (other than ours) of the processes of the run (or sweep) whose private home
     is ``home``: those whose environment holds ``FEDRCL_FLWR_RUN=HOME`` or
     ``FEDRCL_FLWR_SWEEP=HOME`` as an entry of its own (set by the tool on the processes
-    it starts, inherited by theirs). What teardown stops: never a process only because
-    its command line, working directory or open files name the home."""
+    it starts, inherited by theirs), and every process of a session the run started: a
+    session whose leader carries the marker, or whose leader is gone while a member
+    carries it (Ray renames its agents with ``setproctitle``, which overwrites the
+    memory ``/proc/PID/environ`` shows; they stay in the session Flower's SuperExec
+    started). ``sessions`` (optional) collects those sessions across calls, so that one
+    whose leader was killed in an earlier pass is still known. Never a process only
+    because its command line, working directory or open files name the home: a shell
+    ``cd``-ed there or a ``tail -f`` of a file there is in a session of its own, led by
+    a process without the marker."""
     entries = [f"\0{var}={home}\0".encode() for var in MARKER_VARS]
-    me = str(os.getpid())
-    pids = []
+    me = os.getpid()
+    session_of: dict[int, int] = {}
+    marked: set[int] = set()
     for pid_dir in Path("/proc").glob("[0-9]*"):
-        if pid_dir.name == me:
-            continue
+        pid = int(pid_dir.name)
         try:
-            environ = b"\0" + (pid_dir / "environ").read_bytes()
-        except OSError:
+            fields = (pid_dir / "stat").read_bytes().rsplit(b")", 1)[1].split()
+            session_of[pid] = int(fields[3])
+            environ = b"\0" + (pid_dir / "environ").read_bytes() + b"\0"
+        except (OSError, IndexError, ValueError):
             continue
-        if not environ.endswith(b"\0"):
-            environ += b"\0"
         if any(e in environ for e in entries):
-            pids.append(int(pid_dir.name))
-    return pids
+            marked.add(pid)
+    known = sessions if sessions is not None else set()
+    for pid in marked:
+        leader = session_of.get(pid)
+        if leader is not None and (leader in marked or leader not in session_of):
+            known.add(leader)
+    pids = marked | {pid for pid, sid in session_of.items() if sid in known}
+    return sorted(pids - {me})
 
 
 def procs_with(marker: str) -> list[int]:
@@ -440,12 +453,14 @@ def procs_with(marker: str) -> list[int]:
 
 def _kill_run(home: Path, timeout: float = 20.0) -> None:
     """Ray may daemonise (own session) and its raylet may still be spawning workers while
-    we kill: SIGKILL every process of the run (:func:`run_processes`), and repeat until
-    none has been seen for half a second (or ``timeout`` passes)."""
+    we kill: SIGKILL every process of the run (:func:`run_processes`, the run's sessions
+    remembered from pass to pass), and repeat until none has been seen for half a second
+    (or ``timeout`` passes)."""
     deadline = time.time() + timeout
     quiet_since = None
+    sessions: set[int] = set()
     while time.time() < deadline:
-        pids = run_processes(home)
+        pids = run_processes(home, sessions)
         if not pids:
             quiet_since = quiet_since or time.time()
             if time.time() - quiet_since >= 0.5:

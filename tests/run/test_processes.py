@@ -97,12 +97,17 @@ def test_a_lock_file_left_by_an_ended_run_is_replaced_not_written_in_place(tmp_p
 
 
 # ------------------------------------------------------------------------------ teardown
-def _sleeper(*, env_home: Path | None = None, cwd: Path | None = None, argv=None):
+SLEEP = "import time; time.sleep(120)"
+
+
+def _sleeper(*, env_home: Path | None = None, cwd: Path | None = None, argv=None, session=False):
     env = {k: v for k, v in os.environ.items() if k != RUN_VAR}
     if env_home is not None:
         env[RUN_VAR] = str(env_home)
-    argv = argv or [sys.executable, "-c", "import time; time.sleep(120)"]
-    return subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL)
+    argv = argv or [sys.executable, "-c", SLEEP]
+    return subprocess.Popen(
+        argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, start_new_session=session
+    )
 
 
 def _dead(proc, timeout=20.0) -> bool:
@@ -114,28 +119,55 @@ def _dead(proc, timeout=20.0) -> bool:
 
 
 def test_teardown_stops_the_runs_processes_and_no_one_elses(tmp_path):
-    """A process carrying the run's marker is stopped; a shell whose working directory
-    is the private home, a ``tail -f`` of a file there (its command line names the
+    """A process carrying the run's marker is stopped, and so is every process of a
+    session the run started (one whose environment no longer shows the marker, as Ray's
+    agents after ``setproctitle``); a shell whose working directory is the private home
+    (in a session of its own), a ``tail -f`` of a file there (its command line names the
     home) and a process carrying another home's marker are not."""
     home = tmp_path / f"{HOME_PREFIX}teardown"
     home.mkdir()
     (home / "progress.jsonl").write_text("")
+    pid_file = tmp_path / "child.pid"
     other = tmp_path / f"{HOME_PREFIX}other"
     run = _sleeper(env_home=home)
-    shell = _sleeper(cwd=home)
+    # a session led by a run process, with a member whose environment lacks the marker
+    leader = _sleeper(
+        env_home=home,
+        session=True,
+        argv=[
+            sys.executable,
+            "-c",
+            "import os, subprocess, sys, time; "
+            f"c = subprocess.Popen([sys.executable, '-c', {SLEEP!r}], env={{}}); "
+            f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(120)",
+        ],
+    )
+    shell = _sleeper(cwd=home, session=True)
     tail = _sleeper(argv=["tail", "-f", str(home / "progress.jsonl")])
     neighbour = _sleeper(env_home=other)
     try:
+        deadline = time.time() + 30
+        while not pid_file.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        member = int(pid_file.read_text())
         time.sleep(0.5)  # every process has started (its environment is in /proc)
         teardown(home, [])
-        assert _dead(run), "the run's process survived its teardown"
+        assert _dead(run) and _dead(leader), "the run's processes survived its teardown"
+        assert not Path(f"/proc/{member}").exists() or _zombie(member)
         assert shell.poll() is None and tail.poll() is None and neighbour.poll() is None
         assert not home.exists()
     finally:
-        for p in (run, shell, tail, neighbour):
+        for p in (run, leader, shell, tail, neighbour):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def _stale_home(parent: Path, name: str, pids: list, namespace: str | None = None) -> Path:
