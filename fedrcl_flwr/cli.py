@@ -475,10 +475,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import signal
 
-    try:
-        signal.signal(signal.SIGTERM, _terminate)
-    except ValueError:  # not the main thread (embedded use): keep the default
-        pass
+    # Ctrl-C (SIGINT) and SIGTERM both unwind (KeyboardInterrupt: teardown, exit 130),
+    # whatever this process inherited: Python turns SIGINT into KeyboardInterrupt only
+    # when it starts with SIGINT's default action, and a command started in the
+    # background of a shell script (``fedrcl-flwr run ... &``) starts with SIGINT
+    # ignored, so a SIGINT sent to it did nothing and the run went on to the end
+    for sig, handler in ((signal.SIGTERM, _terminate), (signal.SIGINT, signal.default_int_handler)):
+        try:
+            signal.signal(sig, handler)
+        except ValueError:  # not the main thread (embedded use): keep the default
+            pass
     try:
         return args.func(args)
     except ConfigError as exc:

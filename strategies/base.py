@@ -74,7 +74,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -83,7 +83,7 @@ from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
 from fedrcl_flwr.app.flower_private import ClientProxy
-from fedrcl_flwr.app.transport import ServerTransport, open_upload, to_bytes
+from fedrcl_flwr.app.transport import ServerTransport, arrays_of, open_upload, to_bytes
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.protocol import (
     LOCAL_REPR_PREFIX,
@@ -105,7 +105,6 @@ from fedrcl_flwr.server.aggregation import (
     check_update,
     client_coefficients,
     entry_kinds,
-    thread_pool,
     weighted_average,
 )
 from fedrcl_flwr.weight_store import StoreError
@@ -223,10 +222,13 @@ class ClientResult:
     receives (sorted by partition id)."""
 
     partition_id: int
-    weights: list  # the client's model, NumPy arrays in the model's state order
+    # the client's model, NumPy arrays in the model's state order; for an upload in the
+    # weight store whose hash_check is set, views of the store for the shapes only (its
+    # values are read through hash_check, or as a checked copy: _verify)
+    weights: list
     report: FitReport  # what it reported (fedrcl_flwr/protocol.py)
     fit_res: FitRes  # Flower's result (Flower's DP wrapper reads it)
-    hash_check: Any = None  # the upload's pending store hash check (screening only)
+    hash_check: Any = None  # the upload's store hash check (screening only)
 
     @property
     def num_examples(self) -> int:
@@ -586,6 +588,7 @@ class FederatedStrategy(Strategy):
         self._round_errors = reasons
         self._count_client_failures(results, raised, reasons, kept)
         info = self._round_info(rnd, kept, len(reasons))
+        info.update(self._weight_store_note(reasons))
         if self.secagg:  # every received result is a masked vector inside the sum
             info["model_bytes_up"] = self.secagg_upload_bytes * len(results)
             info["secagg_clients"] = len(kept)
@@ -689,46 +692,54 @@ class FederatedStrategy(Strategy):
         """The screened results whose values are usable: an upload by reference hashes
         to its name (:class:`~fedrcl_flwr.weight_store.HashCheck`), holds no NaN/Inf and
         (client-side DP) is clipped; why each other one is not goes to ``reasons``.
-        With the plain average (no DP, no SecAgg+) the uploads are read once for the
-        hash, the NaN/Inf screen and the average (:func:`average_and_screen`): by one
-        thread that hashes each piece after averaging it, or, with
-        :attr:`average_workers` > 1, by that many threads averaging pieces of the entries
-        while others hash whole uploads. That average is returned when every upload
-        passed (else ``None``: :meth:`_average` averages the rest, the same
-        arithmetic)."""
+        Every value used is a value checked: with the plain average (no DP, no SecAgg+)
+        the uploads are read once for the hash, the NaN/Inf screen and the average
+        (:func:`average_and_screen`): uploads in the weight store on one thread, each
+        piece copied out of the store and hashed by its upload's check as it is
+        averaged; uploads inside the messages (the process's own bytes) by
+        :attr:`average_workers` threads. That average is returned when every upload
+        passed (else ``None``). Otherwise (DP, SecAgg+, a dropped upload) each upload in
+        the store is read again as a checked copy of its own (:func:`arrays_of`), which
+        the checks, the DP wrapper and :meth:`_average` then read."""
         if not kept:
             return kept, None
-        average = None
-        hashed: dict[int, Future] = {}
+        average, finite = None, False
+        checks = [r.hash_check for r in kept]
         if self.dp is None and not self.secagg:
-            checks = [r.hash_check for r in kept]
             coefs = client_coefficients([r.num_examples for r in kept], self.weighting)
-            workers = self.average_workers
-            if workers > 1:
-                pool = thread_pool(workers)
-                hashed = {i: pool.submit(c.finish) for i, c in enumerate(checks) if c}
-                average, finite = average_and_screen(
-                    [r.weights for r in kept], coefs, self.kinds, workers=workers
-                )
+            weights = [r.weights for r in kept]
+            if any(c is not None for c in checks):
+
+                def take(i: int, j: int, start: int, stop: int) -> np.ndarray:
+                    check = checks[i]
+                    if check is None:  # bytes of the message
+                        return weights[i][j].reshape(-1)[start:stop]
+                    return check.take(j, start, stop)
+
+                average, finite = average_and_screen(weights, coefs, self.kinds, take)
             else:
-
-                def visit(i: int, j: int, stop: int) -> None:
-                    if checks[i] is not None:
-                        checks[i].upto(j, stop)
-
                 average, finite = average_and_screen(
-                    [r.weights for r in kept], coefs, self.kinds, visit
+                    weights, coefs, self.kinds, workers=self.average_workers
                 )
-        good = []
-        for i, r in enumerate(kept):
-            why = None
-            try:
-                if i in hashed:
-                    hashed[i].result()
-                elif r.hash_check is not None:
+        hashed = []
+        for r in kept:
+            if r.hash_check is not None and average is not None:
+                try:
                     r.hash_check.finish()
-            except StoreError as exc:
-                why = f"undecodable parameters ({exc})"
+                except StoreError as exc:
+                    reasons.append(f"partition {r.partition_id}: undecodable parameters ({exc})")
+                    continue
+            hashed.append(r)
+        if average is not None and finite and len(hashed) == len(kept):
+            return kept, average
+        good = []
+        for r in hashed:
+            why = None
+            if r.hash_check is not None:  # read again: a checked copy of its own
+                try:
+                    r = replace(r, weights=arrays_of(r.fit_res.parameters), hash_check=None)
+                except StoreError as exc:
+                    why = f"undecodable parameters ({exc})"
             if why is None and (average is None or not finite):
                 why = check_update(r.weights, self.weights)
             if why is None and self.dp is not None and not self.secagg:
@@ -737,7 +748,7 @@ class FederatedStrategy(Strategy):
                 reasons.append(f"partition {r.partition_id}: {why}")
                 continue
             good.append(r)
-        return good, average if len(good) == len(kept) else None
+        return good, None
 
     def _discard_secagg_sum(
         self, rnd: int, kept: list[ClientResult], received: int, reasons: list[str]
@@ -771,6 +782,23 @@ class FederatedStrategy(Strategy):
             )
             info.update(self.exchange.ingest(rnd, [(r.partition_id, r.report) for r in kept]))
         return info
+
+    def _weight_store_note(self, reasons: list[str]) -> dict:
+        """``{"weight_store": line}`` when the weight store cost this round something:
+        results refused because an entry did not hash to its name (a client refusing the
+        model it was sent, or the server refusing an upload), and a slot found damaged
+        when its model was sent again (sent in a new slot: the damage costs no more
+        than the round it happened in); else nothing."""
+        notes = []
+        refused = sum(1 for r in reasons if "weight store entry" in r)
+        if refused:
+            notes.append(
+                f"{refused} result(s) lost to a damaged weight store entry (did not hash to "
+                "its name)"
+            )
+        notes += self.transport.rewritten
+        self.transport.rewritten = []
+        return {"weight_store": "; ".join(notes)} if notes else {}
 
     def _empty_round(self, rnd: int, info: dict):
         """No usable result: the global model stays; abort after

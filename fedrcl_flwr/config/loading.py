@@ -16,10 +16,12 @@ keys in the file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
 import math
+import os
 import re
 import types
 import typing
@@ -406,5 +408,20 @@ def flatten_keys(d: Any, prefix: str = "") -> dict:
 
 
 def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    """Write the resolved config (after defaults and overrides) as YAML."""
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write the resolved config (after defaults and overrides) as YAML: into a new
+    file ``PATH.tmp`` (what had that name removed first, created with ``O_EXCL |
+    O_NOFOLLOW``), then renamed over ``path``, so a link at either name is replaced,
+    never written through."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        with os.fdopen(os.open(tmp, flags, 0o644), "w") as fh:
+            fh.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -32,6 +32,7 @@ from fedrcl_flwr.run.run_files import (  # noqa: F401 - guarded_write re-exporte
     CHECKPOINT_FILE,
     atomic_write_bytes,
     guarded_write,
+    new_file,
 )
 from fedrcl_flwr.serialization import safe_load
 

@@ -38,8 +38,10 @@ from fedrcl_flwr.run.run_files import (  # noqa: F401 - the names' one home, re-
     RUN_SUBDIRS,
     SUMMARY_FILE,
     TMP_SUFFIX,
+    append_file,
     atomic_write_bytes,
     guarded_write,
+    new_file,
 )
 
 
@@ -50,7 +52,8 @@ def write_marker(directory: Path, kind: str) -> None:
     if has_marker(directory, kind):
         return
     tmp = path.with_name(f"{MARKER_FILE}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    tmp.write_text(f"fedrcl-flwr {kind}\n")  # unique name: concurrent writers both succeed
+    with new_file(tmp, "w") as fh:  # unique name: concurrent writers both succeed
+        fh.write(f"fedrcl-flwr {kind}\n")
     os.replace(tmp, path)
 
 
@@ -135,7 +138,8 @@ def atomic_write_text(path: Path, text: str) -> None:
     ``.tmp`` left, the earlier ``path`` unchanged)."""
     tmp = path.with_name(path.name + TMP_SUFFIX)
     with guarded_write(path, tmp):
-        tmp.write_text(text)
+        with new_file(tmp, "w") as fh:
+            fh.write(text)
         os.replace(tmp, path)
 
 
@@ -201,6 +205,8 @@ def format_round_line(
         parts.append(f"dropped {rec['dropped']}")
     if rec.get("failures"):
         parts.append(f"failures {rec['failures']}")
+    if rec.get("weight_store"):  # strategies/base.py: what the weight store cost the round
+        parts.append(f"weight store: {rec['weight_store']}")
     why = rec.get("failure_reason")
     if rec.get("round_failed") or (rec.get("failures") and not rec.get("num_clients")):
         # strategies/base.py: no client's update reached the model this round
@@ -300,7 +306,7 @@ class RunRecorder:
         path = self.metrics_path
         size = path.stat().st_size if path.exists() else 0
         with guarded_write(path, truncate_to=size):  # a torn record is cut back
-            with open(path, "a") as fh:
+            with append_file(path) as fh:
                 fh.write(line)
                 fh.flush()
         self.records.append(record)
@@ -546,7 +552,8 @@ def plot_accuracy(records: list[dict], path: Path, title: str = "") -> None:
     tmp = path.with_name(path.stem + ".tmp.png")
     try:
         with guarded_write(path, tmp):
-            fig.savefig(tmp, dpi=100, bbox_inches="tight")
+            with new_file(tmp) as fh:
+                fig.savefig(fh, format="png", dpi=100, bbox_inches="tight")
             os.replace(tmp, path)
     finally:
         plt.close(fig)

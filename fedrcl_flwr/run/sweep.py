@@ -74,7 +74,13 @@ from fedrcl_flwr.config import (
 )
 from fedrcl_flwr.errors import ConfigError, shown
 from fedrcl_flwr.run.plan import PlannedRun, _dir_state, earlier_runs, experiment_hash
-from fedrcl_flwr.run.processes import HOME_PREFIX, SWEEP_VAR, OutputLock, Watchdog
+from fedrcl_flwr.run.processes import (
+    HOME_PREFIX,
+    SWEEP_VAR,
+    OutputLock,
+    Watchdog,
+    reap_stale_runs,
+)
 from fedrcl_flwr.run.results import (
     atomic_write_text,
     ema_note,
@@ -85,6 +91,7 @@ from fedrcl_flwr.run.run_files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
     SUMMARY_FILE,
+    append_file,
     sweep_config_path,
     sweep_log_path,
 )
@@ -638,6 +645,7 @@ def run_sweep(
     out_dir.mkdir(parents=True, exist_ok=True)
     lock = OutputLock(out_dir, "sweep")
     lock.acquire()  # ConfigError (exit 2) naming the other sweep's PID
+    reap_stale_runs()  # earlier runs and sweeps whose CLI and watchdog were both killed
     home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX + "sweep-"))
     try:
         watchdog = Watchdog(home, lock)
@@ -789,7 +797,7 @@ class _SweepSession:
         env.update(self.env_mark)
         resume = run.state() == "resume"
         cmd = self._command(run, resume)
-        log = open(sweep_log_path(self.out_dir, run.name), "a")
+        log = append_file(sweep_log_path(self.out_dir, run.name))
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         log.flush()
         # own session: a terminal's Ctrl-C reaches the sweep only, which then stops each
