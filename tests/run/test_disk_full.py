@@ -16,7 +16,6 @@ import torch
 from fedrcl_flwr import runner
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.run import checkpoint
 from fedrcl_flwr.run.checkpoint import load_checkpoint
 from fedrcl_flwr.run.results import RunRecorder, atomic_write_text, read_metrics
 from fedrcl_flwr.run.run_files import RunFileError
@@ -50,19 +49,32 @@ class _FullAfter:
         self.fh.close()
 
 
+def full_disk(monkeypatch, suffix: str, room: int = 0, nth: int = 1) -> list:
+    """The ``nth`` file the tool opens (through ``os.fdopen``: :func:`run_files.new_file`,
+    :func:`run_files.append_file`) whose path ends in ``suffix`` takes ``room`` bytes, then
+    the disk is full. Returns the list of such opens so far."""
+    import os
+
+    real_fdopen, opened = os.fdopen, []
+
+    def fdopen(fd, mode="r", *a, **k):
+        fh = real_fdopen(fd, mode, *a, **k)
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.endswith(suffix) and ("w" in mode or "a" in mode):
+            opened.append(path)
+            if len(opened) == nth:
+                return _FullAfter(fh, room)
+        return fh
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    return opened
+
+
 def test_torn_record_is_cut_back(tmp_path, monkeypatch):
     rec = RunRecorder(tmp_path, method="fedavg", strategy="fedavg", rounds=3)
     rec.append({"round": 1, "test_accuracy": 0.5})
     before = (tmp_path / "metrics.jsonl").read_bytes()
-    import builtins
-
-    real_open = builtins.open
-
-    def full_open(path, mode="r", *a, **k):
-        fh = real_open(path, mode, *a, **k)
-        return _FullAfter(fh, 7) if str(path).endswith("metrics.jsonl") and "a" in mode else fh
-
-    monkeypatch.setattr(builtins, "open", full_open)
+    full_disk(monkeypatch, "metrics.jsonl", room=7)
     with pytest.raises(RunFileError, match=r"cannot write .*metrics\.jsonl: No space left"):
         rec.append({"round": 2, "test_accuracy": 0.6})
     monkeypatch.undo()
@@ -71,15 +83,7 @@ def test_torn_record_is_cut_back(tmp_path, monkeypatch):
 
 
 def test_atomic_files_are_whole_or_absent(tmp_path, monkeypatch):
-    from pathlib import Path
-
-    real = Path.write_text
-
-    def full(self, text, *a, **k):
-        real(self, text[:5], *a, **k)
-        raise _enospc(str(self))
-
-    monkeypatch.setattr(Path, "write_text", full)
+    full_disk(monkeypatch, "run.log.tmp", room=5)
     with pytest.raises(RunFileError, match="run.log"):
         atomic_write_text(tmp_path / "run.log", "the whole log\n" * 100)
     assert list(tmp_path.iterdir()) == []  # run.log absent, no run.log.tmp
@@ -95,16 +99,8 @@ def test_full_disk_at_a_checkpoint_then_resume_gives_the_same_weights(tiny, tmp_
         output={"checkpoint_every": 1},
     )
     run_inprocess(cfg, tmp_path / "full")
-    real_save, calls = torch.save, []
-
-    def save(obj, f, *a, **k):
-        calls.append(1)
-        if len(calls) == 2:  # round 2's checkpoint: half written, then the disk is full
-            f.write(b"\x00" * 100)
-            raise _enospc()
-        return real_save(obj, f, *a, **k)
-
-    monkeypatch.setattr(checkpoint.torch, "save", save)
+    # round 2's checkpoint: 100 bytes written, then the disk is full
+    full_disk(monkeypatch, "checkpoint.pt.tmp", room=100, nth=2)
     cut = tmp_path / "cut"
     with pytest.raises(RunFileError) as err:
         run_inprocess(cfg, cut)
@@ -151,16 +147,7 @@ def test_cli_full_disk_is_one_line_exit_1(tiny, tmp_path, capsys, monkeypatch, w
             atomic_write_text(out_dir / "run.log", "x")
             return {}
 
-        from pathlib import Path
-
-        real = Path.write_text
-
-        def full(self, text, *a, **k):
-            if self.name.startswith("run.log"):
-                raise _enospc(str(self))
-            return real(self, text, *a, **k)
-
-        monkeypatch.setattr(Path, "write_text", full)
+        full_disk(monkeypatch, "run.log.tmp")
         monkeypatch.setattr(runner, "run_simulation_via_flower", sim)
         named = out / "run.log"
     else:  # the CLI's own config.yaml
