@@ -481,7 +481,15 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
         assert all(
             c.dataset.name == "digit5" and c.partition.scheme == "domain" for c in by.values()
         )
-        assert by["fedccl_finest"].client.params == {"signal_level": "finest"}
+        assert {lab: (c.client.method, c.client.params) for lab, c in by.items()} == {
+            "fedavg": ("fedavg", {}),
+            "fpl": ("fpl", {}),
+            "fedccl": ("fedccl", {}),
+            "fedccl_finest": ("fedccl", {"signal_level": "finest"}),
+            "fedccl_fc1": ("fedccl", {"feature": "fc1"}),
+            "fedccl_localmean": ("fedccl", {"local_signal": "mean"}),
+        }
+        assert {(c.federation.rounds, c.federation.num_clients) for c in by.values()} == {(25, 4)}
         return
     if path.stem == "research_features":  # issue 22's features on synthetic data, no paper
         assert all(r.cfg.dataset.name == "synthetic" for r in runs)
