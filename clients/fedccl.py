@@ -20,6 +20,25 @@ bandwidth and carry noise, while the coarsest kept level is the most compact gro
 FINCH still considers meaningful (it drops single-cluster levels), matching the paper's
 "repeat until the number of clusters no longer changes".
 
+The other choices the paper leaves open, each a parameter (docs/research.md, "FedCCL: the
+paper's open choices, tested", has the ablation):
+
+* ``finch_early_exit`` (``true``): FINCH's ``ensure_early_exit`` on the client. The
+  paper's recursion (Sec. 4.1) has no threshold; the reference FINCH prunes links longer
+  than the first level's, which stops the hierarchy earlier (more, finer clusters at
+  ``coarsest``). ``false`` is the recursion as the paper words it (and as FPL's server
+  runs FINCH).
+* ``feature`` (``penultimate``): which layer is ξ = f(x) (Eq. 6). The paper's inter-domain
+  model is a ViT-Tiny "feature extractor" followed by a 192 -> 128 -> C MLP of "decision-
+  making layers"; read literally, f(x) is the MLP's input (cnn5: ``fc1``), while FPL's
+  code contrasts the input of the last linear layer (``penultimate``).
+* ``reduction`` (``mean``): Eqs. (16)-(17) sum over the client's samples, Eq. (2) averages
+  the CE, and Eq. (18) adds them with weight 1. ``mean`` averages each contrast over the
+  batch's samples that have a positive (all three terms on one scale); ``sum`` keeps the
+  printed sums (per batch), so each contrast weighs ~B times the CE.
+* ``tau`` (0.07, Sec. 5.1: "the temperature to 0.07 for all experiments"; Eqs. 16-17 print
+  exp(sim) without it), ``w_local`` / ``w_global`` (1, 1: Eq. 18).
+
 Ablations (Tables 5-7): ``use_local`` / ``use_global`` switch the terms; ``local_signal:
 mean`` uploads class-mean prototypes instead of clusters; ``global_signal: mean`` makes
 the server average signals instead of clustering them — a plain average over the banked
@@ -58,6 +77,8 @@ class FedCCLClient(SignalClient):
         "global_signal": "cluster",
         "signal_level": "coarsest",
         "feature": "penultimate",
+        "finch_early_exit": True,
+        "reduction": "mean",
         "adversarial": False,
         "eps": 8 / 255,
         "step": 2 / 255,
@@ -72,6 +93,7 @@ class FedCCLClient(SignalClient):
         "global_signal": one_of("cluster", "mean"),
         "signal_level": finch_level(),
         "feature": feature_tap(),
+        "reduction": one_of("mean", "sum"),
         "eps": positive(),
         "step": positive(),
         "steps": at_least(1),
@@ -99,12 +121,15 @@ class FedCCLClient(SignalClient):
 
         terms = [cross_entropy_term()]
         tau, feat = float(self.p["tau"]), self.p["feature"]
+        red = str(self.p["reduction"])
         if self.local_signals is not None:
             sv, sl = self.local_signals
             terms.append(
                 LossTerm(
                     "local",
-                    lambda b: local_cluster_contrast(b.feats[feat], b.y, sv, sl, tau=tau),
+                    lambda b: local_cluster_contrast(
+                        b.feats[feat], b.y, sv, sl, tau=tau, reduction=red
+                    ),
                     weight=float(self.p["w_local"]),
                     needs_features=True,
                 )
@@ -114,7 +139,9 @@ class FedCCLClient(SignalClient):
             terms.append(
                 LossTerm(
                     "global",
-                    lambda b: global_cluster_contrast(b.feats[feat], b.y, gv, gl, tau=tau),
+                    lambda b: global_cluster_contrast(
+                        b.feats[feat], b.y, gv, gl, tau=tau, reduction=red
+                    ),
                     weight=float(self.p["w_global"]),
                     needs_features=True,
                 )
@@ -154,6 +181,7 @@ class FedCCLClient(SignalClient):
             labels,
             mode=self.p["local_signal"],
             level=int(level) if level.isdigit() else level,
+            early_exit=bool(self.p["finch_early_exit"]),
         )
         self.upload_signals(report, s)
         used = report.method_metrics

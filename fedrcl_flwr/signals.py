@@ -95,12 +95,15 @@ def class_cluster_signals(
     level: str = "coarsest",
     mode: str = "cluster",
     distance: str = "cosine",
+    early_exit: bool = True,
 ) -> SignalSet:
     """Per-class signals of a set of embeddings.
 
     ``mode="cluster"`` (FedCCL Eqs. 8-10): FINCH per class, the means of the clusters of
     the chosen partition level (``finest``, ``coarsest`` or an integer index; levels
-    beyond the last available clamp to it). ``mode="mean"``: one class-mean prototype per
+    beyond the last available clamp to it; ``early_exit``: FINCH's ``ensure_early_exit``,
+    which prunes links longer than the first level's and so stops the hierarchy earlier).
+    ``mode="mean"``: one class-mean prototype per
     class (the averaged-signal ablation, and the prototypes of FedProto, FedProc, FPL and
     FedPCL; FINCH is not imported for it).
     """
@@ -116,7 +119,7 @@ def class_cluster_signals(
             continue
         from fedrcl_flwr.clustering import finch
 
-        parts, _ = finch(f, distance=distance)
+        parts, _ = finch(f, distance=distance, ensure_early_exit=early_exit)
         if level == "finest":
             col = 0
         elif level == "coarsest":

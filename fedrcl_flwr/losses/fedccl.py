@@ -17,7 +17,9 @@ sim(a, b) = cos(a, b)/τ with τ = 0.07 (Sec. 5.1). −log(Σ_pos e^{s}/Σ_all e
 as logsumexp(all) − logsumexp(pos). The paper sums over the client's data; per batch we
 average over the samples that have at least one positive (a sample whose class has no
 signal has an undefined term and is left out; no such sample -> a zero that is still
-connected to the features). The project's reference vectors (tests/data/fedccl, built from
+connected to the features). ``reduction="sum"`` keeps the printed Σ over the samples (per
+batch: the batch's sum), which Eq. (18) adds to a cross-entropy that Eq. (2) averages:
+read literally, each contrast term weighs ~B times the CE. The project's reference vectors (tests/data/fedccl, built from
 FINCH and FPL's ``calculate_infonce``) pin this form to 1e-6; ``reduction="batch"`` gives
 FPL's ``sum / B`` instead and ``form="supcon"`` the SupCon-style alternative
 −(1/|P|) Σ_p log(e^{s_p}/Σ_all e^{s}) also recorded there.
@@ -42,7 +44,7 @@ __all__ = [
     "dataset_pixel_stats",
 ]
 
-REDUCTIONS = ("mean", "batch", "none")
+REDUCTIONS = ("mean", "sum", "batch", "none")
 
 
 def _cosine_logits(features: torch.Tensor, signals: torch.Tensor, tau: float) -> torch.Tensor:
@@ -61,6 +63,8 @@ def _reduce(
         return per_sample
     if reduction == "mean":
         return per_sample.sum() / valid.sum().clamp(min=1)
+    if reduction == "sum":  # Eqs. (16)-(17) as written: Σ over the samples
+        return per_sample.sum()
     return per_sample.sum() / per_sample.shape[0]  # "batch": FPL's sum over valid / B
 
 
@@ -84,9 +88,9 @@ def cluster_contrast(
     Eqs. (16), (17), (22), (23).
 
     ``features`` (B, D), ``labels`` (B,), ``signal_vectors`` (K, D), ``signal_labels`` (K,).
-    ``reduction``: ``"mean"`` over the samples with ≥ 1 positive (default), ``"batch"``
-    sum over them divided by B (FPL), ``"none"`` the (B,) per-sample values (0 where a
-    sample has no positive). ``form="supcon"``: −(1/|P|) Σ_{p∈P} log(e^{s_p} / Σ_all e^{s}).
+    ``reduction``: ``"mean"`` over the samples with ≥ 1 positive (default), ``"sum"``
+    over them (Eqs. 16-17 as printed, Σ_{i ∈ D_i}), ``"batch"`` their sum divided by B
+    (FPL), ``"none"`` the (B,) per-sample values (0 where a sample has no positive). ``form="supcon"``: −(1/|P|) Σ_{p∈P} log(e^{s_p} / Σ_all e^{s}).
     """
     _check_reduction(reduction)
     if form not in ("sum", "supcon"):

@@ -137,6 +137,24 @@ def test_two_samples_two_signals_by_hand():
     )
 
 
+def test_sum_reduction_is_the_printed_sum_over_samples():
+    """Eqs. (16)-(17) as printed: Σ over the samples (those whose class has a signal),
+    not their mean; the same hand values as above plus a sample without a signal."""
+    tau = 0.5
+    f = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]], dtype=torch.float64)
+    s = torch.tensor([[1.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
+    sl = torch.tensor([0, 1])
+    y = torch.tensor([0, 1, 9])  # class 9: no signal, contributes nothing
+    l0 = -math.log(math.exp(1 / tau) / (math.exp(1 / tau) + math.exp(0 / tau)))
+    l1 = -math.log(math.exp(0.8 / tau) / (math.exp(0.6 / tau) + math.exp(0.8 / tau)))
+    for fn in (L.local_cluster_contrast, L.global_cluster_contrast):
+        assert fn(f, y, s, sl, tau=tau, reduction="sum").item() == pytest.approx(l0 + l1, abs=1e-12)
+        assert fn(f, y, s, sl, tau=tau).item() == pytest.approx((l0 + l1) / 2, abs=1e-12)
+        assert fn(f, y, s, sl, tau=tau, reduction="batch").item() == pytest.approx(
+            (l0 + l1) / 3, abs=1e-12
+        )
+
+
 def test_several_positives_summed_by_hand():
     tau = 1.0
     f = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
@@ -205,7 +223,9 @@ def test_gradients_finite_and_signals_get_no_grad():
 def test_bad_arguments():
     f, s = torch.randn(2, 3), torch.randn(2, 3)
     with pytest.raises(ValueError):
-        L.local_cluster_contrast(f, torch.tensor([0, 1]), s, torch.tensor([0, 1]), reduction="sum")
+        L.local_cluster_contrast(
+            f, torch.tensor([0, 1]), s, torch.tensor([0, 1]), reduction="total"
+        )
     with pytest.raises(ValueError):
         L.local_cluster_contrast(f, torch.tensor([0, 1]), s, torch.tensor([0, 1]), form="x")
 
@@ -296,3 +316,34 @@ def test_class_signals_mean_mode_is_the_count_weighted_class_mean():
     assert s.vectors.dtype == np.float32
     with pytest.raises(ValueError, match="mode"):
         class_cluster_signals(f, y, mode="clusters")
+
+
+def _unit(deg):
+    return [math.cos(math.radians(deg)), math.sin(math.radians(deg))]
+
+
+def test_class_signals_finch_early_exit_by_hand():
+    """Four tight pairs of directions, two groups: (0°, 0.5°), (10°, 10.5°) and (60°, 60.5°),
+    (70°, 70.5°). FINCH's first level is the four pairs (mutual first neighbours). The
+    paper's recursion (no threshold) merges them on their means into the two groups; the
+    reference's early exit drops every link longer than twice the pairs' own cosine
+    distance (1 − cos 0.5°), so its coarsest level stays at the four pairs."""
+    from fedrcl_flwr.signals import class_cluster_signals
+
+    degs = [0, 0.5, 10, 10.5, 60, 60.5, 70, 70.5]
+    f = np.array([_unit(d) for d in degs], np.float32)
+    y = np.full(len(degs), 3)
+    pairs = f.reshape(4, 2, 2).mean(1)
+    groups = f.reshape(2, 4, 2).mean(1)
+
+    early = class_cluster_signals(f, y, level="coarsest", early_exit=True)
+    np.testing.assert_allclose(early.vectors, pairs, rtol=1e-6)
+    np.testing.assert_array_equal(early.counts, [2, 2, 2, 2])
+    plain = class_cluster_signals(f, y, level="coarsest", early_exit=False)
+    np.testing.assert_allclose(plain.vectors, groups, rtol=1e-6)
+    np.testing.assert_array_equal(plain.counts, [4, 4])
+    np.testing.assert_array_equal(plain.labels, [3, 3])
+    # the finest level is the pairs either way
+    for ee in (True, False):
+        fine = class_cluster_signals(f, y, level="finest", early_exit=ee)
+        np.testing.assert_allclose(fine.vectors, pairs, rtol=1e-6)

@@ -467,6 +467,30 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
             "univarfl_noproj",
         }
         return
+    if path.stem == "fedccl_ablation_digits":  # FedCCL's open choices, no paper values
+        assert len(runs) == 30 and seeds == {0, 1, 2, 3, 4}
+        by = {r.cfg.label: r.cfg for r in runs}
+        assert set(by) == {
+            "fedavg",
+            "fpl",
+            "fedccl",
+            "fedccl_finest",
+            "fedccl_fc1",
+            "fedccl_localmean",
+        }
+        assert all(
+            c.dataset.name == "digit5" and c.partition.scheme == "domain" for c in by.values()
+        )
+        assert {lab: (c.client.method, c.client.params) for lab, c in by.items()} == {
+            "fedavg": ("fedavg", {}),
+            "fpl": ("fpl", {}),
+            "fedccl": ("fedccl", {}),
+            "fedccl_finest": ("fedccl", {"signal_level": "finest"}),
+            "fedccl_fc1": ("fedccl", {"feature": "fc1"}),
+            "fedccl_localmean": ("fedccl", {"local_signal": "mean"}),
+        }
+        assert {(c.federation.rounds, c.federation.num_clients) for c in by.values()} == {(25, 4)}
+        return
     if path.stem == "research_features":  # issue 22's features on synthetic data, no paper
         assert all(r.cfg.dataset.name == "synthetic" for r in runs)
         assert {r.cfg.output.tracker_group for r in runs} == {"research_features"}
