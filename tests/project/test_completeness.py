@@ -107,10 +107,12 @@ def _class_attr(path: Path, attr: str) -> list[str]:
     return out
 
 
-def _test_functions(folder: Path) -> list[ast.FunctionDef]:
-    """Every ``test_*`` function (with its decorators) of the test files under ``folder``."""
+def _test_functions(where: Path) -> list[ast.FunctionDef]:
+    """Every ``test_*`` function (with its decorators) of the test file ``where`` or of the
+    test files under the folder ``where``."""
+    paths = [where] if where.is_file() else sorted(where.rglob("test_*.py"))
     out = []
-    for path in sorted(folder.rglob("test_*.py")):
+    for path in paths:
         for node in ast.walk(_tree(path)):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 out.append(node)
@@ -132,8 +134,9 @@ def _names_in(fn: ast.FunctionDef) -> set[str]:
     return found
 
 
-def _mentioned(folders: list[Path], names: set[str]) -> bool:
-    return any(names & _names_in(fn) for f in folders if f.is_dir() for fn in _test_functions(f))
+def _mentions(*places: Path) -> list[set[str]]:
+    """What each test function of ``places`` mentions (read once per check)."""
+    return [_names_in(fn) for place in places if place.exists() for fn in _test_functions(place)]
 
 
 def _section(text: str, heading: str) -> str:
@@ -172,7 +175,7 @@ def _method_gaps(root: Path) -> list[tuple[str, str, str, str]]:
     loop_text = _read(root / "experiments/baselines/synthetic_all.yaml")
     loop = re.search(r"^#\s*for m in (.*?); do", loop_text, re.M | re.S)
     looped = set(re.findall(r"[a-z0-9_]+", loop.group(1))) if loop else set()
-    loss_tests = [root / "tests/clients", root / "tests/losses"]
+    loss_tests = _mentions(root / "tests/clients", root / "tests/losses")
     gaps = []
     for path in sorted((root / "clients").glob("*.py")):
         if path.name in ("__init__.py", "base.py", "faulty.py"):
@@ -201,7 +204,7 @@ def _method_gaps(root: Path) -> list[tuple[str, str, str, str]]:
                     doc = ast.get_docstring(defs[fn]) or ""
                     if not CITATION.search(doc):
                         gap("docstring", f"{fn}'s docstring cites no equation or authors' code")
-                    if not _mentioned(loss_tests, {fn}):
+                    if not any(fn in names for names in loss_tests):
                         gap(
                             "closed-form test",
                             f"no test in tests/clients or tests/losses names {fn}",
@@ -249,6 +252,7 @@ def _strategy_gaps(root: Path) -> list[tuple[str, str, str, str]]:
     registry = set(_dict_keys(_assigned(_tree(root / "strategies/__init__.py"), "STRATEGIES")))
     overview = _ticked(_section(_read(root / "docs/configuration.md"), "## Methods and server"))
     inprocess = _parametrised(root / "tests/app/test_inprocess_runs.py", "strategy")
+    optimizer_tests = _mentions(root / "tests/strategies/test_server_optimizers.py")
     gaps = []
     for path in sorted((root / "strategies").glob("*.py")):
         if path.name in ("__init__.py", "base.py", "privacy.py"):
@@ -261,23 +265,13 @@ def _strategy_gaps(root: Path) -> list[tuple[str, str, str, str]]:
 
             if name not in registry:
                 gap("registry", f"no line in STRATEGIES (strategies/__init__.py) for {path.name}")
-            tests = root / "tests/strategies/test_server_optimizers.py"
-            fns = [fn for fn in _test_functions(tests.parent) if tests.exists()]
-            fns = [fn for fn in fns if _defined_in(fn, tests)]
-            if not any(({name} | classes) & _names_in(fn) for fn in fns):
+            if not any(({name} | classes) & names for names in optimizer_tests):
                 gap("closed-form test", "no test in tests/strategies/test_server_optimizers.py")
             if name not in inprocess:
                 gap("e2e", "no strategy entry in tests/app/test_inprocess_runs.py")
             if name not in overview:
                 gap("docs", "not in the overview table of docs/configuration.md")
     return gaps
-
-
-def _defined_in(fn: ast.FunctionDef, path: Path) -> bool:
-    return any(
-        isinstance(n, ast.FunctionDef) and n.name == fn.name and n.lineno == fn.lineno
-        for n in _tree(path).body
-    )
 
 
 def _parametrised(path: Path, argname: str) -> set[str]:
@@ -321,6 +315,7 @@ def _dataset_gaps(root: Path) -> list[tuple[str, str, str, str]]:
         r"^dataset:\n\s+name: \S+\s*#(.*)$", _read(root / "docs/configuration.md"), re.M
     )
     commented = set(re.findall(r"[a-z0-9_]+", comment.group(1))) if comment else set()
+    dataset_tests = _mentions(root / "tests/datasets")
     gaps = []
     for name in names:
 
@@ -329,7 +324,7 @@ def _dataset_gaps(root: Path) -> list[tuple[str, str, str, str]]:
 
         if name not in sources:
             gap("registry", "no entry in SOURCES of the data layer (fedrcl_flwr/data/)")
-        if not _mentioned([root / "tests/datasets"], {name}):
+        if not any(name in names for names in dataset_tests):
             gap("test", "no test in tests/datasets/ names it")
         if name not in layout:
             gap("docs", "no row in the layout table of docs/datasets.md")
