@@ -35,6 +35,7 @@ name it. What an existing component lacks for a stated reason is in ``ALLOWED``.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import shutil
 from pathlib import Path
@@ -74,7 +75,13 @@ CITATION = re.compile(
 
 # ------------------------------------------------------------------------------ reading
 def _tree(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return _parse(path.read_text(encoding="utf-8"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(source: str) -> ast.Module:
+    """Parsed once per distinct text (the copies share most files); never modified."""
+    return ast.parse(source)
 
 
 def _assigned(tree: ast.Module, name: str) -> ast.expr | None:
