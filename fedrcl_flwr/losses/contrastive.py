@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+__all__ = ["info_nce"]
+
 
 def info_nce(z1: torch.Tensor, z2: torch.Tensor, tau: float = 0.5) -> torch.Tensor:
     """NT-Xent / InfoNCE (Chen et al., SimCLR, 2020) between two views.

@@ -62,6 +62,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+__all__ = ["rcl_loss", "scl_loss"]
+
 Features = torch.Tensor | Sequence[torch.Tensor]
 
 _VARIANTS = ("official", "paper")

@@ -259,7 +259,8 @@ def feduv_gamma(
 def feduv_std_loss(
     logits: torch.Tensor, *, gamma: float | None = None, unbiased: bool | str = True
 ) -> torch.Tensor:
-    """FedUV std hinge: mean_j relu(γ − std_batch(softmax(logits))_j).
+    """FedUV std hinge: mean_j relu(γ − std_batch(softmax(logits))_j), as the FedUV
+    authors' code computes it (``algs/feduv.py``, ``logsoft_out.std(dim=0)``).
 
     ``gamma=None`` uses :func:`feduv_gamma` evaluated in the logits' dtype (FedUV evaluates
     it in float32 via ``torch.eye(D).std(0).mean()``). Std is unbiased as in FedUV; a batch
@@ -279,7 +280,8 @@ def feduv_std_loss(
 def feduv_uniformity_loss(
     features: torch.Tensor, *, sigma: float | None = None, detach_sigma: bool = False
 ) -> torch.Tensor:
-    """FedUV uniformity: mean over pairs i < j of exp(−‖p_i − p_j‖² / σ) on raw features.
+    """FedUV uniformity: mean over pairs i < j of exp(−‖p_i − p_j‖² / σ) on raw features, as
+    the FedUV authors' code computes it (``algs/feduv.py``, ``unif_loss``).
 
     σ defaults to the median of the non-zero squared pairwise distances (``torch.median``,
     i.e. the lower middle value for an even count), kept in the graph as in FedUV

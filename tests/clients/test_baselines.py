@@ -353,6 +353,10 @@ def test_feddyn_gradient_state_update(tiny, tmp_path):
 # ------------------------------------------------------------------ end to end
 # method -> (loss terms expected in the last round's record, config overrides)
 E2E = {
+    "fedscl": (["ce", "rcl"], {}),
+    "fedcl": (["ce", "cl"], {}),
+    "freeze": (["ce"], {}),
+    "univarfl": (["ce", "variance", "uniformity"], {"model": {"params": {"projector": 16}}}),
     "fedprox": (["ce", "prox"], {}),
     "moon": (
         ["ce", "moon"],
