@@ -109,6 +109,11 @@ def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
                 f"{source}: 'partition.scheme' domain on an image folder needs "
                 "'dataset.domains' (two or more domain sub-folders)"
             )
+        if ds.name == "hf_disk" and not ds.domain_column:
+            raise ConfigError(
+                f"{source}: 'partition.scheme' domain on hf_disk needs "
+                "'dataset.domain_column' (the column naming each image's domain)"
+            )
         if not info.domains:
             raise ConfigError(
                 f"{source}: 'partition.scheme' domain needs a dataset with "
