@@ -179,3 +179,23 @@ def test_domain_split_by_hf_disk_domain_column_end_to_end(tmp_path, capsys):
     assert main(["partition", str(exp)]) == 0
     out = capsys.readouterr().out
     assert "digits" in out and "mnist" in out, out
+
+
+def test_domain_column_on_another_dataset_refused(tmp_path, capsys):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(
+        yaml.safe_dump(
+            {
+                "name": "npz",
+                "dataset": {"name": "npz", "path": str(tmp_path / "d.npz"), "domain_column": "d"},
+                "partition": {"scheme": "iid"},
+                "federation": {"num_clients": 2, "clients_per_round": 2, "rounds": 1},
+            }
+        )
+    )
+    assert main(["partition", str(exp)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"fedrcl-flwr: error: {exp}: 'dataset.domain_column' names a column of an hf_disk "
+        "dataset, not of 'npz' (npz: d_train / d_test and domain_names)"
+    )
