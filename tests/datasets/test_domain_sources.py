@@ -73,14 +73,12 @@ def test_npz_domain_names_without_domain_ids_refused_in_one_line(tmp_path, capsy
     )
 
 
-datasets = pytest.importorskip("datasets")
-
-
 def _save_two_sizes(path, domain_feature=None, test_domains=("digits", "mnist")):
     """Two domains as an MNIST + scikit-learn digits mix would be: 'mnist' images 12x12,
     'digits' images 4x4 (PIL ``Image`` feature), in one saved DatasetDict."""
     from PIL import Image
 
+    datasets = pytest.importorskip("datasets")
     rng = np.random.default_rng(1)
     out = {}
     for split, doms in (("train", ("mnist", "digits") * 4), ("test", test_domains)):
@@ -119,6 +117,7 @@ def test_hf_disk_domain_column_of_strings_with_two_image_sizes(tmp_path):
 
 
 def test_hf_disk_domain_column_classlabel_keeps_its_names(tmp_path):
+    datasets = pytest.importorskip("datasets")
     feat = datasets.ClassLabel(names=["mnist", "digits", "usps"])
     p = _save_two_sizes(tmp_path / "hf", domain_feature=feat)
     b = load_dataset("hf_disk", path=p, domain_column="source", image_size=8)
@@ -139,6 +138,7 @@ def test_hf_disk_domain_column_refusals(tmp_path):
 
 
 def test_domain_split_on_hf_disk_needs_the_domain_column(tmp_path, capsys):
+    pytest.importorskip("datasets")  # without it, the missing package is said first
     exp = tmp_path / "exp.yaml"
     exp.write_text(
         yaml.safe_dump(
