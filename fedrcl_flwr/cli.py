@@ -343,11 +343,26 @@ def partition_title(cfg) -> str:
         "dirichlet": f" α={p.alpha:g}" + ("" if p.balanced else ", unbalanced"),
         "shards": f" γ={p.shards_per_client}",
         "pathological": f" k={p.classes_per_client}",
-        "flwr_datasets": f" {(p.partitioner or {}).get('name', '')}",
+        "flwr_datasets": _flower_partitioner_words(p.partitioner or {}),
         "domain": "" if p.balanced else f", imbalanced α={p.alpha:g}",
         "file": f" {Path(str(p.path)).name}",
     }.get(p.scheme, "")
     return f"{cfg.name}: {cfg.federation.num_clients} clients, {what}"
+
+
+def _flower_partitioner_words(spec: dict) -> str:
+    """`` DirichletPartitioner α=0.3``: a Flower Datasets partitioner by name, with its
+    concentration ``alpha`` when it has one (a number, or a list of one per partition)."""
+    words = f" {spec.get('name', '')}"
+    alpha = spec.get("alpha")
+    if isinstance(alpha, (int, float)) and not isinstance(alpha, bool):
+        words += f" α={alpha:g}"
+    elif isinstance(alpha, (list, tuple)) and alpha:
+        words += (
+            f" α=[{', '.join(f'{a:g}' if isinstance(a, (int, float)) else '?' for a in alpha[:4])}"
+        )
+        words += ", ...]" if len(alpha) > 4 else "]"
+    return words
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -285,6 +286,27 @@ def toml_string(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+# an ANSI escape sequence (CSI: colours, cursor moves) as Flower's log lines carry them
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+# Flower's own lines about the simulation's size that do not apply here: the runner sizes
+# every federation itself (``num-supernodes`` from ``simulation.num_supernodes``, see
+# :func:`federation_config`), so "default ... changed from 10 to 2" and the command to
+# resize it would contradict the "N simulated SuperNodes" line that follows
+_FLOWER_SIZE_HINTS = (
+    "default simulated SuperNodes changed from",
+    "To change federation size, use the following command",
+    "flwr federation simulation-config",
+)
+
+
+def readable_log(text: str) -> str:
+    """The run's log as ``run.log`` keeps it: Flower's log without ANSI escape sequences
+    (colour codes a text file shows as ``^[[92m``) and without Flower's hints about the
+    default federation size (:data:`_FLOWER_SIZE_HINTS`); every other line as is."""
+    lines = _ANSI.sub("", text).splitlines(keepends=True)
+    return "".join(r for r in lines if not any(h in r for h in _FLOWER_SIZE_HINTS))
+
+
 def _one_line_error(text: str) -> str:
     """The final line of the last traceback in a log (``Type: message``), or the last
     non-empty line."""
@@ -363,7 +385,7 @@ def run_simulation_via_flower(
         status = follower.follow(poll_s, status_every_s)
         follower._print_new_rounds()  # the last rounds' lines, also of a failed run
         timing.append(("run finished", time.time() - t0))
-        logs = control.logs(run_id)
+        logs = readable_log(control.logs(run_id))
         atomic_write_text(out_dir / RUN_LOG, logs)  # whole or absent (a full disk)
         for line in logs.splitlines():  # a tracker dropped by the ServerApp (tracking.py)
             if line.startswith("[fedrcl-flwr] tracker ") and " is dropped " in line:

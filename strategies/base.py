@@ -997,15 +997,28 @@ class FederatedStrategy(Strategy):
                 self._round_end_executor = ThreadPoolExecutor(
                     1, thread_name_prefix="fedrcl-round-end"
                 )
+            # the round's time ends here, at the hand-over: its evaluation overlaps the
+            # next round, whose own time already counts those seconds
+            job = (*job, time.time())
             self._round_end_pending = self._round_end_executor.submit(self._round_end, *job)
             return None  # Flower's own history only; the run's record comes from the thread
         return self._round_end(*job)
 
     def _round_end(
-        self, rnd: int, due: bool, state: dict, fit_info: dict, round_start: float
+        self,
+        rnd: int,
+        due: bool,
+        state: dict,
+        fit_info: dict,
+        round_start: float,
+        handed_over: float | None = None,
     ) -> dict | None:
         """Evaluate the round's global model (``state["weights"]``), record it, then hand
-        the round's state to ``on_checkpoint``."""
+        the round's state to ``on_checkpoint``. ``round_time_s``: seconds from the round's
+        start to its record, evaluation included; for a round whose evaluation overlaps
+        the next round (``handed_over``: when it was handed to the background thread) to
+        the hand-over, so that the rounds' times add up to the run's time instead of
+        counting the overlapped evaluation twice."""
         record = None
         timers.server_event("round_end_start", round=rnd)
         if due and self.evaluate_fn is not None:  # due only with an evaluate_fn
@@ -1015,10 +1028,11 @@ class FederatedStrategy(Strategy):
                 "test_loss": loss,
                 **metrics,
                 **fit_info,
-                "round_time_s": time.time() - round_start,
+                "round_time_s": (handed_over or time.time()) - round_start,
             }
         elif fit_info.get("round_failed"):  # recorded even when not evaluated
-            record = {"round": rnd, **fit_info, "round_time_s": time.time() - round_start}
+            ended = handed_over or time.time()
+            record = {"round": rnd, **fit_info, "round_time_s": ended - round_start}
         if record is not None and self.on_record is not None:
             self.on_record(record)
         if rnd >= self.rounds and not state.get("rounds_trained"):

@@ -94,7 +94,9 @@ DATASETS: dict[str, DatasetInfo] = {
     # a Hugging Face DatasetDict (save_to_disk)
     "hf_disk": DatasetInfo(
         channels=None,
+        domains=True,
         source="path",
+        domains_from="dataset.domain_column",
         requires=Requirement("datasets", "Hugging Face datasets", "flwr-datasets"),
     ),
 }
@@ -104,8 +106,8 @@ TORCHVISION_CLASSES = {n: d.torchvision for n, d in DATASETS.items() if d.torchv
 
 def domain_datasets_in_words() -> str:
     """The datasets that can carry domains, each with what gives it them:
-    ``synthetic with num_domains >= 2, imagefolder with dataset.domains, digit5 or npz
-    with d_train``."""
+    ``synthetic with num_domains >= 2, imagefolder with dataset.domains, digit5, npz
+    with d_train or hf_disk with dataset.domain_column``."""
     return in_words(
         f"{n} with {d.domains_from}" if d.domains_from else n
         for n, d in DATASETS.items()

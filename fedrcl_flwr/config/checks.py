@@ -98,6 +98,11 @@ def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
             f"{source}: 'partition.path' is required when partition.scheme is "
             "file (a JSON or the authors' dict-literal split file)"
         )
+    if cfg.dataset.domain_column is not None and cfg.dataset.name != "hf_disk":
+        raise ConfigError(
+            f"{source}: 'dataset.domain_column' names a column of an hf_disk dataset, not "
+            f"of {shown(cfg.dataset.name)} (npz: d_train / d_test and domain_names)"
+        )
     if cfg.partition.scheme == "domain":
         ds = cfg.dataset
         if info.generated and ds.synthetic.num_domains < 2:
@@ -108,6 +113,11 @@ def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
             raise ConfigError(
                 f"{source}: 'partition.scheme' domain on an image folder needs "
                 "'dataset.domains' (two or more domain sub-folders)"
+            )
+        if ds.name == "hf_disk" and not ds.domain_column:
+            raise ConfigError(
+                f"{source}: 'partition.scheme' domain on hf_disk needs "
+                "'dataset.domain_column' (the column naming each image's domain)"
             )
         if not info.domains:
             raise ConfigError(

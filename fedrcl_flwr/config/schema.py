@@ -97,6 +97,9 @@ class DatasetConfig:
     # hf_disk: the image and label columns of the saved DatasetDict (null = detected)
     image_column: str | None = None
     label_column: str | None = None
+    # hf_disk: the column naming each image's domain (a ClassLabel, strings or ints; null =
+    # one domain): what partition.scheme domain splits by and evaluation reports per domain
+    domain_column: str | None = None
 
 
 @dataclass

@@ -578,6 +578,7 @@ def build_entry(root: Path, key: str, d, seed: int, settings: dict):
         pad_fill=d.pad_fill,
         image_column=getattr(d, "image_column", None),
         label_column=getattr(d, "label_column", None),
+        domain_column=getattr(d, "domain_column", None),
     )
     root.mkdir(parents=True, exist_ok=True)
     final = root / key

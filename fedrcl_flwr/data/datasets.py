@@ -609,7 +609,7 @@ def check_npz_path(path: Path) -> None:
         )
 
 
-def _npz(path: Path) -> tuple[RawSplit, RawSplit]:
+def _npz(path: Path) -> tuple[RawSplit, RawSplit, list]:
     check_npz_path(path)
     if not path.exists():
         raise DatasetError(f"npz dataset file {path} does not exist (dataset.path)")
@@ -650,7 +650,46 @@ def _npz(path: Path) -> tuple[RawSplit, RawSplit]:
                     f"{path}: d_{s} has {len(d)} domain ids but y_{s} has {len(y)} labels"
                 )
             out.append(RawSplit(x, y, d))
-    return out[0], out[1]
+        names = _npz_domain_names(z, path, out[0], out[1])
+    return out[0], out[1], names
+
+
+MAX_DOMAIN_NAME = 100  # characters of one npz domain name (a table column header)
+
+
+def _npz_domain_names(z, path: Path, tr: RawSplit, te: RawSplit) -> list:
+    """The npz's optional ``domain_names``: a 1-D array of strings (numpy ``U`` dtype, read
+    without pickle), name ``i`` for domain id ``i``, one per domain id ``d_train`` /
+    ``d_test`` use (at least max id + 1), distinct and non-empty. Absent: ``[]`` (the
+    domains are then called ``domain0``, ``domain1``, ...)."""
+    if "domain_names" not in z.files:
+        return []
+    if tr.d is None:
+        raise DatasetError(f"{path}: domain_names without d_train (the domain id of each image)")
+    try:
+        raw = z["domain_names"]
+    except (ValueError, OSError, EOFError):
+        raw = None
+    if raw is None or raw.dtype.kind != "U" or raw.ndim != 1:
+        raise DatasetError(
+            f"{path}: domain_names must be a 1-D array of strings "
+            "(np.array(['mnist', 'usps']), stored without pickle)"
+        )
+    names = [str(n) for n in raw.tolist()]
+    used = int(max(tr.d.max(initial=0), te.d.max(initial=0) if te.d is not None else 0)) + 1
+    bad = [n for n in names if not n.strip() or len(n) > MAX_DOMAIN_NAME or "\n" in n]
+    if bad or len(set(names)) != len(names) or len(names) < used:
+        why = (
+            f"an empty, multi-line or over-{MAX_DOMAIN_NAME}-character name"
+            if bad
+            else "a name twice"
+            if len(set(names)) != len(names)
+            else f"{len(names)} names for domain ids up to {used - 1}"
+        )
+        raise DatasetError(
+            f"{path}: domain_names has {why} (one distinct name per domain id of d_train / d_test)"
+        )
+    return names
 
 
 def _check_npz_memory(path: Path) -> None:
@@ -694,7 +733,7 @@ def _digit5(
         if name in ("mnist", "svhn", "usps"):
             tr, te = _torchvision(name, root, download, verify_md5)
         elif (root / f"{name}.npz").exists():
-            tr, te = _npz(root / f"{name}.npz")
+            tr, te, _ = _npz(root / f"{name}.npz")
         elif (root / name).is_dir():
             tr, te, _ = _imagefolder(root / name, [], 32, 0.2, 0)
         else:
@@ -811,6 +850,7 @@ def load_dataset(
     pad_fill: str = "mean",
     image_column: str | None = None,
     label_column: str | None = None,
+    domain_column: str | None = None,
 ) -> DataBundle:
     """Load a dataset into a :class:`DataBundle` (see the module docstring).
     ``normalize``: ``True`` | ``False`` | ``{"mean": [...], "std": [...]}``.
@@ -831,7 +871,7 @@ def load_dataset(
         test_fraction=test_fraction,
         verify_md5=verify_md5,
         test_split=test_split,
-        columns=(image_column, label_column),
+        columns=(image_column, label_column, domain_column),
     )
     _check_splits(name, tr, te)
     if image_size is not None:
@@ -882,7 +922,7 @@ def _read_source(
     test_fraction: float,
     verify_md5: bool,
     test_split: str = "random",
-    columns: tuple[str | None, str | None] = (None, None),
+    columns: tuple[str | None, str | None, str | None] = (None, None, None),
 ) -> tuple[RawSplit, RawSplit, list, int | None]:
     """The train and test images of source ``name`` (its reader in :data:`SOURCES`), its
     domain names, and the number of classes its own class list names (CIFAR's
@@ -953,7 +993,7 @@ class SourceArgs:
     test_fraction: float
     verify_md5: bool
     test_split: str
-    columns: tuple[str | None, str | None]
+    columns: tuple[str | None, str | None, str | None]  # image, label, domain column
 
 
 # (train, test, domain names, number of classes its own class list names or None)
@@ -1037,15 +1077,17 @@ def _read_digit5(a: SourceArgs) -> SourceRead:
 
 def _read_npz(a: SourceArgs) -> SourceRead:
     assert a.path is not None  # dataset.path: required (catalog source "path")
-    return (*_npz(Path(os.path.expanduser(a.path))), [], None)
+    return (*_npz(Path(os.path.expanduser(a.path))), None)
 
 
 def _read_hf_disk(a: SourceArgs) -> SourceRead:
     from fedrcl_flwr.data.hf import read_hf_disk
 
     assert a.path is not None  # dataset.path: required (catalog source "path")
-    tr, te = read_hf_disk(a.path, *a.columns, image_size=a.image_size)
-    return tr, te, [], tr.classes
+    tr, te, names = read_hf_disk(
+        a.path, *a.columns[:2], image_size=a.image_size, domain_column=a.columns[2]
+    )
+    return tr, te, names, tr.classes
 
 
 def _synthetic_key(d: Any) -> dict:
@@ -1063,7 +1105,9 @@ def _imagefolder_seeded(d: Any) -> bool:
 
 
 def _hf_columns_key(d: Any) -> dict:
-    return {"columns": [d.image_column, d.label_column]}  # which columns are read
+    columns = [d.image_column, d.label_column]  # which columns are read
+    domain = getattr(d, "domain_column", None)
+    return {"columns": columns + [domain] if domain else columns}
 
 
 _CIFAR = TorchvisionLayout(_cifar_files, _cifar_split, md5_checked=True)

@@ -13,7 +13,9 @@
   ignored). ``dataset.image_column`` /
   ``dataset.label_column`` name the columns; null = detected: the one column of the
   ``Image`` feature type (else one named ``img`` / ``image``), the one ``ClassLabel``
-  column (else one named ``label`` / ``labels`` / ``fine_label``). Images may be PIL
+  column (else one named ``label`` / ``labels`` / ``fine_label``; never the domain
+  column); ``dataset.domain_column`` (null = one domain) names each image's domain
+  (:func:`_domain_ids`), so one saved dataset holds every domain. Images may be PIL
   images (the ``Image`` feature) or nested lists / arrays of pixels; they are converted
   as the ``npz`` reader converts arrays (uint8 as is, floats in [0, 1] scaled), PIL
   images to RGB (L when every image is greyscale). Images of one size are resized by
@@ -314,9 +316,11 @@ def read_hf_disk(
     image_column: str | None,
     label_column: str | None,
     image_size: int | None = None,
+    domain_column: str | None = None,
 ):
-    """(train, test) :class:`~fedrcl_flwr.data.datasets.RawSplit` of the dataset saved at
-    ``path`` (see the module docstring)."""
+    """(train, test, domain names) of the dataset saved at ``path``: two
+    :class:`~fedrcl_flwr.data.datasets.RawSplit` (see the module docstring) and the
+    domain names (``[]`` without ``domain_column``; see :func:`_domain_ids`)."""
     from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError, RawSplit, int_labels
 
     check_hf_disk(path)
@@ -339,8 +343,13 @@ def read_hf_disk(
         )
     splits = {s: obj[s] for s in ("train", "test")}
     features = dict(splits["train"].features)
+    dom = None
+    if domain_column is not None:
+        dom = _pick(features, domain_column, "dataset.domain_column", "", (), p)
+    # a ClassLabel domain column is no candidate for the detected label column
+    rest = {c: f for c, f in features.items() if c != dom or label_column == dom}
     img = _pick(features, image_column, "dataset.image_column", "Image", IMAGE_NAMES, p)
-    lab = _pick(features, label_column, "dataset.label_column", "ClassLabel", LABEL_NAMES, p)
+    lab = _pick(rest, label_column, "dataset.label_column", "ClassLabel", LABEL_NAMES, p)
     if img == lab:
         raise DatasetError(f"{p}: image and label column are both {img!r}")
 
@@ -353,6 +362,12 @@ def read_hf_disk(
             f"(at most {MAX_CLASSES:,})"
         )
 
+    if dom is not None:
+        if dom in (img, lab):
+            raise DatasetError(
+                f"{p}: 'dataset.domain_column' {dom!r} is also the image or label column"
+            )
+
     def read(ds, split: str):
         what = f"{p} [{split}] column {img}"
         y = int_labels(np.asarray(ds[lab]), f"{p} [{split}] column {lab}")
@@ -361,4 +376,47 @@ def read_hf_disk(
 
     x, y = read(splits["train"], "train")
     xt, yt = read(splits["test"], "test")
-    return RawSplit(x, y, classes=classes), RawSplit(xt, yt)
+    if dom is None:
+        return RawSplit(x, y, classes=classes), RawSplit(xt, yt), []
+    d, dt, names = _domain_ids(splits, dom, features[dom], p)
+    return RawSplit(x, y, d, classes=classes), RawSplit(xt, yt, dt), names
+
+
+def _domain_ids(splits: dict, column: str, feature: Any, p: Path):
+    """``dataset.domain_column``: each image's domain id in train and test, and the domain
+    names. A ``ClassLabel`` column: its ids and names; strings: the names in sorted
+    order of the training split's values (a test value the training split lacks is
+    refused: no client could hold that domain); non-negative integers: the ids, named
+    ``domain0``, ``domain1``, ... Each domain is resized with the rest to
+    ``dataset.image_size`` (images of several sizes: see :func:`_pixels`)."""
+    from fedrcl_flwr.data.raw import DatasetError, int_labels
+
+    where = f"{p} 'dataset.domain_column' {column!r}"
+    train = list(splits["train"][column])
+    test = list(splits["test"][column])
+    names = getattr(feature, "names", None)
+    if names is not None:
+        ids = [
+            int_labels(np.asarray(v), f"{where} [{s}]")
+            for s, v in (("train", train), ("test", test))
+        ]
+        return ids[0], ids[1], [str(n) for n in names]
+    if all(isinstance(v, str) for v in train + test):
+        known = sorted(set(train))
+        unseen = sorted(set(test) - set(known))
+        if unseen:
+            raise DatasetError(
+                f"{where}: test domain(s) {unseen[:5]} never occur in the training split"
+            )
+        index = {n: i for i, n in enumerate(known)}
+        return (
+            np.asarray([index[v] for v in train], np.int64),
+            np.asarray([index[v] for v in test], np.int64),
+            known,
+        )
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in train + test):
+        d = int_labels(np.asarray(train), f"{where} [train]")
+        dt = int_labels(np.asarray(test), f"{where} [test]")
+        top = int(max(d.max(initial=0), dt.max(initial=0)))
+        return d, dt, [f"domain{i}" for i in range(top + 1)]
+    raise DatasetError(f"{where}: values must be all strings, all integers or a ClassLabel")

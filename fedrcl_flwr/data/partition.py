@@ -542,6 +542,31 @@ def by_domain(
     return _as_parts(parts)
 
 
+def domain_split_note(
+    parts: list, labels: np.ndarray, domains: np.ndarray | None, names: list | None = None
+) -> str | None:
+    """What a run says when its domain split leaves training images unused (the balanced
+    split keeps the same per-class count from every domain, the imbalanced split a
+    Dirichlet share: :func:`by_domain`): ``"the domain split uses U of N training images
+    (per domain: name u/n, ...)"`` (a domain by its name in ``names``, else its id);
+    ``None`` when every image is used."""
+    used = np.concatenate([np.asarray(p, np.int64) for p in parts]) if parts else np.zeros(0)
+    n = len(labels)
+    if len(used) >= n:
+        return None
+    text = f"the domain split uses {len(used):,} of {n:,} training images"
+    if domains is not None:
+        doms = np.asarray(domains)
+        names = list(names or [])
+        per = [
+            f"{names[int(d)] if int(d) < len(names) else int(d)} "
+            f"{int(np.sum(doms[used] == d)):,}/{int(np.sum(doms == d)):,}"
+            for d in np.unique(doms)
+        ]
+        text += f" (per domain: {', '.join(per)})"
+    return text
+
+
 def _domain_class_pools(
     labels: np.ndarray,
     domains: np.ndarray,

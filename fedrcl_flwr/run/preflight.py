@@ -402,6 +402,15 @@ def before_run(
         raise ConfigError(f"{source}: {exc}") from None
     entry = prepare_data(cfg, source)
     parts = check_split(cfg, source)
+    if cfg.partition.scheme == "domain":
+        from fedrcl_flwr.data.partition import domain_split_note
+
+        bundle = load_bundle(cfg, source)
+        used = domain_split_note(
+            parts, bundle.train_labels, bundle.train_domains, bundle.domain_names
+        )
+        if used:
+            print(f"fedrcl-flwr: note: {used}", flush=True)
     note = client_eval.check_test_shares(cfg, parts, source)
     if note:
         print(f"fedrcl-flwr: note: {note}", flush=True)

@@ -168,3 +168,63 @@ def test_overlapped_evaluation_error_reaches_the_server_loop(tiny, tmp_path):
     with pytest.raises(RuntimeError, match="evaluation exploded"):
         strategy.evaluate(2, None)
     assert calls == [1]
+
+
+class _JumpingClock:
+    """``time.time`` for the strategy: the real clock plus the seconds each evaluation
+    "took" (a jump of 1,000 s per evaluation: a count, not a measured time)."""
+
+    def __init__(self):
+        import time as real
+
+        self.real, self.offset = real, 0.0
+
+    def time(self):
+        return self.real.time() + self.offset
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_round_time_leaves_out_an_evaluation_that_overlaps_the_next_round(
+    tiny, tmp_path, monkeypatch, overlap
+):
+    """Each evaluation advances the strategy's clock by 1,000 s. Sequential: every round's
+    ``round_time_s`` includes its evaluation. Overlapped: a round's time ends when its
+    evaluation is handed to the background thread, so an evaluation counts in the round
+    it overlaps, once: the rounds' times add up to the run's."""
+    import strategies.base as base
+    from fedrcl_flwr.app.server_app import build_server
+
+    clock = _JumpingClock()
+    monkeypatch.setattr(base, "time", clock)
+    cfg = tiny(federation={"rounds": 3})
+    build = build_server
+
+    def jumping(build_fn):
+        def wrapped(*a, **k):
+            strategy, rest = build_fn(*a, **k)
+            inner = strategy.evaluate_fn
+
+            def evaluate_fn(rnd, weights):
+                out = inner(rnd, weights)
+                clock.offset += 1000.0
+                return out
+
+            strategy.evaluate_fn = evaluate_fn
+            return strategy, rest
+
+        return wrapped
+
+    import fedrcl_flwr.app.inprocess as inprocess
+
+    monkeypatch.setattr(inprocess, "build_server", jumping(build), raising=False)
+    run_inprocess(cfg, tmp_path / "run", overlap_evaluation=overlap)
+    times = [r["round_time_s"] for r in read_metrics(tmp_path / "run")]
+    assert len(times) == 3
+    jumps = [int(t // 1000.0) for t in times]  # the real seconds of a round are < 1,000
+    # overlapped: evaluation t runs during round t + 1 (which waits for it before its own
+    # hand-over), the last round's evaluation in line; the sum is the run's 3 evaluations,
+    # never one counted twice
+    assert jumps == ([0, 1, 2] if overlap else [1, 1, 1]), times

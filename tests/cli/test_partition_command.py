@@ -144,3 +144,16 @@ def test_bad_override_as_a_process_has_no_traceback():
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "'partition.alpha'" in lines[0], r.stderr
     assert r.stdout == ""
+
+
+def test_flower_partitioner_heatmap_title_names_alpha(tmp_path):
+    from helpers import tiny_config
+
+    from fedrcl_flwr.cli import partition_title
+
+    spec = {"name": "DirichletPartitioner", "alpha": 0.3, "partition_by": "label"}
+    cfg = tiny_config(tmp_path, partition={"scheme": "flwr_datasets", "partitioner": spec})
+    assert partition_title(cfg).endswith("clients, Flower Datasets DirichletPartitioner α=0.3")
+    spec = {"name": "IidPartitioner"}
+    cfg = tiny_config(tmp_path, partition={"scheme": "flwr_datasets", "partitioner": spec})
+    assert partition_title(cfg).endswith("IidPartitioner")

@@ -418,3 +418,19 @@ def test_cli_partition_prints_domains(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| client | domains | size |" in out and "| 2 | domain2 | 99 | 3 |" in out
     assert (tmp_path / "h.png").exists()
+
+
+def test_balanced_domain_split_says_how_many_images_it_used():
+    """Domain 0 holds 3 + 5 images of classes 0 / 1, domain 1 holds 4 + 4: one client per
+    domain, the balanced split gives each client min(3, 5, 4, 4) = 3 per class, 12 of 16."""
+    from fedrcl_flwr.data.partition import by_domain, domain_split_note
+
+    labels = np.array([0] * 3 + [1] * 5 + [0] * 4 + [1] * 4)
+    domains = np.array([0] * 8 + [1] * 8)
+    parts = by_domain(labels, domains, 2, 1, True, 0.5, np.random.default_rng(0))
+    assert [len(p) for p in parts] == [6, 6]
+    note = domain_split_note(parts, labels, domains, ["mnist", "digits"])
+    assert note == (
+        "the domain split uses 12 of 16 training images (per domain: mnist 6/8, digits 6/8)"
+    )
+    assert domain_split_note([np.arange(8), np.arange(8, 16)], labels, domains) is None
