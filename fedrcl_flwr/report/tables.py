@@ -1126,10 +1126,8 @@ def format_markdown(groups: list[Group], metric: str) -> str:
             "; per domain: that domain's test accuracy; Avg: their unweighted mean over "
             "domains (the papers' Avg)"
         )
-        if any(g.missing for g in groups):
-            note += (
-                "; missing: runs without per-domain test accuracy (metrics.jsonl domain_accuracy)"
-            )
+    if is_domain_mean(metric) and any(g.missing for g in groups):
+        note += "; missing: runs without per-domain test accuracy (metrics.jsonl domain_accuracy)"
     if any(g.duplicates for g in groups):
         note += (
             "; duplicates: runs of one setting with the same seed repeat one experiment "

@@ -1,0 +1,165 @@
+"""Inter-domain reports: the domain mean (the papers' "Avg") as the reported metric, a
+column per domain as FedCCL's Tables 1-2 and RethinkFL's tables lay them out, paired
+intervals on the domain mean, several baselines, per-domain curves. Hand-written run
+directories whose numbers have closed forms."""
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedrcl_flwr.cli import main
+from fedrcl_flwr.report.tables import build_table, load_runs, metric_value
+
+# per method: domain -> per-seed accuracy of every round (constant over rounds)
+ACC = {
+    "fedavg": {"mnist": [0.90, 0.92, 0.94], "svhn": [0.30, 0.32, 0.34]},
+    "fpl": {"mnist": [0.91, 0.93, 0.95], "svhn": [0.40, 0.44, 0.42]},
+    "fedccl": {"mnist": [0.89, 0.90, 0.91], "svhn": [0.36, 0.36, 0.36]},
+}
+# svhn's test set is nine times mnist's: the pooled accuracy weighs it 9:1
+POOLED = {"mnist": 0.1, "svhn": 0.9}
+
+
+def _write_run(root: Path, method: str, seed: int, rounds: int = 6, summary: dict | None = None):
+    d = root / f"{method}_s{seed}"
+    d.mkdir(parents=True)
+    cfg = {
+        "name": "digits",
+        "seed": seed,
+        "dataset": {"name": "digit5"},
+        "partition": {"scheme": "domain"},
+        "client": {"method": method, "params": {}},
+        "server": {"strategy": "fedavg"},
+        "evaluation": {"ema": 0.9, "report_metric": "last5"},
+    }
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    dom = {k: v[seed] for k, v in ACC[method].items()}
+    pooled = sum(POOLED[k] * v for k, v in dom.items())
+    recs = [
+        {"round": r, "test_accuracy": pooled, "ema_accuracy": pooled, "domain_accuracy": dom}
+        for r in range(1, rounds + 1)
+    ]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in recs))
+    s = {"method": method, "strategy": "fedavg", "rounds": rounds, "final_accuracy": pooled}
+    s.update({"last5": pooled, "report_metric": "last5"})  # written before domain means
+    s.update(summary or {})
+    (d / "summary.json").write_text(json.dumps(s))
+    return d
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    out = tmp_path / "sweep"
+    for method in ACC:
+        for seed in range(3):
+            _write_run(out, method, seed)
+    return out
+
+
+def _mean(v):
+    return sum(v) / len(v)
+
+
+def test_inter_domain_runs_report_the_domain_mean(sweep):
+    """An older summary (pooled report_metric, no domain keys) of an inter-domain run
+    reports its domain mean, computed from metrics.jsonl; the pooled metric is unchanged
+    and still there with --metric."""
+    groups, metric = build_table([sweep])
+    assert metric == "last5_domain_mean"
+    fedavg = next(g for g in groups if g.row == "fedavg")
+    assert fedavg.mean == pytest.approx(_mean([(0.90 + 0.30) / 2, (0.92 + 0.32) / 2, 0.64]))
+    run = load_runs([sweep / "fedavg_s0"])[0]
+    assert metric_value(run, "last5") == pytest.approx(0.1 * 0.90 + 0.9 * 0.30)
+    assert metric_value(run, "final_domain_mean") == pytest.approx(0.60)
+    assert metric_value(run, "ema@6_domain_mean") == pytest.approx(0.60)
+    assert metric_value(run, "ema@7_domain_mean") is None  # never reached round 7
+    groups, metric = build_table([sweep], "last5")
+    assert metric == "last5" and not groups[0].domains
+
+
+def test_summary_value_wins_and_missing_is_said(tmp_path, capsys):
+    d = _write_run(tmp_path / "s", "fedavg", 0, summary={"last5_domain_mean": 0.5})
+    assert metric_value(load_runs([d])[0], "last5_domain_mean") == 0.5
+    (d / "metrics.jsonl").write_text("")  # no records, no per-domain accuracy anywhere
+    (tmp_path / "s" / "fedavg_s0" / "summary.json").write_text(
+        json.dumps({"method": "fedavg", "final_accuracy": 0.4, "report_metric": "last5"})
+    )
+    assert main(["report", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "| fedavg | missing |" in out
+    assert "missing: runs without per-domain test accuracy" in out
+
+
+def test_markdown_per_domain_columns_then_avg(sweep, capsys):
+    assert main(["report", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "| method | mnist | svhn | Avg (last5_domain_mean) |" in out
+    # fpl: mnist 93.00 ± 2.00, svhn 42.00 ± 2.00 (the best svhn), Avg (0.655+0.685+0.685)/3
+    assert "| fpl | **93.00 ± 2.00** | **42.00 ± 2.00** | **67.50 ± 1.73 (n=3)** |" in out
+    assert "| fedccl | 90.00 ± 1.00 | 36.00 ± 0.00 | 63.00 ± 0.50 (n=3) |" in out
+    assert "metric: last5_domain_mean" in out and "the papers' Avg" in out
+
+
+def test_paired_on_the_domain_mean_against_several_baselines(sweep, capsys):
+    assert main(["report", str(sweep), "--vs", "fedavg", "--vs", "fedccl"]) == 0
+    out = capsys.readouterr().out
+    assert "Paired with fedavg" in out and "Paired with fedccl" in out
+    # fpl - fedavg per seed on the domain mean: +0.055, +0.065, +0.045
+    assert "| fpl | — | 0: +5.50, 1: +6.50, 2: +4.50 | +5.50 ± 1.00 |" in out
+    # t(0.975, 2) = 4.302653: 5.50 ± 4.302653 · 1.00 / √3 = [3.02, 7.98]
+    assert "[+3.02, +7.98]" in out
+    # fpl - fedccl: 0.655 - 0.625, 0.685 - 0.63, 0.685 - 0.635
+    assert "| fpl | — | 0: +3.00, 1: +5.50, 2: +5.00 |" in out
+    assert "| last5_domain_mean |" not in out.split("Paired")[1]  # setting is not the metric
+
+
+def test_one_vs_keeps_working(sweep, capsys):
+    assert main(["report", str(sweep), "--vs", "fedavg"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Paired with") == 1
+
+
+def test_csv_and_latex_per_domain(sweep, capsys):
+    assert main(["report", str(sweep), "--format", "csv", "--vs", "fedavg", "--vs", "fpl"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == 6  # three rows per baseline
+    fpl = next(r for r in rows if r["method"] == "fpl" and r["vs"] == "fedavg")
+    assert (fpl["mnist"], fpl["svhn_std"], fpl["mean"]) == ("93.00", "2.00", "67.50")
+    assert fpl["metric"] == "last5_domain_mean" and fpl["paired_mean"] == "+5.50"
+    assert (
+        next(r for r in rows if r["method"] == "fedavg" and r["vs"] == "fpl")["paired_mean"]
+        == "-5.50"
+    )
+    assert main(["report", str(sweep), "--format", "latex"]) == 0
+    tex = capsys.readouterr().out
+    assert r"Method & mnist & svhn & Avg (last5\_domain\_mean) \\" in tex
+    assert r"fpl & $\mathbf{93.00 \pm 2.00}$" in tex
+
+
+def test_plot_draws_per_domain_curves(sweep, tmp_path, capsys):
+    assert main(["plot", str(sweep), "--out", str(tmp_path / "fig")]) == 0
+    written = capsys.readouterr().out
+    for name in ("fig.png", "fig_domains.png", "fig_domains.pdf"):
+        assert (tmp_path / name).stat().st_size > 5000
+        assert name in written
+    from PIL import Image
+
+    w, h = Image.open(tmp_path / "fig_domains.png").size
+    assert w > 1.5 * h  # two domain panels side by side
+
+
+def test_one_seed_plot_is_not_titled_mean_over_seeds(tmp_path):
+    from fedrcl_flwr.report.tables import curves_figure, group_runs
+
+    _write_run(tmp_path / "one", "fedavg", 0)
+    fig = curves_figure(group_runs(load_runs([tmp_path / "one"])))
+    assert "one seed" in fig._suptitle.get_text()
+    assert "over seeds" not in fig._suptitle.get_text()
+    for seed in (1, 2):
+        _write_run(tmp_path / "one", "fedavg", seed)
+    fig = curves_figure(group_runs(load_runs([tmp_path / "one"])))
+    assert "mean ± std over seeds" in fig._suptitle.get_text()
