@@ -63,7 +63,13 @@ from fedrcl_flwr.config.catalog import (
     metric_choices,
 )
 from fedrcl_flwr.errors import ConfigError, shown
-from fedrcl_flwr.run.results import LAST_K, per_domain_values, reported_value
+from fedrcl_flwr.run.results import (
+    DOMAIN_AVERAGE,
+    LAST_K,
+    domains_of,
+    per_domain_values,
+    reported_value,
+)
 from fedrcl_flwr.run.run_files import CONFIG_FILE, METRICS_FILE, NOT_RUN_DIRS, SUMMARY_FILE
 
 SKIP_DIRS = NOT_RUN_DIRS
@@ -560,9 +566,8 @@ def domain_values(run: Run, metric: str) -> dict:
     if target is not None and _last_round(run) < target:
         return {}
     values = per_domain_values(_evaluated(run), metric, _ema_factor(run))
-    saved = run.summary.get("last5_per_domain")
-    if not values and metric.startswith("last5") and isinstance(saved, dict):
-        values = {str(k): float(v) for k, v in saved.items() if _is_number(v)}
+    if not values and metric.startswith("last5"):
+        values = domains_of(run.summary.get("last5_per_domain"))
     return values
 
 
@@ -1464,15 +1469,15 @@ def _mean_curve(g: Group, metric_key: str, scale: float) -> tuple[list, Any, Any
 
     curves = []
     for run in g.runs:
-        if g.curve:  # one domain's test accuracy (a per-domain panel)
-            curves.append(
-                {
-                    int(r["round"]): float(r["domain_accuracy"][g.curve])
-                    for r in run.records
-                    if isinstance(r.get("domain_accuracy"), dict)
-                    and _is_number(r["domain_accuracy"].get(g.curve))
-                }
-            )
+        if g.curve:  # a per-domain panel: one domain's test accuracy, or their mean
+            curve = {}
+            for r in run.records:
+                per = domains_of(r.get("domain_accuracy"))
+                if g.curve == DOMAIN_AVERAGE and per:
+                    curve[int(r["round"])] = sum(per.values()) / len(per)
+                elif g.curve in per:
+                    curve[int(r["round"])] = per[g.curve]
+            curves.append(curve)
             continue
         recs = [r for r in run.records if r.get(metric_key) is not None]
         curves.append({int(r["round"]): float(r[metric_key]) for r in recs})
@@ -1506,20 +1511,28 @@ def domain_plot_files(out: Path) -> list[Path]:
 
 def plot_domains(groups: list[Group], paths: list[Path]) -> list[Path]:
     """Inter-domain runs (their records carry ``domain_accuracy``): each domain's test
-    accuracy per round, one panel per domain (and setting), one line per row, as
-    :func:`curves_figure` draws the pooled one. Written to ``paths`` (returned); nothing
+    accuracy per round, one panel per domain (and setting) and one for their unweighted
+    mean, one line per row, as :func:`curves_figure` draws the pooled one. Written to ``paths`` (returned); nothing
     (``[]``) when no run has per-domain records."""
     names: dict = {}
     for g in groups:
         for run in g.runs:
             for r in run.records:
-                if isinstance(r.get("domain_accuracy"), dict):
-                    names.update(dict.fromkeys(str(k) for k in r["domain_accuracy"]))
+                names.update(dict.fromkeys(domains_of(r.get("domain_accuracy"))))
     if not names:
         return []
+    # each domain, then their unweighted mean per round (the records' "average": Avg)
     panels = [
-        Group(g.key, g.runs, g.config, row=g.row, col=_heading(g.col, d), flat=g.flat, curve=d)
-        for d in names
+        Group(
+            g.key,
+            g.runs,
+            g.config,
+            row=g.row,
+            col=_heading(g.col, "Avg (domain mean)" if d == DOMAIN_AVERAGE else d),
+            flat=g.flat,
+            curve=d,
+        )
+        for d in [*names, DOMAIN_AVERAGE]
         for g in groups
     ]
     _save_figure(curves_figure(panels, "test_accuracy"), paths)

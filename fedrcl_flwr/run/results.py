@@ -258,10 +258,31 @@ def last_k_per_domain(evaluated: list[dict], k: int = LAST_K) -> dict:
     return {name: sum(v) / len(v) for name, v in sums.items()}
 
 
+# ``domain_accuracy``'s entry beside the domains: their unweighted mean that round
+# (fedrcl_flwr/evaluation.py evaluate_model), not a domain
+DOMAIN_AVERAGE = "average"
+
+
+def domains_of(per_domain: Any) -> dict:
+    """A ``domain_accuracy`` (or ``last5_per_domain``) mapping without its
+    :data:`DOMAIN_AVERAGE` entry: domain -> accuracy, numbers only."""
+    if not isinstance(per_domain, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in per_domain.items()
+        if k != DOMAIN_AVERAGE and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
 def _domain_rounds(evaluated: Iterable[dict]) -> list[dict]:
-    return [
-        r for r in evaluated if isinstance(r.get("domain_accuracy"), dict) and r["domain_accuracy"]
-    ]
+    """The evaluated rounds with per-domain accuracy, each as ``{"round", "domains"}``."""
+    out = []
+    for r in evaluated:
+        d = domains_of(r.get("domain_accuracy"))
+        if d:
+            out.append({"round": int(r["round"]), "domains": d})
+    return out
 
 
 def _mean(values: Iterable[float]) -> float | None:
@@ -286,23 +307,20 @@ def per_domain_values(evaluated: list[dict], metric: str, ema_factor: float = 0.
         return {}
     base = pooled_metric(metric)
     if base == "final":
-        return {str(k): float(v) for k, v in rounds[-1]["domain_accuracy"].items() if v is not None}
+        return rounds[-1]["domains"]
     if base == "last5":
-        return last_k_per_domain(rounds, LAST_K)
+        return domains_of(last_k_per_domain([{"domain_accuracy": r["domains"]} for r in rounds]))
     if base == "best":
-        best = max(rounds, key=lambda r: _mean(r["domain_accuracy"].values()) or 0.0)
-        return {str(k): float(v) for k, v in best["domain_accuracy"].items() if v is not None}
+        return max(rounds, key=lambda r: _mean(r["domains"].values()) or 0.0)["domains"]
     target = ema_round(base)
     if target is None:
         raise ValueError(f"no per-domain value of metric {metric!r}")
     ema: dict = {}
     for r in rounds:
-        if int(r["round"]) > target:
+        if r["round"] > target:
             break
-        for k, v in r["domain_accuracy"].items():
-            if v is not None:
-                k = str(k)
-                ema[k] = float(v) if k not in ema else ema_factor * ema[k] + (1 - ema_factor) * v
+        for k, v in r["domains"].items():
+            ema[k] = v if k not in ema else ema_factor * ema[k] + (1 - ema_factor) * v
     return ema
 
 
@@ -328,7 +346,7 @@ def domain_mean_summary(
     out["ema_domain_mean_at"] = {
         str(t): domain_mean_value(evaluated, f"ema@{t}", ema_factor)
         for t in target_rounds
-        if t <= reached and any(int(r["round"]) <= t for r in _domain_rounds(evaluated))
+        if t <= reached and any(r["round"] <= t for r in _domain_rounds(evaluated))
     }
     return out
 

@@ -128,7 +128,7 @@ def test_domain_means_are_unweighted_over_domains(tmp_path):
     # domain a: 0.1 r, domain b: 0.6; pooled (b ten times larger) weighs b 10:1
     for r in range(1, 8):
         a, b = 0.1 * r, 0.6
-        rec.append(_rec(r, (a + 10 * b) / 11, dom={"a": a, "b": b}))
+        rec.append(_rec(r, (a + 10 * b) / 11, dom={"a": a, "b": b, "average": (a + b) / 2}))
     s = rec.finish()
     assert s["final_domain_mean"] == pytest.approx((0.7 + 0.6) / 2)
     # last five rounds 3..7: a = 0.5 on average
