@@ -165,3 +165,29 @@ def test_one_seed_plot_is_not_titled_mean_over_seeds(tmp_path):
         _write_run(tmp_path / "one", "fedavg", seed)
     fig = curves_figure(group_runs(load_runs([tmp_path / "one"])))
     assert "mean ± std over seeds" in fig._suptitle.get_text()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+INTER_DOMAIN_YAMLS = sorted(
+    p
+    for p in [
+        *(ROOT / "experiments" / "fedccl").glob("*.yaml"),
+        *(ROOT / "experiments" / "rethinkfl").glob("*.yaml"),
+    ]
+    if (yaml.safe_load(p.read_text()).get("partition") or {}).get("scheme") == "domain"
+)
+
+
+def test_inter_domain_paper_yamls_report_and_compare_the_domain_mean():
+    """FedCCL's inter-domain tables and FPL's report Avg (the unweighted mean over
+    domains): each such YAML reports it and compares the paper's numbers with it."""
+    from fedrcl_flwr.config import check_reference, load_config
+    from fedrcl_flwr.config.catalog import is_domain_mean, reported_metric
+
+    assert len(INTER_DOMAIN_YAMLS) >= 20
+    for path in INTER_DOMAIN_YAMLS:
+        cfg = load_config(path)
+        metric = reported_metric(cfg.evaluation.report_metric, cfg.partition.scheme)
+        assert is_domain_mean(metric), path
+        for block in check_reference(cfg.reference, str(path)):
+            assert block["metric"] == metric, path
