@@ -34,6 +34,15 @@ reached round R). Per-client evaluation (``evaluation.per_client``): ``client_me
 ``client_std``, ``client_worst10``, ``client_best10`` (the ``client_acc_*`` of the last
 round that has them). Without ``--metric``: the runs' ``summary.json`` ``report_metric``,
 else their reference's metric, else ``final``.
+
+Inter-domain studies (``partition.scheme: domain``): FedCCL (Tables 1-2) and RethinkFL's
+FPL report each domain's test accuracy and "Avg", their unweighted mean over domains.
+``M_domain_mean`` is metric ``M`` per domain (``domain_accuracy`` of the round records),
+averaged over the domains (:func:`fedrcl_flwr.run.results.per_domain_values`); when every
+run is inter-domain, a pooled ``report_metric`` is reported as its domain mean (runs
+written before the domain means have it computed from ``metrics.jsonl``). A domain-mean
+table has a column per domain, then ``Avg (METRIC)``, the column that carries n, the
+paper's number and the paired comparison; ``plot`` adds a panel per domain.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ Files in a run directory:
 * ``summary.json``  - method, strategy, ``rounds_failed``, final/EMA/best accuracy, ``last5`` (mean test
   accuracy of the last five evaluated rounds, FedCCL's reported metric) overall and per
   domain, the domain means (``final_domain_mean``, ``best_domain_mean``,
-  ``last5_domain_mean``, ``ema_domain_mean_at``: the papers' "Avg"), EMA accuracy at the target rounds the run reached, ``report_metric``, time,
+  ``last5_domain_mean``, ``ema_domain_mean_at``: the papers' "Avg"), EMA accuracy at the
+  target rounds the run reached, ``report_metric``, time,
   ``client_failures`` (each client that failed in some round: how often, its first error)
 * ``model.pt``      - the final global model's state_dict
 * ``accuracy.png``  - test accuracy and EMA accuracy per round
