@@ -223,3 +223,26 @@ def test_tiny_inter_domain_run_reports_its_domain_mean_end_to_end(tiny, tmp_path
     out = capsys.readouterr().out
     names = " | ".join(domains)
     assert f"| method | {names} | Avg (final_domain_mean) |" in out
+
+
+def test_paper_avg_stands_beside_our_domain_mean(tmp_path, capsys):
+    """A reference block for the domain mean (FedCCL Table 1's Avg) is compared with our
+    Avg, not with the pooled accuracy."""
+    out = tmp_path / "s"
+    for seed in range(3):
+        d = _write_run(out, "fedavg", seed)
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        cfg["reference"] = [
+            {"source": "FedCCL Table 1", "metric": "last5_domain_mean", "values": {"fedavg": 50.08}}
+        ]
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["report", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert (
+        "| Avg (last5_domain_mean) | Avg (last5_domain_mean) paper | Avg (last5_domain_mean) diff |"
+        in text
+    )
+    # ours 62.00 ± 2.00 (domain means 0.60, 0.62, 0.64), paper 50.08: +11.92
+    assert "| **62.00 ± 2.00 (n=3)** | 50.08 | +11.92 |" in text
+    assert main(["report", str(out), "--metric", "last5"]) == 0
+    assert "50.08" not in capsys.readouterr().out  # the paper's Avg is no pooled number
