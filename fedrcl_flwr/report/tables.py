@@ -1379,14 +1379,16 @@ LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
-def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
+def curves_figure(groups: list[Group], metric_key: str = "test_accuracy", subject: str = ""):
     """The figure of :func:`plot_groups`: one panel per column (setting), one line per
     row (mean over seeds) with a ±std band. Accuracy bands are clipped to [0, 100]; every
     panel shares one y-range (the panels are settings of one study: the same scale lets
     them be compared at a glance); each row has its own colour, line style and marker
     (a line hidden under another stays visible at its markers); the title names what
-    the runs share and the panels what differs. (Long because matplotlib is set up call by
-    call; every step is one styling decision named above.)"""
+    the runs share (then ``subject``, what the curves are, when given) and the panels what
+    differs, and says "mean ± std over seeds" only where some line has more than one
+    seed. (Long because matplotlib is set up call by call; every step is one styling
+    decision named above.)"""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1467,6 +1469,7 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
         axes.flat[0].set_title("")
     seeds = max((len({_jkey(r.config.get("seed")) for r in g.runs}) for g in groups), default=0)
     what = "mean ± std over seeds" if seeds > 1 else "one seed per line (no band)"
+    what = f"{subject}, {what}" if subject else what
     fig.suptitle(wrap_title((title + ": " if title else "") + what, 5.0 * ncol, 11), fontsize=11)
     return fig
 
@@ -1544,7 +1547,7 @@ def plot_domains(groups: list[Group], paths: list[Path]) -> list[Path]:
         for d in [*names, DOMAIN_AVERAGE]
         for g in groups
     ]
-    _save_figure(curves_figure(panels, "test_accuracy"), paths)
+    _save_figure(curves_figure(panels, "test_accuracy", "test accuracy per domain"), paths)
     return paths
 
 

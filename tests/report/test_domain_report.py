@@ -150,6 +150,15 @@ def test_plot_draws_per_domain_curves(sweep, tmp_path, capsys):
         assert name in written
     from PIL import Image
 
+    from fedrcl_flwr.report.tables import group_runs, plot_domains
+
+    # a run without per-domain records draws no per-domain figure
+    pooled = _write_run(tmp_path / "pooled", "fedavg", 0)
+    lines = (pooled / "metrics.jsonl").read_text().splitlines()
+    stripped = [{k: v for k, v in json.loads(x).items() if k != "domain_accuracy"} for x in lines]
+    (pooled / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in stripped))
+    assert plot_domains(group_runs(load_runs([pooled])), [tmp_path / "none.png"]) == []
+    assert not (tmp_path / "none.png").exists()
     w, h = Image.open(tmp_path / "fig_domains.png").size
     assert w > 1.5 * h  # two domain panels side by side
 
