@@ -567,17 +567,17 @@ def _ema_factor(run: Run) -> float:
 
 def domain_values(run: Run, metric: str) -> dict:
     """Domain -> the run's value of the pooled metric under ``metric`` on that domain's
-    test data, computed from ``metrics.jsonl``'s ``domain_accuracy``
-    (:func:`fedrcl_flwr.run.results.per_domain_values`; a summary's ``last5_per_domain``
-    when the records lack it); ``{}`` when the run has none (or never reached ROUND of
+    test data: for ``last5`` the summary's ``last5_per_domain``, else computed from
+    ``metrics.jsonl``'s ``domain_accuracy`` (:func:`fedrcl_flwr.run.results.
+    per_domain_values`); ``{}`` when the run has none (or never reached ROUND of
     ``ema@ROUND``)."""
     target = ema_round(metric)
     if target is not None and _last_round(run) < target:
         return {}
-    values = per_domain_values(_evaluated(run), metric, _ema_factor(run))
-    if not values and metric.startswith("last5"):
-        values = domains_of(run.summary.get("last5_per_domain"))
-    return values
+    saved = domains_of(run.summary.get("last5_per_domain"))
+    if saved and metric.startswith("last5"):  # the recorder's own, from the same records
+        return saved
+    return per_domain_values(_evaluated(run), metric, _ema_factor(run))
 
 
 def metric_value(run: Run, metric: str) -> float | None:

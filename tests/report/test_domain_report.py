@@ -255,3 +255,15 @@ def test_paper_avg_stands_beside_our_domain_mean(tmp_path, capsys):
     assert "| **62.00 ± 2.00 (n=3)** | 50.08 | +11.92 |" in text
     assert main(["report", str(out), "--metric", "last5"]) == 0
     assert "50.08" not in capsys.readouterr().out  # the paper's Avg is no pooled number
+
+
+def test_last5_per_domain_of_the_summary_serves_without_records(tmp_path, capsys):
+    d = _write_run(
+        tmp_path / "s",
+        "fedavg",
+        0,
+        summary={"last5_per_domain": {"mnist": 0.8, "svhn": 0.2, "average": 0.5}},
+    )
+    (d / "metrics.jsonl").write_text("")
+    assert main(["report", str(tmp_path / "s")]) == 0
+    assert "| fedavg | **80.00** | **20.00** | **50.00 (n=1)** |" in capsys.readouterr().out
