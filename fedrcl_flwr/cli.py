@@ -224,11 +224,12 @@ def _result_text(cfg: ExperimentConfig, summary: dict) -> str:
     client that failed in every round it was sampled (``client 17 failed in 12 of 12
     rounds it was sampled: ...``; three at most, the rest counted: all are in
     ``summary.json``'s ``client_failures``)."""
+    from fedrcl_flwr.config.catalog import reported_metric
     from fedrcl_flwr.run.results import always_failing, reported_value
 
     acc = summary.get("final_accuracy")
     text = f"final accuracy {100 * acc:.2f}%" if acc is not None else "no evaluated round"
-    metric = cfg.evaluation.report_metric
+    metric = reported_metric(cfg.evaluation.report_metric, cfg.partition.scheme)
     if metric != "final":
         value = reported_value(summary, metric)
         text += f", {metric} (reported) " + (
@@ -262,6 +263,7 @@ def cmd_plot(args) -> int:
     from fedrcl_flwr.report.tables import (
         client_plot_files,
         default_plot_out,
+        domain_plot_files,
         plot_files,
         plot_groups,
     )
@@ -269,7 +271,8 @@ def cmd_plot(args) -> int:
     if args.out is not None and not args.out.strip():
         raise ConfigError("--out must be a file stem, got an empty string")
     out = Path(args.out) if args.out is not None else default_plot_out(args.dirs)
-    for path in plot_files(out) + client_plot_files(out):  # checked before any run is read
+    # checked before any run is read
+    for path in plot_files(out) + domain_plot_files(out) + client_plot_files(out):
         check_output_file(path, "--out", create_parent=True)
     for path in plot_groups(args.dirs, out):
         print(f"written {path}")
@@ -405,19 +408,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--metric",
         default=None,
         help=" | ".join(METRIC_NAMES) + " (default: the runs' "
-        "report_metric, else their paper reference's, else final)",
+        "report_metric, else their paper reference's, else final; inter-domain runs "
+        "(partition.scheme: domain): its _domain_mean, with a column per domain)",
     )
     rep.add_argument(
         "--vs",
         metavar="ROW",
+        action="append",
         help="also compare every row with ROW (a row name, label or method) "
-        "seed by seed: per-seed differences, mean ± std, 95%% t-interval",
+        "seed by seed: per-seed differences, mean ± std, 95%% t-interval "
+        "(repeat for several baselines: --vs A --vs B)",
     )
     rep.set_defaults(func=cmd_report)
     pl = sub.add_parser(
         "plot",
         help="accuracy curves per method, mean ± std over seeds "
-        "(and the per-client accuracy distribution, when recorded)",
+        "(and per domain for inter-domain runs, and the per-client accuracy "
+        "distribution, when recorded)",
     )
     pl.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
     pl.add_argument(

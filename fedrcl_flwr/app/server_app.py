@@ -22,6 +22,7 @@ from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_c
 from fedrcl_flwr.app.flower_private import engine_doorbell, two_messages_per_actor
 from fedrcl_flwr.app.replies import INTERVAL, WIRE_INTERVAL, ReplyCollector
 from fedrcl_flwr.config import dump_config
+from fedrcl_flwr.config.catalog import reported_metric
 from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
 from fedrcl_flwr.run import runtime, timers
@@ -205,8 +206,9 @@ def open_run_outputs(cfg, out_dir, ckpt, ema: EMATracker):
         rounds=cfg.federation.rounds,
         target_rounds=cfg.evaluation.target_rounds,
         elapsed_before=float(ckpt["wall_time_s"]) if ckpt else 0.0,
-        report_metric=cfg.evaluation.report_metric,
+        report_metric=reported_metric(cfg.evaluation.report_metric, cfg.partition.scheme),
         title=run_title(cfg),
+        ema_factor=cfg.evaluation.ema,
     )
     if ckpt:
         recorder.load_existing(done)

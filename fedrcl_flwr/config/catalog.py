@@ -156,8 +156,14 @@ CLIENT_STATS = ("mean", "std", "worst10", "best10")
 CLIENT_STAT_KEYS = tuple(f"client_acc_{s}" for s in CLIENT_STATS)
 CLIENT_METRICS = tuple(f"client_{s}" for s in CLIENT_STATS)
 # ``evaluation.per_client``: which clients are evaluated, on which local test data
+# the papers' "Avg" of an inter-domain table (FedCCL Tables 1-2, RethinkFL's FPL): the
+# unweighted mean over the test set's domains of each domain's accuracy; ``<m>_domain_mean``
+# is metric ``<m>`` taken per domain, then averaged (summary.json's ``<m>_domain_mean``,
+# ``ema_domain_mean_at`` for ``ema@ROUND_domain_mean``; fedrcl_flwr/run/results.py)
+DOMAIN_MEAN = "_domain_mean"
+DOMAIN_METRICS = tuple(m + DOMAIN_MEAN for m in (*SUMMARY_METRICS, EMA_METRIC))
 # every name ``report --metric`` takes, in the order the help lists them
-METRIC_NAMES = tuple(SUMMARY_METRICS) + (EMA_METRIC,) + CLIENT_METRICS
+METRIC_NAMES = tuple(SUMMARY_METRICS) + (EMA_METRIC,) + DOMAIN_METRICS + CLIENT_METRICS
 # sampled: the round's clients (just averaged into the model: an optimistic measure);
 # unsampled: as many clients drawn from those not in the round (unbiased); all: every one
 PER_CLIENT_CLIENTS = ("sampled", "unsampled", "all")
@@ -175,20 +181,53 @@ def in_words(names: Iterable[str]) -> str:
 def metric_choices(per_client: bool = False) -> str:
     """The metrics in words: ``final, best, last5 or ema@ROUND`` (``per_client``: and the
     ``client_*`` metrics)."""
-    return in_words(METRIC_NAMES if per_client else METRIC_NAMES[: len(SUMMARY_METRICS) + 1])
+    return in_words(METRIC_NAMES if per_client else METRIC_NAMES[: -len(CLIENT_METRICS)])
+
+
+def is_domain_mean(metric: Any) -> bool:
+    """``metric`` is a domain-mean metric (``last5_domain_mean``, ``ema@500_domain_mean``)."""
+    return isinstance(metric, str) and metric.endswith(DOMAIN_MEAN)
+
+
+def pooled_metric(metric: str) -> str:
+    """The pooled metric a domain-mean metric averages per domain (``last5_domain_mean``
+    -> ``last5``); any other metric unchanged."""
+    return metric[: -len(DOMAIN_MEAN)] if is_domain_mean(metric) else metric
+
+
+def domain_metric(metric: str) -> str:
+    """The domain-mean counterpart of a pooled test-accuracy metric (``last5`` ->
+    ``last5_domain_mean``); a domain-mean or per-client metric unchanged."""
+    if is_domain_mean(metric) or metric in CLIENT_METRICS:
+        return metric
+    return metric + DOMAIN_MEAN
+
+
+def is_inter_domain(scheme: Any) -> bool:
+    """An inter-domain experiment (``partition.scheme: domain``): its test set carries the
+    domains, and its reported metric is the domain mean (the papers' "Avg")."""
+    return scheme == "domain"
+
+
+def reported_metric(report_metric: str, scheme: Any) -> str:
+    """The metric a run reports: ``evaluation.report_metric``, taken as its domain mean
+    in an inter-domain experiment (:func:`is_inter_domain`), as FedCCL and RethinkFL
+    report theirs."""
+    return domain_metric(report_metric) if is_inter_domain(scheme) else report_metric
 
 
 def is_report_metric(text: Any, per_client: bool = False) -> bool:
-    """``text`` is ``final | best | last5 | ema@ROUND`` (ROUND >= 1), or, with
-    ``per_client``, one of the ``client_*`` metrics."""
+    """``text`` is ``final | best | last5 | ema@ROUND`` (ROUND >= 1), each also with
+    ``_domain_mean``, or, with ``per_client``, one of the ``client_*`` metrics."""
     if not isinstance(text, str):
         return False
-    if text in SUMMARY_METRICS or _EMA_RE.fullmatch(text):
+    base = pooled_metric(text)
+    if base in SUMMARY_METRICS or _EMA_RE.fullmatch(base):
         return True
     return per_client and text in CLIENT_METRICS
 
 
 def ema_round(metric: str) -> int | None:
-    """ROUND of ``ema@ROUND`` (``None`` for any other metric)."""
-    m = _EMA_RE.fullmatch(str(metric))
+    """ROUND of ``ema@ROUND`` or ``ema@ROUND_domain_mean`` (``None`` for any other)."""
+    m = _EMA_RE.fullmatch(pooled_metric(str(metric)))
     return int(m.group(1)) if m else None

@@ -207,7 +207,7 @@ CONFIG_RULES: dict[str, Rule] = {
     "evaluation.report_metric": Rule(
         is_report_metric,
         f"must be {metric_choices()} (ROUND a target round, e.g. ema@500)",
-        ("ema@0", "last10", "client_mean"),
+        ("ema@0", "last10", "client_mean", "ema@0_domain_mean", "last5_domain_mean_domain_mean"),
     ),
     "evaluation.local_representation_every": non_negative(),
     "evaluation.robust_every": non_negative(),

@@ -34,6 +34,15 @@ reached round R). Per-client evaluation (``evaluation.per_client``): ``client_me
 ``client_std``, ``client_worst10``, ``client_best10`` (the ``client_acc_*`` of the last
 round that has them). Without ``--metric``: the runs' ``summary.json`` ``report_metric``,
 else their reference's metric, else ``final``.
+
+Inter-domain studies (``partition.scheme: domain``): FedCCL (Tables 1-2) and RethinkFL's
+FPL report each domain's test accuracy and "Avg", their unweighted mean over domains.
+``M_domain_mean`` is metric ``M`` per domain (``domain_accuracy`` of the round records),
+averaged over the domains (:func:`fedrcl_flwr.run.results.per_domain_values`); when every
+run is inter-domain, a pooled ``report_metric`` is reported as its domain mean (runs
+written before the domain means have it computed from ``metrics.jsonl``). A domain-mean
+table has a column per domain, then ``Avg (METRIC)``, the column that carries n, the
+paper's number and the paired comparison; ``plot`` adds a panel per domain.
 """
 
 from __future__ import annotations
@@ -55,12 +64,21 @@ from fedrcl_flwr.config import check_reference, flatten_keys
 from fedrcl_flwr.config.catalog import (
     PARTITION_SCHEMES,
     dataset_info,
+    domain_metric,
     ema_round,
+    is_domain_mean,
+    is_inter_domain,
     is_report_metric,
     metric_choices,
 )
 from fedrcl_flwr.errors import ConfigError, shown
-from fedrcl_flwr.run.results import LAST_K
+from fedrcl_flwr.run.results import (
+    DOMAIN_AVERAGE,
+    LAST_K,
+    domains_of,
+    per_domain_values,
+    reported_value,
+)
 from fedrcl_flwr.run.run_files import CONFIG_FILE, METRICS_FILE, NOT_RUN_DIRS, SUMMARY_FILE
 
 SKIP_DIRS = NOT_RUN_DIRS
@@ -93,6 +111,12 @@ class Group:
     source: str = ""
     what: str = ""  # what a labelled row is: method (what differs)
     flat: dict = field(default_factory=dict)  # its setting, dotted keys
+    domains: list = field(default_factory=list)  # per run, domain -> value (domain means)
+    curve: str = ""  # plots: the domain whose accuracy its curve is ("" = pooled)
+
+    def domain_cell(self, name: str) -> Group:
+        """The cell of domain ``name``: the same runs, their values on that domain."""
+        return Group(self.key, self.runs, self.config, values=[d.get(name) for d in self.domains])
 
     def _seed_values(self) -> list:
         """``[(seed or None, [values])]`` in run order: the runs that have the metric, those
@@ -536,9 +560,35 @@ def _last_round(run: Run) -> int:
     return int(run.summary.get("rounds") or 0)
 
 
+def _ema_factor(run: Run) -> float:
+    f = (run.config.get("evaluation") or {}).get("ema")
+    return float(f) if isinstance(f, (int, float)) and _is_number(f) else 0.9
+
+
+def domain_values(run: Run, metric: str) -> dict:
+    """Domain -> the run's value of the pooled metric under ``metric`` on that domain's
+    test data: for ``last5`` the summary's ``last5_per_domain``, else computed from
+    ``metrics.jsonl``'s ``domain_accuracy`` (:func:`fedrcl_flwr.run.results.
+    per_domain_values`); ``{}`` when the run has none (or never reached ROUND of
+    ``ema@ROUND``)."""
+    target = ema_round(metric)
+    if target is not None and _last_round(run) < target:
+        return {}
+    saved = domains_of(run.summary.get("last5_per_domain"))
+    if saved and metric.startswith("last5"):  # the recorder's own, from the same records
+        return saved
+    return per_domain_values(_evaluated(run), metric, _ema_factor(run))
+
+
 def metric_value(run: Run, metric: str) -> float | None:
     """The run's value of ``metric`` as a fraction in [0, 1], or None (missing)."""
     s = run.summary
+    if is_domain_mean(metric):  # summary.json's, else computed from metrics.jsonl
+        saved = reported_value(s, metric)
+        if saved is not None and _is_number(saved):
+            return float(saved)
+        per = domain_values(run, metric)
+        return sum(per.values()) / len(per) if per else None
     if metric == "final":
         if s.get("final_accuracy") is not None:
             return float(s["final_accuracy"])
@@ -576,17 +626,27 @@ def metric_value(run: Run, metric: str) -> float | None:
     return float(upto[-1]["ema_accuracy"]) if upto else None
 
 
+def _all_inter_domain(runs: list[Run]) -> bool:
+    return bool(runs) and all(
+        is_inter_domain((r.config.get("partition") or {}).get("scheme")) for r in runs
+    )
+
+
 def default_metric(runs: list[Run]) -> str:
-    """The runs' ``report_metric`` (summary.json), else their reference's, else final."""
+    """The runs' ``report_metric`` (summary.json), else their reference's, else final;
+    when every run is inter-domain (``partition.scheme: domain``) a pooled
+    ``report_metric`` (one a summary written before domain means holds) is taken as its
+    domain mean, the papers' "Avg"."""
+    inter = _all_inter_domain(runs)
     for run in runs:
         m = run.summary.get("report_metric")
         if is_report_metric(m, per_client=True):
-            return str(m)
+            return domain_metric(str(m)) if inter else str(m)
     for run in runs:
         blocks = check_reference(run.config.get("reference"), str(run.path / CONFIG_FILE))
         if blocks:
             return blocks[0]["metric"]
-    return "final"
+    return domain_metric("final") if inter else "final"
 
 
 # ----------------------------------------------------------------------------- grouping
@@ -811,7 +871,15 @@ def build_table(dirs: list, metric: str | None = None) -> tuple[list[Group], str
     for g in groups:
         g.values = [metric_value(r, metric) for r in g.runs]
         g.paper, g.source = paper_value(g, metric)
+        if is_domain_mean(metric):
+            g.domains = [domain_values(r, metric) for r in g.runs]
     return groups, metric
+
+
+def domain_names(groups: list[Group]) -> list[str]:
+    """The domains of the groups' per-domain values, in the order the runs name them
+    (the test set's order); empty for a pooled metric."""
+    return list(dict.fromkeys(k for g in groups for d in g.domains for k in d))
 
 
 @dataclass
@@ -899,6 +967,27 @@ def _layout(groups: list[Group]):
         best[c] = max(means) if means else None
     with_paper = {c for c in cols if any(g.paper is not None for g in groups if g.col == c)}
     return rows, cols, cell, best, with_paper
+
+
+def _best_per_domain(groups: list[Group]) -> dict:
+    """(column, domain) -> the best mean of the column's rows on that domain."""
+    best: dict = {}
+    for g in groups:
+        for d in domain_names([g]):
+            m = g.domain_cell(d).mean
+            if m is not None and (best.get((g.col, d)) is None or m > best[(g.col, d)]):
+                best[(g.col, d)] = m
+    return best
+
+
+def _heading(col: str, name: str) -> str:
+    """A column's heading in a per-domain table: ``setting: name`` (``name`` alone
+    without a setting)."""
+    return f"{col}: {name}" if col else name
+
+
+def _avg_heading(metric: str) -> str:
+    return f"Avg ({metric})"
 
 
 def _pct(v: float | None, signed: bool = False) -> str:
@@ -997,7 +1086,7 @@ def format_paired_markdown(pairs: list[Paired], vs: str, metric: str) -> str:
             else _pct(p.mean, True) + (f" ± {_pct(p.std)}" if p.std is not None else "")
         )
         lines.append(
-            f"| {_md(p.group.row)} | {_md(p.group.col or metric)} | {per} | {mean} | "
+            f"| {_md(p.group.row)} | {_md(p.group.col) or '—'} | {per} | {mean} | "
             f"{_ci_text(p)} | {p.n} | {_unpaired_text(p)} |"
         )
     lines += [
@@ -1008,11 +1097,27 @@ def format_paired_markdown(pairs: list[Paired], vs: str, metric: str) -> str:
     return "\n".join(lines)
 
 
+def _domain_text(g: Group | None, name: str, best: dict, bold: tuple[str, str], pm: str) -> str:
+    """A per-domain cell: mean ± std over seeds (%), the column's best in ``bold``."""
+    if g is None:
+        return ""
+    d = g.domain_cell(name)
+    if d.mean is None:
+        return "missing"
+    text = _pct(d.mean) + (f" {pm} {_pct(d.std)}" if d.std is not None else "")
+    b = best.get((g.col, name))
+    return f"{bold[0]}{text}{bold[1]}" if b is not None and math.isclose(d.mean, b) else text
+
+
 def format_markdown(groups: list[Group], metric: str) -> str:
+    """Rows by columns; for a domain-mean metric each column is its domains then Avg
+    (the domain mean), as FedCCL's Tables 1-2 and RethinkFL's tables lay them out."""
     rows, cols, cell, best, with_paper = _layout(groups)
+    names, best_d = domain_names(groups), _best_per_domain(groups)
     header = ["method"]
     for c in cols:
-        name = _md(c or metric)
+        header += [_md(_heading(c, d)) for d in names]
+        name = _md(_heading(c, _avg_heading(metric)) if names else c or metric)
         header.append(name)
         if c in with_paper:
             header += [f"{name} paper", f"{name} diff"]
@@ -1021,6 +1126,7 @@ def format_markdown(groups: list[Group], metric: str) -> str:
         cells = [_md(r)]
         for c in cols:
             g = cell.get((r, c))
+            cells += [_domain_text(g, d, best_d, ("**", "**"), "±") for d in names]
             cells.append(_ours(g, best[c], ("**", "**"), "±"))
             if c in with_paper:
                 cells += [_pct(g.paper) if g else "", _pct(g.diff, True) if g else ""]
@@ -1029,6 +1135,13 @@ def format_markdown(groups: list[Group], metric: str) -> str:
         f"\nmetric: {metric}; mean ± sample std over seeds (%), n distinct seeds; best per "
         "column in bold"
     )
+    if names:
+        note += (
+            "; per domain: that domain's test accuracy; Avg: their unweighted mean over "
+            "domains (the papers' Avg)"
+        )
+    if is_domain_mean(metric) and any(g.missing for g in groups):
+        note += "; missing: runs without per-domain test accuracy (metrics.jsonl domain_accuracy)"
     if any(g.duplicates for g in groups):
         note += (
             "; duplicates: runs of one setting with the same seed repeat one experiment "
@@ -1053,6 +1166,7 @@ def format_csv(groups: list[Group], metric: str, pairs: list | None = None, vs: 
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     private = any(g.private for g in groups)  # privacy.dp: one more column, dp_epsilon
+    names = domain_names(groups)  # a domain-mean metric: each domain's mean and std too
     head = [
         "method",
         "setting",
@@ -1061,6 +1175,7 @@ def format_csv(groups: list[Group], metric: str, pairs: list | None = None, vs: 
         "missing",
         "mean",
         "std",
+        *[x for d in names for x in (d, f"{d}_std")],
         "best",
         "paper",
         "diff",
@@ -1082,6 +1197,7 @@ def format_csv(groups: list[Group], metric: str, pairs: list | None = None, vs: 
             g.missing,
             _pct(g.mean),
             _pct(g.std),
+            *[_pct(x) for d in names for x in (g.domain_cell(d).mean, g.domain_cell(d).std)],
             int(is_best),
             _pct(g.paper),
             _pct(g.diff, True),
@@ -1121,10 +1237,12 @@ def _tex(s: str) -> str:
 
 def format_latex(groups: list[Group], metric: str) -> str:
     rows, cols, cell, best, with_paper = _layout(groups)
-    spec = "l" + "".join("rrr" if c in with_paper else "r" for c in cols)
+    names, best_d = domain_names(groups), _best_per_domain(groups)
+    spec = "l" + "".join("r" * len(names) + ("rrr" if c in with_paper else "r") for c in cols)
     head = ["Method"]
     for c in cols:
-        head.append(_tex(c or metric))
+        head += [_tex(_heading(c, d)) for d in names]
+        head.append(_tex(_heading(c, _avg_heading(metric)) if names else c or metric))
         if c in with_paper:
             head += ["Paper", r"$\Delta$"]
     out = [r"\begin{tabular}{" + spec + "}", r"\toprule", " & ".join(head) + r" \\", r"\midrule"]
@@ -1132,6 +1250,9 @@ def format_latex(groups: list[Group], metric: str) -> str:
         cells = [_tex(r)]
         for c in cols:
             g = cell.get((r, c))
+            for d in names:
+                text = _domain_text(g, d, best_d, (r"\mathbf{", "}"), r"\pm")
+                cells.append(f"${text}$" if text not in ("", "missing") else text or "--")
             if g is None or g.mean is None:
                 cells.append("--" if g is None else "missing")
             else:
@@ -1174,7 +1295,7 @@ def format_paired_latex(pairs: list[Paired], vs: str, metric: str) -> str:
         )
         ci = p.interval
         out.append(
-            f"{_tex(p.group.row)} & {_tex(p.group.col or metric)} & ${mean}$ & "
+            f"{_tex(p.group.row)} & {_tex(p.group.col) or '--'} & ${mean}$ & "
             + (f"$[{_pct(ci[0], True)}, {_pct(ci[1], True)}]$" if ci else "--")
             + rf" & {p.n} \\"
         )
@@ -1194,30 +1315,43 @@ def report(
     dirs: list,
     fmt: str = "markdown",
     metric: str | None = None,
-    vs: str | None = None,
+    vs: str | Sequence[str] | None = None,
     notes: list | None = None,
 ) -> str:
-    """The table of ``dirs`` in ``fmt``; with ``vs`` also the paired comparison. A note
-    that is not part of a csv / latex table (``--vs`` with one row) goes to ``notes``."""
+    """The table of ``dirs`` in ``fmt``; with ``vs`` (one row or several) also the paired
+    comparison with each, in turn. A note that is not part of a csv / latex table
+    (``--vs`` with one row) goes to ``notes``."""
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     groups, metric = build_table(dirs, metric)
-    if vs is None:
+    baselines = [vs] if isinstance(vs, str) else list(dict.fromkeys(vs or []))
+    if not baselines:
         return FORMATS[fmt](groups, metric)
-    ref = find_row(groups, vs)
+    refs = [find_row(groups, b) for b in baselines]  # every --vs checked before output
     if len({g.row for g in groups}) < 2:
-        line = f"--vs {vs}: nothing to compare: the table has one row ({ref})"
+        line = f"--vs {baselines[0]}: nothing to compare: the table has one row ({refs[0]})"
         if fmt == "markdown":
             return format_markdown(groups, metric) + "\n\n" + line
         if notes is not None:
             notes.append(line)
         return FORMATS[fmt](groups, metric)
-    pairs = paired(groups, vs)
+    refs = list(dict.fromkeys(refs))
+    pairs = {ref: paired(groups, ref) for ref in refs}
     if fmt == "csv":
-        return format_csv(groups, metric, pairs, ref)
+        head, *_ = format_csv(groups, metric, [], refs[0]).splitlines()
+        body = [
+            line
+            for ref in refs
+            for line in format_csv(groups, metric, pairs[ref], ref).splitlines()[1:]
+        ]
+        return "\n".join([head, *body]) + "\n"
     if fmt == "latex":
-        return format_latex(groups, metric) + "\n" + format_paired_latex(pairs, ref, metric)
-    return format_markdown(groups, metric) + "\n\n" + format_paired_markdown(pairs, ref, metric)
+        return format_latex(groups, metric) + "".join(
+            "\n" + format_paired_latex(pairs[ref], ref, metric) for ref in refs
+        )
+    return format_markdown(groups, metric) + "".join(
+        "\n\n" + format_paired_markdown(pairs[ref], ref, metric) for ref in refs
+    )
 
 
 # ----------------------------------------------------------------------------- plots
@@ -1245,14 +1379,16 @@ LINESTYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
-def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
+def curves_figure(groups: list[Group], metric_key: str = "test_accuracy", subject: str = ""):
     """The figure of :func:`plot_groups`: one panel per column (setting), one line per
     row (mean over seeds) with a ±std band. Accuracy bands are clipped to [0, 100]; every
     panel shares one y-range (the panels are settings of one study: the same scale lets
     them be compared at a glance); each row has its own colour, line style and marker
     (a line hidden under another stays visible at its markers); the title names what
-    the runs share and the panels what differs. (Long because matplotlib is set up call by
-    call; every step is one styling decision named above.)"""
+    the runs share (then ``subject``, what the curves are, when given) and the panels what
+    differs, and says "mean ± std over seeds" only where some line has more than one
+    seed. (Long because matplotlib is set up call by call; every step is one styling
+    decision named above.)"""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1331,10 +1467,10 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy"):
     if len(cols) == 1 and cols[0]:  # one panel: its setting belongs in the one title
         title = f"{title}, {cols[0]}" if title else cols[0]
         axes.flat[0].set_title("")
-    fig.suptitle(
-        wrap_title((title + ": " if title else "") + "mean ± std over seeds", 5.0 * ncol, 11),
-        fontsize=11,
-    )
+    seeds = max((len({_jkey(r.config.get("seed")) for r in g.runs}) for g in groups), default=0)
+    what = "mean ± std over seeds" if seeds > 1 else "one seed per line (no band)"
+    what = f"{subject}, {what}" if subject else what
+    fig.suptitle(wrap_title((title + ": " if title else "") + what, 5.0 * ncol, 11), fontsize=11)
     return fig
 
 
@@ -1345,6 +1481,16 @@ def _mean_curve(g: Group, metric_key: str, scale: float) -> tuple[list, Any, Any
 
     curves = []
     for run in g.runs:
+        if g.curve:  # a per-domain panel: one domain's test accuracy, or their mean
+            curve = {}
+            for r in run.records:
+                per = domains_of(r.get("domain_accuracy"))
+                if g.curve == DOMAIN_AVERAGE and per:
+                    curve[int(r["round"])] = sum(per.values()) / len(per)
+                elif g.curve in per:
+                    curve[int(r["round"])] = per[g.curve]
+            curves.append(curve)
+            continue
         recs = [r for r in run.records if r.get(metric_key) is not None]
         curves.append({int(r["round"]): float(r[metric_key]) for r in recs})
     rounds = sorted(set().union(*curves)) if curves else []
@@ -1365,7 +1511,44 @@ def plot_groups(dirs: list, out: Path, metric_key: str = "test_accuracy") -> lis
     written = plot_files(out)
     written[0].parent.mkdir(parents=True, exist_ok=True)
     _save_figure(fig, written)
+    written += plot_domains(groups, domain_plot_files(out))
     return written + plot_client_distribution(groups, client_plot_files(out))
+
+
+def domain_plot_files(out: Path) -> list[Path]:
+    """The per-domain curves' files ``plot --out OUT`` writes for inter-domain runs:
+    ``OUT_domains.png`` and ``OUT_domains.pdf``."""
+    return [p.with_name(p.stem + "_domains" + p.suffix) for p in plot_files(out)]
+
+
+def plot_domains(groups: list[Group], paths: list[Path]) -> list[Path]:
+    """Inter-domain runs (their records carry ``domain_accuracy``): each domain's test
+    accuracy per round, one panel per domain (and setting) and one for their unweighted
+    mean, one line per row, as :func:`curves_figure` draws the pooled one. Written to ``paths`` (returned); nothing
+    (``[]``) when no run has per-domain records."""
+    names: dict = {}
+    for g in groups:
+        for run in g.runs:
+            for r in run.records:
+                names.update(dict.fromkeys(domains_of(r.get("domain_accuracy"))))
+    if not names:
+        return []
+    # each domain, then their unweighted mean per round (the records' "average": Avg)
+    panels = [
+        Group(
+            g.key,
+            g.runs,
+            g.config,
+            row=g.row,
+            col=_heading(g.col, "Avg (domain mean)" if d == DOMAIN_AVERAGE else d),
+            flat=g.flat,
+            curve=d,
+        )
+        for d in [*names, DOMAIN_AVERAGE]
+        for g in groups
+    ]
+    _save_figure(curves_figure(panels, "test_accuracy", "test accuracy per domain"), paths)
+    return paths
 
 
 def client_plot_files(out: Path) -> list[Path]:

@@ -7,7 +7,9 @@ Files in a run directory:
   (``round_failed: true`` with its ``failure_reason``, evaluated or not)
 * ``summary.json``  - method, strategy, ``rounds_failed``, final/EMA/best accuracy, ``last5`` (mean test
   accuracy of the last five evaluated rounds, FedCCL's reported metric) overall and per
-  domain, EMA accuracy at the target rounds the run reached, ``report_metric``, time,
+  domain, the domain means (``final_domain_mean``, ``best_domain_mean``,
+  ``last5_domain_mean``, ``ema_domain_mean_at``: the papers' "Avg"), EMA accuracy at the
+  target rounds the run reached, ``report_metric``, time,
   ``client_failures`` (each client that failed in some round: how often, its first error)
 * ``model.pt``      - the final global model's state_dict
 * ``accuracy.png``  - test accuracy and EMA accuracy per round
@@ -257,6 +259,99 @@ def last_k_per_domain(evaluated: list[dict], k: int = LAST_K) -> dict:
     return {name: sum(v) / len(v) for name, v in sums.items()}
 
 
+# ``domain_accuracy``'s entry beside the domains: their unweighted mean that round
+# (fedrcl_flwr/evaluation.py evaluate_model), not a domain
+DOMAIN_AVERAGE = "average"
+
+
+def domains_of(per_domain: Any) -> dict:
+    """A ``domain_accuracy`` (or ``last5_per_domain``) mapping without its
+    :data:`DOMAIN_AVERAGE` entry: domain -> accuracy, numbers only."""
+    if not isinstance(per_domain, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in per_domain.items()
+        if k != DOMAIN_AVERAGE and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def _domain_rounds(evaluated: Iterable[dict]) -> list[dict]:
+    """The evaluated rounds with per-domain accuracy, each as ``{"round", "domains"}``."""
+    out = []
+    for r in evaluated:
+        d = domains_of(r.get("domain_accuracy"))
+        if d:
+            out.append({"round": int(r["round"]), "domains": d})
+    return out
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    v = [float(x) for x in values if x is not None]
+    return sum(v) / len(v) if v else None
+
+
+def per_domain_values(evaluated: list[dict], metric: str, ema_factor: float = 0.9) -> dict:
+    """Per domain (test-set order), the value of the pooled metric under ``metric``
+    (``final``, ``best``, ``last5`` or ``ema@ROUND``, with or without ``_domain_mean``)
+    computed from ``domain_accuracy`` of the evaluated rounds; ``{}`` when no round has
+    it. ``final``: the last such round's; ``last5``: :func:`last_k_per_domain`;
+    ``best``: the round with the highest domain mean; ``ema@ROUND``: each domain's EMA
+    (``EMA_t = factor·EMA_(t-1) + (1 - factor)·acc_t``, started at its first value as
+    :class:`fedrcl_flwr.evaluation.EMATracker`) over the rounds <= ROUND (the EMA is
+    linear, so the mean of these is the EMA of the per-round domain mean). Whether the
+    run reached ROUND is the caller's question."""
+    from fedrcl_flwr.config.catalog import ema_round, pooled_metric
+
+    rounds = _domain_rounds(evaluated)
+    if not rounds:
+        return {}
+    base = pooled_metric(metric)
+    if base == "final":
+        return rounds[-1]["domains"]
+    if base == "last5":
+        return domains_of(last_k_per_domain([{"domain_accuracy": r["domains"]} for r in rounds]))
+    if base == "best":
+        return max(rounds, key=lambda r: _mean(r["domains"].values()) or 0.0)["domains"]
+    target = ema_round(base)
+    if target is None:
+        raise ValueError(f"no per-domain value of metric {metric!r}")
+    ema: dict = {}
+    for r in rounds:
+        if r["round"] > target:
+            break
+        for k, v in r["domains"].items():
+            ema[k] = v if k not in ema else ema_factor * ema[k] + (1 - ema_factor) * v
+    return ema
+
+
+def domain_mean_value(evaluated: list[dict], metric: str, ema_factor: float = 0.9) -> float | None:
+    """The papers' "Avg": the unweighted mean over domains of :func:`per_domain_values`
+    (``None`` without per-domain accuracy)."""
+    return _mean(per_domain_values(evaluated, metric, ema_factor).values())
+
+
+def domain_mean_summary(
+    evaluated: list[dict], target_rounds: Iterable[int], reached: int, ema_factor: float
+) -> dict:
+    """summary.json's domain-mean keys (none when no round has ``domain_accuracy``):
+    ``final_domain_mean``, ``best_domain_mean``, ``last5_domain_mean``, and
+    ``ema_domain_mean_at`` (target round -> ``ema@ROUND_domain_mean``, for the targets the
+    run reached)."""
+    if not _domain_rounds(evaluated):
+        return {}
+    out: dict[str, Any] = {
+        f"{m}_domain_mean": domain_mean_value(evaluated, m, ema_factor)
+        for m in ("final", "best", "last5")
+    }
+    out["ema_domain_mean_at"] = {
+        str(t): domain_mean_value(evaluated, f"ema@{t}", ema_factor)
+        for t in target_rounds
+        if t <= reached and any(r["round"] <= t for r in _domain_rounds(evaluated))
+    }
+    return out
+
+
 class RunRecorder:
     """Appends round records, writes the summary, plot and model at the end."""
 
@@ -272,6 +367,7 @@ class RunRecorder:
         elapsed_before: float = 0.0,
         report_metric: str = "final",
         title: str = "",
+        ema_factor: float = 0.9,
     ):
         self.out_dir = Path(out_dir)
         self.title = title or f"{method} + {strategy}"
@@ -283,6 +379,7 @@ class RunRecorder:
         self.start = start_time if start_time is not None else time.time()
         self.elapsed_before = elapsed_before
         self.report_metric = report_metric
+        self.ema_factor = ema_factor  # evaluation.ema, for ema@ROUND_domain_mean
         self.records: list[dict] = []
         # per partition id (text) that failed in some round: {"failed", "rounds",
         # "first_error"} (strategies/base.py: failure_counts), set before finish()
@@ -320,7 +417,8 @@ class RunRecorder:
         summaries had before both were written (kept for their readers). ``last5`` is the mean test accuracy
         over the last ``LAST_K`` = 5 evaluated rounds (all of them if fewer), FedCCL's
         "last five communication rounds"; ``last5_per_domain`` the same per domain when
-        rounds carry ``domain_accuracy``."""
+        rounds carry ``domain_accuracy``, and then also the domain means
+        (:func:`domain_mean_summary`)."""
         evaluated = [r for r in self.records if r.get("test_accuracy") is not None]
         last = evaluated[-1] if evaluated else {}
         reached = max((int(r["round"]) for r in self.records), default=0)
@@ -361,6 +459,7 @@ class RunRecorder:
         per_domain = last_k_per_domain(evaluated, LAST_K)
         if per_domain:
             out["last5_per_domain"] = per_domain
+        out.update(domain_mean_summary(evaluated, self.target_rounds, reached, self.ema_factor))
         out.update(research_summary(self.records))
         return out
 
@@ -438,11 +537,16 @@ def research_summary(records: list[dict]) -> dict:
 
 
 def reported_value(summary: dict, metric: str) -> float | None:
-    """``summary.json``'s value of a report metric: final | best | last5 | ema@ROUND."""
-    from fedrcl_flwr.config.catalog import SUMMARY_METRICS, ema_round
+    """``summary.json``'s value of a report metric: final | best | last5 | ema@ROUND, each
+    also with ``_domain_mean``."""
+    from fedrcl_flwr.config.catalog import SUMMARY_METRICS, ema_round, is_domain_mean
 
     metric = str(metric or "final")
     target = ema_round(metric)
+    if is_domain_mean(metric):
+        if target is not None:
+            return (summary.get("ema_domain_mean_at") or {}).get(str(target))
+        return summary.get(metric)
     if target is not None:
         at = summary.get("ema_accuracy_at")
         if not isinstance(at, dict):  # a summary written before ema_accuracy_at

@@ -85,6 +85,7 @@ from fedrcl_flwr.run.results import (
     atomic_write_text,
     ema_note,
     read_metrics,
+    reported_value,
     shows_ema,
 )
 from fedrcl_flwr.run.run_files import (
@@ -884,13 +885,13 @@ class _SweepSession:
         self.rounds_left[run.name] = 0
         if rc == 0 and (run.out_dir / SUMMARY_FILE).is_file():
             self.timer.observe_finish(took, job.rounds_run)
-            acc = _summary_value(run.out_dir, "final_accuracy")
+            metric, acc = _reported(run.out_dir)
             self.status[run.name] = {
                 "status": "done",
                 "dir": str(run.out_dir),
                 "seconds": round(took, 1),
             }
-            accs = f"final acc {100 * acc:.2f}%" if acc is not None else "no accuracy"
+            accs = f"{metric} {100 * acc:.2f}%" if acc is not None else f"no {metric}"
             print(
                 f"{self._tag(run)}: done in {took:.0f}s, {accs} | ETA {_fmt_eta(self.eta())}",
                 flush=True,
@@ -974,14 +975,20 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _summary_value(run_dir: Path, key: str) -> float | None:
-    """A number from a finished run's ``summary.json`` (``None`` if absent or unreadable:
-    only shown on the progress line)."""
+def _reported(run_dir: Path) -> tuple[str, float | None]:
+    """The metric a finished run reports (its summary's ``report_metric``: the study's,
+    a domain mean for an inter-domain run) and its value (``None`` if absent or
+    unreadable: only shown on the progress line)."""
     try:
-        value = json.loads((run_dir / SUMMARY_FILE).read_bytes()[: 1 << 20]).get(key)
-    except (ValueError, OSError, AttributeError, RecursionError):
-        return None
-    return float(value) if _is_number(value) else None
+        summary = json.loads((run_dir / SUMMARY_FILE).read_bytes()[: 1 << 20])
+    except (ValueError, OSError, RecursionError):
+        return "final", None
+    if not isinstance(summary, dict):
+        return "final", None
+    metric = summary.get("report_metric")
+    metric = metric if isinstance(metric, str) and metric else "final"
+    value = reported_value(summary, metric)
+    return metric, float(value) if value is not None and _is_number(value) else None
 
 
 def _rounds_done(run: PlannedRun) -> int:

@@ -196,3 +196,21 @@ def test_each_rule_refuses_its_invalid_examples(key, bad):
     msg = str(ei.value)
     assert msg.startswith("rules.yaml: ") and f"'{key}'" in msg, msg
     assert CONFIG_RULES[key].text in msg, msg
+
+
+def test_domain_mean_report_metrics_are_accepted_and_checked():
+    """``evaluation.report_metric`` takes the domain means (the papers' "Avg"); an
+    ``ema@ROUND_domain_mean`` needs ROUND among the target rounds as ``ema@ROUND`` does;
+    a pooled metric of an inter-domain experiment is reported as its domain mean."""
+    from fedrcl_flwr.config.catalog import reported_metric
+
+    for m in ("last5_domain_mean", "final_domain_mean", "best_domain_mean"):
+        assert config_from_dict({"evaluation": {"report_metric": m}}).evaluation.report_metric == m
+    ok = {"evaluation": {"report_metric": "ema@7_domain_mean", "target_rounds": [7]}}
+    assert config_from_dict(ok).evaluation.report_metric == "ema@7_domain_mean"
+    with pytest.raises(ConfigError, match="target_rounds"):
+        config_from_dict({"evaluation": {"report_metric": "ema@7_domain_mean"}}, "e.yaml")
+    assert reported_metric("last5", "domain") == "last5_domain_mean"
+    assert reported_metric("ema@7", "domain") == "ema@7_domain_mean"
+    assert reported_metric("last5", "dirichlet") == "last5"
+    assert reported_metric("last5_domain_mean", "domain") == "last5_domain_mean"

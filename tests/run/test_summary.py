@@ -111,3 +111,52 @@ def test_inprocess_run_writes_last5_and_report_metric(tiny, tmp_path):
     recs = read_metrics(tmp_path / "run")
     assert s["last5"] == pytest.approx(sum(r["test_accuracy"] for r in recs) / 2)
     assert s["report_metric"] == "last5" and set(s["accuracy_at"]) == {"2"}
+
+
+def test_domain_means_are_unweighted_over_domains(tmp_path):
+    """The papers' "Avg": per domain, then the plain mean over domains, whatever the
+    domains' test-set sizes (the pooled accuracy weights them by size instead)."""
+    rec = RunRecorder(
+        tmp_path,
+        method="fedccl",
+        strategy="fedavg",
+        rounds=7,
+        target_rounds=[3, 7, 9],
+        report_metric="last5_domain_mean",
+        ema_factor=0.5,
+    )
+    # domain a: 0.1 r, domain b: 0.6; pooled (b ten times larger) weighs b 10:1
+    for r in range(1, 8):
+        a, b = 0.1 * r, 0.6
+        rec.append(_rec(r, (a + 10 * b) / 11, dom={"a": a, "b": b, "average": (a + b) / 2}))
+    s = rec.finish()
+    assert s["final_domain_mean"] == pytest.approx((0.7 + 0.6) / 2)
+    # last five rounds 3..7: a = 0.5 on average
+    assert s["last5_domain_mean"] == pytest.approx((0.5 + 0.6) / 2)
+    assert s["last5"] == pytest.approx((0.5 + 6) / 11)  # the pooled number, unchanged
+    assert s["best_domain_mean"] == pytest.approx(0.65)  # round 7
+    # EMA (factor 0.5, started at the first value) of a: 0.1, 0.15, 0.225, 0.3125,
+    # 0.40625, 0.503125, 0.6015625; of b: 0.6; target 9 was never reached
+    assert s["ema_domain_mean_at"] == pytest.approx(
+        {"3": (0.225 + 0.6) / 2, "7": (0.6015625 + 0.6) / 2}
+    )
+    assert s["report_metric"] == "last5_domain_mean"
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["last5_domain_mean"] == pytest.approx(0.55)
+
+
+def test_no_domain_means_without_domains(tmp_path):
+    rec = RunRecorder(tmp_path, method="m", strategy="s", rounds=2)
+    rec.append(_rec(1, 0.3))
+    s = rec.summary()
+    assert not any("domain_mean" in k for k in s)
+
+
+def test_reported_value_of_domain_metrics():
+    from fedrcl_flwr.run.results import reported_value
+
+    s = {"last5": 0.5, "last5_domain_mean": 0.4, "ema_domain_mean_at": {"10": 0.3}}
+    assert reported_value(s, "last5") == 0.5
+    assert reported_value(s, "last5_domain_mean") == 0.4
+    assert reported_value(s, "ema@10_domain_mean") == 0.3
+    assert reported_value(s, "final_domain_mean") is None  # an older summary: not there
