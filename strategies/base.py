@@ -235,6 +235,7 @@ class FederatedStrategy(Strategy):
         rounds: int,
         seed: int = 0,
         weighting: str = "uniform",
+        average_dtype: str = "float64",
         eval_every: int = 1,
         params: dict | None = None,
         evaluate_fn: Callable[[int, list], tuple[float, dict]] | None = None,
@@ -262,6 +263,8 @@ class FederatedStrategy(Strategy):
         self.rounds = rounds
         self.seed = seed
         self.weighting = weighting
+        # server.average_dtype: the average's arithmetic (fedrcl_flwr/server/aggregation.py)
+        self.average_dtype = average_dtype
         self.eval_every = eval_every
         self.evaluate_fn = evaluate_fn
         self.on_record = on_record
@@ -596,7 +599,11 @@ class FederatedStrategy(Strategy):
                 pool = thread_pool(workers)
                 hashed = {i: pool.submit(c.finish) for i, c in enumerate(checks) if c}
                 average, finite = average_and_screen(
-                    [r.weights for r in kept], coefs, self.kinds, workers=workers
+                    [r.weights for r in kept],
+                    coefs,
+                    self.kinds,
+                    workers=workers,
+                    dtype=self.average_dtype,
                 )
             else:
 
@@ -605,7 +612,7 @@ class FederatedStrategy(Strategy):
                         checks[i].upto(j, stop)
 
                 average, finite = average_and_screen(
-                    [r.weights for r in kept], coefs, self.kinds, visit
+                    [r.weights for r in kept], coefs, self.kinds, visit, dtype=self.average_dtype
                 )
         good = []
         for i, r in enumerate(kept):
@@ -743,7 +750,7 @@ class FederatedStrategy(Strategy):
                 for a, w in zip(kept[0].weights, self.weights)
             ]
         coefs = client_coefficients([r.num_examples for r in kept], self.weighting)
-        return weighted_average([r.weights for r in kept], coefs, self.kinds)
+        return weighted_average([r.weights for r in kept], coefs, self.kinds, self.average_dtype)
 
     def _client_eval_due(self, rnd: int) -> bool:
         from fedrcl_flwr.client_eval import due

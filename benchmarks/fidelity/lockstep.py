@@ -108,6 +108,7 @@ for p in (str(ROOT), str(HERE)):
 CODES = {
     "fedrcl": "lockstep_fedrcl",
     "fedacg": "lockstep_fedacg",
+    "feduv": "lockstep_feduv",
 }
 ALL_CODES = ("fedrcl", "fedacg", "feduv", "rethinkfl")
 PROTOCOL = ("clients", "participation", "epochs", "batch_size", "lr", "alpha")
