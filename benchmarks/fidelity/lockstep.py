@@ -109,6 +109,7 @@ CODES = {
     "fedrcl": "lockstep_fedrcl",
     "fedacg": "lockstep_fedacg",
     "feduv": "lockstep_feduv",
+    "rethinkfl": "lockstep_rethinkfl",
 }
 ALL_CODES = ("fedrcl", "fedacg", "feduv", "rethinkfl")
 PROTOCOL = ("clients", "participation", "epochs", "batch_size", "lr", "alpha")
