@@ -629,7 +629,7 @@ def measure_floor(
     with ``nodes`` SuperNodes (one CPU per client) whose messages carry ``payload`` bytes
     there and back (the model's size: Flower's own cost of moving it); times from the
     SuperLink's launch."""
-    from fedrcl_flwr.run.processes import teardown
+    from fedrcl_flwr.run.processes import RUN_VAR, teardown
     from fedrcl_flwr.runner import free_port
 
     app = work / "floor-app"
@@ -647,6 +647,7 @@ def measure_floor(
     fenv = {
         **env,
         "FLWR_HOME": str(home),
+        RUN_VAR: str(home),  # its processes are the run's: teardown stops them
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
         "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",
         "RAY_prestart_worker_first_driver": "0",

@@ -1,17 +1,19 @@
-"""Our side of one round's weight traffic with each ``simulation.transport`` (issue 30).
+"""Our side of one round's weight traffic with each ``simulation.transport``.
 
 One round = the server sends the global model to K clients and reads K uploads back.
 Timed here, in one process, is only what *our* code does with the weights:
 
 * ``flower``: the server encodes the model once (``.npy`` bytes,
-  :mod:`fedrcl_flwr.codec`); each client decodes it (views) and encodes its upload; the
+  :mod:`fedrcl_flwr.codec`); each client decodes it (views), copies it into its model
+  and encodes its upload; the
   server decodes the K uploads (views) and averages them as the strategy does
   (``average_and_screen``: the average and the NaN/Inf screen in one pass);
 * ``shared``: the server publishes the model once (hash + one copy into a slot of the
-  store's arena, :class:`fedrcl_flwr.weight_store.Arena`); each client re-hashes it
-  through its process's mapping of the arena and copies its upload into its slot,
-  hashing as it copies; the server averages the K uploads where they lie, hashing each
-  as the average reads it (``HashCheck``);
+  store's arena, :class:`fedrcl_flwr.weight_store.Arena`); each client copies it out of
+  its process's mapping of the arena into its model, hashing the copy
+  (``transport.Received.read_into``), and copies its upload into its slot, hashing as
+  it copies; the server averages the K uploads where they lie, each piece copied out
+  and hashed as the average reads it (``HashCheck.take``);
 * ``files``: ``shared`` without the arena (what a run does when the slots would not fit
   in memory, and what every shared run did before them): a new file per entry, mapped
   afresh by each reader, the uploads deleted after the round.
@@ -35,12 +37,17 @@ import sys
 import time
 from statistics import median
 
+import numpy as np
 from _common import ROOT  # noqa: F401 - puts the checkout first on the path
 
 from fedrcl_flwr.app import transport
 from fedrcl_flwr.models import build_model
-from fedrcl_flwr.server.aggregation import average_and_screen, client_coefficients
-from fedrcl_flwr.weight_store import HASH_ALGO, temporary_store
+from fedrcl_flwr.server.aggregation import (
+    average_and_screen,
+    average_workers,
+    client_coefficients,
+)
+from fedrcl_flwr.weight_store import HASH_ALGO, remove_store, temporary_store
 
 
 def weights(model: str, num_classes: int) -> list:
@@ -55,27 +62,31 @@ def one_round(t: transport.ServerTransport, rnd: int, model: list, uploads: list
     sent = t.send(model)
     out["server send"] = time.perf_counter() - t0
     replies = []
+    into = [np.empty_like(a) for a in model]  # the client's model tensors
     t0 = time.perf_counter()
     for i, up in enumerate(uploads):
         mine = t.for_client(sent, rnd, i)  # the server's per-client message
-        got = transport.arrays_of(mine, reuse=True)  # as WireClient
-        float(got[-1].reshape(-1)[0])  # touch it, as a client loading it would
+        got = transport.Received(mine).read_into(into)  # as WireClient
+        for dst, a in zip(into, got):
+            if a is not dst:  # bytes of the message: set_weights copies them in
+                np.copyto(dst, a)
         replies.append((None, _Res(transport.reply(up, mine))))
     out["clients: load + upload"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     opened = [transport.open_upload(res.parameters) for _, res in replies]
     checks = [c for _, c in opened]
-
-    def visit(i: int, j: int, stop: int) -> None:  # as the strategy's screen
-        if checks[i] is not None:
-            checks[i].upto(j, stop)
-
     coefs = client_coefficients([1] * len(opened), "uniform")
     kinds = ["param" if a.dtype.kind == "f" else "count" for a in model]
-    average_and_screen([a for a, _ in opened], coefs, kinds, visit)
-    for c in checks:
-        if c is not None:
+    if any(c is not None for c in checks):  # as the strategy's _verify
+
+        def take(i: int, j: int, start: int, stop: int) -> np.ndarray:
+            return checks[i].take(j, start, stop)
+
+        average_and_screen([a for a, _ in opened], coefs, kinds, take)
+        for c in checks:
             c.finish()
+    else:
+        average_and_screen([a for a, _ in opened], coefs, kinds, workers=average_workers())
     t.release(replies)
     out["server: read + average uploads"] = time.perf_counter() - t0
     out["round"] = sum(out.values())
@@ -100,9 +111,7 @@ def main() -> int:
         [a + (i + 1) * 1e-3 if a.dtype.kind == "f" else a for a in model]
         for i in range(args.clients)
     ]
-    stores = [temporary_store("bench-transport-") for _ in range(2)]
-    import shutil
-
+    stores = [temporary_store() for _ in range(2)]
     try:
         kinds = {
             "flower": transport.ServerTransport(),
@@ -118,7 +127,7 @@ def main() -> int:
         assert kinds["shared"].arena is not None, kinds["shared"].arena_note
     finally:
         for _, root in stores:
-            shutil.rmtree(root, ignore_errors=True)
+            remove_store(root)
     import flwr
     import numpy
     import torch

@@ -63,7 +63,9 @@ from fedrcl_flwr.training import (
     LossTerm,
     batch_size_for,
     cross_entropy_term,
+    last_batch_rule,
     local_train_settings,
+    steps_per_epoch,
     train_local,
 )
 from strategies import strategy_class
@@ -111,11 +113,26 @@ class WireClient(Client):
         )
 
     def fit(self, ins: FitIns) -> FitRes:
-        """The round's training (:meth:`FederatedClient.train_round`), then its upload
+        """The round's training (:meth:`FederatedClient.train_round`, handed the message's
+        weights as :class:`~fedrcl_flwr.app.transport.Received`: read from the weight
+        store into the model, and checked, when they are used), then its upload
         (:meth:`FederatedClient.upload`: views of the model) written out at once, into
         the message or the weight store, so no copy of the model is made for it."""
         client = self.numpy_client
-        out = client.train_round(transport.arrays_of(ins.parameters, reuse=True), ins.config)
+        client.partition_id = -1  # set by the round's start (FederatedClient._start_round)
+        try:
+            return self._fit(client, ins)
+        except Exception as exc:
+            # the server counts each client's failures (strategies/base.py: client_failure)
+            if client.partition_id >= 0 and not hasattr(exc, "partition_id"):
+                try:
+                    exc.partition_id = client.partition_id  # type: ignore[attr-defined]
+                except AttributeError:  # an exception type without attributes
+                    pass
+            raise
+
+    def _fit(self, client: FederatedClient, ins: FitIns) -> FitRes:
+        out = client.train_round(transport.Received(ins.parameters), ins.config)
         if not (len(out) == 2 and isinstance(out[0], int) and isinstance(out[1], dict)):
             raise TypeError(f"{type(client).__name__}.train_round must return (int, dict)")
         num_examples, metrics = out
@@ -132,9 +149,7 @@ class WireClient(Client):
         )
 
     def evaluate(self, ins: EvaluateIns) -> EvaluateRes:
-        out = self.numpy_client.evaluate(
-            transport.arrays_of(ins.parameters, reuse=True), ins.config
-        )
+        out = self.numpy_client.evaluate(transport.arrays_of(ins.parameters), ins.config)
         if not (
             len(out) == 3
             and isinstance(out[0], float)
@@ -146,6 +161,37 @@ class WireClient(Client):
             )
         loss, num_examples, metrics = out
         return EvaluateRes(status=self._ok(), loss=loss, num_examples=num_examples, metrics=metrics)
+
+
+def _writable_view(tensor: torch.Tensor) -> np.ndarray | None:
+    """A NumPy view of ``tensor``'s memory that received weights can be copied into
+    directly (a contiguous CPU tensor of a NumPy dtype), else ``None``."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous():
+        return None
+    try:
+        return tensor.detach().numpy()
+    except (TypeError, RuntimeError):  # bfloat16 and the like
+        return None
+
+
+def _check_shapes(state: dict, shapes: list[tuple]) -> None:
+    """The received arrays' shapes against the model's (``runtime.set_weights``'s
+    errors), before anything is copied into it."""
+    if len(shapes) != len(state):
+        raise ValueError(f"expected {len(state)} arrays for the model, got {len(shapes)}")
+    for (k, v), shape in zip(state.items(), shapes):
+        if tuple(v.shape) != tuple(shape):
+            raise ValueError(
+                f"shape mismatch for '{k}': model {tuple(v.shape)} vs received {tuple(shape)}"
+            )
+
+
+def _shares_memory(tensor: torch.Tensor, array: np.ndarray) -> bool:
+    return (
+        tensor.device.type == "cpu"
+        and array.ctypes.data == tensor.data_ptr()
+        and array.nbytes == tensor.numel() * tensor.element_size()
+    )
 
 
 class FederatedClient(NumPyClient):
@@ -180,11 +226,12 @@ class FederatedClient(NumPyClient):
         self._state_store = None
         self.device = runtime.pick_device(cfg.client.device)
         self.model: torch.nn.Module | None = None
-        self.global_weights: list | None = None
+        self._received: tuple | None = None
+        self._global_source: transport.Received | None = None
+        self._global_weights: list | None = None
         self.run_round = 0
         self.partition_id = -1
         self.data: LocalData | None = None
-        self._received: tuple | None = None
 
     # ------------------------------------------------------- the contract (class level)
     @classmethod
@@ -261,6 +308,22 @@ class FederatedClient(NumPyClient):
         if self.data is None:
             raise RuntimeError(f"{type(self).__name__}: no local data yet (train_round() picks it)")
         return self.data
+
+    @property
+    def global_weights(self) -> list | None:
+        """The round's received (global) weights as arrays. Weights received by
+        reference are read from the weight store (and checked) on the first use in the
+        round, into arrays of the client's own, never before: a method that does not
+        use them pays nothing for them."""
+        if self._global_source is not None:
+            self._global_weights = list(self._global_source.arrays())
+            self._global_source = None
+        return self._global_weights
+
+    @global_weights.setter
+    def global_weights(self, value: list | None) -> None:
+        self._global_weights, self._global_source = value, None
+        self._received = None  # received_trainable's tensors were of the old weights
 
     def received_trainable(self) -> list[torch.Tensor]:
         """The received (global) values of the model's trainable parameters, aligned with
@@ -361,11 +424,13 @@ class FederatedClient(NumPyClient):
         stats = self._train(ins, seed)
         report = FitReport(
             partition_id=self.partition_id,
-            train_loss=stats.loss,
+            # a client that took no step (client.drop_last, fewer samples than a batch)
+            # has no training loss
+            train_loss=stats.loss if stats.steps else None,
             steps=stats.steps,
             fit_time_s=time.time() - t0,
             node=runtime.node_name(),
-            term_losses=dict(stats.terms),
+            term_losses=dict(stats.terms) if stats.steps else {},
         )
         every = self.cfg.evaluation.local_representation_every
         if every and self.run_round % every == 0:
@@ -404,17 +469,61 @@ class FederatedClient(NumPyClient):
         np.random.seed(seed % (2**32))
         with timers.stage("load"):
             self.model = self._model()
-            runtime.set_weights(self.model, parameters)
-        self.global_weights = parameters
+            self._load_received(self.model, parameters)
         self.on_round_start(ins)
         return seed
+
+    def last_batch(self) -> str:
+        """What the round's local epochs do with their last, incomplete batch: keep, drop
+        (``client.drop_last``) or fold it (a model with BatchNorm;
+        :func:`fedrcl_flwr.training.last_batch_rule`)."""
+        return last_batch_rule(self.cfg.client.drop_last, self.round_model())
+
+    def epoch_steps(self) -> int:
+        """Optimisation steps of one local epoch of the round in progress, as
+        :meth:`_train` runs them (:func:`fedrcl_flwr.training.steps_per_epoch`)."""
+        c, size = self.cfg.client, self.round_data().size
+        bs = batch_size_for(size, c.batch_size, c.iterations_per_epoch)
+        return steps_per_epoch(size, bs, c.iterations_per_epoch, self.last_batch())
+
+    def _load_received(self, model: torch.nn.Module, parameters) -> None:
+        """Load the received weights into ``model`` and keep them as
+        :attr:`global_weights`. Weights by reference
+        (:class:`~fedrcl_flwr.app.transport.Received`) are copied from the weight store
+        straight into the model's tensors while they are hashed (one pass; a tensor that
+        cannot take them as they are, on a GPU or in another dtype or layout, through
+        arrays of the client's own), and :attr:`global_weights` reads the store again
+        only if a method uses it."""
+        received = parameters if isinstance(parameters, transport.Received) else None
+        if received is None or not received.by_reference:
+            arrays = received.arrays() if received is not None else parameters
+            runtime.set_weights(model, arrays)
+            self.global_weights = arrays
+            return
+        state = model.state_dict()
+        _check_shapes(state, received.shapes())
+        tensors = list(state.values())
+        got = received.read_into([_writable_view(t) for t in tensors])
+        with torch.no_grad():
+            for tensor, array in zip(tensors, got):
+                if not _shares_memory(tensor, array):
+                    tensor.copy_(runtime.constant_tensor(array))
+        self.global_weights = None
+        self._global_source = received
 
     def _train(self, ins: FitInstructions, seed: int):
         """The shared training loop on the round's batches (``fedrcl_flwr.training``)."""
         c = self.cfg.client
         model, data = self.round_model(), self.round_data()
         bs = batch_size_for(data.size, c.batch_size, c.iterations_per_epoch)
-        batches = runtime.make_batches(data.dataset, data.indices, bs, seed, device=self.device)
+        batches = runtime.make_batches(
+            data.dataset,
+            data.indices,
+            bs,
+            seed,
+            device=self.device,
+            last_batch=self.last_batch(),
+        )
         channels_last = use_channels_last(c.channels_last, self.device, model)
         if channels_last:  # the pooled model keeps it; set_weights preserves the layout
             model.to(memory_format=torch.channels_last)

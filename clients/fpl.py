@@ -30,15 +30,13 @@ each taken in the forward pass before that batch's optimiser step).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch.nn.functional as F
 
 from clients.fedproto import PrototypeClient
 from fedrcl_flwr.components import at_least, feature_tap, non_negative, one_of, positive
 from fedrcl_flwr.signals import class_cluster_signals
-from fedrcl_flwr.training import LossTerm, batch_size_for, cross_entropy_term
+from fedrcl_flwr.training import LossTerm, cross_entropy_term
 
 
 class FPLClient(PrototypeClient):
@@ -91,11 +89,9 @@ class FPLClient(PrototypeClient):
         if self.p["proto_source"] != "last_epoch":
             return cross_entropy_term()
         c = self.cfg.client
-        size = self.round_data().size
-        steps = math.ceil(size / batch_size_for(size, c.batch_size, c.iterations_per_epoch))
-        if c.iterations_per_epoch:
-            steps = min(steps, int(c.iterations_per_epoch))
-        first_kept = (c.local_epochs - 1) * steps
+        # the last epoch begins after the steps of the others (the last batch folded or
+        # dropped as the epochs run it: FederatedClient.epoch_steps)
+        first_kept = (c.local_epochs - 1) * self.epoch_steps()
         feat = self.p["feature"]
         kept: list = []
         self._last_epoch = kept

@@ -39,7 +39,6 @@ received the model (``model_bytes_down`` counts every sampled client) but upload
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,17 +81,19 @@ def per_client_values(spec: Any, num_clients: int, seed: int, salt: int) -> np.n
 
 
 def local_steps(
-    size: int, local_epochs: int, batch_size: int, iterations_per_epoch: int | None
+    size: int,
+    local_epochs: int,
+    batch_size: int,
+    iterations_per_epoch: int | None,
+    last_batch: str = "keep",
 ) -> int:
     """Optimisation steps of one local round on ``size`` samples, as
-    ``training.train_local`` runs them."""
-    from fedrcl_flwr.training import batch_size_for
+    ``training.train_local`` runs them (``last_batch``: what becomes of an epoch's last,
+    incomplete batch, :func:`fedrcl_flwr.training.last_batch_rule`)."""
+    from fedrcl_flwr.training import batch_size_for, steps_per_epoch
 
     bs = batch_size_for(size, batch_size, iterations_per_epoch)
-    per_epoch = math.ceil(size / bs) if size else 0
-    if iterations_per_epoch:
-        per_epoch = min(per_epoch, iterations_per_epoch)
-    return local_epochs * per_epoch
+    return local_epochs * steps_per_epoch(size, bs, iterations_per_epoch, last_batch)
 
 
 @dataclass
@@ -135,9 +136,12 @@ class Availability:
         self._counts: dict[int, tuple[int, int]] = {}  # round -> (dropped, late)
 
     @classmethod
-    def from_config(cls, cfg, sizes: list | None = None) -> Availability | None:
+    def from_config(
+        cls, cfg, sizes: list | None = None, last_batch: str = "keep"
+    ) -> Availability | None:
         """``None`` when availability is off. ``sizes``: each client's number of training
-        samples (the workload of a straggler; default: equal workloads)."""
+        samples (the workload of a straggler; default: equal workloads); ``last_batch``:
+        the local epochs' rule for their last batch (:func:`local_steps`)."""
         if not enabled(cfg):
             return None
         fed, c = cfg.federation, cfg.client
@@ -154,7 +158,9 @@ class Availability:
             if sizes is not None:
                 steps = np.array(
                     [
-                        local_steps(int(s), c.local_epochs, c.batch_size, c.iterations_per_epoch)
+                        local_steps(
+                            int(s), c.local_epochs, c.batch_size, c.iterations_per_epoch, last_batch
+                        )
                         for s in sizes
                     ],
                     dtype=np.float64,

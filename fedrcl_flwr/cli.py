@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from fedrcl_flwr.config import ExperimentConfig
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.errors import ConfigError, one_line
 from fedrcl_flwr.run.preflight import (  # noqa: F401 - the checks' one home, re-exported
     check_output_dir,
     check_output_file,
@@ -220,8 +220,11 @@ def _simulate(cfg: ExperimentConfig, out_dir: Path, args, lock, entry: Path) -> 
 
 
 def _result_text(cfg: ExperimentConfig, summary: dict) -> str:
-    """``final accuracy 71.20%`` (and the reported metric when it is another)."""
-    from fedrcl_flwr.run.results import reported_value
+    """``final accuracy 71.20%`` (and the reported metric when it is another), then each
+    client that failed in every round it was sampled (``client 17 failed in 12 of 12
+    rounds it was sampled: ...``; three at most, the rest counted: all are in
+    ``summary.json``'s ``client_failures``)."""
+    from fedrcl_flwr.run.results import always_failing, reported_value
 
     acc = summary.get("final_accuracy")
     text = f"final accuracy {100 * acc:.2f}%" if acc is not None else "no evaluated round"
@@ -231,6 +234,13 @@ def _result_text(cfg: ExperimentConfig, summary: dict) -> str:
         text += f", {metric} (reported) " + (
             f"{100 * value:.2f}%" if value is not None else "missing"
         )
+    failing = always_failing(summary)
+    for phrase in failing[:3]:
+        text += f"; {phrase}"
+    if len(failing) > 3:
+        text += f"; {len(failing) - 3} more clients failed in every round they were sampled"
+    if failing:
+        text += " (summary.json: client_failures)"
     return text
 
 
@@ -465,14 +475,20 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import signal
 
-    try:
-        signal.signal(signal.SIGTERM, _terminate)
-    except ValueError:  # not the main thread (embedded use): keep the default
-        pass
+    # Ctrl-C (SIGINT) and SIGTERM both unwind (KeyboardInterrupt: teardown, exit 130),
+    # whatever this process inherited: Python turns SIGINT into KeyboardInterrupt only
+    # when it starts with SIGINT's default action, and a command started in the
+    # background of a shell script (``fedrcl-flwr run ... &``) starts with SIGINT
+    # ignored, so a SIGINT sent to it did nothing and the run went on to the end
+    for sig, handler in ((signal.SIGTERM, _terminate), (signal.SIGINT, signal.default_int_handler)):
+        try:
+            signal.signal(sig, handler)
+        except ValueError:  # not the main thread (embedded use): keep the default
+            pass
     try:
         return args.func(args)
     except ConfigError as exc:
-        print(f"fedrcl-flwr: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"fedrcl-flwr: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fedrcl-flwr: interrupted", file=sys.stderr)

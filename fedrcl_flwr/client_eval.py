@@ -185,10 +185,12 @@ def finetune(
 
     import torch
 
+    from fedrcl_flwr.data.datasets import batch_bounds
     from fedrcl_flwr.run import runtime
     from fedrcl_flwr.training import (
         batch_size_for,
         cross_entropy_term,
+        last_batch_rule,
         local_train_settings,
         train_local,
     )
@@ -198,7 +200,15 @@ def finetune(
     c = cfg.client
     bs = batch_size_for(len(indices), c.batch_size, c.iterations_per_epoch)
     seed = runtime.client_seed(cfg.seed, run_round, client) ^ FINETUNE_SALT
-    epoch_batches = runtime.make_batches(dataset, np.asarray(indices), bs, seed, device=device)
+    # never dropped; folded for a BatchNorm model as in local training
+    # (training.last_batch_rule), where a single sample makes no batch: no step then (an
+    # epoch without a batch would make the chain below endless)
+    rule = last_batch_rule(False, model)
+    if not batch_bounds(len(indices), bs, rule):
+        return
+    epoch_batches = runtime.make_batches(
+        dataset, np.asarray(indices), bs, seed, device=device, last_batch=rule
+    )
 
     def batches(_epoch: int):  # one "epoch" of exactly `steps` steps, epochs chained
         return itertools.chain.from_iterable(epoch_batches(e) for e in itertools.count())

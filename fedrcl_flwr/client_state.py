@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from fedrcl_flwr.run.run_files import new_file
+
 
 class ClientStateStore:
     def __init__(self, root: str | os.PathLike):
@@ -39,7 +41,8 @@ class ClientStateStore:
         state = {k: (v.detach().cpu() if torch.is_tensor(v) else v) for k, v in state.items()}
         path = self._path(partition_id, name)
         tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-        torch.save(state, tmp)
+        with new_file(tmp) as fh:  # never through a link planted at that name
+            torch.save(state, fh)
         os.replace(tmp, path)
 
     def load(

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.errors import ConfigError, shown
 
 
 @dataclass(frozen=True)
@@ -169,13 +169,13 @@ def resolve_params(
         ok, v = _typed(v, defaults[k])
         if not ok:
             raise ConfigError(
-                f"{section}.{k} for {owner} must be {type_text(defaults[k])}, got {v!r}"
+                f"{section}.{k} for {owner} must be {type_text(defaults[k])}, got {shown(v)}"
             )
         if not _finite(v):
-            raise ConfigError(f"{section}.{k} for {owner} must be finite, got {v!r}")
+            raise ConfigError(f"{section}.{k} for {owner} must be finite, got {shown(v)}")
         rule = rules.get(k)
         if rule is not None and not rule.ok(v):
-            raise ConfigError(f"{section}.{k} for {owner} {rule.text}, got {v!r}")
+            raise ConfigError(f"{section}.{k} for {owner} {rule.text}, got {shown(v)}")
         out[k] = v
     return out
 
@@ -267,7 +267,7 @@ class Registry(dict):
         """``"module:Class"`` of component ``name`` (one line naming the choices if unknown)."""
         if name not in self:
             raise ConfigError(
-                f"'{self.key}' must be one of {', '.join(sorted(self))}, got {name!r}"
+                f"'{self.key}' must be one of {', '.join(sorted(self))}, got {shown(name)}"
             )
         return self[name]
 

@@ -15,3 +15,23 @@ class PartitionError(ConfigError):
 
 class CheckpointError(ValueError):
     """A checkpoint file that is missing, truncated or holds something other than data."""
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for a message, cut to ``limit`` characters with its full length
+    (a value of 100,000 characters is not echoed whole)."""
+    try:
+        r = repr(value)
+    except ValueError:  # an integer beyond Python's 4,300 digits of int -> str
+        return f"an integer of {value.bit_length():,} bits" if isinstance(value, int) else "?"
+    return r if len(r) <= limit else f"{r[:limit]}... ({len(r):,} characters)"
+
+
+def one_line(text: object, limit: int = 2000) -> str:
+    """``text`` on one line; beyond ``limit`` characters its head and tail with what was
+    left out between them (the key and the file come first in every message)."""
+    line = " ".join(str(text).split())
+    if len(line) <= limit:
+        return line
+    head, tail = line[: limit - 300], line[-250:]
+    return f"{head} ...[{len(line) - len(head) - len(tail):,} characters left out]... {tail}"

@@ -45,6 +45,11 @@ Every other entry of a fit report is a metric of the method (``moon_prev``,
 ``feddyn_state``, ...); it may not reuse a protocol name or prefix. Entries Flower adds to
 the fit config itself (its client-side DP clipping norm) pass through untouched.
 
+A client whose ``fit`` raised reaches the server as an error line (Flower keeps only the
+exception's text); :func:`tag_partition` puts the client's partition in front of it
+(``[partition 17] RuntimeError: ...``) and :func:`untag_partition` reads it back, so the
+server counts each partition's failures.
+
 The number of examples a client reports (Flower's ``num_examples``, the weight of its
 upload) is :func:`upload_weight`. No Flower here: ``clients/base.py`` and
 ``strategies/base.py`` put these values into Flower's messages and read them back.
@@ -54,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, get_type_hints
@@ -381,3 +387,21 @@ def decode_client_eval(text: Any) -> dict[int, ClientEvalResult]:
         if 0 <= c <= n:
             out[pid] = (c, n, s)
     return out
+
+
+# ------------------------------------------------------------------ a failed client
+_PARTITION_TAG = re.compile(r"\[partition (\d{1,12})\] ")
+
+
+def tag_partition(partition_id: int, line: str) -> str:
+    """The error ``line`` of a client that failed on partition ``partition_id``."""
+    return f"[partition {int(partition_id)}] {line}"
+
+
+def untag_partition(line: str) -> tuple[int | None, str]:
+    """``(partition id, line)`` of a :func:`tag_partition` line; ``(None, line)`` for any
+    other line."""
+    m = _PARTITION_TAG.match(line)
+    if m is None:
+        return None, line
+    return int(m.group(1)), line[m.end() :]

@@ -44,6 +44,7 @@ from fedrcl_flwr.run.processes import (
     RUN_VAR,
     OutputLock,
     Watchdog,
+    reap_stale_runs,
     teardown,
 )
 from fedrcl_flwr.run.results import (
@@ -53,7 +54,14 @@ from fedrcl_flwr.run.results import (
     round_eta,
     shows_ema,
 )
-from fedrcl_flwr.run.run_files import CONFIG_FILE, FLOWER_LOG, RUN_LOG, SUMMARY_FILE
+from fedrcl_flwr.run.run_files import (
+    CONFIG_FILE,
+    FLOWER_LOG,
+    RUN_LOG,
+    SUMMARY_FILE,
+    append_file,
+    new_file,
+)
 
 
 class RunFailed(RuntimeError):
@@ -150,6 +158,7 @@ class LocalSuperLink:
         ray_address: str | None = None,
         weight_store: bool = False,
     ):
+        reap_stale_runs()  # earlier runs whose CLI and watchdog were both killed
         self.home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
         self.port = free_port()
         self.log_path = log_path
@@ -196,19 +205,21 @@ class LocalSuperLink:
             lock.note(str(self.home))
         # the watchdog first: from here on, nothing of the run can outlive this process
         self.watchdog = Watchdog(self.home, lock)
-        # then the run's weight store (simulation.transport: shared), which the
-        # watchdog's teardown removes with the home: its folder, or why there is none
+        # then the run's weight store (simulation.transport: shared), owned by this
+        # process and the watchdog, whose teardown removes it: its folder, or why there
+        # is none
         self.store_root, self.store_note = "", ""
         if weight_store:
             from fedrcl_flwr.weight_store import create_store
 
             try:
-                self.store_root = str(create_store(self.home).root)
+                store = create_store(owners=[self.watchdog.proc.pid], home=self.home)
+                self.store_root = str(store.root)
             except OSError as exc:
                 self.store_note = f"{type(exc).__name__}: {exc}"
 
     def start(self, timeout: float = 60.0) -> None:
-        self._log = open(self.log_path, "ab")
+        self._log = append_file(self.log_path, "ab")
         self._log.write(f"fedrcl-flwr: {ray_session_note(self.env, self.home)}\n".encode())
         self._log.flush()
         timers.server_event("superlink_launch")  # where Flower's own start-up begins
@@ -602,7 +613,8 @@ def drop_polling_lines(log_path: Path) -> int:
         )
         try:
             tmp = Path(log_path).with_name(Path(log_path).name + ".tmp")
-            tmp.write_text("".join(kept))
+            with new_file(tmp, "w") as fh:
+                fh.write("".join(kept))
             os.replace(tmp, log_path)
         except OSError:
             return 0
@@ -612,7 +624,7 @@ def drop_polling_lines(log_path: Path) -> int:
 def _log_timing(log_path: Path, timing: list) -> None:
     """Append the run's phases (seconds since the runner started) to ``flower.log``."""
     try:
-        with open(log_path, "a") as fh:
+        with append_file(log_path) as fh:
             fh.write(
                 "fedrcl-flwr timing: " + ", ".join(f"{name} {t:.2f}s" for name, t in timing) + "\n"
             )

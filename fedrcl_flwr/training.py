@@ -182,6 +182,49 @@ def round_lr(
     return base_lr * decay**t
 
 
+def normalises_over_batch(model: nn.Module) -> bool:
+    """Whether ``model`` has a BatchNorm layer (``nn.BatchNorm1d/2d/3d``, ``SyncBatchNorm``),
+    which in training mode normalises over the batch: ``BatchNorm1d`` raises on a batch of
+    one sample ("Expected more than 1 value per channel when training")."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def last_batch_rule(drop_last: bool, model: nn.Module) -> str:
+    """What a local epoch does with its last, incomplete batch
+    (:func:`fedrcl_flwr.data.datasets.batch_bounds`): ``drop`` it with
+    ``client.drop_last`` (the authors' ``DataLoader(drop_last=True)``: FedUV's
+    ``utils/dataloader.py``, sonhamin/FedUV @ dd2e3c5); otherwise ``fold`` for a model
+    with BatchNorm (:func:`normalises_over_batch`: a last batch of one sample joins the
+    batch before it, so no step normalises one sample; a client of a single sample takes
+    no step), and ``keep`` it for any other model. Only a last batch of exactly one sample
+    differs between ``fold`` and ``keep``: every other run trains on the same batches."""
+    if drop_last:
+        return "drop"
+    return "fold" if normalises_over_batch(model) else "keep"
+
+
+def steps_per_epoch(
+    num_samples: int,
+    batch_size: int,
+    iterations_per_epoch: int | None = None,
+    last_batch: str = "keep",
+) -> int:
+    """Optimisation steps of one local epoch of :func:`train_local` on ``num_samples``
+    samples in batches of ``batch_size`` (:func:`batch_size_for`), the last incomplete
+    batch treated by ``last_batch`` (:func:`last_batch_rule`; the batches of
+    :func:`fedrcl_flwr.data.datasets.batch_bounds`), at most ``iterations_per_epoch``."""
+    full, rest = divmod(max(int(num_samples), 0), int(batch_size))
+    if last_batch == "drop":
+        steps = full
+    elif last_batch == "fold":  # a last batch of one joins the one before; alone: none
+        steps = full + (rest > 1)
+    elif last_batch == "keep":
+        steps = full + (rest > 0)
+    else:
+        raise ValueError("last_batch must be one of keep, drop, fold")
+    return min(steps, int(iterations_per_epoch)) if iterations_per_epoch else steps
+
+
 def batch_size_for(num_samples: int, batch_size: int, iterations_per_epoch: int | None) -> int:
     """Batch size so an epoch is ``iterations_per_epoch`` steps (FedRCL: 10), if given."""
     if iterations_per_epoch:

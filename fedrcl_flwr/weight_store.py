@@ -2,24 +2,29 @@
 each named by its content hash (no Flower here; the translation to and from Flower's
 messages is ``fedrcl_flwr/app/transport.py``).
 
-Issue 30: in a simulation every message carried the whole model through Flower's message
-path (serialised, copied into the SuperLink's object store, handed to a Ray actor, and the
-same way back). With ``simulation.transport: shared`` the server writes the round's
-weights once into this store and the message carries a small JSON *reference* (the
-store, the hash, the layout: dtypes, shapes, offsets); a client maps the file read-only
-with ``mmap``, re-hashes it, checks the layout and loads the arrays (read-only views of
-the mapping, no copy). Uploads come back the same way and the strategy averages them
-where they lie.
+In a simulation Flower's messages carry the whole model (serialised, copied into the
+SuperLink's object store, handed to a Ray actor, and the same way back). With
+``simulation.transport: shared`` the server writes the round's weights once into this
+store and the message carries a small JSON *reference* (the store, the hash, the layout:
+dtypes, shapes, offsets); a client maps the file read-only with ``mmap``, checks the
+layout, and copies the arrays into its model while it hashes them. Uploads come back the
+same way and the strategy averages them from where they lie, hashing each piece it
+averages.
 
-* **Where**: ``/dev/shm/<name of the run's private home>`` (:func:`create_store`): memory,
-  visible to every process of the node, and unique per run because the private home is
-  (``tempfile.mkdtemp``). Where ``/dev/shm`` is unusable, a folder inside the private
-  home. The run's watchdog removes it with the home (:func:`remove_store`, also after a
-  ``kill -9`` of the CLI).
+* **Where**: a directory of the run's own (:func:`create_store`), made by ``mkdtemp``
+  (an unpredictable name, created exclusively, mode 0700) under ``/dev/shm`` (memory,
+  visible to every process of the node) or, where ``/dev/shm`` is unusable, inside the
+  run's private home; it is marked (:data:`STORE_MARKER`: the PIDs of the processes that
+  own it), and only a marked directory is ever removed: by the run's teardown
+  (:func:`remove_store`, also after a ``kill -9`` of the CLI) or, once every PID it names
+  is gone, by a later run (:func:`remove_stale_stores`).
 * **Names**: the hex digest of XXH3-128 (``xxhash``) or, without it, SHA-256 of the whole
-  file (header included). A reader re-hashes the whole file before using it, so a damaged,
-  truncated or foreign entry is refused (:class:`StoreError`) and a stale entry can never
-  be read as something else: the hash decides.
+  file (header included). A reader copies the entry out of the store and hashes what it
+  copied, in one pass (:func:`read_entry`; the server's average: :class:`HashCheck`), on
+  every read, so that the bytes it uses are the bytes that hashed to the name: a damaged,
+  truncated, rewritten or foreign entry is refused (:class:`StoreError`), and so is
+  anything in the store that is not a regular file (a FIFO, a device, a link: opened
+  with ``O_NOFOLLOW | O_NONBLOCK``, checked with ``fstat``, never waited on).
 * **Publishing** (:meth:`WeightStore.publish`): the hash first (one read of the arrays),
   then, unless this process already wrote that entry, the file as a temporary name and one
   ``rename`` (atomic; no fsync: the file lives in memory and dies with the run).
@@ -39,19 +44,23 @@ mapping (a writer also a writable one); a writer copies an entry into a slot, wh
 already exist, and hashes each piece right after copying it. An entry in a slot has the
 same layout and the same hash check as a file (its reference adds ``offset``),
 but a slot is reused: a global model's slot two rounds later (after ``GLOBAL_SLOTS``
-more sends), an upload's slot two rounds later. A reader that re-reads a slot after that
-is refused by the hash (a client more than a round late); what it mapped and checked in
-time is what it trains on.
+more sends), an upload's slot two rounds later. A reader that reads a slot after that is
+refused by the hash (a client more than a round late); what it copied and checked in time
+is what it trains on. The server checks a slot it would send again (the same model)
+before it does (:func:`intact`) and writes the model afresh when the slot no longer holds
+it.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import mmap
 import os
 import re
 import shutil
+import stat
 import struct
 import tempfile
 from collections import OrderedDict
@@ -190,12 +199,13 @@ class WeightStore:
         return self.root / name
 
     def publish(self, arrays: Sequence) -> dict:
-        """Write ``arrays`` as one entry (unless this process already wrote it); return
-        its reference (a JSON-able dict). Raises ``OSError`` when the store cannot be
-        written (the caller falls back to Flower's messages for this message)."""
+        """Write ``arrays`` as one entry (unless this process already wrote it and it is
+        still intact there: :func:`intact`); return its reference (a JSON-able dict).
+        Raises ``OSError`` when the store cannot be written (the caller falls back to
+        Flower's messages for this message)."""
         entry = Entry(arrays)
         target = self.path(entry.hash)
-        if entry.hash not in self._written or not target.exists():
+        if entry.hash not in self._written or not intact(entry.reference(self.root)):
             tmp = self.root / f".tmp-{os.getpid()}-{next(_counter)}"
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -284,15 +294,41 @@ def check_reference(ref) -> dict:
     return ref
 
 
-def _map_file(path: Path, short: str, size: int | None = None) -> mmap.mmap:
-    """A read-only mapping of the whole file ``path``; ``size``: the bytes the entry's
-    reference says it has (checked; ``None`` for the arena)."""
+def open_regular(path: Path | str, flags: int, what: str) -> int:
+    """A file descriptor of ``path``, which must be a regular file: opened with
+    ``O_NOFOLLOW | O_NONBLOCK`` (a link is refused, a FIFO or a device is never waited
+    on) and checked with ``fstat``. :class:`StoreError` (one line naming ``what``)
+    otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise StoreError(
-            f"weight store entry {short}: cannot open {path} ({exc.strerror})"
-        ) from None
+        why = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise StoreError(f"{what}: cannot open {path} ({why})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise StoreError(f"{what}: {path} is {_kind(mode)}, not a regular file")
+    return fd
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _map_file(path: Path, short: str, size: int | None = None) -> mmap.mmap:
+    """A read-only mapping of the whole regular file ``path``; ``size``: the bytes the
+    entry's reference says it has (checked; ``None`` for the arena)."""
+    fd = open_regular(path, os.O_RDONLY, f"weight store entry {short}")
     try:
         actual = os.fstat(fd).st_size
         if size is not None and actual != size:
@@ -307,64 +343,161 @@ def _map_file(path: Path, short: str, size: int | None = None) -> mmap.mmap:
         os.close(fd)
 
 
+def _entry_mapping(ref: dict) -> tuple[mmap.mmap, int]:
+    """The mapping that holds the entry of the checked reference ``ref`` and where the
+    entry starts in it (the arena's kept mapping and the slot's offset, or the entry's
+    own file)."""
+    short, size = ref["hash"][:12], ref["size"]
+    if "offset" in ref:
+        mm = _arena_map(Path(ref["store"]) / ARENA, short)
+        if ref["offset"] + size > len(mm):
+            raise StoreError(f"weight store entry {short}: its slot lies outside the arena")
+        return mm, ref["offset"]
+    return _map_file(Path(ref["store"]) / ref["hash"], short, size), 0
+
+
+def _private_head(ref: dict, mm, base: int) -> tuple[bytes, list]:
+    """The entry's head (magic, length, JSON header) copied out of the mapping, and the
+    layout it holds, checked against the reference's (the caller hashes the copy)."""
+    short, size = ref["hash"][:12], ref["size"]
+    damaged = _overwritten_or(ref, "damaged or foreign")
+    start = bytes(mm[base : base + min(size, len(MAGIC) + 8)])
+    if size < len(MAGIC) + 8 or start[: len(MAGIC)] != MAGIC:
+        raise StoreError(f"weight store entry {short}: not a weight store file ({damaged})")
+    (hlen,) = struct.unpack("<Q", start[len(MAGIC) :])
+    if hlen > size - len(start):
+        raise StoreError(f"weight store entry {short}: unreadable header ({damaged})")
+    header = bytes(mm[base + len(start) : base + len(start) + hlen])
+    try:
+        layout = json.loads(header)
+    except ValueError:
+        raise StoreError(f"weight store entry {short}: unreadable header ({damaged})") from None
+    if layout != ref["arrays"]:
+        raise StoreError(
+            f"weight store entry {short}: its layout differs from the reference's ({damaged})"
+        )
+    pos = len(start) + hlen
+    for dtype, shape, offset, nbytes in layout:
+        try:
+            dt = np.dtype(dtype)
+            n = int(np.prod(shape, dtype=np.int64))
+        except (TypeError, ValueError):
+            raise StoreError(f"weight store entry {short}: bad array entry in its header") from None
+        if dt.hasobject or offset < pos or offset + nbytes > size:
+            raise StoreError(f"weight store entry {short}: bad array entry in its header")
+        if n * dt.itemsize != nbytes:
+            raise StoreError(f"weight store entry {short}: array size does not match its shape")
+        pos = offset + nbytes
+    return start + header, layout
+
+
 def load(ref) -> list[np.ndarray]:
-    """The arrays of the entry ``ref`` names: read-only views of its mapping (its file's,
-    or the arena's, kept by this process), after its header matched the reference and
-    its bytes were re-hashed. A missing, truncated, damaged, overwritten or foreign entry
-    raises :class:`StoreError` (one line)."""
-    arrays, check = open_entry(ref)
-    check.finish()
-    return arrays
+    """The arrays of the entry ``ref`` names, as this process's own read-only copies
+    (:func:`read_entry`). A missing, truncated, damaged, overwritten or foreign entry, or
+    one that is not a regular file, raises :class:`StoreError` (one line)."""
+    return read_entry(ref)
+
+
+def read_entry(ref, into: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+    """The arrays of the entry ``ref`` names, copied out of the store and hashed as they
+    are copied (one pass): the hash is computed over the copy, so the arrays returned
+    are exactly the bytes that hashed to the entry's name, whatever happens to the store
+    afterwards. ``into[i]`` (optional): where array ``i`` goes (a writable C-contiguous
+    array of its dtype and shape, e.g. a model's tensor; the copy then goes straight
+    there); any other array is copied into a new read-only array. :class:`StoreError`
+    (one line) when the hash or the layout does not match: what was written into
+    ``into`` must then not be used."""
+    ref = check_reference(ref)
+    mm, base = _entry_mapping(ref)
+    head, layout = _private_head(ref, mm, base)
+    hasher = _hasher(ref["algo"])
+    hasher.update(head)
+    pos, out = len(head), []
+    for i, (dtype, shape, offset, nbytes) in enumerate(layout):
+        _hash_mapped(hasher, mm, base + pos, base + offset)  # padding: never used
+        dt = np.dtype(dtype)
+        dst = into[i] if into is not None and i < len(into) else None
+        fresh = not _fits(dst, dt, shape)
+        if fresh:
+            dst = np.empty(shape, dt)
+        assert dst is not None
+        _copy_hashing(hasher, mm, base + offset, nbytes, dst)
+        if fresh:
+            dst.flags.writeable = False
+        out.append(dst)
+        pos = offset + nbytes
+    _hash_mapped(hasher, mm, base + pos, base + ref["size"])
+    if hasher.hexdigest() != ref["hash"]:
+        raise StoreError(
+            f"weight store entry {ref['hash'][:12]}: its content does not hash to its name "
+            f"({_overwritten_or(ref, 'damaged or foreign')})"
+        )
+    return out
+
+
+def _fits(dst, dt: np.dtype, shape) -> bool:
+    return (
+        isinstance(dst, np.ndarray)
+        and dst.dtype == dt
+        and dst.shape == tuple(shape)
+        and dst.flags.c_contiguous
+        and dst.flags.writeable
+    )
+
+
+def _copy_hashing(hasher, mm, start: int, nbytes: int, dst: np.ndarray) -> None:
+    """Copy ``nbytes`` of the mapping from ``start`` into ``dst``, :data:`PIECE` bytes
+    at a time, each piece hashed from ``dst`` right after it was copied (still in the
+    cache)."""
+    if not nbytes:
+        return
+    src = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=start)
+    flat = dst.reshape(-1).view(np.uint8)
+    for a in range(0, nbytes, PIECE):
+        piece = flat[a : a + PIECE]
+        np.copyto(piece, src[a : a + PIECE])
+        hasher.update(piece)
+
+
+def _hash_mapped(hasher, mm, start: int, stop: int) -> None:
+    if stop > start:
+        view = memoryview(mm)[start:stop]
+        hasher.update(view)
+        view.release()
+
+
+def intact(ref) -> bool:
+    """Whether the entry ``ref`` names is still in the store as written (its head
+    matches and its bytes hash to its name); reads only (the server, before it sends a
+    slot again)."""
+    try:
+        ref = check_reference(ref)
+        mm, base = _entry_mapping(ref)
+        head, _ = _private_head(ref, mm, base)
+        hasher = _hasher(ref["algo"])
+        hasher.update(head)
+        _hash_mapped(hasher, mm, base + len(head), base + ref["size"])
+        return hasher.hexdigest() == ref["hash"]
+    except (OSError, StoreError):
+        return False
 
 
 def open_entry(ref) -> tuple[list[np.ndarray], HashCheck]:
-    """:func:`load` with the hash left to the caller: the arrays (views) and the
-    entry's :class:`HashCheck`, which the caller feeds as it reads the arrays and
-    finishes before it uses what it computed from them (the server's average reads
-    each upload once for both)."""
+    """The entry ``ref`` names for a reader that copies it out piece by piece itself
+    (the server's average): the arrays as views of the mapping, for their shapes and
+    dtypes only, and the entry's :class:`HashCheck`, through which every value must be
+    read (:meth:`HashCheck.take`) and which the reader finishes before it uses what it
+    computed from them. Never read the views' values: they are not checked."""
     ref = check_reference(ref)
-    short = ref["hash"][:12]
-    size = ref["size"]
-    if "offset" in ref:
-        mm = _arena_map(Path(ref["store"]) / ARENA, short)
-        base = ref["offset"]
-        if base + size > len(mm):
-            raise StoreError(f"weight store entry {short}: its slot lies outside the arena")
-    else:
-        mm = _map_file(Path(ref["store"]) / ref["hash"], short, size)
-        base = 0
-    view = memoryview(mm)[base : base + size]
-    try:
-        if bytes(view[: len(MAGIC)]) != MAGIC or size < len(MAGIC) + 8:
-            raise StoreError(
-                f"weight store entry {short}: not a weight store file "
-                f"({_overwritten_or(ref, 'damaged or foreign')})"
-            )
-        (hlen,) = struct.unpack("<Q", view[len(MAGIC) : len(MAGIC) + 8])
-        try:
-            layout = json.loads(bytes(view[len(MAGIC) + 8 : len(MAGIC) + 8 + hlen]))
-        except ValueError:
-            raise StoreError(
-                f"weight store entry {short}: unreadable header "
-                f"({_overwritten_or(ref, 'damaged or foreign')})"
-            ) from None
-        if layout != ref["arrays"]:
-            raise StoreError(
-                f"weight store entry {short}: its layout differs from the reference's "
-                f"({_overwritten_or(ref, 'damaged or foreign')})"
-            )
-    finally:
-        view.release()
-    out = []
-    for dtype, shape, offset, nbytes in layout:
-        dt = np.dtype(dtype)
-        if dt.hasobject or offset + nbytes > size:
-            raise StoreError(f"weight store entry {short}: bad array entry in its header")
-        n = int(np.prod(shape, dtype=np.int64))
-        if n * dt.itemsize != nbytes:
-            raise StoreError(f"weight store entry {short}: array size does not match its shape")
-        out.append(np.frombuffer(mm, dtype=dt, count=n, offset=base + offset).reshape(shape))
-    return out, HashCheck(ref, mm, base)
+    mm, base = _entry_mapping(ref)
+    head, layout = _private_head(ref, mm, base)
+    out = [
+        np.frombuffer(
+            mm, dtype=np.dtype(d), count=int(np.prod(s, dtype=np.int64)), offset=base + o
+        ).reshape(s)
+        for d, s, o, _ in layout
+    ]
+    return out, HashCheck(ref, mm, base, head)
 
 
 def _overwritten_or(ref: dict, otherwise: str) -> str:
@@ -376,32 +509,44 @@ def _overwritten_or(ref: dict, otherwise: str) -> str:
 
 
 class HashCheck:
-    """The content hash of one entry, computed as its reader goes: :meth:`upto` hashes
-    the entry's bytes from where it stopped to the end of what the reader has just read
-    (``array``'s first ``stop`` elements: the bytes before the array, head or padding,
-    come with it), :meth:`finish` the rest, then compares with the entry's name
-    (:class:`StoreError` when they differ)."""
+    """The content hash of one entry, computed as its reader copies it out:
+    :meth:`take` copies elements ``start:stop`` of an array into this check's own
+    buffer and hashes that copy (the bytes the entry holds before them, head or padding,
+    are hashed from the store: they are never used); the reader uses only what
+    :meth:`take` returns, in the entry's order. :meth:`finish` hashes the rest and
+    compares with the entry's name (:class:`StoreError` when they differ)."""
 
-    def __init__(self, ref: dict, mm, base: int):
+    def __init__(self, ref: dict, mm, base: int, head: bytes):
         self.ref = ref
         self._mm = mm
         self._base = base
-        self._pos = 0  # bytes of the entry hashed so far
         self._hasher = _hasher(ref["algo"])
+        self._hasher.update(head)
+        self._pos = len(head)  # bytes of the entry hashed so far
+        self._buffer = np.empty(0, np.uint8)
 
-    def upto(self, array: int, stop: int) -> None:
+    def take(self, array: int, start: int, stop: int) -> np.ndarray:
+        """Elements ``start:stop`` of array ``array`` (flat), copied out of the store and
+        hashed; valid until the next call. Calls must follow the entry's order."""
         dtype, _, offset, _ = self.ref["arrays"][array]
-        self._hash_to(offset + stop * np.dtype(dtype).itemsize)
-
-    def _hash_to(self, end: int) -> None:
-        if end > self._pos:
-            view = memoryview(self._mm)[self._base + self._pos : self._base + end]
-            self._hasher.update(view)
-            view.release()
-            self._pos = end
+        dt = np.dtype(dtype)
+        first, last = offset + start * dt.itemsize, offset + stop * dt.itemsize
+        if first < self._pos:
+            raise ValueError("HashCheck.take: pieces must be taken in the entry's order")
+        _hash_mapped(self._hasher, self._mm, self._base + self._pos, self._base + first)
+        n = last - first
+        if self._buffer.size < n:
+            self._buffer = np.empty(n, np.uint8)
+        piece = self._buffer[:n]
+        if n:
+            np.copyto(piece, np.frombuffer(self._mm, np.uint8, count=n, offset=self._base + first))
+            self._hasher.update(piece)
+        self._pos = last
+        return piece.view(dt)
 
     def finish(self) -> None:
-        self._hash_to(self.ref["size"])
+        _hash_mapped(self._hasher, self._mm, self._base + self._pos, self._base + self.ref["size"])
+        self._pos = self.ref["size"]
         if self._hasher.hexdigest() != self.ref["hash"]:
             why = _overwritten_or(self.ref, "damaged or foreign")
             raise StoreError(
@@ -419,7 +564,7 @@ _KEEP_OPEN = 4  # arenas per process (a process serves one run; tests make many)
 def _cached(cache: OrderedDict, path: Path, open_fn, close_fn):
     """``cache``'s handle of ``path``, (re)opened when the file there is another one."""
     try:
-        ino = os.stat(path).st_ino
+        ino = os.lstat(path).st_ino  # a link put there is another file: opened (and refused)
     except OSError:
         ino = None
     key = str(path)
@@ -442,7 +587,7 @@ def _arena_map(path: Path, short: str) -> mmap.mmap:
 
 def _arena_writer(path: Path) -> _Writer:
     def open_writer() -> _Writer:
-        fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        fd = open_regular(path, os.O_RDWR, "weight store arena")
         try:
             return _Writer(mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_WRITE))
         finally:
@@ -541,22 +686,30 @@ class Arena:
 
 
 # ------------------------------------------------------------------ a run's store
-def store_dir(home: Path | str) -> Path:
-    """Where the store of the run whose private home is ``home`` lives."""
-    return SHM / Path(home).name
+STORE_PREFIX = "fedrcl-flwr-store-"  # <prefix><pid>-<random>: mkdtemp under /dev/shm
+STORE_MARKER = ".fedrcl-flwr-store"  # in a store: JSON {"pids", "namespace", "home"}
 
 
-def create_store(home: Path | str) -> WeightStore:
-    """The store of the run whose private home is ``home``: ``/dev/shm/<home's name>``,
-    or ``<home>/weights`` where ``/dev/shm`` is unusable. Raises ``OSError`` when
-    neither can be made."""
-    home = Path(home)
-    for root in (store_dir(home), home / "weights"):
+def create_store(owners: Sequence[int] = (), home: Path | str | None = None) -> WeightStore:
+    """A new store of this run's own: a directory made by ``mkdtemp`` (an unpredictable
+    name ``fedrcl-flwr-store-<pid>-<random>``, created exclusively, mode 0700) in
+    ``/dev/shm``, else in ``home`` (the run's private home) or the system's temporary
+    directory; marked with :data:`STORE_MARKER`, which names this process and the
+    processes ``owners`` (a run: its watchdog) and ``home``. Stale stores of earlier runs
+    are removed first (:func:`remove_stale_stores`). Raises ``OSError`` when none can be
+    made. On any failure only the directory this call created is removed."""
+    pids = [os.getpid(), *owners]
+    parents = [SHM, Path(home) if home is not None else Path(tempfile.gettempdir())]
+    last: OSError = OSError(f"cannot create a weight store in {SHM}")
+    for parent in parents:
+        remove_stale_stores(parent)
         try:
-            root.mkdir(mode=0o700)
-            probe = root / ".probe"
-            probe.write_bytes(b"x")
-            probe.unlink()
+            root = Path(tempfile.mkdtemp(prefix=f"{STORE_PREFIX}{os.getpid()}-", dir=parent))
+        except OSError as exc:
+            last = exc
+            continue
+        try:  # mkdtemp made it (O_EXCL semantics): this directory is ours to remove
+            _write_new(root / STORE_MARKER, _marker(pids, home))
             return WeightStore(root)
         except OSError as exc:
             last = exc
@@ -564,10 +717,79 @@ def create_store(home: Path | str) -> WeightStore:
     raise last
 
 
-def remove_store(home: Path | str) -> None:
-    """Delete the store of the run whose private home is ``home`` (the one in the home
-    goes with the home)."""
-    shutil.rmtree(store_dir(home), ignore_errors=True)
+def _marker(pids: Sequence[int], home: Path | str | None) -> bytes:
+    owners = [[int(pid), process_start(int(pid))] for pid in pids]
+    text = {"pids": owners, "namespace": pid_namespace(), "home": str(home or "")}
+    return (json.dumps(text) + "\n").encode()
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_marker(directory: Path | str, name: str) -> dict | None:
+    """The owner record ``name`` in ``directory`` (a real directory of this user holding
+    it as a regular file of valid JSON with ``pids`` and ``namespace``), else ``None``."""
+    d = Path(directory)
+    try:
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        fd = open_regular(d / name, os.O_RDONLY, "marker")
+        try:
+            data = json.loads(os.read(fd, 1 << 16))
+        finally:
+            os.close(fd)
+    except (OSError, StoreError, ValueError):
+        return None
+    ok = (
+        isinstance(data, dict)
+        and isinstance(data.get("namespace"), str)
+        and isinstance(data.get("pids"), list)
+        and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) for p in data["pids"])
+    )
+    return data if ok else None
+
+
+def owners_gone(record: dict) -> bool:
+    """Whether every process an owner record names has ended (a PID that now belongs to
+    a process started at another time is another process). ``False`` for a record of
+    another PID namespace (a container sharing the directory: its PIDs are not ours to
+    judge) or when this process's namespace cannot be read."""
+    ns = pid_namespace()
+    if ns == "0" or record.get("namespace") != ns or not record["pids"]:
+        return False
+    return all(not _same_process(pid, start) for pid, start in record["pids"])
+
+
+def remove_store(root: Path | str, home: Path | str | None = None) -> bool:
+    """Delete the store ``root`` if it is one (a directory of this user carrying
+    :data:`STORE_MARKER`, naming ``home`` when given); anything else is left alone.
+    Returns whether it was removed."""
+    record = read_marker(root, STORE_MARKER)
+    if record is None or (home is not None and record.get("home") != str(home)):
+        return False
+    shutil.rmtree(root, ignore_errors=True)
+    forget(root)
+    return True
+
+
+def stores_of(home: Path | str, parent: Path | str = SHM) -> list[Path]:
+    """The stores in ``parent`` whose owner record names the private home ``home``."""
+    try:
+        entries = [e.path for e in os.scandir(parent) if e.name.startswith(STORE_PREFIX)]
+    except OSError:
+        return []
+    out = []
+    for path in entries:
+        record = read_marker(path, STORE_MARKER)
+        if record is not None and record.get("home") == str(home):
+            out.append(Path(path))
+    return out
 
 
 def forget(root: Path | str) -> None:
@@ -580,49 +802,32 @@ def forget(root: Path | str) -> None:
     _MAPS.pop(key, None)
 
 
-def temporary_store(prefix: str = "fedrcl-flwr-store-") -> tuple[WeightStore, Path]:
-    """A store with a fresh unique name (the in-process runner, benchmarks): the store
-    and the folder to delete afterwards (under ``/dev/shm`` when usable).
-
-    The name carries this process's PID and PID namespace (``<prefix><pid>-<namespace>-
-    <random>``): a process killed before it deleted its store (SIGTERM and SIGKILL run no
-    ``finally``) left a folder in ``/dev/shm``, that is in memory, which the next call
-    with the same prefix removes (:func:`remove_stale_stores`)."""
-    owned = f"{prefix}{os.getpid()}-{_pid_namespace()}-"
-    for parent in (SHM, Path(tempfile.gettempdir())):
-        remove_stale_stores(parent, prefix)
-        try:
-            return WeightStore(root := Path(tempfile.mkdtemp(prefix=owned, dir=parent))), root
-        except OSError:
-            continue
-    raise OSError(f"cannot create a weight store in {SHM} or {tempfile.gettempdir()}")
+def temporary_store() -> tuple[WeightStore, Path]:
+    """A store of this process alone (the in-process runner, benchmarks): the store and
+    its folder, to delete afterwards with :func:`remove_store`. A process killed before
+    it deleted its store (SIGTERM and SIGKILL run no ``finally``) left it in ``/dev/shm``,
+    in memory: the next call removes it (:func:`create_store`)."""
+    store = create_store()
+    return store, store.root
 
 
-def remove_stale_stores(parent: Path, prefix: str) -> list[Path]:
-    """Delete the stores :func:`temporary_store` made in ``parent`` for processes that no
-    longer exist; returns them. Only what it can recognise: a folder of this user named
-    ``<prefix><pid>-<namespace>-<random>`` whose process is gone, holding nothing but
-    regular files (an arena, entries, an entry being written). A live PID (even a reused
-    one) keeps its folder, and so does one of another PID namespace (a container sharing
-    ``/dev/shm``, whose PIDs this process cannot see)."""
+def remove_stale_stores(parent: Path | str) -> list[Path]:
+    """Delete the stores in ``parent`` whose owners have all ended; returns them. Only
+    what it can recognise: a directory of this user named ``fedrcl-flwr-store-...``
+    carrying a valid :data:`STORE_MARKER` whose processes are all gone
+    (:func:`owners_gone`: a live PID keeps its store, and so does a record of another
+    PID namespace), holding nothing but regular files (the marker, the arena, entries,
+    an entry being written)."""
     removed: list[Path] = []
-    namespace = _pid_namespace()
     try:
-        entries = list(os.scandir(parent))
+        entries = [e for e in os.scandir(parent) if e.name.startswith(STORE_PREFIX)]
     except OSError:
         return removed
     for entry in entries:
-        pid_text, _, rest = entry.name[len(prefix) :].partition("-")
-        ns_text, dash, _ = rest.partition("-")
-        if not (entry.name.startswith(prefix) and dash and pid_text.isdigit()):
-            continue
-        if namespace == "0" or ns_text != namespace:
-            continue
-        if _alive(int(pid_text)):
+        record = read_marker(entry.path, STORE_MARKER)
+        if record is None or not owners_gone(record):
             continue
         try:
-            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
-                continue
             if not all(f.is_file(follow_symlinks=False) for f in os.scandir(entry.path)):
                 continue
         except OSError:
@@ -632,9 +837,9 @@ def remove_stale_stores(parent: Path, prefix: str) -> list[Path]:
     return removed
 
 
-def _pid_namespace() -> str:
+def pid_namespace() -> str:
     """This process's PID namespace (the inode of ``/proc/self/ns/pid``), or ``"0"``
-    where it cannot be read (then no store is ever judged stale)."""
+    where it cannot be read (then no owner is ever judged gone)."""
     try:
         link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
     except OSError:
@@ -643,13 +848,29 @@ def _pid_namespace() -> str:
     return digits or "0"
 
 
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return True  # not a PID this module wrote: leave it
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot, ``/proc/PID/stat`` field
+    22), or ``None`` when there is no such process (or no ``/proc``)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, another user's
+        with open(f"/proc/{int(pid)}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _same_process(pid: int, start) -> bool:
+    """Whether ``pid`` is still the process that started at ``start`` (``None``: the
+    start was unknown; then any process with that PID counts)."""
+    if pid <= 0:
+        return True  # not a PID this module wrote: leave its directory
+    now = process_start(pid)
+    if now is None:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:  # exists, another user's
+            return True
         return True
-    return True
+    return start is None or now == start

@@ -74,7 +74,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -83,7 +83,7 @@ from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
 from fedrcl_flwr.app.flower_private import ClientProxy
-from fedrcl_flwr.app.transport import ServerTransport, open_upload, to_bytes
+from fedrcl_flwr.app.transport import ServerTransport, arrays_of, open_upload, to_bytes
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.protocol import (
     LOCAL_REPR_PREFIX,
@@ -94,6 +94,7 @@ from fedrcl_flwr.protocol import (
     FitReport,
     ProtocolError,
     StrategyParams,
+    untag_partition,
 )
 from fedrcl_flwr.run import timers
 from fedrcl_flwr.run.runtime import sample_partitions
@@ -104,7 +105,6 @@ from fedrcl_flwr.server.aggregation import (
     check_update,
     client_coefficients,
     entry_kinds,
-    thread_pool,
     weighted_average,
 )
 from fedrcl_flwr.weight_store import StoreError
@@ -133,26 +133,77 @@ class AllClientsFailed(RuntimeError):
     in a row in which every client failed."""
 
 
-def client_error_line(failure) -> str:
-    """One line ``Type: message`` for a failed client result.
+# Flower's legacy client proxy when no reply came back (flwr
+# server/compat/grid_client_proxy.py): a client that outlived the round's time-out
+NO_REPLY = "Expected one Message but got: 0"
+# how that proxy ends the error of a ClientApp that raised: ``ValueError("Message contains
+# an Error (reason: <reason>). It originated during client-side execution of a message.")``
+PROXY_ERROR_END = "). It originated during client-side execution of a message."
 
-    Flower hands the strategy ``Exception(Error(code, reason))`` for a ClientApp that
-    raised, with ``reason`` like ``"<class '...ClientAppException'>:<'\\nException
-    ClientAppException occurred. Message: RuntimeError: boom'>"`` (the ClientApp's
-    ``name_errors`` mod puts the original type in front of the message)."""
+
+def no_reply_line(timeout_s: float | None) -> str:
+    """What a client that sent no reply is said to have done, in the run's words."""
+    if timeout_s is not None:
+        return f"timed out: no reply within {timeout_s:g} s (federation.round_timeout_s)"
+    return "no reply from the client"
+
+
+def client_failure(failure, timeout_s: float | None = None) -> tuple[int | None, str]:
+    """``(partition id or None, one line Type: message)`` of a failed client result.
+
+    For a ClientApp that raised, Flower builds ``reason`` as ``"<class
+    '...ClientAppException'>:<'\\nException ClientAppException occurred. Message:
+    RuntimeError: boom'>"`` (``vce_api.py``; the ClientApp's ``name_errors`` mod puts the
+    original type in front of the message, and the partition in front of that:
+    :func:`fedrcl_flwr.protocol.tag_partition`) and hands the strategy either
+    ``Exception(Error(code, reason))`` or, through its legacy client proxy (a simulation
+    with ``flwr run``), ``ValueError("Message contains an Error (reason: <reason>)`` +
+    :data:`PROXY_ERROR_END`; only ``RuntimeError: boom`` is kept. An exception raised in
+    this process carries the partition as its ``partition_id`` attribute
+    (``clients/base.py``). Flower's "no reply" (:data:`NO_REPLY`) is said in the run's
+    words, with the configured ``timeout_s``."""
     if isinstance(failure, tuple):  # (proxy, FitRes) with a non-OK status
         res = failure[-1]
         status = getattr(res, "status", None)
-        return f"client status {getattr(status, 'code', '?')}: {getattr(status, 'message', '')}"
+        line = f"client status {getattr(status, 'code', '?')}: {getattr(status, 'message', '')}"
+        return None, line
+    pid = getattr(failure, "partition_id", None)
     err = failure.args[0] if isinstance(failure, BaseException) and failure.args else failure
     reason = getattr(err, "reason", None)
     text = str(reason if reason is not None else err)
     if "Message: " in text:
-        text = text.split("Message: ", 1)[1]
+        text = text.split("Message: ", 1)[1].removesuffix(PROXY_ERROR_END)
         if text.endswith("'>"):
             text = text[:-2]
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return (lines[0] if lines else type(failure).__name__)[:500]
+    tagged, line = untag_partition(lines[0] if lines else type(failure).__name__)
+    if tagged is not None:
+        pid = tagged
+    if line == NO_REPLY:
+        line = no_reply_line(timeout_s)
+    return (pid if isinstance(pid, int) and pid >= 0 else None), line[:500]
+
+
+def client_error_line(failure, timeout_s: float | None = None) -> str:
+    """The one line ``Type: message`` of a failed client result (:func:`client_failure`)."""
+    return client_failure(failure, timeout_s)[1]
+
+
+def failure_counts(state: dict) -> dict[str, dict]:
+    """``summary.json``'s ``client_failures`` from a strategy's :meth:`state_dict`: per
+    partition id (text, in id order) that failed in at least one round, ``{"failed":
+    rounds it failed, "rounds": rounds it was asked to train, "first_error": its first
+    error}``."""
+    rounds = state.get("client_rounds") or {}
+    failures = state.get("client_failures") or {}
+    return {
+        str(pid): {
+            "failed": int(entry["failed"]),
+            "rounds": int(rounds.get(str(pid), entry["failed"])),
+            "first_error": str(entry["first_error"]),
+        }
+        for pid, entry in sorted(failures.items(), key=lambda kv: int(kv[0]))
+    }
 
 
 def to_parameters(arrays) -> Parameters:
@@ -171,10 +222,13 @@ class ClientResult:
     receives (sorted by partition id)."""
 
     partition_id: int
-    weights: list  # the client's model, NumPy arrays in the model's state order
+    # the client's model, NumPy arrays in the model's state order; for an upload in the
+    # weight store whose hash_check is set, views of the store for the shapes only (its
+    # values are read through hash_check, or as a checked copy: _verify)
+    weights: list
     report: FitReport  # what it reported (fedrcl_flwr/protocol.py)
     fit_res: FitRes  # Flower's result (Flower's DP wrapper reads it)
-    hash_check: Any = None  # the upload's pending store hash check (screening only)
+    hash_check: Any = None  # the upload's store hash check (screening only)
 
     @property
     def num_examples(self) -> int:
@@ -187,13 +241,9 @@ def client_statistics(kept: list[ClientResult]) -> dict:
     where the clients ran (``client_nodes``), the mean of each local-model representation
     metric (``local_repr_*``, NaN-aware) and of each loss term (``train_loss_<term>``),
     and the local effective rank per client."""
-    info: dict = {
-        "train_loss": float(
-            np.mean(
-                [r.report.train_loss if r.report.train_loss is not None else np.nan for r in kept]
-            )
-        )
-    }
+    # the mean over the clients that report one (one that took no step has none)
+    losses = [r.report.train_loss for r in kept if r.report.train_loss is not None]
+    info: dict = {"train_loss": float(np.mean(losses)) if losses else float("nan")}
     nodes: dict = {}
     for r in kept:
         if r.report.node is not None:
@@ -250,8 +300,10 @@ class FederatedStrategy(Strategy):
         availability=None,
         per_client: tuple[int, str] | None = None,
         privacy=None,
+        round_timeout_s: float | None = None,
     ):
         super().__init__()
+        self.round_timeout_s = round_timeout_s  # federation.round_timeout_s (its messages)
         self.availability = availability  # fedrcl_flwr.availability.Availability or None
         self.per_client = per_client  # (every, "sampled" | "unsampled" | "all") or None
         self.overlap_evaluation = overlap_evaluation
@@ -293,6 +345,10 @@ class FederatedStrategy(Strategy):
         self.consecutive_empty = 0
         self.rounds_trained = 0  # rounds in which at least one client result was kept
         self.first_client_error: str | None = None
+        # per partition: the rounds it was asked to train in, and (a client that failed at
+        # least once) the rounds it failed and its first error (failure_counts)
+        self.client_rounds: dict[int, int] = {}
+        self.client_failures: dict[int, dict] = {}  # {"failed": n, "first_error": line}
         self._fit_info: dict = {}
         self._avail_info: dict = {}
         self._outcome = None  # the round's availability outcome (None: all were sent)
@@ -381,6 +437,9 @@ class FederatedStrategy(Strategy):
             "rounds_trained": self.rounds_trained,
             "first_client_error": self.first_client_error,
             "buffers": {b: copy_arrays(getattr(self, b)) for b in self.buffers},
+            # partition ids as text (a checkpoint's dict keys)
+            "client_rounds": {str(k): v for k, v in self.client_rounds.items()},
+            "client_failures": {str(k): dict(v) for k, v in self.client_failures.items()},
         }
         if self.exchange is not None:
             state["exchange"] = self.exchange.state_dict()
@@ -395,6 +454,11 @@ class FederatedStrategy(Strategy):
             setattr(self, b, copy_arrays(state["buffers"][b]))
         self.rounds_trained = int(state.get("rounds_trained", 1))  # old checkpoints: trained
         self.first_client_error = state.get("first_client_error")
+        # checkpoints written before the per-client counts: counted from the resumed round
+        self.client_rounds = {int(k): int(v) for k, v in state.get("client_rounds", {}).items()}
+        self.client_failures = {
+            int(k): dict(v) for k, v in state.get("client_failures", {}).items()
+        }
         if self.exchange is not None and "exchange" in state:
             self.exchange.load_state_dict(state["exchange"])
         if self.dp is not None:
@@ -511,7 +575,8 @@ class FederatedStrategy(Strategy):
         statistics (:func:`client_statistics`)."""
         rnd = self.run_round(server_round)
         timers.server_event("results", round=rnd, results=len(results), failures=len(failures))
-        reasons = [f"client error: {self._note_error(client_error_line(f))}" for f in failures]
+        raised = [client_failure(f, self.round_timeout_s) for f in failures]
+        reasons = [f"client error: {self._note_error(line)}" for _, line in raised]
         kept = self._screen(results, reasons)
         kept.sort(key=lambda r: r.partition_id)  # order-independent arithmetic
         kept, average = self._verify(kept, reasons)
@@ -524,7 +589,9 @@ class FederatedStrategy(Strategy):
         if reasons:
             self._note_error(reasons[0])
         self._round_errors = reasons
+        self._count_client_failures(results, raised, reasons, kept)
         info = self._round_info(rnd, kept, len(reasons))
+        info.update(self._weight_store_note(reasons))
         if self.secagg:  # every received result is a masked vector inside the sum
             info["model_bytes_up"] = self.secagg_upload_bytes * len(results)
             info["secagg_clients"] = len(kept)
@@ -539,6 +606,54 @@ class FederatedStrategy(Strategy):
         info.update(extra)
         self._fit_info = info
         return self.transport.result(self.weights), {}
+
+    def _count_client_failures(
+        self,
+        results: list,
+        raised: list[tuple[int | None, str]],
+        reasons: list[str],
+        kept: list[ClientResult],
+    ) -> None:
+        """Count the round for every partition asked to train (:attr:`client_rounds`) and
+        a failure, with its first error, for each that did not reach the average
+        (:attr:`client_failures`): a client that raised (its partition from the error,
+        :func:`client_failure`; one that sent nothing back is the partition without a
+        result), or whose result was unusable (its ``partition N: why`` reason). A result
+        left out of a discarded SecAgg+ sum is not its client's failure."""
+        sent = [int(p) for p in self._sent]
+        for pid in sent:
+            self.client_rounds[pid] = self.client_rounds.get(pid, 0) + 1
+        failed: dict[int, str] = {}
+        kept_ids = {r.partition_id for r in kept}
+        answered = set(kept_ids)
+        kept_res = {id(r.fit_res) for r in kept}
+        for _, res in results:  # the few results that were not kept: whose were they?
+            if id(res) in kept_res:
+                continue
+            try:
+                answered.add(FitReport.from_metrics(res.metrics).partition_id)
+            except ProtocolError:
+                continue
+        for done in sorted(answered - kept_ids):
+            prefix = f"partition {done}: "
+            why = next((r for r in reasons if r.startswith(prefix)), None)
+            if why is not None and "discarded SecAgg+ sum" not in why:
+                failed[done] = why.removeprefix(prefix)
+        unnamed = []
+        for named, line in raised:
+            if named is not None and named in sent:
+                failed.setdefault(named, line)
+            else:
+                unnamed.append(line)
+        silent = [p for p in sent if p not in answered and p not in failed]
+        if unnamed and silent:  # which of them raised which error is not known
+            line = unnamed[0]
+            if len(set(unnamed)) > 1:
+                line += f" (or another of the round's {len(unnamed)} errors)"
+            failed.update({p: line for p in silent})
+        for pid, line in failed.items():
+            entry = self.client_failures.setdefault(pid, {"failed": 0, "first_error": line})
+            entry["failed"] += 1
 
     def _note_error(self, line: str) -> str:
         """Keep the run's first client error (the message of an aborted run)."""
@@ -580,50 +695,60 @@ class FederatedStrategy(Strategy):
         """The screened results whose values are usable: an upload by reference hashes
         to its name (:class:`~fedrcl_flwr.weight_store.HashCheck`), holds no NaN/Inf and
         (client-side DP) is clipped; why each other one is not goes to ``reasons``.
-        With the plain average (no DP, no SecAgg+) the uploads are read once for the
-        hash, the NaN/Inf screen and the average (:func:`average_and_screen`): by one
-        thread that hashes each piece after averaging it, or, with
-        :attr:`average_workers` > 1, by that many threads averaging pieces of the entries
-        while others hash whole uploads. That average is returned when every upload
-        passed (else ``None``: :meth:`_average` averages the rest, the same
-        arithmetic)."""
+        Every value used is a value checked: with the plain average (no DP, no SecAgg+)
+        the uploads are read once for the hash, the NaN/Inf screen and the average
+        (:func:`average_and_screen`): uploads in the weight store on one thread, each
+        piece copied out of the store and hashed by its upload's check as it is
+        averaged; uploads inside the messages (the process's own bytes) by
+        :attr:`average_workers` threads. That average is returned when every upload
+        passed (else ``None``). Otherwise (DP, SecAgg+, a dropped upload) each upload in
+        the store is read again as a checked copy of its own (:func:`arrays_of`), which
+        the checks, the DP wrapper and :meth:`_average` then read."""
         if not kept:
             return kept, None
-        average = None
-        hashed: dict[int, Future] = {}
+        average, finite = None, False
+        checks = [r.hash_check for r in kept]
         if self.dp is None and not self.secagg:
-            checks = [r.hash_check for r in kept]
             coefs = client_coefficients([r.num_examples for r in kept], self.weighting)
-            workers = self.average_workers
-            if workers > 1:
-                pool = thread_pool(workers)
-                hashed = {i: pool.submit(c.finish) for i, c in enumerate(checks) if c}
+            weights = [r.weights for r in kept]
+            if any(c is not None for c in checks):
+
+                def take(i: int, j: int, start: int, stop: int) -> np.ndarray:
+                    check = checks[i]
+                    if check is None:  # bytes of the message
+                        return weights[i][j].reshape(-1)[start:stop]
+                    return check.take(j, start, stop)
+
                 average, finite = average_and_screen(
-                    [r.weights for r in kept],
-                    coefs,
-                    self.kinds,
-                    workers=workers,
-                    dtype=self.average_dtype,
+                    weights, coefs, self.kinds, take, dtype=self.average_dtype
                 )
             else:
-
-                def visit(i: int, j: int, stop: int) -> None:
-                    if checks[i] is not None:
-                        checks[i].upto(j, stop)
-
                 average, finite = average_and_screen(
-                    [r.weights for r in kept], coefs, self.kinds, visit, dtype=self.average_dtype
+                    weights,
+                    coefs,
+                    self.kinds,
+                    workers=self.average_workers,
+                    dtype=self.average_dtype,
                 )
-        good = []
-        for i, r in enumerate(kept):
-            why = None
-            try:
-                if i in hashed:
-                    hashed[i].result()
-                elif r.hash_check is not None:
+        hashed = []
+        for r in kept:
+            if r.hash_check is not None and average is not None:
+                try:
                     r.hash_check.finish()
-            except StoreError as exc:
-                why = f"undecodable parameters ({exc})"
+                except StoreError as exc:
+                    reasons.append(f"partition {r.partition_id}: undecodable parameters ({exc})")
+                    continue
+            hashed.append(r)
+        if average is not None and finite and len(hashed) == len(kept):
+            return kept, average
+        good = []
+        for r in hashed:
+            why = None
+            if r.hash_check is not None:  # read again: a checked copy of its own
+                try:
+                    r = replace(r, weights=arrays_of(r.fit_res.parameters), hash_check=None)
+                except StoreError as exc:
+                    why = f"undecodable parameters ({exc})"
             if why is None and (average is None or not finite):
                 why = check_update(r.weights, self.weights)
             if why is None and self.dp is not None and not self.secagg:
@@ -632,7 +757,7 @@ class FederatedStrategy(Strategy):
                 reasons.append(f"partition {r.partition_id}: {why}")
                 continue
             good.append(r)
-        return good, average if len(good) == len(kept) else None
+        return good, None
 
     def _discard_secagg_sum(
         self, rnd: int, kept: list[ClientResult], received: int, reasons: list[str]
@@ -666,6 +791,23 @@ class FederatedStrategy(Strategy):
             )
             info.update(self.exchange.ingest(rnd, [(r.partition_id, r.report) for r in kept]))
         return info
+
+    def _weight_store_note(self, reasons: list[str]) -> dict:
+        """``{"weight_store": line}`` when the weight store cost this round something:
+        results refused because an entry did not hash to its name (a client refusing the
+        model it was sent, or the server refusing an upload), and a slot found damaged
+        when its model was sent again (sent in a new slot: the damage costs no more
+        than the round it happened in); else nothing."""
+        notes = []
+        refused = sum(1 for r in reasons if "weight store entry" in r)
+        if refused:
+            notes.append(
+                f"{refused} result(s) lost to a damaged weight store entry (did not hash to "
+                "its name)"
+            )
+        notes += self.transport.rewritten
+        self.transport.rewritten = []
+        return {"weight_store": "; ".join(notes)} if notes else {}
 
     def _empty_round(self, rnd: int, info: dict):
         """No usable result: the global model stays; abort after
@@ -710,6 +852,13 @@ class FederatedStrategy(Strategy):
                 f"SecAgg+ discarded the round: {len(bad)} of {len(errors)} results unusable "
                 f"and a result cannot be taken out of the masked sum ({bad[0] if bad else ''})"
             )
+        if errors and self.round_timeout_s is not None:
+            timed_out = f"client error: {no_reply_line(self.round_timeout_s)}"
+            if all(e == timed_out for e in errors):
+                return (
+                    f"every client timed out: no reply within {self.round_timeout_s:g} s "
+                    "(federation.round_timeout_s)"
+                )
         if errors:
             return f"every client failed (first error: {errors[0].removeprefix('client error: ')})"
         if self.secagg and self.secagg_params is not None:

@@ -309,6 +309,32 @@ def write_cifar10(root: Path, per_class_batch: int = 1, per_class_test: int = 2,
     return np.concatenate(xs), np.concatenate(ys), xt, yt
 
 
+def write_saved_dataset_dict(path: Path) -> list[Path]:
+    """The layout ``DatasetDict({"train": ..., "test": ...}).save_to_disk(path)`` writes
+    (``datasets`` 2.x - 4.x): ``dataset_dict.json`` and per split ``state.json`` naming
+    one data file, ``dataset_info.json`` with a ``ClassLabel`` of 4 classes, and that
+    data file (a stand-in: what is checked before a dataset is read or fingerprinted,
+    not a readable dataset). Returns the files, every mtime set to 10**18 ns."""
+    import json
+    import os
+
+    path.mkdir(parents=True)
+    (path / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    files = [path / "dataset_dict.json"]
+    for split in ("train", "test"):
+        (path / split).mkdir()
+        state = {"_data_files": [{"filename": "data-00000-of-00001.arrow"}], "_split": None}
+        info = {"features": {"label": {"names": ["0", "1", "2", "3"], "_type": "ClassLabel"}}}
+        (path / split / "state.json").write_text(json.dumps(state))
+        (path / split / "dataset_info.json").write_text(json.dumps(info))
+        (path / split / "data-00000-of-00001.arrow").write_bytes(b"arrow")
+        files += [path / split / n for n in ("state.json", "dataset_info.json")]
+        files.append(path / split / "data-00000-of-00001.arrow")
+    for f in files:
+        os.utime(f, ns=(10**18, 10**18))
+    return files
+
+
 def stop_process_groups(procs, timeout: float) -> None:
     """SIGTERM the process group of each ``Popen`` a test started (``start_new_session``),
     wait up to ``timeout`` s for each, then SIGKILL its group."""

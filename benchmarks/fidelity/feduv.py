@@ -28,8 +28,8 @@ Shims on their side (no change to their files; applied in the child process befo
 ``compute_accuracy`` calls ``model.cuda()`` even with ``--device cpu``); ``DataLoader``
 with ``num_workers=0`` (no ``persistent_workers`` / ``pin_memory``; their 8 workers per
 loader x 22 loaders on a 2-core machine); torchvision's CIFAR MD5 check accepts our files;
-``nets.models.SimpleCNN`` is the model above. Their ``drop_last=True`` is kept (ours
-keeps the last batch: a documented difference).
+``nets.models.SimpleCNN`` is the model above. Their ``drop_last=True`` is kept, and ours
+drops the last incomplete batch too (``client.drop_last: true``).
 """
 
 from __future__ import annotations
@@ -178,6 +178,7 @@ def run_ours(a, alg: str, seed: int, data: Path, work: Path) -> list[float]:
             "weight_decay": 1e-5,
             "local_epochs": a.epochs,
             "batch_size": a.batch_size,
+            "drop_last": True,
             "grad_clip": None,
             "device": "cpu",
         },

@@ -20,6 +20,7 @@ from fedrcl_flwr.app.common import (
     output_dir_from_run_config,
     quiet,
 )
+from fedrcl_flwr.protocol import tag_partition
 from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.run.run_files import CLIENT_STATE_DIR
 
@@ -116,12 +117,18 @@ def timed(message, context, call_next):
 def name_errors(message, context, call_next):
     """ClientApp mod: an exception leaves the ClientApp as ``RuntimeError("Type: message")``
     (one line), because Flower's simulation keeps only ``str(exception)`` and drops the
-    type; the server shows the first such line when every client failed."""
+    type; the server shows the first such line when every client failed. An exception
+    of a client's round (``clients/base.py`` sets its ``partition_id``) names the
+    partition in front (:func:`fedrcl_flwr.protocol.tag_partition`): the server counts
+    each client's failures."""
     try:
         return call_next(message, context)
     except Exception as exc:  # noqa: BLE001 - re-raised with its type in the message
-        one = " ".join(str(exc).split())
-        raise RuntimeError(f"{type(exc).__name__}: {one}") from exc
+        one = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        pid = getattr(exc, "partition_id", None)
+        if isinstance(pid, int) and pid >= 0:
+            one = tag_partition(pid, one)
+        raise RuntimeError(one) from exc
 
 
 def privacy_mods(message, context, call_next):

@@ -24,13 +24,20 @@ its response ``log_output``)
 ``flwr.common.constant:ErrorCode``                     the code of a ClientApp that raised
 ``flwr.server.client_proxy:ClientProxy``               the strategy's type annotations
 ``flwr.server.superlink.fleet.vce.vce_api:``           the simulation engine's look-up for
-``add_messages_to_queue``                              new messages, woken when the
-                                                       ServerApp sends (:func:`engine_doorbell`)
+``add_messages_to_queue`` (and ``run_api``, which      new messages, woken when the
+starts it), ``flwr.server.superlink.linkstate:``       ServerApp sends (:func:`engine_doorbell`)
+``LinkState.get_message_ins`` (what it calls)
 ``flwr.server.superlink.fleet.vce.backend.``           each actor given its next message
 ``raybackend:RayBackend`` (``build``, ``terminate``,   while it runs one
 its ``pool``: a ``BasicActorPool``'s ``pool`` list     (:func:`two_messages_per_actor`)
 and ``num_actors``)
 =====================================================  ====================================
+
+The two engine changes fail safe: every symbol a replacement calls is in
+:data:`PRIVATE_API` and checked (:func:`problem`) before the change is made, and the
+checks and the change run inside one guard (:func:`_fail_safe`): whatever is wrong, even
+a check that itself fails (a Flower function wrapped by a decorator), Flower's own
+behaviour is kept and the run's log says why.
 """
 
 from __future__ import annotations
@@ -70,15 +77,19 @@ CLIENT_APP_RAISED_EXCEPTION: int = int(ErrorCode.CLIENT_APP_RAISED_EXCEPTION)
 
 
 def load(path: str) -> Any:
-    """The object named ``"module:attribute"`` (imported now). Flower's CLI modules are
-    typer code on a click version that deprecates what typer imports: those
-    DeprecationWarnings are Flower's and typer's, not the user's, and are silenced."""
+    """The object named ``"module:attribute"`` or ``"module:Class.attribute"`` (imported
+    now). Flower's CLI modules are typer code on a click version that deprecates what
+    typer imports: those DeprecationWarnings are Flower's and typer's, not the user's,
+    and are silenced."""
     import warnings
 
     module, _, attr = path.partition(":")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        return getattr(importlib.import_module(module), attr)
+        obj = importlib.import_module(module)
+    for name in attr.split("."):
+        obj = getattr(obj, name)
+    return obj
 
 
 # --------------------------------------------------------------------- Control API
@@ -162,6 +173,24 @@ def _once(name: str, install: Callable[[], EnginePatch]) -> EnginePatch:
         return _INSTALLED[name]
 
 
+def _fail_safe(
+    install: Callable[[], EnginePatch], kept: Callable[[str], EnginePatch]
+) -> EnginePatch:
+    """``install()``, or ``kept(why)`` (Flower's behaviour, the reason for the log) when
+    anything in it raises: the shape checks, the look-ups and the change itself run in
+    this one guard, so a Flower that changed in a way no check foresaw costs the speed-up
+    and never the run."""
+    try:
+        return install()
+    except Exception as exc:  # noqa: BLE001 - any surprise keeps Flower's behaviour
+        one = " ".join(str(exc).split())[:300]
+        return kept(f"the change could not be made ({type(exc).__name__}: {one})")
+
+
+def _first_problem(symbols: tuple[PrivateSymbol, ...]) -> str | None:
+    return next(filter(None, (problem(s) for s in symbols)), None)
+
+
 def _lookup_on_ring(event: threading.Event) -> Callable[..., None]:
     """Flower's ``add_messages_to_queue`` (flwr 1.42, ``vce_api.py``) with one change:
     between two passes it waits for ``event`` (at most Flower's 0.1 s) where Flower waits
@@ -205,25 +234,25 @@ def _install_doorbell() -> EngineDoorbell:
         note = f"the simulation engine looks for new messages every 0.1 s (Flower's): {why}"
         return EngineDoorbell(False, note, event)
 
-    module = sys.modules.get(ENGINE_MODULE)
-    if module is None:
-        return kept("not a Flower simulation process")
-    original = getattr(module, "add_messages_to_queue", None)
-    run_api = getattr(module, "run_api", None)
-    if original is None or run_api is None:
-        return kept(f"{ENGINE_MODULE} changed (no add_messages_to_queue or run_api)")
-    why = _parameters(*ENGINE_LOOKUP_PARAMETERS)(original) or _starts_lookup_by_name(run_api)
-    if why:
-        return kept(f"{ENGINE_MODULE} changed ({why})")
-    if any(getattr(t, "_target", None) is original for t in threading.enumerate()):
-        return kept("its thread had started before the ServerApp")
-    setattr(module, "add_messages_to_queue", _lookup_on_ring(event))  # noqa: B010
-    return EngineDoorbell(
-        True,
-        "the simulation engine picks up messages when the ServerApp sends them "
-        f"(its look-up, {ENGINE_LOOKUP}, woken; Flower's 0.1 s otherwise)",
-        event,
-    )
+    def install() -> EngineDoorbell:
+        module = sys.modules.get(ENGINE_MODULE)
+        if module is None:
+            return kept("not a Flower simulation process")
+        why = _first_problem(_DOORBELL_SYMBOLS)
+        if why:
+            return kept(f"Flower's engine changed ({why})")
+        original = module.add_messages_to_queue
+        if any(getattr(t, "_target", None) is original for t in threading.enumerate()):
+            return kept("its thread had started before the ServerApp")
+        setattr(module, "add_messages_to_queue", _lookup_on_ring(event))  # noqa: B010
+        return EngineDoorbell(
+            True,
+            "the simulation engine picks up messages when the ServerApp sends them "
+            f"(its look-up, {ENGINE_LOOKUP}, woken; Flower's 0.1 s otherwise)",
+            event,
+        )
+
+    return cast(EngineDoorbell, _fail_safe(install, kept))
 
 
 # ------------------------------------------------------- two messages per actor in flight
@@ -263,42 +292,45 @@ def _install_two_per_actor() -> EnginePatch:
     def kept(why: str) -> EnginePatch:
         return EnginePatch(False, f"each Ray actor gets one message at a time (Flower's): {why}")
 
-    if sys.modules.get(ENGINE_MODULE) is None:
-        return kept("not a Flower simulation process")
-    why = next(filter(None, (problem(s) for s in _PIPELINE_SYMBOLS)), None)
-    if why:
-        return kept(f"Flower's engine changed ({why})")
-    backend = load(BACKEND)
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        return kept("Ray had started before the ServerApp")
-    build, terminate = backend.build, backend.terminate
+    def install() -> EnginePatch:
+        if sys.modules.get(ENGINE_MODULE) is None:
+            return kept("not a Flower simulation process")
+        why = _first_problem(_PIPELINE_SYMBOLS)
+        if why:
+            return kept(f"Flower's engine changed ({why})")
+        backend = load(BACKEND)
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            return kept("Ray had started before the ServerApp")
+        build, terminate = backend.build, backend.terminate
 
-    def build_two_per_actor(self: Any, app_fn: Any) -> None:
-        build(self, app_fn)
-        actors = list(self.pool.pool)
-        self.pool.pool = LeastBusyFirst(actors * IN_FLIGHT_PER_ACTOR)
-        self.pool.num_actors = len(self.pool.pool)
-        print(
-            f"[fedrcl-flwr] each of the {len(actors)} Ray actors holds its next message "
-            f"while it runs one ({IN_FLIGHT_PER_ACTOR} in flight per actor)",
-            file=sys.stderr,
-            flush=True,
+        def build_two_per_actor(self: Any, app_fn: Any) -> None:
+            build(self, app_fn)
+            actors = list(self.pool.pool)
+            self.pool.pool = LeastBusyFirst(actors * IN_FLIGHT_PER_ACTOR)
+            self.pool.num_actors = len(self.pool.pool)
+            print(
+                f"[fedrcl-flwr] each of the {len(actors)} Ray actors holds its next message "
+                f"while it runs one ({IN_FLIGHT_PER_ACTOR} in flight per actor)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        def terminate_each_actor_once(self: Any) -> None:
+            if self.pool is not None:
+                once = {id(actor): actor for actor in self.pool.pool}
+                self.pool.pool = list(once.values())
+                self.pool.num_actors = len(self.pool.pool)
+            terminate(self)
+
+        build_two_per_actor.__doc__ = two_messages_per_actor.__doc__
+        backend.build, backend.terminate = build_two_per_actor, terminate_each_actor_once
+        return EnginePatch(
+            True,
+            f"each Ray actor is given its next message while it runs one ({BACKEND}.build)",
         )
 
-    def terminate_each_actor_once(self: Any) -> None:
-        if self.pool is not None:
-            once = {id(actor): actor for actor in self.pool.pool}
-            self.pool.pool = list(once.values())
-            self.pool.num_actors = len(self.pool.pool)
-        terminate(self)
-
-    build_two_per_actor.__doc__ = two_messages_per_actor.__doc__
-    backend.build, backend.terminate = build_two_per_actor, terminate_each_actor_once
-    return EnginePatch(
-        True,
-        f"each Ray actor is given its next message while it runs one ({BACKEND}.build)",
-    )
+    return _fail_safe(install, kept)
 
 
 class LeastBusyFirst(list):
@@ -329,11 +361,41 @@ class LeastBusyFirst(list):
             super().append(entry)
 
 
+def _code_names(function: Any) -> set[str] | None:
+    """The global and attribute names ``function``'s code reads (through decorators
+    that keep ``__wrapped__``), or ``None`` when it has no code object to read."""
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    return set(code.co_names) if code is not None else None
+
+
 def _runs_a_worker_per_pool_entry(run_api: Any) -> str | None:
     """``run_api`` must start its worker threads by ``backend.num_workers``."""
-    if "num_workers" not in run_api.__code__.co_names:
+    names = _code_names(run_api)
+    if names is None:
+        return "has no code to check (wrapped?)"
+    if "num_workers" not in names:
         return "does not start a worker per backend.num_workers"
     return None
+
+
+def _concrete(function: Any) -> str | None:
+    """A method the class implements (not only its base class's abstract one)."""
+    if getattr(function, "__isabstractmethod__", False):
+        return "is abstract here (the class no longer implements it)"
+    return None
+
+
+def _sets_in_init(*names: str) -> Callable[[Any], str | None]:
+    """A class whose ``__init__`` sets the instance attributes ``names``."""
+
+    def check(cls: Any) -> str | None:
+        have = _code_names(getattr(cls, "__init__", None))
+        if have is None:
+            return "its __init__ has no code to check (wrapped?)"
+        missing = [n for n in names if n not in have]
+        return f"__init__ sets no attribute(s) {missing}" if missing else None
+
+    return check
 
 
 # ------------------------------------------------------ the shapes this project relies on
@@ -401,7 +463,10 @@ def _settable_class_properties(*names: str) -> Callable[[Any], str | None]:
 def _starts_lookup_by_name(run_api: Any) -> str | None:
     """``run_api`` must start the look-up's thread with the module's global
     ``add_messages_to_queue``, read when it runs (what :func:`engine_doorbell` replaces)."""
-    if "add_messages_to_queue" not in run_api.__code__.co_names:
+    names = _code_names(run_api)
+    if names is None:
+        return "has no code to check (wrapped?)"
+    if "add_messages_to_queue" not in names:
         return "does not read the module's add_messages_to_queue when it runs"
     return None
 
@@ -414,15 +479,36 @@ def _int_attribute(name: str) -> Callable[[Any], str | None]:
     return check
 
 
-# what :func:`two_messages_per_actor` relies on
+# what :func:`engine_doorbell` relies on: the look-up it replaces, the function that
+# starts it by name, and what the replacement calls
+_DOORBELL_SYMBOLS: tuple[PrivateSymbol, ...] = (
+    PrivateSymbol(ENGINE_LOOKUP, _parameters(*ENGINE_LOOKUP_PARAMETERS)),
+    PrivateSymbol(f"{ENGINE_MODULE}:run_api", _starts_lookup_by_name),
+    PrivateSymbol(
+        "flwr.server.superlink.linkstate:LinkState.get_message_ins",
+        _parameters("node_id", "limit"),
+    ),
+)
+
+# what :func:`two_messages_per_actor` relies on: the engine starting a worker per pool
+# entry, the backend's build / terminate it wraps, the pool's list and count it changes
 _PIPELINE_SYMBOLS: tuple[PrivateSymbol, ...] = (
     PrivateSymbol(f"{ENGINE_MODULE}:run_api", _runs_a_worker_per_pool_entry),
-    PrivateSymbol(BACKEND, _attributes("build", "terminate", "process_message", "num_workers")),
+    PrivateSymbol(
+        BACKEND,
+        _all(
+            _attributes("build", "terminate", "process_message", "num_workers"),
+            _sets_in_init("pool"),
+        ),
+    ),
+    PrivateSymbol(f"{BACKEND}.build", _all(_concrete, _parameters("app_fn"))),
+    PrivateSymbol(f"{BACKEND}.terminate", _all(_concrete, _parameters())),
     PrivateSymbol(
         "flwr.simulation.ray_transport.ray_actor:BasicActorPool",
         _all(
             _attributes("add_actors_to_pool", "submit", "terminate_all_actors"),
             _parameters("actor_type", "client_resources", "actor_kwargs"),
+            _sets_in_init("pool", "num_actors"),
         ),
     ),
 )
@@ -465,20 +551,20 @@ PRIVATE_API: tuple[PrivateSymbol, ...] = (
         "flwr.server.client_proxy:ClientProxy",
         _all(_parameters("cid"), _attributes("fit", "evaluate")),
     ),
-    PrivateSymbol(ENGINE_LOOKUP, _parameters(*ENGINE_LOOKUP_PARAMETERS)),
-    PrivateSymbol(
-        f"{ENGINE_MODULE}:run_api",
-        _all(_starts_lookup_by_name, _runs_a_worker_per_pool_entry),
-    ),
-    *_PIPELINE_SYMBOLS[1:],
+    *_DOORBELL_SYMBOLS,
+    *_PIPELINE_SYMBOLS,
 )
 
 
 def problem(symbol: PrivateSymbol) -> str | None:
-    """What is wrong with ``symbol`` in the installed Flower (``None``: nothing)."""
+    """What is wrong with ``symbol`` in the installed Flower (``None``: nothing). Never
+    raises: a check that fails on an object it did not foresee is a problem too."""
     try:
         obj = load(symbol.path)
     except (ImportError, AttributeError) as exc:
         return f"{symbol.path}: cannot be imported ({type(exc).__name__}: {exc})"
-    why = symbol.check(obj)
+    try:
+        why = symbol.check(obj)
+    except Exception as exc:  # noqa: BLE001 - a shape nobody foresaw
+        why = f"cannot be checked ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
     return f"{symbol.path}: {why}" if why else None

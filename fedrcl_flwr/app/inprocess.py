@@ -7,7 +7,6 @@ server loop makes. For tests, debugging and the simulation-overhead benchmark.
 from __future__ import annotations
 
 import copy
-import shutil
 from pathlib import Path
 
 from flwr.app import Context
@@ -19,7 +18,7 @@ from fedrcl_flwr.app.server_app import build_server
 from fedrcl_flwr.app.transport import ServerTransport, fallback_reason
 from fedrcl_flwr.config import ExperimentConfig
 from fedrcl_flwr.run.run_files import CLIENT_STATE_DIR
-from fedrcl_flwr.weight_store import forget, temporary_store
+from fedrcl_flwr.weight_store import remove_store, temporary_store
 
 
 class _Slot:
@@ -96,8 +95,7 @@ def run_inprocess(
         _rounds(strategy, cfg, out_dir, rounds_left, stop_after, client_factory)
     finally:
         if root is not None:
-            shutil.rmtree(root, ignore_errors=True)
-            forget(root)
+            remove_store(root)
     return strategy
 
 

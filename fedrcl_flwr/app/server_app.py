@@ -34,6 +34,7 @@ from fedrcl_flwr.run.results import (
     shows_ema,
 )
 from strategies import strategy_class
+from strategies.base import failure_counts
 
 # when this module (torch, Flower, the project) finished importing: the start-up breakdown
 # of ``benchmarks/bench_regimes.py`` (event ``serverapp_start``)
@@ -54,9 +55,12 @@ def make_exchange(cfg, num_classes: int):
     return SignalExchange({**settings, **cfg.server.signals}, num_classes=num_classes)
 
 
-def make_availability(cfg):
-    """The dropout / straggler simulation (``federation.availability``), or ``None``."""
+def make_availability(cfg, model=None):
+    """The dropout / straggler simulation (``federation.availability``), or ``None``; a
+    straggler's workload counts its local steps as the clients train ``model``
+    (``training.last_batch_rule``)."""
     from fedrcl_flwr import availability, client_eval
+    from fedrcl_flwr.training import last_batch_rule
 
     if not availability.enabled(cfg):
         return None
@@ -66,7 +70,11 @@ def make_availability(cfg):
             len(client_eval.training_indices(cfg, i, part))
             for i, part in enumerate(runtime.client_partitions(cfg))
         ]
-    return availability.Availability.from_config(cfg, sizes)
+    if model is not None:
+        rule = last_batch_rule(cfg.client.drop_last, model)
+    else:
+        rule = "drop" if cfg.client.drop_last else "keep"
+    return availability.Availability.from_config(cfg, sizes, last_batch=rule)
 
 
 def make_strategy(cfg, model, bundle, *, round_offset: int = 0, **callbacks):
@@ -85,9 +93,10 @@ def make_strategy(cfg, model, bundle, *, round_offset: int = 0, **callbacks):
         eval_every=cfg.federation.eval_every,
         params=cfg.server.params,
         max_consecutive_failed_rounds=cfg.federation.max_consecutive_failed_rounds,
+        round_timeout_s=cfg.federation.round_timeout_s,
         round_offset=round_offset,
         exchange=make_exchange(cfg, bundle.num_classes),
-        availability=make_availability(cfg),
+        availability=make_availability(cfg, model),
         per_client=(pc.every, pc.clients) if pc.every else None,
         privacy=cfg.privacy,
         **callbacks,
@@ -177,6 +186,7 @@ def build_server(
     if ckpt:
         strategy.load_state_dict(ckpt["strategy"])
     if done >= cfg.federation.rounds:
+        recorder.client_failures = failure_counts(ckpt["strategy"] if ckpt else {})
         recorder.finish(None, before_summary=finish)
     return strategy, max(cfg.federation.rounds - done, 0)
 
@@ -302,6 +312,7 @@ def checkpoint_writer(cfg, out_dir, recorder: RunRecorder, tracker, ema: EMATrac
             if tracker is not None:
                 tracker.flush(rnd)
         if rnd >= cfg.federation.rounds:
+            recorder.client_failures = failure_counts(state)
             model_state = None
             if cfg.output.save_model:
                 runtime.set_weights(eval_model, state["weights"])

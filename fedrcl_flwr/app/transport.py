@@ -1,6 +1,6 @@
 """How weights travel between the strategy and the clients: inside Flower's messages
 (``.npy`` bytes, :mod:`fedrcl_flwr.codec`) or by reference to the run's weight store
-(:mod:`fedrcl_flwr.weight_store`, ``simulation.transport: shared``, issue 30).
+(:mod:`fedrcl_flwr.weight_store`, ``simulation.transport: shared``).
 
 The one place that translates between Flower's ``Parameters`` and arrays. Both kinds are
 self-describing (``Parameters.tensor_type``): :data:`REF_TYPE` with one tensor, the JSON
@@ -9,17 +9,20 @@ reference; otherwise ``.npy`` bytes. So a receiver needs no setting:
 * the server (``strategies/base.py``) sends through its :class:`ServerTransport` (by
   reference when it has a store, else bytes; a write that fails falls back to bytes for
   that message, with one warning) and reads every upload with :func:`open_upload` (the
-  arrays, and the entry's hash check, which it finishes while averaging). On its
+  arrays' shapes, and the entry's hash check, through which the average copies out and
+  hashes every piece it averages) or :func:`arrays_of` (a checked copy). On its
   first send it makes the store's arena of slots (:class:`~fedrcl_flwr.weight_store.
   Arena`: a ring for its sends, one slot per client of a round for the uploads) and
   tells each sampled client its upload slot inside that client's reference
   (:meth:`ServerTransport.for_client`). Without an arena (too big for the free memory)
   each entry is a file: it then deletes the round's uploads after averaging
   (:meth:`ServerTransport.release`) and keeps only the last two entries it published;
-* a client (``clients/base.py``: ``WireClient``) reads what it got with :func:`arrays_of`
-  and answers the same way it was addressed (:func:`reply`): into its upload slot, or a
-  file of the same store when it was given none, when it received a reference (bytes if
-  that write fails), else bytes.
+* a client (``clients/base.py``: ``WireClient``) reads what it got through
+  :class:`Received`, on every use: copied out of the store into its model and hashed in
+  the same pass, or (the received weights a method keeps) into arrays of its own; and
+  answers the same way it was addressed (:func:`reply`): into its upload slot, or a file
+  of the same store when it was given none, when it received a reference (bytes if that
+  write fails), else bytes.
 
 :func:`choose` decides for a run and gives the one line the run's log shows: Flower's
 messages when ``simulation.transport: flower``, under the Deployment Engine (real devices
@@ -32,7 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -46,8 +48,10 @@ from fedrcl_flwr.weight_store import (
     HashCheck,
     StoreError,
     WeightStore,
-    load,
+    check_reference,
+    intact,
     open_entry,
+    read_entry,
 )
 
 REF_TYPE = "fedrcl.weight-ref"  # Parameters.tensor_type of a reference
@@ -79,39 +83,64 @@ def _as_parameters(ref: dict) -> Parameters:
     return Parameters(tensors=[json.dumps(ref).encode()], tensor_type=REF_TYPE)
 
 
-_LOADED: OrderedDict = OrderedDict()  # (store, hash) -> arrays: this process's last loads
-_KEEP_LOADED = 2
-
-
-def arrays_of(parameters: Parameters, *, reuse: bool = False) -> list[np.ndarray]:
-    """The arrays a message carries (read-only views: of the message's bytes, or of the
-    store entry's mapping after its hash was checked). ``reuse`` (a client): an entry
-    this process mapped and checked lately is not mapped and hashed again (an actor
-    trains several clients of a round on the same global model; a file entry is
-    immutable, and a slot is rewritten only :data:`~fedrcl_flwr.weight_store.
-    GLOBAL_SLOTS` sends later, after its round: a later send of the same hash into the
-    same slot holds the same bytes)."""
+def arrays_of(parameters: Parameters) -> list[np.ndarray]:
+    """The arrays a message carries: read-only views of the message's bytes (this
+    process's own), or a copy of the store entry the message names, hashed as it was
+    copied (:func:`~fedrcl_flwr.weight_store.read_entry`: the arrays are the bytes that
+    hashed to the entry's name). Every call reads the store again."""
     if not is_reference(parameters):
         return decode_arrays(parameters.tensors)
-    ref = reference_of(parameters)
-    if not reuse:
-        return load(ref)
-    key = (ref.get("store"), ref.get("hash"), ref.get("offset"), json.dumps(ref.get("arrays")))
-    if key in _LOADED:
-        _LOADED.move_to_end(key)
-        return list(_LOADED[key])
-    arrays = load(ref)
-    _LOADED[key] = arrays
-    while len(_LOADED) > _KEEP_LOADED:
-        _LOADED.popitem(last=False)
-    return list(arrays)
+    return read_entry(reference_of(parameters))
+
+
+class Received:
+    """The weights of one message as a client uses them, each read checked when it is
+    made: :meth:`read_into` copies them into the client's model while it hashes them
+    (one pass, no copy of its own), :meth:`arrays` gives them as arrays of this object's
+    own (read, and checked, once; a method that keeps the received model, FedProx's
+    anchor or MOON's global model). Both read the store again: a slot damaged between
+    them is refused by the second (:class:`~fedrcl_flwr.weight_store.StoreError`)."""
+
+    def __init__(self, parameters: Parameters):
+        self.parameters = parameters
+        self._arrays: list[np.ndarray] | None = None
+
+    @property
+    def by_reference(self) -> bool:
+        return is_reference(self.parameters)
+
+    def shapes(self) -> list[tuple]:
+        """The arrays' shapes, as the reference gives them (reads nothing else)."""
+        if not self.by_reference:
+            return [a.shape for a in self.arrays()]
+        ref = check_reference(reference_of(self.parameters))
+        try:
+            return [tuple(int(n) for n in shape) for _, shape, _, _ in ref["arrays"]]
+        except (TypeError, ValueError):
+            raise StoreError("a weight reference with a malformed layout") from None
+
+    def read_into(self, destinations: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        """The arrays, each copied straight into ``destinations[i]`` where that is a
+        writable C-contiguous array of its dtype and shape (returned as is), else into an
+        array of its own; bytes in the message are returned as views (nothing to copy).
+        Raises :class:`~fedrcl_flwr.weight_store.StoreError` when the entry does not hash
+        to its name (what was written into ``destinations`` must then not be used)."""
+        if not self.by_reference:
+            return self.arrays()
+        return read_entry(reference_of(self.parameters), into=destinations)
+
+    def arrays(self) -> list[np.ndarray]:
+        if self._arrays is None:
+            self._arrays = arrays_of(self.parameters)
+        return list(self._arrays)
 
 
 def open_upload(parameters: Parameters) -> tuple[list[np.ndarray], HashCheck | None]:
-    """The server's read of an upload: the arrays (views) and, for a reference, the
-    entry's :class:`~fedrcl_flwr.weight_store.HashCheck`, which the server finishes
-    before it uses the arrays' values (``strategies/base.py``: while averaging); bytes
-    inside the message need none (``None``)."""
+    """The server's read of an upload: the arrays and, for a reference, the entry's
+    :class:`~fedrcl_flwr.weight_store.HashCheck`. For a reference the arrays are views
+    of the store, for their shapes only: every value is read through the check
+    (``HashCheck.take``, the server's average) or with :func:`arrays_of`; bytes inside
+    the message are the process's own and need none (``None``)."""
     if not is_reference(parameters):
         return decode_arrays(parameters.tensors), None
     return open_entry(reference_of(parameters))
@@ -153,6 +182,9 @@ class ServerTransport:
         self._in_slots: dict[str, dict] = {}  # hash -> reference, of the ring's live slots
         self._published: list[dict] = []
         self._warned = False
+        # slots found damaged when their model was sent again (the strategy reports and
+        # clears them with the round)
+        self.rewritten: list[str] = []
 
     @property
     def shared(self) -> bool:
@@ -165,7 +197,7 @@ class ServerTransport:
             return to_bytes(arrays)
         try:
             ref = self._publish(arrays)
-        except OSError as exc:
+        except (OSError, StoreError) as exc:
             if not self._warned:
                 log.warning(
                     "weight store write failed (%s): weights go inside Flower's messages "
@@ -207,8 +239,15 @@ class ServerTransport:
         if not self._decided:
             self.prepare(entry)
         if self.arena is not None and entry.size <= self.arena.slot_size:
-            if entry.hash in self._in_slots:
-                return self._in_slots[entry.hash]
+            live = self._in_slots.get(entry.hash)
+            if live is not None and intact(live):
+                return live
+            if live is not None:  # the slot no longer holds what was written there
+                self.rewritten.append(
+                    f"the weight store slot at offset {live['offset']} no longer held the "
+                    f"model sent there (entry {entry.hash[:12]}): sent again in a new slot"
+                )
+                log.warning("%s", self.rewritten[-1])
             offset = self.arena.next_global_offset()
             ref = self.store.publish_in_slot(entry, offset, self.arena.slot_size)
             self._in_slots = {h: r for h, r in self._in_slots.items() if r["offset"] != offset}

@@ -19,7 +19,7 @@ from fedrcl_flwr.config.catalog import (
 )
 from fedrcl_flwr.config.rules import _shorten, check_rules, name_problem
 from fedrcl_flwr.config.schema import DatasetConfig, ExperimentConfig, PartitionConfig
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.errors import ConfigError, shown
 
 MIN_NORMALIZE_STD = 1e-3  # dataset.normalize.std: a smaller divisor blows pixels up past 1e3
 MAX_SUPERNODES = 10_000  # SuperNodes one simulation may start (each is registered in the DB)
@@ -113,7 +113,7 @@ def _check_data_and_split(cfg: ExperimentConfig, source: str) -> None:
             raise ConfigError(
                 f"{source}: 'partition.scheme' domain needs a dataset with "
                 f"domains ({domain_datasets_in_words()}), "
-                f"not {ds.name!r}"
+                f"not {shown(ds.name)}"
             )
 
 
@@ -193,7 +193,7 @@ def _check_names_and_paths(cfg: ExperimentConfig, source: str) -> None:
         )
     if not cfg.output.dir.strip() or "\0" in cfg.output.dir:
         raise ConfigError(
-            f"{source}: 'output.dir' must be a directory path, got {cfg.output.dir!r}"
+            f"{source}: 'output.dir' must be a directory path, got {shown(cfg.output.dir)}"
         )
 
 
@@ -246,7 +246,7 @@ def normalize_constants(value: Any, where: str, channels: int | None) -> tuple |
     if not isinstance(value, dict):
         raise ConfigError(
             f"{where}: '{key}' must be true, false or {{mean: [...], std: "
-            f"[...]}} (one value per channel), got {value!r}"
+            f"[...]}} (one value per channel), got {shown(value)}"
         )
     out = []
     for part in ("mean", "std"):
@@ -261,12 +261,12 @@ def normalize_constants(value: Any, where: str, channels: int | None) -> tuple |
         )
         if not ok:
             raise ConfigError(
-                f"{where}: '{key}.{part}' must be a list of numbers, one per channel, got {v!r}"
+                f"{where}: '{key}.{part}' must be a list of numbers, one per channel, got {shown(v)}"
             )
         if channels is not None and len(v) != channels:
             raise ConfigError(
                 f"{where}: '{key}.{part}' has {len(v)} values but the images "
-                f"have {channels} channel(s), got {v!r}"
+                f"have {channels} channel(s), got {shown(v)}"
             )
         out.append([float(x) for x in v])
     mean, std = out
@@ -328,7 +328,7 @@ def check_reference(ref: Any, source: str) -> list[dict]:
             raise ConfigError(f"{source}: '{where}.source' must name the paper's table")
         if not is_report_metric(b.get("metric")):
             raise ConfigError(
-                f"{source}: '{where}.metric' must be {metric_choices()}, got {b.get('metric')!r}"
+                f"{source}: '{where}.metric' must be {metric_choices()}, got {shown(b.get('metric'))}"
             )
         vals = b.get("values")
         if not isinstance(vals, dict) or not vals:
@@ -343,7 +343,7 @@ def check_reference(ref: Any, source: str) -> list[dict]:
             ):
                 raise ConfigError(
                     f"{source}: '{where}.values.{k}' must be a percentage in "
-                    f"[0, 100] (or null), got {v!r}"
+                    f"[0, 100] (or null), got {shown(v)}"
                 )
         when = b.get("when", {})
         if not isinstance(when, dict) or not all(isinstance(k, str) for k in when):
@@ -360,7 +360,7 @@ def _check_registries(cfg: ExperimentConfig, source: str) -> None:
     if cfg.model.name not in MODEL_NAMES:
         raise ConfigError(
             f"{source}: 'model.name' must be one of {', '.join(sorted(MODEL_NAMES))}, "
-            f"got {cfg.model.name!r}"
+            f"got {shown(cfg.model.name)}"
         )
 
 

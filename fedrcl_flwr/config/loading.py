@@ -16,10 +16,12 @@ keys in the file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
 import math
+import os
 import re
 import types
 import typing
@@ -30,7 +32,7 @@ import yaml
 
 from fedrcl_flwr.config.checks import check_config
 from fedrcl_flwr.config.schema import ExperimentConfig
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.errors import ConfigError, shown
 
 MAX_YAML_BYTES = 1 << 20  # an experiment file is a few KB; refuse anything over 1 MiB
 MAX_YAML_NODES = 100_000  # nodes after alias expansion (a config has a few hundred)
@@ -174,12 +176,12 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
                 if "finite" in str(exc):
                     raise
         raise ConfigError(
-            f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} ({value!r})"
+            f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} ({shown(value)})"
         )
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(float(value)):
-                raise ConfigError(f"{source}: '{key}' must be a finite number, got {value!r}")
+                raise ConfigError(f"{source}: '{key}' must be a finite number, got {shown(value)}")
             return float(value)
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -206,7 +208,7 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     else:  # pragma: no cover - schema uses only the types above
         return value
     raise ConfigError(
-        f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} ({value!r})"
+        f"{source}: '{key}' must be {_type_name(tp)}, got {type(value).__name__} ({shown(value)})"
     )
 
 
@@ -257,11 +259,30 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def key_problem(key: Any) -> str | None:
+    """Why ``key`` is not a dotted config key (``section.key``: names joined by ``.``,
+    none empty, none with spaces around it or a ``/``), or ``None``."""
+    if not isinstance(key, str) or not key:
+        return "is not a dotted config key (section.key)"
+    for part in key.split("."):
+        if not part:
+            return "has an empty name between dots (a dotted config key is section.key)"
+        if part != part.strip():
+            return f"has spaces around the name {shown(part, 40)}"
+        if "/" in part or "\\" in part:
+            return "holds a path separator (a dotted config key is section.key, not a path)"
+    return None
+
+
 def apply_overrides(data: dict, overrides: list[str] | list[tuple[str, Any]]) -> dict:
-    """Apply dotted overrides to a raw mapping (before validation)."""
+    """Apply dotted overrides to a raw mapping (before validation); a key that is not a
+    dotted config key (:func:`key_problem`) is a :class:`ConfigError`."""
     data = _deepcopy(data)
     for item in overrides:
         key, value = parse_override(item) if isinstance(item, str) else item
+        why = key_problem(key)
+        if why:
+            raise ConfigError(f"override {shown(key)} {why}")
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
@@ -305,8 +326,9 @@ def read_text_file(
     label = str(path) if label is None else label
     try:
         if not path.is_file():
+            kind = file_kind(path)
             raise error(
-                f"{label}: not a regular file" if path.exists() else f"{label}: no such file"
+                f"{label}: not a regular file ({kind})" if kind else f"{label}: no such file"
             )
         size = path.stat().st_size
         if size > limit:
@@ -324,9 +346,31 @@ def read_text_file(
         ) from None
 
 
+def file_kind(path: Path) -> str | None:
+    """What ``path`` is when it is not a regular file: ``a directory``, ``a FIFO``, ...;
+    ``None`` when nothing is there."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "a broken link" if path.is_symlink() else None
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
+        kind = file_kind(path)
+        if kind is not None:  # a FIFO would block a reader: refused, not opened
+            raise ConfigError(f"{path}: not an experiment file ({kind}); give a YAML file")
         raise ConfigError(f"experiment file not found: {path}")
     text = read_text_file(path, MAX_YAML_BYTES, "an experiment file")
     data = parse_yaml(text, str(path))
@@ -364,5 +408,20 @@ def flatten_keys(d: Any, prefix: str = "") -> dict:
 
 
 def dump_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    """Write the resolved config (after defaults and overrides) as YAML."""
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write the resolved config (after defaults and overrides) as YAML: into a new
+    file ``PATH.tmp`` (what had that name removed first, created with ``O_EXCL |
+    O_NOFOLLOW``), then renamed over ``path``, so a link at either name is replaced,
+    never written through."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        with os.fdopen(os.open(tmp, flags, 0o644), "w") as fh:
+            fh.write(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -16,8 +16,12 @@ where the class takes one and the spec does not give it, is the split's seed
 exit 2, before any Flower process): flwr-datasets installed, the class known and one
 that splits samples (not the vertical, feature-splitting ones nor an abstract base), the
 arguments accepted by its constructor, and the constructor's own checks of their values
-(it is built once, without data). Only ``flwr_datasets.partitioner`` is imported (it
-imports Hugging Face ``datasets``); nothing of :mod:`fedrcl_flwr.data`.
+(it is built once, without data), and the values Flower leaves to its arithmetic
+(:data:`AT_LEAST_ONE`: ``GroupedNaturalIdPartitioner``'s ``group_size``). An argument
+Flower takes as a NumPy array (:data:`ARRAY_ARGS`: ``DistributionPartitioner``'s
+``distribution_array``) is written in YAML as a list of lists of numbers, one row per
+label, and handed to Flower as a float64 array. Only ``flwr_datasets.partitioner`` is
+imported (it imports Hugging Face ``datasets``); nothing of :mod:`fedrcl_flwr.data`.
 
 Offline and quiet: every import and use goes through :func:`offline`, which sets
 ``FLWR_TELEMETRY_ENABLED=0`` (Flower Datasets' usage telemetry; read when it is first
@@ -35,7 +39,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.errors import ConfigError, shown
 
 KEY = "partition.partitioner"
 EXTRA = "flwr-datasets"
@@ -52,6 +56,13 @@ NOT_SAMPLE_SPLITTERS = (
     "VerticalSizePartitioner",
 )
 _OFFLINE_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+# arguments whose value Flower's constructor does not check although its arithmetic needs
+# it (flwr-datasets 0.6.1: GroupedNaturalIdPartitioner(group_size=0) takes ``n % 0``)
+AT_LEAST_ONE = {"GroupedNaturalIdPartitioner": ("group_size",)}
+# arguments Flower takes as a NumPy array, given in YAML as a list of lists of numbers
+# (DistributionPartitioner's distribution_array: one row per label); at most this many
+ARRAY_ARGS = {"DistributionPartitioner": ("distribution_array",)}
+MAX_ARRAY_ENTRIES = 1_000_000
 
 
 @contextlib.contextmanager
@@ -112,13 +123,13 @@ def constructor_args(spec: Any, num_clients: int, seed: int, where: str) -> tupl
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise ConfigError(
             f"{where}: '{KEY}' must be a mapping {{name: <a flwr_datasets partitioner "
-            f"class>, <its arguments>}}, got {spec!r}"
+            f"class>, <its arguments>}}, got {shown(spec)}"
         )
     module = partitioner_module(where)
     name = spec["name"]
     known = names(module)
     if name not in known:
-        raise ConfigError(f"{where}: '{KEY}.name' {name!r} is not one of {', '.join(known)}")
+        raise ConfigError(f"{where}: '{KEY}.name' {shown(name)} is not one of {', '.join(known)}")
     cls = getattr(module, name)
     params = _parameters(cls)
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
@@ -139,8 +150,18 @@ def constructor_args(spec: Any, num_clients: int, seed: int, where: str) -> tupl
         if kwargs["partition_by"] not in COLUMNS:
             raise ConfigError(
                 f"{where}: '{KEY}.partition_by' must be label or domain (the columns the "
-                f"project gives it), got {kwargs['partition_by']!r}"
+                f"project gives it), got {shown(kwargs['partition_by'])}"
             )
+    for k in AT_LEAST_ONE.get(name, ()):
+        if k in kwargs and not (
+            isinstance(kwargs[k], int) and not isinstance(kwargs[k], bool) and kwargs[k] >= 1
+        ):
+            raise ConfigError(
+                f"{where}: '{KEY}.{k}' must be an integer >= 1, got {shown(kwargs[k])}"
+            )
+    for k in ARRAY_ARGS.get(name, ()):
+        if k in kwargs:
+            kwargs[k] = _number_table(kwargs[k], f"{KEY}.{k}", where)
     if "num_partitions" in params:
         kwargs["num_partitions"] = int(num_clients)
     if "seed" in params:
@@ -155,6 +176,30 @@ def constructor_args(spec: Any, num_clients: int, seed: int, where: str) -> tupl
     if missing:
         raise ConfigError(f"{where}: '{KEY}' for {name} needs {', '.join(missing)}")
     return cls, kwargs
+
+
+def _number_table(value: Any, key: str, where: str) -> Any:
+    """A YAML list of equally long lists of finite numbers >= 0 as a float64 NumPy array
+    (what Flower's ``DistributionPartitioner`` takes), or a :class:`ConfigError`."""
+    import math
+
+    import numpy as np
+
+    def number(v: Any) -> bool:  # finite and >= 0; an int of 400 digits is no float
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return False
+        return 0 <= v < 2**63 if isinstance(v, int) else math.isfinite(v) and v >= 0
+
+    rows: list = value if isinstance(value, list) else []
+    ok = bool(rows) and all(isinstance(r, list) and r for r in rows)
+    ok = ok and len({len(r) for r in rows}) == 1 and len(rows) * len(rows[0]) <= MAX_ARRAY_ENTRIES
+    ok = ok and all(number(v) for r in rows for v in r)
+    if not ok:
+        raise ConfigError(
+            f"{where}: '{key}' must be a list of equally long lists of numbers >= 0 (one "
+            f"row per label, at most {MAX_ARRAY_ENTRIES:,} numbers), got {shown(value)}"
+        )
+    return np.asarray(rows, dtype=np.float64)
 
 
 def build(spec: Any, num_clients: int, seed: int, where: str) -> tuple[Any, str | None]:

@@ -32,7 +32,7 @@ from fedrcl_flwr.config.catalog import (
     metric_choices,
 )
 from fedrcl_flwr.config.schema import ExperimentConfig
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.errors import ConfigError, shown
 
 
 def _fraction(v: Any) -> bool:
@@ -64,8 +64,7 @@ def name_problem(text: Any, max_bytes: int = MAX_NAME_BYTES) -> str | None:
 
 
 def _shorten(text: Any, limit: int = 60) -> str:
-    r = repr(text)
-    return r if len(r) <= limit else r[:limit] + "...'"
+    return shown(text, limit)
 
 
 def _ray_address_ok(v: Any) -> bool:
@@ -273,7 +272,7 @@ def check_rules(cfg: ExperimentConfig, source: str) -> None:
     for key, rule in CONFIG_RULES.items():
         value = value_at(cfg, key)
         if value is not None and not rule.ok(value):
-            raise ConfigError(f"{source}: '{key}' {rule.text}, got {value!r}")
+            raise ConfigError(f"{source}: '{key}' {rule.text}, got {shown(value)}")
 
 
 def value_at(cfg: ExperimentConfig, key: str) -> Any:

@@ -237,6 +237,10 @@ class ClientConfig:
     local_epochs: int = 5
     batch_size: int = 50
     iterations_per_epoch: int | None = None
+    # drop each local epoch's last, incomplete batch (FedUV's DataLoader(drop_last=True));
+    # false: keep it, joining a last batch of one sample to the one before for a model
+    # with BatchNorm (training.last_batch_rule)
+    drop_last: bool = False
     grad_clip: float | None = 10.0
     device: str = "auto"  # auto | cpu | cuda
     amp: str | bool = "off"  # off | bf16 | fp16 (a bare YAML off is false)

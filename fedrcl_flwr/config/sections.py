@@ -17,7 +17,7 @@ from typing import Any
 from fedrcl_flwr.config.catalog import GENERATORS, RETHINKFL_GENERATORS
 from fedrcl_flwr.config.extras import installed, pip_install
 from fedrcl_flwr.config.schema import ExperimentConfig
-from fedrcl_flwr.errors import ConfigError, PartitionError
+from fedrcl_flwr.errors import ConfigError, PartitionError, shown
 
 # ----------------------------------------------------------------- unreliable clients
 
@@ -45,10 +45,12 @@ def _check_spec(
     """A number, a list of ``num_clients`` numbers or ``{distribution: ..., params}``;
     ``ok(value)`` checks each number (``what`` says the rule)."""
     if isinstance(spec, bool):
-        raise _cfg_error(source, f"'{key}' must be a number, a list or a mapping, got {spec!r}")
+        raise _cfg_error(
+            source, f"'{key}' must be a number, a list or a mapping, got {shown(spec)}"
+        )
     if _num(spec):
         if not ok(spec):
-            raise _cfg_error(source, f"'{key}' must be {what}, got {spec!r}")
+            raise _cfg_error(source, f"'{key}' must be {what}, got {shown(spec)}")
         return
     if isinstance(spec, list):
         if len(spec) != num_clients:
@@ -60,17 +62,17 @@ def _check_spec(
             )
         for i, v in enumerate(spec):
             if not _num(v) or not ok(v):
-                raise _cfg_error(source, f"'{key}[{i}]' must be {what}, got {v!r}")
+                raise _cfg_error(source, f"'{key}[{i}]' must be {what}, got {shown(v)}")
         return
     if not isinstance(spec, dict):
         raise _cfg_error(
             source,
-            f"'{key}' must be a number, a list or a mapping, got {type(spec).__name__} ({spec!r})",
+            f"'{key}' must be a number, a list or a mapping, got {type(spec).__name__} ({shown(spec)})",
         )
     dist = spec.get("distribution")
     if dist not in dists:
         raise _cfg_error(
-            source, f"'{key}.distribution' must be one of {', '.join(dists)}, got {dist!r}"
+            source, f"'{key}.distribution' must be one of {', '.join(dists)}, got {shown(dist)}"
         )
     allowed = ("distribution",) + dists[dist]
     for k in spec:
@@ -82,7 +84,7 @@ def _check_spec(
         if k not in spec:
             raise _cfg_error(source, f"'{key}.{k}' is required for distribution {dist}")
         if not _num(spec[k]):
-            raise _cfg_error(source, f"'{key}.{k}' must be a finite number, got {spec[k]!r}")
+            raise _cfg_error(source, f"'{key}.{k}' must be a finite number, got {shown(spec[k])}")
 
 
 def check_availability(cfg: ExperimentConfig, source: str) -> None:
@@ -199,7 +201,7 @@ def check_privacy_section(cfg: ExperimentConfig, source: str) -> None:
         if not product <= MAX_DP_NOISE:  # also inf (overflow) and nan
             raise ConfigError(
                 f"{source}: 'privacy.dp.noise_multiplier' x 'privacy.dp.clipping_norm' "
-                f"({dp.noise_multiplier!r} x {dp.clipping_norm!r} = {product:g}) must be a "
+                f"({shown(dp.noise_multiplier)} x {shown(dp.clipping_norm)} = {product:g}) must be a "
                 f"finite number <= {MAX_DP_NOISE:g}: the noise std would overflow the model"
             )
         if not installed("privacy"):
@@ -218,7 +220,7 @@ def check_privacy_section(cfg: ExperimentConfig, source: str) -> None:
     if isinstance(p.secagg_threshold, float) and p.secagg_threshold > 1:
         raise ConfigError(
             f"{source}: 'privacy.secagg_threshold' as a proportion must be "
-            f"<= 1, got {p.secagg_threshold!r}"
+            f"<= 1, got {shown(p.secagg_threshold)}"
         )
 
 
@@ -244,7 +246,7 @@ def check_trackers(cfg: ExperimentConfig, source: str) -> None:
         if t not in TRACKERS:
             raise ConfigError(
                 f"{source}: 'output.tracker' must list trackers among "
-                f"{', '.join(TRACKERS)}, got {t!r}"
+                f"{', '.join(TRACKERS)}, got {shown(t)}"
             )
     if len(set(raw)) != len(raw):
         raise ConfigError(f"{source}: 'output.tracker' lists a tracker twice: {raw}")
@@ -269,7 +271,7 @@ def resolve_generator(scheme: str, balanced: bool, generator: str | None) -> str
     if generator is not None and generator not in GENERATORS:
         raise PartitionError(
             f"partition.generator must be one of {', '.join(GENERATORS)} "
-            f"(or null), got {generator!r}"
+            f"(or null), got {shown(generator)}"
         )
     if (
         generator == "feduv"

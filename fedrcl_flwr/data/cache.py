@@ -212,6 +212,16 @@ def _source_files(d) -> list[Path]:
     info = dataset_info(d.name)
     if info.generated:
         return []
+    if info.source == "path" and d.name == "hf_disk" and d.path:
+        from fedrcl_flwr.data.hf import check_hf_disk
+
+        # checked before its folder is walked (``dataset.path: /`` would walk the whole
+        # file system); the fingerprint is the folder's, as the entries users hold
+        check_hf_disk(d.path)
+    if info.source == "path" and d.name == "npz" and d.path:
+        from fedrcl_flwr.data.datasets import check_npz_path
+
+        check_npz_path(Path(os.path.expanduser(d.path)))  # a folder is not walked either
     if info.source == "path":
         return [Path(os.path.expanduser(d.path))] if d.path else []
     source = SOURCES.get(d.name)

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from fedrcl_flwr.accel import gather_rows, to_device, transfer_plan
@@ -32,6 +31,7 @@ from fedrcl_flwr.config.catalog import DATASET_NAMES, TORCHVISION_CLASSES, datas
 from fedrcl_flwr.data.raw import DatasetError, RawSplit
 from fedrcl_flwr.data.raw import hwc as _hwc
 from fedrcl_flwr.data.raw import int_labels as _int_labels
+from fedrcl_flwr.data.raw import resize_u8 as _resize_u8
 from fedrcl_flwr.errors import ConfigError
 
 # --------------------------------------------------------------------------------------
@@ -584,7 +584,33 @@ def _tinyimagenet(root: Path, image_size: int | None) -> tuple[RawSplit, RawSpli
     return tr, te
 
 
+def check_npz_path(path: Path) -> None:
+    """``dataset.path`` of an ``npz`` dataset, when something is there, is a regular file:
+    a directory is refused before the dataset cache would fingerprint every file under it
+    (``/``: the whole file system), a FIFO before ``np.load`` would wait on it, a path
+    that cannot be looked up (a name too long) as such. One :class:`DatasetError`."""
+    import errno
+
+    from fedrcl_flwr.config.loading import file_kind
+    from fedrcl_flwr.errors import shown
+
+    try:
+        if path.is_file():
+            return
+        kind = file_kind(path)
+    except OSError as exc:
+        why = "a file name too long" if exc.errno == errno.ENAMETOOLONG else exc.strerror
+        raise DatasetError(
+            f"dataset.path {shown(str(path))}: cannot be looked up ({why or exc})"
+        ) from None
+    if kind is not None:
+        raise DatasetError(
+            f"dataset.path {shown(str(path), 300)}: {kind}, not an .npz file of arrays"
+        )
+
+
 def _npz(path: Path) -> tuple[RawSplit, RawSplit]:
+    check_npz_path(path)
     if not path.exists():
         raise DatasetError(f"npz dataset file {path} does not exist (dataset.path)")
     try:
@@ -697,20 +723,6 @@ def _digit5(
 # --------------------------------------------------------------------------------------
 # Assembly
 # --------------------------------------------------------------------------------------
-
-
-def _resize_u8(x: np.ndarray, size: int) -> np.ndarray:
-    """Resize uint8 (N, H, W, C) to ``size x size`` (antialiased bilinear), in chunks."""
-    if x.shape[1] == size and x.shape[2] == size:
-        return x
-    out = np.empty((x.shape[0], size, size, x.shape[3]), np.uint8)
-    for i in range(0, len(x), 2048):
-        t = torch.from_numpy(x[i : i + 2048]).permute(0, 3, 1, 2).float()
-        r = F.interpolate(
-            t, size=(size, size), mode="bilinear", antialias=True, align_corners=False
-        )
-        out[i : i + 2048] = r.round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
-    return out
 
 
 def default_augment(name: str, image_size: int) -> AugmentSpec:
@@ -1032,7 +1044,7 @@ def _read_hf_disk(a: SourceArgs) -> SourceRead:
     from fedrcl_flwr.data.hf import read_hf_disk
 
     assert a.path is not None  # dataset.path: required (catalog source "path")
-    tr, te = read_hf_disk(a.path, *a.columns)
+    tr, te = read_hf_disk(a.path, *a.columns, image_size=a.image_size)
     return tr, te, [], tr.classes
 
 
@@ -1151,6 +1163,36 @@ def _takes_device(get_batch) -> bool:
         return False
 
 
+# what becomes of an epoch's last, incomplete batch (:func:`batch_bounds`)
+LAST_BATCH_RULES = ("keep", "drop", "fold")
+
+
+def batch_bounds(n: int, batch_size: int, last_batch: str = "keep") -> list[tuple[int, int]]:
+    """``(start, stop)`` of each batch of ``n`` samples in batches of ``batch_size``.
+
+    ``last_batch`` says what becomes of the last, incomplete batch: ``keep`` it (PyTorch's
+    ``DataLoader`` default); ``drop`` it (``DataLoader(drop_last=True)``: FedUV's
+    ``utils/dataloader.py``, sonhamin/FedUV @ dd2e3c5, and RethinkFL's label-skew loader;
+    fewer than ``batch_size`` samples make no batch at all); ``fold``: never a batch of
+    one — a last batch of a single sample joins the batch before it (which then holds
+    ``batch_size + 1``), and a lone single sample makes no batch (a BatchNorm layer in
+    training mode cannot normalise one sample; :func:`fedrcl_flwr.training.last_batch_rule`
+    picks ``fold`` for such models). Every other batch is the same under all three.
+    """
+    if last_batch not in LAST_BATCH_RULES:
+        raise ValueError(f"last_batch must be one of {', '.join(LAST_BATCH_RULES)}")
+    bounds = [(i, min(i + batch_size, n)) for i in range(0, n, batch_size)]
+    if not bounds or bounds[-1][1] - bounds[-1][0] == batch_size:
+        return bounds
+    if last_batch == "drop":
+        return bounds[:-1]
+    if last_batch == "fold" and bounds[-1][1] - bounds[-1][0] == 1:
+        if len(bounds) == 1:
+            return []
+        return bounds[:-2] + [(bounds[-2][0], n)]
+    return bounds
+
+
 def iterate_batches(
     dataset,
     indices,
@@ -1158,6 +1200,7 @@ def iterate_batches(
     *,
     generator: torch.Generator | None = None,
     device: torch.device | None = None,
+    last_batch: str = "keep",
 ):
     """The project's one batch iterator: ``(x, y)`` batches of ``dataset[indices]``.
 
@@ -1168,6 +1211,7 @@ def iterate_batches(
     ``device``: where the batches are delivered; a ``get_batch`` that takes ``device``
     (:meth:`ImageArrayDataset.get_batch`) moves the ``uint8`` pixels there and
     normalises / augments there, other datasets' batches are moved as they come.
+    ``last_batch``: what becomes of the last, incomplete batch (:func:`batch_bounds`).
     """
     ds = dataset
     indices = np.asarray(indices, dtype=np.int64)
@@ -1178,8 +1222,8 @@ def iterate_batches(
     batch_has_device = (
         device is not None and hasattr(ds, "get_batch") and _takes_device(ds.get_batch)
     )
-    for i in range(0, len(indices), batch_size):
-        chunk = indices[i : i + batch_size]
+    for start, stop in batch_bounds(len(indices), batch_size, last_batch):
+        chunk = indices[start:stop]
         if batch_has_device:
             yield ds.get_batch(chunk, generator=generator, device=device)
             continue

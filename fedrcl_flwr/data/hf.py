@@ -16,8 +16,13 @@
   column (else one named ``label`` / ``labels`` / ``fine_label``). Images may be PIL
   images (the ``Image`` feature) or nested lists / arrays of pixels; they are converted
   as the ``npz`` reader converts arrays (uint8 as is, floats in [0, 1] scaled), PIL
-  images to RGB (L when every image is greyscale). The images of a split must share one
-  size (``dataset.image_size`` then resizes them as for every dataset).
+  images to RGB (L when every image is greyscale). Images of one size are resized by
+  ``dataset.image_size`` as for every dataset; images of several sizes need it, and are
+  each resized to it as they are read (bilinear, as an image folder's). Checked before
+  anything is read or fingerprinted (:func:`check_hf_disk`): ``dataset.path`` a folder
+  holding ``dataset_dict.json`` with splits ``train`` and ``test``, each split folder's
+  ``state.json`` naming at least one data file (an empty split is refused as such); a
+  ``ClassLabel`` of at most :data:`~fedrcl_flwr.data.raw.MAX_CLASSES` classes.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import numpy as np
 
 from fedrcl_flwr.config.catalog import domain_datasets_in_words
 from fedrcl_flwr.config.partitioners import build, install_hint, offline
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.errors import ConfigError, shown
 
 IMAGE_NAMES = ("img", "image", "pixel_values", "pixels")
 LABEL_NAMES = ("label", "labels", "fine_label", "target")
@@ -55,7 +60,13 @@ def flwr_datasets_split(
     """Index arrays of ``num_clients`` clients drawn by the partitioner ``spec``
     (``partition.partitioner``) from ``labels`` (and ``domains``). A problem Flower's
     partitioner raises on these labels (too many partitions, a class with too few
-    samples) is one :class:`ConfigError` line."""
+    samples) is one :class:`ConfigError` line, also when Flower's own arithmetic fails
+    (:func:`_arithmetic_refusal`: ``ShardPartitioner`` with more shards than samples
+    divides by a shard size of 0). Flower's warnings while it splits are shown only
+    when the split succeeds (a refused split is its one line); the library deprecation
+    notices it triggers (pyarrow's ``FutureWarning``) never."""
+    import warnings
+
     from fedrcl_flwr.errors import PartitionError
 
     where = "partition.scheme flwr_datasets"
@@ -73,7 +84,8 @@ def flwr_datasets_split(
     }
     if domains is not None:
         cols["domain"] = np.asarray(domains, dtype=np.int64)
-    with offline():
+    with offline(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         datasets.disable_progress_bars()
         ds = datasets.Dataset.from_dict(cols)
         try:
@@ -90,9 +102,16 @@ def flwr_datasets_split(
             ]
         except PartitionError:
             raise
+        except ArithmeticError as exc:
+            raise PartitionError(_arithmetic_refusal(spec, n, num_clients, exc)) from None
         except Exception as exc:  # noqa: BLE001 - Flower's refusal is one line
             text = " ".join(str(exc).split()) or type(exc).__name__
             raise PartitionError(f"{where} ({spec['name']}): {text}") from None
+    for w in caught:  # the split succeeded: Flower's notes about it are worth seeing
+        if not issubclass(
+            w.category, (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+        ):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     empty = [i for i, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise PartitionError(
@@ -100,6 +119,28 @@ def flwr_datasets_split(
             "needs at least one (fewer clients, or other arguments)"
         )
     return parts
+
+
+def _arithmetic_refusal(spec: dict, n: int, num_clients: int, exc: ArithmeticError) -> str:
+    """The one line of a partitioner whose arithmetic failed on ``n`` samples and
+    ``num_clients`` clients: ``ShardPartitioner``'s shards must hold a sample each —
+    ``num_shards_per_partition`` × clients at most the training samples (flwr-datasets
+    0.6.1 divides by the shard size it computes, 0); any other partitioner's arithmetic
+    error is named as such."""
+    name = spec["name"]
+    where = f"partition.scheme flwr_datasets ({name})"
+    per = spec.get("num_shards_per_partition")
+    if name == "ShardPartitioner" and isinstance(per, int) and spec.get("shard_size") is None:
+        return (
+            f"{where}: 'partition.partitioner.num_shards_per_partition' {per} × "
+            f"{num_clients} clients = {per * num_clients} shards for {n} training samples: "
+            f"a shard would hold no sample (at most {n // max(num_clients, 1)} per client)"
+        )
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return (
+        f"{where}: its arguments do not fit {n} training samples and {num_clients} "
+        f"clients (Flower's arithmetic failed: {text})"
+    )
 
 
 # ------------------------------------------------------------------------- hf_disk
@@ -126,38 +167,160 @@ def _pick(features: dict, given: str | None, key: str, kind: str, names: tuple, 
     )
 
 
-def _pixels(values: list, what: str) -> np.ndarray:
+def _pixels(values: list, what: str, image_size: int | None = None) -> np.ndarray:
+    """The images ``values`` as uint8 (N, H, W, C); images of several sizes each resized
+    to ``image_size`` (PIL bilinear for PIL images, as an image folder's; antialiased
+    bilinear for arrays), or refused without it."""
     from fedrcl_flwr.data.raw import DatasetError, hwc
 
     first = values[0] if values else None
-    if first is not None and hasattr(first, "mode") and hasattr(first, "convert"):  # PIL
+    pil = first is not None and hasattr(first, "mode") and hasattr(first, "convert")
+    if pil:
         mode = (
             "L" if all(getattr(v, "mode", "") in ("L", "1", "I", "I;16") for v in values) else "RGB"
         )
-        arrays = [np.asarray(v.convert(mode)) for v in values]
+        images = [v.convert(mode) for v in values]
+        arrays = [np.asarray(v) for v in images]
     else:
         arrays = [np.asarray(v) for v in values]
     shapes = {a.shape for a in arrays}
-    if len(shapes) > 1:
+    if len(shapes) > 1 and image_size is None:
         raise DatasetError(
             f"{what}: images of {len(shapes)} different shapes (e.g. {sorted(shapes)[:2]}); "
-            "store one size or set dataset.image_size"
+            "set dataset.image_size to resize each to one size"
         )
+    if len(shapes) > 1 and pil:
+        from PIL import Image
+
+        size = (int(image_size), int(image_size))  # type: ignore[arg-type]
+        arrays = [
+            np.asarray(im if im.size == size else im.resize(size, Image.Resampling.BILINEAR))
+            for im in images
+        ]
+    elif len(shapes) > 1:
+        from fedrcl_flwr.data.raw import resize_u8
+
+        side = int(image_size)  # type: ignore[arg-type]
+        resized = [resize_u8(hwc(a[None], what), side) for a in arrays]
+        channels = sorted({r.shape[3] for r in resized})
+        if len(channels) > 1:
+            raise DatasetError(f"{what}: images with {channels[0]} and {channels[-1]} channels")
+        return np.concatenate(resized)
     return hwc(np.stack(arrays) if arrays else np.zeros((0, 1, 1), np.uint8), what)
+
+
+# what a folder written by DatasetDict.save_to_disk holds (datasets 2.x - 4.x)
+DICT_FILE = "dataset_dict.json"
+STATE_FILE = "state.json"
+INFO_FILE = "dataset_info.json"
+MAX_JSON_BYTES = 1 << 20  # dataset_dict.json, state.json (a few hundred bytes each)
+# dataset_info.json: its ClassLabel names (MAX_CLASSES of them take about 2 MB)
+MAX_INFO_BYTES = 16 << 20
+SPLITS = ("train", "test")
+
+
+def _small_json(path: Path, what: str, limit: int = MAX_JSON_BYTES) -> Any:
+    """The JSON of ``path``, a regular file of at most ``limit`` bytes (opened without
+    following a link or blocking on a FIFO), or a :class:`DatasetError`."""
+    import json
+    import os
+    import stat
+
+    from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise DatasetError(f"{what}: cannot read {path.name} ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise DatasetError(f"{what}: {path.name} is not a regular file")
+        if st.st_size > limit:
+            raise DatasetError(
+                f"{what}: {path.name} holds {st.st_size:,} bytes (at most {limit:,}: a "
+                f"ClassLabel of more than {MAX_CLASSES:,} classes?)"
+            )
+        try:
+            return json.loads(fh.read(limit + 1).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise DatasetError(f"{what}: {path.name} is not JSON") from None
+
+
+def check_hf_disk(path: str) -> None:
+    """Check the ``DatasetDict`` saved at ``path`` before anything is read from it or the
+    dataset cache fingerprints its folder: ``dataset.path`` a folder with
+    ``dataset_dict.json`` naming both splits, each split folder's ``state.json`` naming
+    its data files (none: an empty split) and its ``dataset_info.json`` no ``ClassLabel``
+    of more than ``MAX_CLASSES`` classes (loading one of 10**6 takes half a minute).
+    Anything else is one :class:`DatasetError` naming ``dataset.path``; no folder is
+    walked."""
+    import errno
+
+    from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError
+
+    p = Path(path).expanduser()
+    try:
+        is_dir = p.is_dir()
+        exists = is_dir or p.exists()
+    except OSError as exc:  # a name too long, a loop of links
+        why = "a file name too long" if exc.errno == errno.ENAMETOOLONG else exc.strerror
+        raise DatasetError(
+            f"dataset.path {shown(str(p))}: cannot be looked up ({why or exc})"
+        ) from None
+    if not exists:
+        raise DatasetError(f"hf_disk dataset {shown(str(p), 300)} does not exist (dataset.path)")
+    what = f"dataset.path {p}"
+    if not is_dir or not (p / DICT_FILE).is_file():
+        raise DatasetError(
+            f"{what}: not a DatasetDict saved with save_to_disk (no {DICT_FILE} in a folder); "
+            "save DatasetDict({'train': ..., 'test': ...}) with save_to_disk"
+        )
+    meta = _small_json(p / DICT_FILE, what)
+    held = meta.get("splits") if isinstance(meta, dict) else None
+    if not isinstance(held, list) or not set(SPLITS) <= {str(h) for h in held}:
+        shown_held = ", ".join(str(h)[:40] for h in held[:10]) if isinstance(held, list) else "?"
+        raise DatasetError(
+            f"{what}: need a DatasetDict with splits train and test (found {shown_held}); "
+            "save DatasetDict({'train': ..., 'test': ...}) with save_to_disk"
+        )
+    for split in SPLITS:
+        state = _small_json(p / split / STATE_FILE, f"{what} [{split}]")
+        data = state.get("_data_files") if isinstance(state, dict) else None
+        if not isinstance(data, list):
+            raise DatasetError(f"{what} [{split}]: {STATE_FILE} names no data files")
+        if not data:
+            raise DatasetError(
+                f"{what}: split {split!r} is empty (no rows): train and test each need at "
+                "least one image"
+            )
+        names = [d.get("filename") if isinstance(d, dict) else None for d in data]
+        if not all(isinstance(n, str) and n and "/" not in n and n != ".." for n in names):
+            raise DatasetError(f"{what} [{split}]: {STATE_FILE} names a data file outside it")
+        info = _small_json(p / split / INFO_FILE, f"{what} [{split}]", MAX_INFO_BYTES)
+        features = info.get("features") if isinstance(info, dict) else None
+        for column, feat in (features if isinstance(features, dict) else {}).items():
+            names_ = feat.get("names") if isinstance(feat, dict) else None
+            if isinstance(names_, list) and feat.get("_type") == "ClassLabel":
+                if len(names_) > MAX_CLASSES:
+                    raise DatasetError(
+                        f"{what} [{split}]: the ClassLabel of column {shown(column)} has "
+                        f"{len(names_):,} classes (at most {MAX_CLASSES:,})"
+                    )
 
 
 def read_hf_disk(
     path: str,
     image_column: str | None,
     label_column: str | None,
+    image_size: int | None = None,
 ):
     """(train, test) :class:`~fedrcl_flwr.data.datasets.RawSplit` of the dataset saved at
     ``path`` (see the module docstring)."""
-    from fedrcl_flwr.data.raw import DatasetError, RawSplit, int_labels
+    from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError, RawSplit, int_labels
 
+    check_hf_disk(path)
     p = Path(path).expanduser()
-    if not p.exists():
-        raise DatasetError(f"hf_disk dataset {p} does not exist (dataset.path)")
     datasets = _datasets("dataset.name hf_disk")
     with offline():
         datasets.disable_progress_bars()
@@ -181,15 +344,21 @@ def read_hf_disk(
     if img == lab:
         raise DatasetError(f"{p}: image and label column are both {img!r}")
 
+    # a ClassLabel names the classes (some may be absent from both splits): its count
+    # is the number of classes, as CIFAR's class list is
+    classes = getattr(features[lab], "num_classes", None)
+    if classes is not None and not 0 < int(classes) <= MAX_CLASSES:
+        raise DatasetError(
+            f"{p}: the ClassLabel of column {lab} has {int(classes):,} classes "
+            f"(at most {MAX_CLASSES:,})"
+        )
+
     def read(ds, split: str):
         what = f"{p} [{split}] column {img}"
-        x = _pixels(ds[img], what)
         y = int_labels(np.asarray(ds[lab]), f"{p} [{split}] column {lab}")
+        x = _pixels(ds[img], what, image_size)
         return x, y
 
     x, y = read(splits["train"], "train")
     xt, yt = read(splits["test"], "test")
-    # a ClassLabel names the classes (some may be absent from both splits): its count
-    # is the number of classes, as CIFAR's class list is
-    classes = getattr(features[lab], "num_classes", None)
     return RawSplit(x, y, classes=classes), RawSplit(xt, yt)

@@ -11,6 +11,10 @@ import numpy as np
 
 from fedrcl_flwr.errors import ConfigError
 
+# the most classes (and domains) a dataset may have: a label is below it (ImageNet-21k has
+# 21,841 classes; a label of 10**9 would make a classifier of 10**9 outputs)
+MAX_CLASSES = 100_000
+
 
 class DatasetError(ConfigError):
     """A dataset that cannot be found or read (a user-input problem: exit code 2)."""
@@ -86,7 +90,8 @@ def hwc(x, what: str = "images") -> np.ndarray:
 
 def int_labels(y, what: str) -> np.ndarray:
     """Labels as int64: integers, or floats that are whole numbers (1.0 -> 1); NaN/Inf,
-    fractional, negative or non-numeric labels are a :class:`DatasetError`."""
+    fractional, negative or non-numeric labels, and labels of :data:`MAX_CLASSES` or more,
+    are a :class:`DatasetError`."""
     y = np.asarray(y)
     if y.dtype.kind not in "uif":
         raise DatasetError(f"{what}: labels of type {y.dtype} (need non-negative integers)")
@@ -99,4 +104,27 @@ def int_labels(y, what: str) -> np.ndarray:
             raise DatasetError(f"{what}: fractional labels such as {bad} (need whole numbers)")
     if len(y) and y.min() < 0:
         raise DatasetError(f"{what}: negative labels (min {y.min()})")
+    if len(y) and y.max() >= MAX_CLASSES:
+        raise DatasetError(
+            f"{what}: label {int(y.max())} (labels are class numbers 0..{MAX_CLASSES - 1:,}: "
+            f"at most {MAX_CLASSES:,} classes)"
+        )
     return y.astype(np.int64)
+
+
+def resize_u8(x: np.ndarray, size: int) -> np.ndarray:
+    """Resize uint8 (N, H, W, C) to ``size x size`` (torch's antialiased bilinear), in
+    chunks."""
+    import torch
+    import torch.nn.functional as F
+
+    if x.shape[1] == size and x.shape[2] == size:
+        return x
+    out = np.empty((x.shape[0], size, size, x.shape[3]), np.uint8)
+    for i in range(0, len(x), 2048):
+        t = torch.from_numpy(x[i : i + 2048]).permute(0, 3, 1, 2).float()
+        r = F.interpolate(
+            t, size=(size, size), mode="bilinear", antialias=True, align_corners=False
+        )
+        out[i : i + 2048] = r.round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
+    return out

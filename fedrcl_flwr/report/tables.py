@@ -59,7 +59,7 @@ from fedrcl_flwr.config.catalog import (
     is_report_metric,
     metric_choices,
 )
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.errors import ConfigError, shown
 from fedrcl_flwr.run.results import LAST_K
 from fedrcl_flwr.run.run_files import CONFIG_FILE, METRICS_FILE, NOT_RUN_DIRS, SUMMARY_FILE
 
@@ -198,13 +198,19 @@ def _accuracy_problem(v: Any) -> str | None:
         return None
     if not _is_number(v):
         return "must be a number or null"
-    if not math.isfinite(v) or not 0.0 <= v <= 1.0:
+    # compared as they are: an integer of 400 digits is no float (math.isfinite overflows)
+    if isinstance(v, float) and not math.isfinite(v) or not 0 <= v <= 1:
         return "must be a fraction in [0, 1] (or null)"
     return None
 
 
+MAX_ROUND = 2**63 - 1  # a round number a run can write (a larger one is a damaged file)
+
+
 def _round_problem(v: Any) -> str | None:
-    if not _is_number(v) or not math.isfinite(v) or v < 0 or v != int(v):
+    if not _is_number(v) or (isinstance(v, float) and not math.isfinite(v)):
+        return "must be a whole number >= 0"
+    if v < 0 or v > MAX_ROUND or v != int(v):
         return "must be a whole number >= 0"
     return None
 
@@ -212,8 +218,8 @@ def _round_problem(v: Any) -> str | None:
 def _json(text: str, path: Path, where: str = ""):
     try:
         return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: {where}not valid JSON ({exc})") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer of over 4,300 digits
+        raise ConfigError(f"{path}: {where}not valid JSON ({shown(str(exc), 200)})") from None
     except RecursionError:
         raise ConfigError(f"{path}: {where}nested too deeply") from None
 
@@ -228,17 +234,17 @@ def read_summary(run_dir: Path) -> dict:
     for k in ("final_accuracy", "best_accuracy", "ema_accuracy", "last5"):
         why = _accuracy_problem(data.get(k))
         if why:
-            raise ConfigError(f"{path}: '{k}' {why}, got {data[k]!r}")
+            raise ConfigError(f"{path}: '{k}' {why}, got {shown(data[k])}")
     at = data.get("accuracy_at")
     if at is not None and (
         not isinstance(at, dict) or not all(_accuracy_problem(v) is None for v in at.values())
     ):
         raise ConfigError(
-            f"{path}: 'accuracy_at' must map rounds to accuracies in [0, 1], got {str(at)[:200]}"
+            f"{path}: 'accuracy_at' must map rounds to accuracies in [0, 1], got {shown(at)}"
         )
     if data.get("rounds") is not None and _round_problem(data["rounds"]):
         raise ConfigError(
-            f"{path}: 'rounds' {_round_problem(data['rounds'])}, got {data['rounds']!r}"
+            f"{path}: 'rounds' {_round_problem(data['rounds'])}, got {shown(data['rounds'])}"
         )
     return data
 
@@ -250,7 +256,7 @@ def _record_problem(rec: Any, where: str) -> str | None:
     for k in ("test_accuracy", "ema_accuracy"):
         why = _accuracy_problem(rec.get(k))
         if why:
-            return f"{where}: '{k}' {why}, got {rec[k]!r}"
+            return f"{where}: '{k}' {why}, got {shown(rec[k])}"
     return None
 
 
@@ -264,15 +270,16 @@ def _parse_record(line: bytes | str, where: str) -> dict:
             ) from None
     try:
         rec = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ConfigError(f"{where}: not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # an integer of over 4,300 digits too
+        raise ConfigError(f"{where}: not valid JSON ({shown(str(exc), 200)})") from None
     why = _record_problem(rec, where)
     if why:
         raise ConfigError(why)
     return rec
 
 
-_FRAME_RE = re.compile(rb'\{"round": (\d+)[,}]')
+# a round of at most 18 digits (below MAX_ROUND); a longer one is parsed, and refused
+_FRAME_RE = re.compile(rb'\{"round": (\d{1,18})[,}]')
 _CHECKED_RE = re.compile(rb'"(?:test|ema)_accuracy": ([^,}]*)')
 
 
@@ -364,6 +371,8 @@ def read_records(run_dir: Path) -> Sequence:
                             "writing it); it is left out"
                         )
                         break
+                    except ValueError:  # whole, but a value JSON cannot take: refused below
+                        pass
                     rec = _parse_record(line, f"{path}:{i}")
                     rounds.append(int(rec["round"]))
                 elif line:

@@ -22,14 +22,18 @@ them. NumPy arrays (model weights, optimizer buffers) are stored as
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from fedrcl_flwr.errors import CheckpointError
-from fedrcl_flwr.run.run_files import CHECKPOINT_FILE, guarded_write  # noqa: F401 - re-exported
+from fedrcl_flwr.run.run_files import (  # noqa: F401 - guarded_write re-exported
+    CHECKPOINT_FILE,
+    atomic_write_bytes,
+    guarded_write,
+    new_file,
+)
 from fedrcl_flwr.serialization import safe_load
 
 
@@ -57,15 +61,22 @@ def from_safe(obj):
     return obj
 
 
+def write_torch_file(path: Path, obj) -> None:
+    """``torch.save(obj)`` into ``path`` whole or not at all: serialised in memory first,
+    then written by :func:`~fedrcl_flwr.run.run_files.atomic_write_bytes`. On a full disk
+    the error is the file system's — a :class:`~fedrcl_flwr.run.run_files.RunFileError`
+    naming ``path``, no ``.tmp`` left — where torch's own file writer would raise a
+    ``RuntimeError`` ("file write failed") and leave its partial ``.tmp`` behind."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    atomic_write_bytes(Path(path), buffer.getbuffer())
+
+
 def save_checkpoint(run_dir: Path, state: dict) -> Path:
     path = Path(run_dir) / CHECKPOINT_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    with guarded_write(path, tmp):  # a full disk: no .tmp left, the last checkpoint kept
-        with open(tmp, "wb") as fh:
-            torch.save(to_safe(state), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+    write_torch_file(path, to_safe(state))
     return path
 
 

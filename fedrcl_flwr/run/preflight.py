@@ -30,12 +30,14 @@ from fedrcl_flwr.config import ExperimentConfig, apply_overrides, config_from_di
 from fedrcl_flwr.config.catalog import dataset_info
 from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.run.run_files import (
-    LOCK_FILE,
+    FLOWER_LOG,
+    METRICS_FILE,
     RESULT_FILES,
     RUN_SUBDIRS,
     SWEEP_CONFIGS_DIR,
     SWEEP_LOGS_DIR,
     SWEEP_STATUS_FILE,
+    link_problem,
     sweep_config_path,
     sweep_log_path,
 )
@@ -180,6 +182,26 @@ def check_run_dir(out_dir: Path, *, resume: bool, overwrite: bool) -> None:
             f"output directory {out_dir}: {', '.join(links)} "
             f"{'is a link' if len(links) == 1 else 'are links'}; a run writes "
             "only inside its directory (remove the link, or --overwrite)"
+        )
+    if not overwrite:  # the files a run appends to: never through a hard link
+        for name in (METRICS_FILE, FLOWER_LOG):
+            _check_written_in_place(out_dir / name)
+
+
+def _check_written_in_place(path: Path) -> None:
+    """``path``, which the tool appends to, is absent or a regular file of one link (an
+    append to a hard-linked file would write into every copy: ``cp -al`` makes them)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror})") from None
+    why = link_problem(st)
+    if why:
+        raise ConfigError(
+            f"{path} is {why}; the tool never writes through one (replace it by a copy "
+            "of its own, e.g. cp --remove-destination, or choose another --out)"
         )
 
 
@@ -469,6 +491,9 @@ def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
     _check_free_output_dir(out_dir, "sweep directory", "another sweep or run")
     for run in runs:
         d = run.out_dir
+        why = OutputLock.problem(d) if d.is_dir() and not d.is_symlink() else None
+        if why:
+            raise ConfigError(f"run '{run.name}': {why}")
         holder = OutputLock.holder(d) if d.is_dir() and not d.is_symlink() else None
         if holder is not None:
             raise ConfigError(
@@ -491,13 +516,12 @@ def _check_sweep_entries(out_dir: Path) -> None:
                 f"{p} must be the sweep's own directory (it is a link or a "
                 "file); move it away or choose another --out"
             )
-    for name in (SWEEP_STATUS_FILE, LOCK_FILE):
-        p = out_dir / name
-        if p.is_symlink() or (p.exists() and not p.is_file()):
-            raise ConfigError(
-                f"{p} must be a regular file (it is a link or a directory); "
-                "move it away or choose another --out"
-            )
+    p = out_dir / SWEEP_STATUS_FILE
+    if p.is_symlink() or (p.exists() and not p.is_file()):
+        raise ConfigError(
+            f"{p} must be a regular file (it is a link or a directory); "
+            "move it away or choose another --out"
+        )
 
 
 def _check_run_entries(run: PlannedRun, out_dir: Path) -> None:
@@ -512,6 +536,7 @@ def _check_run_entries(run: PlannedRun, out_dir: Path) -> None:
                 f"{p} must be a regular file written by the sweep (it is "
                 "a link or a directory); move it away"
             )
+    _check_written_in_place(sweep_log_path(out_dir, run.name))
     d = run.out_dir
     if d.is_symlink() or (d.exists() and not d.is_dir()):
         raise ConfigError(
@@ -571,6 +596,9 @@ def _check_free_output_dir(out_dir: Path, what: str, holder_kind: str) -> None:
     from fedrcl_flwr.run.processes import OutputLock
 
     check_output_dir(out_dir)
+    why = OutputLock.problem(out_dir)  # a link, a FIFO...: never opened, never waited on
+    if why:
+        raise ConfigError(why)
     holder = OutputLock.holder(out_dir)
     if holder is not None:
         raise ConfigError(

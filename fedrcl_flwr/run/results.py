@@ -7,7 +7,8 @@ Files in a run directory:
   (``round_failed: true`` with its ``failure_reason``, evaluated or not)
 * ``summary.json``  - method, strategy, ``rounds_failed``, final/EMA/best accuracy, ``last5`` (mean test
   accuracy of the last five evaluated rounds, FedCCL's reported metric) overall and per
-  domain, EMA accuracy at the target rounds the run reached, ``report_metric``, time
+  domain, EMA accuracy at the target rounds the run reached, ``report_metric``, time,
+  ``client_failures`` (each client that failed in some round: how often, its first error)
 * ``model.pt``      - the final global model's state_dict
 * ``accuracy.png``  - test accuracy and EMA accuracy per round
 
@@ -37,7 +38,10 @@ from fedrcl_flwr.run.run_files import (  # noqa: F401 - the names' one home, re-
     RUN_SUBDIRS,
     SUMMARY_FILE,
     TMP_SUFFIX,
+    append_file,
+    atomic_write_bytes,
     guarded_write,
+    new_file,
 )
 
 
@@ -48,7 +52,8 @@ def write_marker(directory: Path, kind: str) -> None:
     if has_marker(directory, kind):
         return
     tmp = path.with_name(f"{MARKER_FILE}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    tmp.write_text(f"fedrcl-flwr {kind}\n")  # unique name: concurrent writers both succeed
+    with new_file(tmp, "w") as fh:  # unique name: concurrent writers both succeed
+        fh.write(f"fedrcl-flwr {kind}\n")
     os.replace(tmp, path)
 
 
@@ -133,7 +138,8 @@ def atomic_write_text(path: Path, text: str) -> None:
     ``.tmp`` left, the earlier ``path`` unchanged)."""
     tmp = path.with_name(path.name + TMP_SUFFIX)
     with guarded_write(path, tmp):
-        tmp.write_text(text)
+        with new_file(tmp, "w") as fh:
+            fh.write(text)
         os.replace(tmp, path)
 
 
@@ -199,6 +205,8 @@ def format_round_line(
         parts.append(f"dropped {rec['dropped']}")
     if rec.get("failures"):
         parts.append(f"failures {rec['failures']}")
+    if rec.get("weight_store"):  # strategies/base.py: what the weight store cost the round
+        parts.append(f"weight store: {rec['weight_store']}")
     why = rec.get("failure_reason")
     if rec.get("round_failed") or (rec.get("failures") and not rec.get("num_clients")):
         # strategies/base.py: no client's update reached the model this round
@@ -276,6 +284,9 @@ class RunRecorder:
         self.elapsed_before = elapsed_before
         self.report_metric = report_metric
         self.records: list[dict] = []
+        # per partition id (text) that failed in some round: {"failed", "rounds",
+        # "first_error"} (strategies/base.py: failure_counts), set before finish()
+        self.client_failures: dict[str, dict] = {}
 
     @property
     def metrics_path(self) -> Path:
@@ -295,7 +306,7 @@ class RunRecorder:
         path = self.metrics_path
         size = path.stat().st_size if path.exists() else 0
         with guarded_write(path, truncate_to=size):  # a torn record is cut back
-            with open(path, "a") as fh:
+            with append_file(path) as fh:
                 fh.write(line)
                 fh.flush()
         self.records.append(record)
@@ -338,6 +349,8 @@ class RunRecorder:
             "wall_time_s": round(self.wall_time(), 3),
             # rounds in which no client's update reached the model (strategies/base.py)
             "rounds_failed": sum(1 for r in self.records if r.get("round_failed")),
+            # clients whose update did not reach the model in some round they trained in
+            "client_failures": self.client_failures,
         }
         private = [
             r for r in self.records if r.get("dp_epsilon", None) is not None or "dp_delta" in r
@@ -356,13 +369,14 @@ class RunRecorder:
         every result of the run is on disk). ``before_summary(summary, plots)`` is called
         just before (the experiment trackers, ``fedrcl_flwr.tracking``)."""
         summary = self.summary()
-        if model_state is not None:
+        if model_state is not None:  # serialised in memory: a full disk names model.pt
+            import io
+
             import torch
 
-            tmp = self.out_dir / (MODEL_FILE + TMP_SUFFIX)
-            with guarded_write(self.out_dir / MODEL_FILE, tmp):
-                torch.save(model_state, tmp)
-                os.replace(tmp, self.out_dir / MODEL_FILE)
+            buffer = io.BytesIO()
+            torch.save(model_state, buffer)
+            atomic_write_bytes(self.out_dir / MODEL_FILE, buffer.getbuffer())
         plot_accuracy(self.records, self.out_dir / PLOT_FILE, title=self.title)
         if before_summary is not None:
             before_summary(
@@ -371,6 +385,35 @@ class RunRecorder:
             )
         atomic_write_text(self.out_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         return summary
+
+
+def always_failing(summary: dict) -> list[str]:
+    """One phrase per client that failed in every round it was sampled (``summary.json``'s
+    ``client_failures``, :meth:`RunRecorder.summary`): ``client 17 failed in 12 of 12
+    rounds it was sampled: <its first error>``, in partition order. A client that failed
+    in only some rounds is counted in ``summary.json`` and not named here."""
+    out = []
+    entries = summary.get("client_failures")
+    for pid, entry in (entries if isinstance(entries, dict) else {}).items():
+        try:
+            failed, rounds = int(entry["failed"]), int(entry["rounds"])
+            error = one_line(str(entry["first_error"]), 300)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if failed and failed >= rounds:
+            out.append(
+                f"client {pid} failed in {failed} of {rounds} "
+                f"round{'s' if rounds != 1 else ''} it was sampled: {error}"
+            )
+    return out
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line, cut to ``limit`` characters (``...`` and the full length)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
 
 
 def research_summary(records: list[dict]) -> dict:
@@ -426,10 +469,10 @@ def read_metrics(run_dir: Path) -> list[dict]:
         if line:
             try:
                 rec = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):
+            except (ValueError, RecursionError):  # an integer of over 4,300 digits too
                 break  # a torn last line from a killed run
             rnd = rec.get("round") if isinstance(rec, dict) else None
-            if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+            if not isinstance(rnd, int) or isinstance(rnd, bool) or not 0 <= rnd < 2**63:
                 break
             out.append(rec)
     return out
@@ -509,7 +552,8 @@ def plot_accuracy(records: list[dict], path: Path, title: str = "") -> None:
     tmp = path.with_name(path.stem + ".tmp.png")
     try:
         with guarded_write(path, tmp):
-            fig.savefig(tmp, dpi=100, bbox_inches="tight")
+            with new_file(tmp) as fh:
+                fig.savefig(fh, format="png", dpi=100, bbox_inches="tight")
             os.replace(tmp, path)
     finally:
         plt.close(fig)

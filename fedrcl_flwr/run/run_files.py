@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from pathlib import Path
 
 CONFIG_FILE = "config.yaml"
@@ -48,7 +49,8 @@ MLRUNS_DIR = "mlruns"  # MLflow's file store (left alone by --overwrite)
 # Every directory the tool creates and may later delete or clear carries this file,
 # holding ``fedrcl-flwr <kind>``. Nothing without it is ever removed.
 MARKER_FILE = ".fedrcl-flwr-dir"
-# An output directory's lock: an exclusive flock on this file (fedrcl_flwr.run.processes.OutputLock)
+# An output directory's lock: an exclusive flock on this file, which the tool creates
+# (fedrcl_flwr.run.processes.OutputLock)
 LOCK_FILE = ".fedrcl-flwr.lock"
 
 # what a run writes into its output directory (``run --overwrite`` removes exactly these,
@@ -128,3 +130,74 @@ def guarded_write(path: Path, tmp: Path | None = None, *, truncate_to: int | Non
             with contextlib.suppress(OSError):
                 os.truncate(path, truncate_to)
         raise write_problem(Path(path), exc) from None
+
+
+# ------------------------------------------------------------------ writing, never through a link
+# Every file the tool writes in a run's or a sweep's directory is either made new
+# (:func:`new_file`: whatever had that name is removed, then the file is created with
+# O_CREAT | O_EXCL | O_NOFOLLOW, and renamed over its final name by the caller) or
+# appended to (:func:`append_file`: only a regular file of one link). So a symbolic link
+# or a hard link planted under one of its names (a copied or unpacked results folder, a
+# shared directory) is replaced or refused, and the file it points to is never written.
+
+
+def new_file(path: Path, mode: str = "wb"):
+    """A new regular file at ``path``, open for writing (``mode``): what had that name
+    (a stale temporary file, a link) is removed first, never what a link points to;
+    then the file is created exclusively, without following a link. For the tool's
+    temporary names (``NAME.tmp``), which the caller renames over ``NAME``."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    return os.fdopen(fd, mode)
+
+
+def append_file(path: Path, mode: str = "a"):
+    """``path`` open for appending (created if absent): refused with a
+    :class:`RunFileError` (one line) when it is a symbolic link, a hard-linked file, a
+    FIFO or anything but a regular file (opened with ``O_NOFOLLOW | O_NONBLOCK``, checked
+    with ``fstat``: never written through, never waited on)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RunFileError(
+                f"cannot write {path}: it is a symbolic link (the tool never writes "
+                "through one; remove it)"
+            ) from None
+        raise
+    st = os.fstat(fd)
+    why = link_problem(st)
+    if why:
+        os.close(fd)
+        raise RunFileError(f"cannot write {path}: it is {why} (the tool never writes through one)")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, mode)
+
+
+def link_problem(st: os.stat_result) -> str | None:
+    """Why a file with ``st`` (from ``lstat`` or ``fstat``) may not be written in place:
+    a symbolic link, a hard-linked file, anything but a regular file; ``None`` if it may."""
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"))
+        return next((name for test, name in kinds if test(st.st_mode)), "not a regular file")
+    if st.st_nlink > 1:
+        return f"a file with {st.st_nlink} hard links"
+    return None
+
+
+def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
+    """Write ``data`` into ``path`` whole or not at all: through ``path.tmp`` (fsynced),
+    then renamed. The file system's error (a full disk) is a :class:`RunFileError`
+    naming ``path``; no ``.tmp`` is left and an earlier ``path`` stays as it was."""
+    path = Path(path)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    with guarded_write(path, tmp):
+        with new_file(tmp) as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)

@@ -387,19 +387,27 @@ def sample_partitions(seed: int, server_round: int, num_clients: int, k: int) ->
 
 
 def make_batches(
-    dataset, indices: np.ndarray, batch_size: int, seed: int, device: torch.device | None = None
+    dataset,
+    indices: np.ndarray,
+    batch_size: int,
+    seed: int,
+    device: torch.device | None = None,
+    last_batch: str = "keep",
 ):
     """``batches(epoch)`` for :func:`fedrcl_flwr.training.train_local`: the shuffled,
     augmented batches of :func:`fedrcl_flwr.data.datasets.iterate_batches`, with a
     generator seeded with ``(seed, epoch)`` only (the permutation and the augmentation
     draws, on the host whatever ``device``), delivered on ``device`` (default: the CPU;
     a CUDA device gets pinned, non-blocking copies of the uint8 pixels, normalised and
-    augmented there)."""
+    augmented there). ``last_batch``: keep, drop or fold the epoch's last, incomplete
+    batch (:func:`fedrcl_flwr.data.datasets.batch_bounds`)."""
     from fedrcl_flwr.data.datasets import iterate_batches
 
     def batches(epoch: int):
         g = torch.Generator()
         g.manual_seed((seed + 1000003 * epoch) & ((1 << 63) - 1))
-        return iterate_batches(dataset, indices, batch_size, generator=g, device=device)
+        return iterate_batches(
+            dataset, indices, batch_size, generator=g, device=device, last_batch=last_batch
+        )
 
     return batches

@@ -67,13 +67,20 @@ from fedrcl_flwr.config import (
     apply_overrides,
     config_from_dict,
     dump_config,
+    key_problem,
     name_problem,
     parse_override,
     read_yaml,
 )
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.errors import ConfigError, shown
 from fedrcl_flwr.run.plan import PlannedRun, _dir_state, earlier_runs, experiment_hash
-from fedrcl_flwr.run.processes import HOME_PREFIX, SWEEP_VAR, OutputLock, Watchdog
+from fedrcl_flwr.run.processes import (
+    HOME_PREFIX,
+    SWEEP_VAR,
+    OutputLock,
+    Watchdog,
+    reap_stale_runs,
+)
 from fedrcl_flwr.run.results import (
     atomic_write_text,
     ema_note,
@@ -84,6 +91,7 @@ from fedrcl_flwr.run.run_files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
     SUMMARY_FILE,
+    append_file,
     sweep_config_path,
     sweep_log_path,
 )
@@ -169,6 +177,10 @@ def _mapping(value: Any, key: str, source: str) -> dict:
         return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
         raise ConfigError(f"{source}: '{key}' must be a mapping of dotted config keys")
+    for k in value:  # '../x' is no key (it would be read as the key '')
+        why = key_problem(k)
+        if why:
+            raise ConfigError(f"{source}: '{key}' key {shown(k)} {why}")
     return value
 
 
@@ -633,6 +645,7 @@ def run_sweep(
     out_dir.mkdir(parents=True, exist_ok=True)
     lock = OutputLock(out_dir, "sweep")
     lock.acquire()  # ConfigError (exit 2) naming the other sweep's PID
+    reap_stale_runs()  # earlier runs and sweeps whose CLI and watchdog were both killed
     home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX + "sweep-"))
     try:
         watchdog = Watchdog(home, lock)
@@ -784,7 +797,7 @@ class _SweepSession:
         env.update(self.env_mark)
         resume = run.state() == "resume"
         cmd = self._command(run, resume)
-        log = open(sweep_log_path(self.out_dir, run.name), "a")
+        log = append_file(sweep_log_path(self.out_dir, run.name))
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         log.flush()
         # own session: a terminal's Ctrl-C reaches the sweep only, which then stops each

@@ -80,25 +80,28 @@ def weighted_average(
 
 
 # a piece of one entry's average: the clients' flat arrays, the result, the entry's
-# index, the first and the last element (equal: nothing to average, visits only)
-_Piece = tuple[list[np.ndarray], np.ndarray, int, int, int]
+# index, the first and the last element, whether it is a counter (the largest value)
+_Piece = tuple[list[np.ndarray], np.ndarray, int, int, int, bool]
 
 
 def average_and_screen(
     client_weights: Sequence[Sequence[np.ndarray]],
     coefficients: np.ndarray,
     kinds: Sequence[str],
-    visit: Callable[[int, int, int], None] | None = None,
+    take: Callable[[int, int, int, int], np.ndarray] | None = None,
     workers: int = 1,
     dtype: str = "float64",
 ) -> tuple[list[np.ndarray], bool]:
     """:func:`weighted_average` (the same operations), and whether every float entry of
-    every client was finite, in the one pass that reads the clients' arrays: after each
-    piece ``visit(client, entry, stop)`` (client ``client`` has now been read up to
-    element ``stop`` of entry ``entry``: the server's hash check of an upload, which
-    reads those bytes while they are still in the cache).
+    every client was finite, in the one pass that reads the clients' arrays.
+    ``take(client, entry, start, stop)`` (optional) gives the values read: elements
+    ``start:stop`` of ``client``'s entry ``entry`` (flat), called in each client's order
+    through its entries, each piece used before the next call for that client (the
+    server's read of an upload in the weight store, which copies each piece out and
+    hashes the copy: the values averaged are the values hashed);
+    ``client_weights`` then gives only the shapes and dtypes.
 
-    ``workers`` > 1 (without ``visit``, which needs each client's bytes in order): the
+    ``workers`` > 1 (without ``take``, which needs each client's pieces in order): the
     entries are cut into pieces of :data:`SEGMENT` elements, averaged by that many
     threads of :func:`thread_pool` (NumPy releases the interpreter lock in its loops).
     Every element still sees the same operations in the same order, so the result is
@@ -119,27 +122,35 @@ def average_and_screen(
     out: list[np.ndarray] = []
     coefs = [acc_dtype.type(c) for c in coefficients]
     pieces: list[_Piece] = []
+
+    def values(i: int, j: int, flat: list[np.ndarray], start: int, stop: int) -> np.ndarray:
+        return flat[i][start:stop] if take is None else take(i, j, start, stop)
+
     for j, kind in enumerate(kinds):
         arrays = [np.asarray(cw[j]) for cw in client_weights]
         flat = [a.reshape(-1) for a in arrays]
         n = flat[0].size
+<<<<<<< HEAD
         if kind == "count" and dtype == "float64":  # nothing to average: the visits, in order
             out.append(np.max(np.stack(arrays), axis=0).astype(arrays[0].dtype))
             pieces.append((flat, out[-1], j, n, n))
             continue
+=======
+>>>>>>> main
         result = np.empty(n, dtype=arrays[0].dtype)
-        step = n if workers <= 1 or visit is not None else SEGMENT
-        pieces += [(flat, result, j, a, min(n, a + step)) for a in range(0, n, max(step, 1))]
-        if n == 0:
-            pieces.append((flat, result, j, 0, 0))
         out.append(result.reshape(arrays[0].shape))
+        if kind == "count":  # the larger counter, element-wise: one piece
+            pieces.append((flat, result, j, 0, n, True))
+            continue
+        step = n if workers <= 1 or take is not None else SEGMENT
+        pieces += [(flat, result, j, a, min(n, a + step), False) for a in range(0, n, max(step, 1))]
 
     def average_piece(piece: _Piece) -> bool:
-        flat, result, j, first, last = piece
-        if first == last:  # an integer counter, or an empty entry
-            if visit is not None:
-                for i in range(len(flat)):
-                    visit(i, j, last)
+        flat, result, j, first, last, count = piece
+        if count:
+            result[:] = values(0, j, flat, 0, last)
+            for i in range(1, len(flat)):
+                np.maximum(result, values(i, j, flat, 0, last), out=result)
             return True
         acc = np.empty(min(last - first, CHUNK), dtype=acc_dtype)
         product = np.empty_like(acc)
@@ -148,18 +159,21 @@ def average_and_screen(
             stop = min(last, start + CHUNK)
             acc_part, product_part = acc[: stop - start], product[: stop - start]
             acc_part.fill(0.0)
+<<<<<<< HEAD
             for i, (c, w) in enumerate(zip(coefs, flat)):
                 np.multiply(w[start:stop], c, out=product_part, dtype=acc_dtype)
+=======
+            for i, c in enumerate(coefs):
+                np.multiply(values(i, j, flat, start, stop), c, out=product_part, dtype=np.float64)
+>>>>>>> main
                 acc_part += product_part
-                if visit is not None:
-                    visit(i, j, stop)
             if finite and not np.isfinite(acc_part).all():
                 finite = False
             # an integer entry (float32 only): the cast truncates, as torch's copy_ does
             result[start:stop] = acc_part if result.dtype.kind == "f" else np.trunc(acc_part)
         return finite
 
-    if workers <= 1 or visit is not None or len(pieces) < 2:
+    if workers <= 1 or take is not None or len(pieces) < 2:
         flags = [average_piece(piece) for piece in pieces]
     else:
         flags = list(thread_pool(workers).map(average_piece, pieces))

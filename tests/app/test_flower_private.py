@@ -138,3 +138,97 @@ def test_the_in_process_grid_takes_both_pull_messages_signatures():
     ours = inspect.signature(InProcessGrid.pull_messages).parameters
     theirs = [p for p in inspect.signature(Grid.pull_messages).parameters if p != "self"]
     assert set(theirs) <= set(ours), (theirs, list(ours))
+
+
+# ------------------------------------------------------- the engine changes fail safe
+def _real_engine(monkeypatch):
+    """Flower's real engine modules in this process, as in a simulation process (Ray not
+    started), with what an installed change would replace restored after the test."""
+    import sys
+    import types
+
+    engine = importlib.import_module(flower_private.ENGINE_MODULE)
+    backend = flower_private.load(flower_private.BACKEND)
+    monkeypatch.setattr(engine, "add_messages_to_queue", engine.add_messages_to_queue)
+    monkeypatch.setattr(backend, "build", backend.build)
+    monkeypatch.setattr(backend, "terminate", backend.terminate)
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False))
+    return engine
+
+
+def _remove(monkeypatch, path: str) -> None:
+    module, _, attr = path.partition(":")
+    *owner, name = attr.split(".")
+    obj = importlib.import_module(module)
+    for part in owner:
+        obj = getattr(obj, part)
+    monkeypatch.delattr(obj, name)
+
+
+CHANGES = [("doorbell", s, "_install_doorbell") for s in flower_private._DOORBELL_SYMBOLS] + [
+    ("two per actor", s, "_install_two_per_actor") for s in flower_private._PIPELINE_SYMBOLS
+]
+
+
+def test_every_symbol_an_engine_change_calls_is_checked():
+    """What the replacements call (the look-up's ``LinkState.get_message_ins``, the
+    backend's ``build``/``terminate``, the pool's list and count) is in PRIVATE_API."""
+    paths = {s.path for s in PRIVATE_API}
+    needed = {
+        "flwr.server.superlink.linkstate:LinkState.get_message_ins",
+        f"{flower_private.ENGINE_MODULE}:add_messages_to_queue",
+        f"{flower_private.ENGINE_MODULE}:run_api",
+        f"{flower_private.BACKEND}.build",
+        f"{flower_private.BACKEND}.terminate",
+        "flwr.simulation.ray_transport.ray_actor:BasicActorPool",
+    }
+    assert needed <= paths, needed - paths
+    assert {s.path for _, s, _ in CHANGES} <= paths
+
+
+@pytest.mark.parametrize("change,symbol,install", CHANGES, ids=lambda x: getattr(x, "path", x))
+def test_a_symbol_gone_keeps_flowers_behaviour_with_the_note(monkeypatch, change, symbol, install):
+    """Each symbol a change relies on, made to disappear: the change is not made, the
+    note (the run's log line) names the symbol, nothing raises."""
+    engine = _real_engine(monkeypatch)
+    original = engine.add_messages_to_queue
+    _remove(monkeypatch, symbol.path)
+    patch = getattr(flower_private, install)()
+    assert not patch.installed, patch.note
+    assert symbol.path in patch.note and "Flower's" in patch.note, patch.note
+    assert getattr(engine, "add_messages_to_queue", original) is original
+    backend = getattr(importlib.import_module(flower_private.BACKEND_MODULE), "RayBackend", None)
+    build = getattr(backend, "build", None)
+    assert getattr(build, "__name__", "") != "build_two_per_actor"
+
+
+def test_the_real_engine_takes_both_changes(monkeypatch):
+    engine = _real_engine(monkeypatch)
+    assert flower_private._install_doorbell().installed
+    assert engine.add_messages_to_queue.__name__ == "add_messages_to_queue"
+    assert flower_private._install_two_per_actor().installed
+
+
+@pytest.mark.parametrize("install", ["_install_doorbell", "_install_two_per_actor"])
+def test_a_wrapped_run_api_or_a_failing_change_keeps_flowers_behaviour(monkeypatch, install):
+    """Flower's ``run_api`` wrapped by a callable without ``__code__`` (a decorator that
+    keeps no ``__wrapped__``): the shape check cannot read it, the change is not made, the
+    note says so; and a change whose making raises is not made either."""
+    import functools
+
+    engine = _real_engine(monkeypatch)
+    monkeypatch.setattr(engine, "run_api", functools.partial(engine.run_api))
+    patch = getattr(flower_private, install)()
+    assert not patch.installed and "run_api: has no code to check" in patch.note, patch.note
+    monkeypatch.undo()
+
+    _real_engine(monkeypatch)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a Flower nobody foresaw")
+
+    monkeypatch.setattr(flower_private, "_lookup_on_ring", broken)
+    monkeypatch.setattr(flower_private, "LeastBusyFirst", None)  # not called at install
+    monkeypatch.setattr(flower_private, "load", broken)
+    patch = getattr(flower_private, install)()
+    assert not patch.installed and "a Flower nobody foresaw" in patch.note, patch.note

@@ -1,8 +1,9 @@
-"""Issue 30: weights by reference (``simulation.transport: shared``) against Flower's
-messages (``flower``), in process: the same numbers for every method family, the store
-refuses damaged / truncated / foreign entries with one clear line, the fallbacks and
-their log lines, and nothing left in ``/dev/shm``. (The real runs: the pair in
-``test_e2e_flower.py``; the SIGKILL teardown in ``test_hardening_processes.py``.)"""
+"""Weights by reference (``simulation.transport: shared``) against Flower's messages
+(``flower``), in process: the same numbers for every method family, the store refuses
+damaged / truncated / foreign entries and special files with one clear line, on every
+read, the fallbacks and their log lines, the store's directory is the run's own, and
+nothing is left in ``/dev/shm``. (The real runs: ``tests/e2e/test_cli_run.py``; the SIGKILL
+teardown in ``tests/e2e/test_process_teardown.py``.)"""
 
 from __future__ import annotations
 
@@ -20,7 +21,15 @@ from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.config import config_from_dict
 from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.run.results import read_metrics
-from fedrcl_flwr.weight_store import SHM, StoreError, WeightStore, create_store, load, store_dir
+from fedrcl_flwr.weight_store import (
+    SHM,
+    StoreError,
+    WeightStore,
+    create_store,
+    load,
+    remove_store,
+    stores_of,
+)
 
 ARRAYS = [
     np.arange(12, dtype=np.float32).reshape(3, 4) / 7,
@@ -180,16 +189,64 @@ def test_a_damaged_upload_is_dropped_with_the_reason(store, tmp_path):
     assert "undecodable parameters (weight store entry" in reasons[0], reasons
 
 
-def test_store_of_a_run_lives_in_shm_by_home_name_and_goes_with_teardown(tmp_path):
+def test_store_of_a_run_is_its_own_marked_directory_and_goes_with_teardown(tmp_path):
+    """The store's name is unpredictable (``mkdtemp``: a planted directory cannot be
+    taken for it), it is mode 0700, marked with its owners and home, found by its home
+    and removed by the run's teardown."""
+    import stat
+
     from fedrcl_flwr.run.processes import HOME_PREFIX, teardown
 
     home = tmp_path / f"{HOME_PREFIX}test{tmp_path.name}"
     home.mkdir()
-    s = create_store(home)
-    assert s.root in (store_dir(home), home / "weights")
-    s.publish(ARRAYS)
+    a, b = create_store(home=home), create_store(home=home)
+    assert a.root != b.root and a.root.parent == SHM
+    assert a.root.name.startswith("fedrcl-flwr-store-") and len(a.root.name) > 25
+    assert stat.S_IMODE(a.root.stat().st_mode) == 0o700
+    assert sorted(stores_of(home)) == sorted([a.root, b.root])
+    a.publish(ARRAYS)
     teardown(home, [])
-    assert not s.root.exists() and not home.exists()
+    assert not a.root.exists() and not b.root.exists() and not home.exists()
+
+
+def test_a_directory_the_run_did_not_make_is_never_removed(tmp_path, monkeypatch):
+    """A directory planted where the store could go (its old name was the home's name,
+    visible in ``/tmp`` and in the watchdog's command line) is neither used nor removed,
+    by the store's failure path or by teardown; ``remove_store`` removes only a marked
+    store (of the home it is told)."""
+    from fedrcl_flwr import weight_store
+    from fedrcl_flwr.run.processes import HOME_PREFIX, teardown
+
+    home = tmp_path / f"{HOME_PREFIX}planted"
+    home.mkdir()
+    planted = SHM / home.name  # the name a store had before
+    planted.mkdir()
+    (planted / "user-file").write_text("keep me")
+    try:
+        store = create_store(home=home)
+        assert store.root != planted and (planted / "user-file").is_file()
+        teardown(home, [])
+        assert (planted / "user-file").read_text() == "keep me"
+        home.mkdir()
+        # /dev/shm refuses the store (full): the failure path removes only what it made
+        real = weight_store._write_new
+        calls = []
+
+        def full_once(path, data):
+            calls.append(path)
+            if len(calls) == 1:
+                raise OSError(28, "No space left on device")
+            return real(path, data)
+
+        monkeypatch.setattr(weight_store, "_write_new", full_once)
+        store = create_store(home=home)
+        assert store.root.parent == home and not calls[0].parent.exists()
+        assert not remove_store(planted) and not remove_store(store.root, home=tmp_path)
+        teardown(home, [])
+        assert not home.exists()
+        assert (planted / "user-file").read_text() == "keep me"
+    finally:
+        shutil.rmtree(planted, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- fallbacks
@@ -269,16 +326,84 @@ def test_transport_value_is_checked(tmp_path):
     assert config_from_dict  # imported for the layering rule (errors from fedrcl_flwr.errors)
 
 
-def test_a_client_process_maps_a_round_model_once(tmp_path):
-    """``reuse`` (WireClient): the second client of a round in the same process gets the
-    arrays it already mapped and checked; a server's read (no reuse) maps again."""
-    sent = transport.ServerTransport(WeightStore(tmp_path)).send(ARRAYS)
-    a = transport.arrays_of(sent, reuse=True)
-    b = transport.arrays_of(sent, reuse=True)
-    assert all(x is y for x, y in zip(a, b))
-    c = transport.arrays_of(sent)
-    assert not any(x is y for x, y in zip(a, c))
-    assert all(np.array_equal(x, y) for x, y in zip(b, ARRAYS))
+def test_every_read_of_a_slot_is_checked_again(tmp_path):
+    """A reader's second read of the same reference copies and hashes the slot again (no
+    arrays kept from the first read): bytes changed in a live slot after a first good
+    read are refused, never used."""
+    t, sent = _arena_transport(tmp_path)
+    first = transport.arrays_of(sent)
+    assert all(np.array_equal(a, b) for a, b in zip(first, ARRAYS))
+    ref = transport.reference_of(sent)
+    _zero_arrays_of_slot(tmp_path, ref)
+    with pytest.raises(StoreError, match="does not hash to its name"):
+        transport.arrays_of(sent)
+    with pytest.raises(StoreError, match="does not hash to its name"):
+        transport.Received(sent).read_into([np.empty_like(a) for a in ARRAYS])
+    assert all(np.array_equal(a, b) for a, b in zip(first, ARRAYS))  # a copy of its own
+
+
+def _zero_arrays_of_slot(root: Path, ref: dict) -> None:
+    """Zero every array of the entry in its slot, the header kept."""
+    import mmap
+
+    with open(root / "arena", "r+b") as fh:
+        mm = mmap.mmap(fh.fileno(), 0)
+        for _, _, offset, nbytes in ref["arrays"]:
+            start = ref["offset"] + offset
+            mm[start : start + nbytes] = bytes(nbytes)
+        mm.close()
+
+
+def test_the_hash_covers_the_bytes_copied_into_the_model(tmp_path):
+    """``read_into`` copies into the given arrays (the model's tensors) and hashes the
+    copies: it returns those very arrays, equal to what was sent; arrays of another dtype
+    or shape get copies of their own."""
+    t, sent = _arena_transport(tmp_path)
+    into = [np.empty_like(np.ascontiguousarray(a)) for a in ARRAYS]
+    into[1] = np.empty((), np.int32)  # another dtype: a copy of its own instead
+    got = transport.Received(sent).read_into(into)
+    assert [g is i for g, i in zip(got, into)] == [True, False, True, True, True, True]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, ARRAYS))
+    assert got[1].dtype == np.int64 and not got[1].flags.writeable
+
+
+def test_special_files_in_the_store_are_refused_without_blocking(tmp_path):
+    """A FIFO, a symbolic link or a directory where an entry or the arena should be:
+    one line (StoreError), at once, never a read that waits for a writer."""
+    import os
+    import threading
+
+    store = WeightStore(tmp_path)
+    ref = store.publish(ARRAYS)
+    path = store.path(ref["hash"])
+    outcome: list = []
+
+    def read(r):
+        try:
+            load(r)
+        except StoreError as exc:
+            outcome.append(str(exc))
+
+    for make, what in (
+        (lambda: os.mkfifo(path), "a FIFO"),
+        (lambda: os.symlink(tmp_path / "elsewhere", path), "a symbolic link"),
+        (lambda: path.mkdir(), "a directory"),
+    ):
+        (path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink())
+        make()
+        outcome.clear()
+        reader = threading.Thread(target=read, args=(ref,), daemon=True)
+        reader.start()
+        reader.join(20)
+        assert not reader.is_alive(), f"a read of {what} blocked"
+        assert len(outcome) == 1 and what in outcome[0] and "\n" not in outcome[0], outcome
+    # the arena as a FIFO: a reader refuses it; a writer falls back to a file
+    (tmp_path / "a").mkdir()
+    t, sent = _arena_transport(tmp_path / "a")
+    (tmp_path / "a" / "arena").unlink()
+    os.mkfifo(tmp_path / "a" / "arena")
+    with pytest.raises(StoreError, match="a FIFO"):
+        transport.arrays_of(t.for_client(sent, 1, 0))
 
 
 # ---------------------------------------------------------------- the arena's slots
@@ -422,11 +547,13 @@ def test_a_writer_maps_each_region_of_the_arena_once(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(transport.arrays_of(r), up))
 
 
-def test_a_killed_processs_temporary_store_is_removed_by_the_next_one(tmp_path, monkeypatch):
-    """The in-process runner's store (``temporary_store``) is in ``/dev/shm``, in memory:
-    one whose process was killed (no ``finally`` ran) is removed by the next call, and
-    only such a folder: a live process's store, another PID namespace's, a name without
-    a PID, a folder holding a sub-folder, and another prefix's folder stay."""
+def test_a_killed_processs_store_is_removed_by_the_next_one(tmp_path, monkeypatch):
+    """A store whose owners were all killed (no ``finally`` ran) is in ``/dev/shm``, in
+    memory: the next store made removes it, and only such a store: one with a live owner,
+    one whose PID was reused by a process that started later, one of another PID
+    namespace, one without a valid owner record (another tool's, or the old unmarked
+    names), one holding a sub-folder, and anything not named as a store stay."""
+    import json
     import os
     import subprocess
     import sys
@@ -441,31 +568,114 @@ def test_a_killed_processs_temporary_store_is_removed_by_the_next_one(tmp_path, 
         check=True,
     )
     dead_pid = int(dead.stdout)
-    prefix = "fedrcl-flwr-store-"
-    ns = weight_store._pid_namespace()
+    ns = weight_store.pid_namespace()
     assert ns != "0" and ns.isdigit()
-    stale = tmp_path / f"{prefix}{dead_pid}-{ns}-abc"
-    stale.mkdir()
-    (stale / weight_store.ARENA).write_bytes(b"x" * 100)
+    me = [os.getpid(), weight_store.process_start(os.getpid())]
+
+    def store(name, pids, namespace=ns, marker=True):
+        d = tmp_path / f"fedrcl-flwr-store-{name}"
+        d.mkdir()
+        (d / weight_store.ARENA).write_bytes(b"x" * 100)
+        if marker:
+            record = {"pids": pids, "namespace": namespace, "home": ""}
+            (d / weight_store.STORE_MARKER).write_text(json.dumps(record))
+        return d
+
+    stale = store("stale", [[dead_pid, 12345]])
     (stale / ".tmp-1-2").write_bytes(b"")
-    live = tmp_path / f"{prefix}{os.getpid()}-{ns}-def"  # this process: alive
-    elsewhere = tmp_path / f"{prefix}{dead_pid}-1{ns}-abc"  # another PID namespace
-    elsewhere.mkdir()
-    live.mkdir()
-    unnamed = tmp_path / f"{prefix}qdtpw3sj"  # the old names: no PID, left alone
-    unnamed.mkdir()
-    nested = tmp_path / f"{prefix}{dead_pid}-{ns}-ghi"  # not a store's contents
-    (nested / "sub").mkdir(parents=True)
-    other = tmp_path / f"bench-transport-{dead_pid}-{ns}-jkl"
+    live = store("live", [[dead_pid, None], me])  # one owner alive
+    reused = store("reused", [[os.getpid(), None]])  # start unknown: a live PID keeps it
+    elsewhere = store("elsewhere", [[dead_pid, 1]], namespace="1" + ns)
+    unmarked = store("unmarked", [[dead_pid, 1]], marker=False)
+    nested = store("nested", [[dead_pid, 1]])
+    (nested / "sub").mkdir()
+    other = tmp_path / f"bench-transport-{dead_pid}"
     other.mkdir()
-    store, root = weight_store.temporary_store()
+    later = store("later", [[os.getpid(), me[1] - 1]])  # our PID, started earlier: reused
+    made, root = weight_store.temporary_store()
     try:
-        assert root.parent == tmp_path
-        assert root.name.startswith(f"{prefix}{os.getpid()}-{ns}-")
-        assert not stale.exists()
-        assert live.is_dir() and unnamed.is_dir() and nested.is_dir() and other.is_dir()
-        assert elsewhere.is_dir()
-        assert weight_store.remove_stale_stores(tmp_path, "bench-transport-") == [other]
-        assert weight_store.remove_stale_stores(tmp_path / "absent", prefix) == []
+        assert root.parent == tmp_path and root.name.startswith(f"fedrcl-flwr-store-{os.getpid()}-")
+        assert not stale.exists() and not later.exists()
+        for kept in (live, reused, elsewhere, unmarked, nested, other):
+            assert kept.is_dir(), kept
+        assert weight_store.remove_stale_stores(tmp_path / "absent") == []
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        assert weight_store.remove_store(root)
+    assert not root.exists()
+
+
+# ---------------------------------------------------------------- damage during a run
+def _damaging_run(tiny, out: Path, monkeypatch, *, after_first: bool):
+    """An in-process run (3 rounds, 3 clients a round, shared transport) in which the
+    arrays of the model's ring slot are zeroed (its header kept) during round 2: after
+    round 2's first client has read it (``after_first``), or before any client read it.
+    Returns the strategy and the damaged reference."""
+    from clients import client_class
+    from fedrcl_flwr.protocol import FitInstructions
+
+    sent: dict[int, dict] = {}
+    real = transport.ServerTransport.for_client
+
+    def for_client(self, send, run_round, index):
+        sent.setdefault(run_round, transport.reference_of(send))
+        return real(self, send, run_round, index)
+
+    monkeypatch.setattr(transport.ServerTransport, "for_client", for_client)
+    cfg = tiny(
+        federation={"rounds": 3, "clients_per_round": 3},
+        simulation={"transport": "shared"},
+        evaluation={"target_rounds": [3]},
+    )
+    base = client_class(cfg.client.method)
+    fits = {"round 2": 0}
+
+    class Damaging(base):  # the harness, not a method: zeroes the slot in round 2
+        def train_round(self, parameters, config):
+            second = FitInstructions.from_config(config).run_round == 2
+            if second and not after_first and fits["round 2"] == 0:
+                _zero_arrays_of_slot(Path(sent[2]["store"]), sent[2])
+            try:
+                return super().train_round(parameters, config)
+            finally:
+                if second and after_first and fits["round 2"] == 0:
+                    _zero_arrays_of_slot(Path(sent[2]["store"]), sent[2])
+                fits["round 2"] += second
+
+    state_dir = str(out / "client_state")
+    st = run_inprocess(cfg, out, client_factory=lambda: Damaging(cfg, state_dir=state_dir))
+    return st, sent[2]
+
+
+def test_a_slot_damaged_after_a_client_read_it_is_refused_to_every_later_client(
+    tiny, tmp_path, monkeypatch
+):
+    """The model's slot zeroed during round 2 after its first client read it: the round's
+    later clients refuse it (they never train on unchecked bytes), the round's record and
+    line say so, and the run goes on (round 3 trains every client on a new slot)."""
+    from fedrcl_flwr.run.results import format_round_line
+
+    st, _ = _damaging_run(tiny, tmp_path / "run", monkeypatch, after_first=True)
+    recs = read_metrics(tmp_path / "run")
+    assert [r["round"] for r in recs] == [1, 2, 3]
+    assert recs[1]["failures"] == 2 and recs[1]["num_clients"] == 1, recs[1]
+    assert "damaged weight store entry" in recs[1].get("weight_store", ""), recs[1]
+    assert "weight store: 2 result(s) lost" in format_round_line(recs[1], 3)
+    assert recs[2]["failures"] == 0 and recs[2]["num_clients"] == 3
+    assert abs(recs[2]["test_loss"] - np.log(4)) > 1e-3  # not an all-zero model
+
+
+def test_a_damaged_slot_whose_model_is_sent_again_is_rewritten(tiny, tmp_path, monkeypatch):
+    """The model's slot zeroed before round 2's clients read it: every client of round 2
+    refuses it (the round fails, its line names the store), the model is unchanged, and
+    the server, about to send the same model again, finds the slot damaged and writes it
+    into a new one: round 3 trains every client; one damage costs one round."""
+    from fedrcl_flwr.run.results import format_round_line
+
+    st, ref = _damaging_run(tiny, tmp_path / "run", monkeypatch, after_first=False)
+    recs = read_metrics(tmp_path / "run")
+    assert [r["round"] for r in recs] == [1, 2, 3]
+    assert recs[1]["num_clients"] == 0 and recs[1]["failures"] == 3, recs[1]
+    line = format_round_line(recs[1], 3)
+    assert "ROUND FAILED" in line and "weight store" in line, line
+    assert recs[2]["failures"] == 0 and recs[2]["num_clients"] == 3, recs[2]
+    assert f"slot at offset {ref['offset']} no longer held the model" in recs[2]["weight_store"]

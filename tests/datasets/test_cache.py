@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import write_saved_dataset_dict
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.data import cache
@@ -323,8 +324,27 @@ def test_entry_keys_are_those_users_caches_hold(tmp_path):
     want = _settings(name="npz", path=str(f.resolve()), sources=[[str(f.resolve()), 5, 10**18]])
     assert cache.entry_settings(npz, 7) == want and cache.entry_key(npz, 7) == key_of(want)
 
-    hf = DatasetConfig(name="hf_disk", path=str(f), image_column="img", label_column=None)
-    want = {**want, "name": "hf_disk", "columns": ["img", None]}
+    # hf_disk: the saved folder's files, relative to it, in the order of a sorted walk
+    saved = tmp_path / "hf"
+    write_saved_dataset_dict(saved)
+    hf = DatasetConfig(name="hf_disk", path=str(saved), image_column="img", label_column=None)
+    want = _settings(
+        name="hf_disk",
+        path=str(saved.resolve()),
+        columns=["img", None],
+        sources=[
+            ["dataset_dict.json", 29, 10**18],
+            *[
+                [f"{split}/{name}", size, 10**18]
+                for split in ("test", "train")
+                for name, size in (
+                    ("data-00000-of-00001.arrow", 5),
+                    ("dataset_info.json", 79),
+                    ("state.json", 76),
+                )
+            ],
+        ],
+    )
     assert cache.entry_settings(hf, 7) == want and cache.entry_key(hf, 7) == key_of(want)
 
     batches = tmp_path / "r" / "cifar-10-batches-py"

@@ -139,13 +139,13 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     assert "ControlServicer.ListRuns" not in flog and "/v1/control/list-runs" not in flog
     assert "lines of the CLI's run-status polling (ListRuns) left out" in flog
     assert "fedrcl-flwr timing:" in flog
-    # issue 30: the run above carried the weights by reference (simulation.transport's
+    # the run above carried the weights by reference (simulation.transport's
     # default); the same run inside Flower's messages gives the same numbers and model
     store = re.search(
         r"weights travel by reference through (\S+) \(10 slots of [0-9.]+ MiB in one file\)",
         (run / "run.log").read_text(),
     )  # 4 for the server's sends, 2 x 3 for the uploads (3 clients per round)
-    assert store and store[1].startswith("/dev/shm/fedrcl-flwr-home-"), store
+    assert store and store[1].startswith("/dev/shm/fedrcl-flwr-store-"), store
     # the simulation engine's look-up was replaced before its thread started, and each
     # actor was given its next message while it ran one
     log = (run / "run.log").read_text()

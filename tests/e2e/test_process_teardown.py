@@ -1,6 +1,8 @@
-"""Issue 11 with real Flower processes (marked ``flwr``; tiny synthetic runs): nothing of a
-run survives SIGKILL of the CLI, its weight store in ``/dev/shm`` included (SIGTERM: the
-stopped run of ``tests/e2e/test_resume.py``), a run stuck before starting times out cleanly.
+"""Real Flower processes (marked ``flwr``; tiny synthetic runs): nothing of a run survives
+SIGKILL of the CLI, its weight store in ``/dev/shm`` included (SIGTERM: the stopped run of
+``tests/e2e/test_resume.py``); when the CLI and its watchdog are both killed, the next run
+removes what they left; Ctrl-C (SIGINT) stops a run with either transport as SIGTERM does;
+a run stuck before starting times out cleanly.
 (A real run where no client ever trained, exit 1 with the first client error: run ``d`` of
 ``tests/run/test_sweep.py``'s real sweep, which starts that run anyway.)
 
@@ -20,10 +22,10 @@ from pathlib import Path
 import pytest
 from helpers import alive, quickstart_run_args
 
-from fedrcl_flwr.run.processes import OutputLock, procs_with
+from fedrcl_flwr.run.processes import OutputLock, procs_with, reap_stale_runs
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.run_files import LOCK_FILE
-from fedrcl_flwr.weight_store import store_dir
+from fedrcl_flwr.weight_store import stores_of
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.flwr
@@ -86,8 +88,8 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
             f"Ray's session files: {home}/ray (removed with the run)"
             in (out / "flower.log").read_text()
         )
-        # the run's weight store (simulation.transport: shared, issue 30) is in use
-        store = store_dir(home)
+        # the run's weight store (simulation.transport: shared) is in use
+        (store,) = stores_of(home)
         assert store.is_dir(), f"no weight store {store} while the run trains"
         proc.send_signal(sig)
         proc.communicate(timeout=120)
@@ -104,6 +106,76 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
     done = len(read_metrics(out))
     time.sleep(2)
     assert len(read_metrics(out)) == done < 500  # nothing trains on
+
+
+@pytest.mark.parametrize("transport", ["shared", "flower"])
+def test_ctrl_c_stops_a_run_as_sigterm_does(tmp_path, transport):
+    """SIGINT to the CLI during round 2 stops the run with ``interrupted``, exit 130, and
+    nothing of it left running, with either transport; also when the CLI started with
+    SIGINT ignored, as a command started in the background of a shell script does
+    (``fedrcl-flwr run ... &``): SIGINT used to be ignored then, and the run finished."""
+    out = tmp_path / "run"
+    tag = uuid.uuid4().hex
+    args = quickstart_run_args(
+        out, *SMALL, "federation.rounds=500", f"simulation.transport={transport}"
+    )
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "FEDRCL_TEST_TAG": tag},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        _wait_for_round(proc, out, 1)
+        home = _home(out)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "fedrcl-flwr: interrupted" in stderr
+    assert not alive(home, tag, 40.0)
+    assert not (out / "summary.json").exists() and len(read_metrics(out)) < 500
+
+
+def _watchdog(home: str) -> int:
+    (pid,) = [
+        p
+        for p in procs_with(home)
+        if b"fedrcl_flwr.run.processes\0watch" in Path(f"/proc/{p}/cmdline").read_bytes()
+    ]
+    return pid
+
+
+def test_a_run_whose_cli_and_watchdog_were_killed_is_reaped_by_the_next(tmp_path):
+    """``kill -9`` of the CLI and of its watchdog (an OOM kill, a broad ``pkill``) leaves
+    the run's processes, its private home and its weight store: the next run or sweep
+    removes them first (``reap_stale_runs``, what ``run`` calls before it makes its own
+    home), because the home's owner record names two processes that are gone."""
+    out = tmp_path / "run"
+    tag = uuid.uuid4().hex
+    proc = _start(out, "federation.rounds=500", tag=tag, tmpdir="/tmp")
+    try:
+        _wait_for_round(proc, out, 1)
+        home = _home(out)
+        (store,) = stores_of(home)
+        watchdog = _watchdog(home)
+        os.kill(watchdog, signal.SIGKILL)
+        proc.kill()
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(3)
+    left = procs_with(f"FEDRCL_TEST_TAG={tag}")
+    assert left and Path(home).is_dir() and store.is_dir()  # what the two killed left
+    reaped = reap_stale_runs(Path(home).parent)
+    assert Path(home) in reaped
+    assert not alive(home, tag, 30.0)
+    assert not Path(home).exists() and not store.exists()
 
 
 def test_secagg_run_whose_clients_all_drop_out_exits_1_with_the_reasons(tmp_path):

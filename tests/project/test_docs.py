@@ -1,8 +1,10 @@
-"""The documentation stays current with the code (issue #23): every relative link in the
-README and ``docs/`` resolves (file and heading), ``docs/cli.md`` names every command and
-flag of the CLI's parser, and ``docs/configuration.md`` documents every key of the schema,
-every method's and server optimizer's parameters and the signal exchange's. All walked from
-the code, nothing listed here; in-process, well under a second."""
+"""The documentation stays current with the code: every relative link in the README and
+``docs/`` resolves (file and heading), ``docs/cli.md`` names every command and flag of the
+CLI's parser, and ``docs/configuration.md`` documents every key of the schema, every
+method's and server optimizer's parameters and the signal exchange's. All walked from the
+code, nothing listed here. The pages are references, not a log: the README and
+``docs/performance.md`` stay within 12 KB, and no page speaks of work sessions or issue
+numbers (history lives in git). In-process, well under a second."""
 
 from __future__ import annotations
 
@@ -51,6 +53,52 @@ def _section(path: Path, heading: str) -> str:
     start = text.index(f"\n## {heading}")
     end = text.find("\n## ", start + 1)
     return text[start : end if end > 0 else len(text)]
+
+
+SHORT_PAGES = {"README.md": ROOT / "README.md", "performance.md": DOCS / "performance.md"}
+MAX_BYTES = 12_000
+HISTORY = re.compile(r"\bsessions?\b|\bissues?\s*#?\d+|(?<![\w&/])#\d+\b", re.I)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+LINK_TARGET = re.compile(r"\]\([^)\s]*\)")
+
+
+def _running_text(text: str) -> str:
+    """The words a reader reads: code blocks blanked (line numbers kept), inline code and
+    link targets (a URL may name an upstream bug) left out."""
+    text = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    return LINK_TARGET.sub("]()", CODE_SPAN.sub("``", text))
+
+
+def _history_words(text: str) -> list[str]:
+    return [
+        f"line {n}: {m.group(0)!r}"
+        for n, line in enumerate(_running_text(text).splitlines(), 1)
+        for m in HISTORY.finditer(line)
+    ]
+
+
+@pytest.mark.parametrize("name", SHORT_PAGES)
+def test_the_entry_pages_are_read_in_one_sitting(name):
+    size = len(SHORT_PAGES[name].read_bytes())
+    assert size <= MAX_BYTES, f"{name}: {size} bytes, at most {MAX_BYTES}: move detail to docs/"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_page_speaks_of_sessions_or_issue_numbers(page):
+    hits = _history_words(page.read_text(encoding="utf-8"))
+    assert not hits, f"{page.name}: history belongs in git, not in the docs: {hits}"
+
+
+def test_the_history_check_catches_each_form():
+    for text in ("in the fourth session", "Sessions ran", "issue 41", "see Issue #7", "(#42)"):
+        assert _history_words(text), text
+    clean = (
+        "`start_new_session=True`, [a bug](https://github.com/o/r/issues/7953), "
+        "[a heading](cli.md#exit-codes), a 5 % issue of the model, &#8212;\n"
+        "```\nsession 3, issue 4\n```\nlast line"
+    )
+    assert _history_words(clean) == []
+    assert _history_words("```\nx\n```\nissue 9") == ["line 4: 'issue 9'"]
 
 
 def test_the_reference_pages_exist():

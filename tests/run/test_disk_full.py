@@ -16,7 +16,6 @@ import torch
 from fedrcl_flwr import runner
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.run import checkpoint
 from fedrcl_flwr.run.checkpoint import load_checkpoint
 from fedrcl_flwr.run.results import RunRecorder, atomic_write_text, read_metrics
 from fedrcl_flwr.run.run_files import RunFileError
@@ -95,16 +94,19 @@ def test_full_disk_at_a_checkpoint_then_resume_gives_the_same_weights(tiny, tmp_
         output={"checkpoint_every": 1},
     )
     run_inprocess(cfg, tmp_path / "full")
-    real_save, calls = torch.save, []
+    import builtins
 
-    def save(obj, f, *a, **k):
-        calls.append(1)
-        if len(calls) == 2:  # round 2's checkpoint: half written, then the disk is full
-            f.write(b"\x00" * 100)
-            raise _enospc()
-        return real_save(obj, f, *a, **k)
+    real_open, calls = builtins.open, []
 
-    monkeypatch.setattr(checkpoint.torch, "save", save)
+    def full_open(path, mode="r", *a, **k):
+        fh = real_open(path, mode, *a, **k)
+        if str(path).endswith("checkpoint.pt.tmp") and "w" in mode:
+            calls.append(1)
+            if len(calls) == 2:  # round 2's checkpoint: 100 bytes written, then the disk is full
+                return _FullAfter(fh, 100)
+        return fh
+
+    monkeypatch.setattr(builtins, "open", full_open)
     cut = tmp_path / "cut"
     with pytest.raises(RunFileError) as err:
         run_inprocess(cfg, cut)

@@ -144,11 +144,12 @@ def test_all_failed_keeps_model_then_aborts():
         st.aggregate_fit(2, [], [RuntimeError("x")])
 
 
-def test_the_screening_average_flags_any_non_finite_entry_and_visits_every_piece():
+def test_the_screening_average_flags_any_non_finite_entry_and_reads_through_take():
     """``average_and_screen`` gives ``weighted_average``'s bytes; its finiteness flag is
     False for a NaN or an infinity of any client anywhere (a zero coefficient too:
-    0 * inf is NaN), True otherwise; ``visit`` sees each client's progress through
-    every entry, in order, ending at each entry's size."""
+    0 * inf is NaN), True otherwise; with ``take`` it averages what ``take`` returns
+    (the client's arrays then give only the shapes), asked for each client's pieces in
+    order, every entry covered to its size."""
     from fedrcl_flwr.server.aggregation import CHUNK, average_and_screen
 
     rng = np.random.default_rng(3)
@@ -161,17 +162,24 @@ def test_the_screening_average_flags_any_non_finite_entry_and_visits_every_piece
     ]
     coefs = np.array([0.5, 0.5, 0.0])
     seen: dict = {}
-    out, finite = average_and_screen(
-        clients, coefs, kinds, lambda i, j, stop: seen.setdefault((i, j), []).append(stop)
-    )
+
+    def take(i, j, start, stop):
+        seen.setdefault((i, j), []).append((start, stop))
+        return clients[i][j].reshape(-1)[start:stop].copy()
+
+    zeros = [[np.zeros_like(a) for a in c] for c in clients]  # shapes only: never read
+    out, finite = average_and_screen(zeros, coefs, kinds, take)
     assert finite
     assert all(
         a.tobytes() == b.tobytes() for a, b in zip(out, weighted_average(clients, coefs, kinds))
     )
     for i in range(3):
         for j, s in enumerate(shapes):
-            stops = seen[(i, j)]
-            assert stops == sorted(stops) and stops[-1] == int(np.prod(s)), (i, j, stops)
+            pieces = seen.get((i, j), [])
+            n = int(np.prod(s))
+            covered = [p for p in pieces if p[1] > p[0]]
+            assert sum(b - a for a, b in covered) == n, (i, j, pieces)
+            assert all(b0 <= a1 for (_, b0), (a1, _) in zip(covered, covered[1:]))
     for client in range(3):  # the last has coefficient 0
         for pos in (0, CHUNK, 2 * CHUNK + 2):
             for bad in (np.nan, np.inf, -np.inf):
