@@ -130,16 +130,9 @@ def average_and_screen(
         arrays = [np.asarray(cw[j]) for cw in client_weights]
         flat = [a.reshape(-1) for a in arrays]
         n = flat[0].size
-<<<<<<< HEAD
-        if kind == "count" and dtype == "float64":  # nothing to average: the visits, in order
-            out.append(np.max(np.stack(arrays), axis=0).astype(arrays[0].dtype))
-            pieces.append((flat, out[-1], j, n, n))
-            continue
-=======
->>>>>>> main
         result = np.empty(n, dtype=arrays[0].dtype)
         out.append(result.reshape(arrays[0].shape))
-        if kind == "count":  # the larger counter, element-wise: one piece
+        if kind == "count" and dtype == "float64":  # the larger counter, element-wise: one piece
             pieces.append((flat, result, j, 0, n, True))
             continue
         step = n if workers <= 1 or take is not None else SEGMENT
@@ -159,13 +152,8 @@ def average_and_screen(
             stop = min(last, start + CHUNK)
             acc_part, product_part = acc[: stop - start], product[: stop - start]
             acc_part.fill(0.0)
-<<<<<<< HEAD
-            for i, (c, w) in enumerate(zip(coefs, flat)):
-                np.multiply(w[start:stop], c, out=product_part, dtype=acc_dtype)
-=======
             for i, c in enumerate(coefs):
-                np.multiply(values(i, j, flat, start, stop), c, out=product_part, dtype=np.float64)
->>>>>>> main
+                np.multiply(values(i, j, flat, start, stop), c, out=product_part, dtype=acc_dtype)
                 acc_part += product_part
             if finite and not np.isfinite(acc_part).all():
                 finite = False
