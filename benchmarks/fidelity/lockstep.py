@@ -458,6 +458,24 @@ def max_rel_weight_diff(ours: dict, theirs: dict) -> float:
     return worst
 
 
+GOAL_WEIGHT_DIFF = 1e-4  # max relative weight difference after the last round
+GOAL_IDENTICAL_PCT = 99.9  # identical test predictions (%)
+
+
+def worst_entry(ours: dict, theirs: dict) -> str:
+    """The state entry whose relative difference is :func:`max_rel_weight_diff`'s."""
+    return max(theirs, key=lambda k: max_rel_weight_diff({k: ours[k]}, {k: theirs[k]}))
+
+
+def first_departure(rows: list[dict]) -> dict | None:
+    """The first row (round) outside the goal (:data:`GOAL_WEIGHT_DIFF`,
+    :data:`GOAL_IDENTICAL_PCT`); ``None`` when every round is inside it."""
+    for r in rows:
+        if r["weight_diff"] > GOAL_WEIGHT_DIFF or r["identical_pct"] < GOAL_IDENTICAL_PCT:
+            return r
+    return None
+
+
 def identical_share(ours, theirs) -> float:
     """The share (%) of positions where the two prediction vectors agree."""
     a, b = np.asarray(ours), np.asarray(theirs)
@@ -778,6 +796,24 @@ def main(argv=None) -> None:
         f"{steady_seconds_per_round(theirs.clock):.2f} (rounds 2-{a.rounds})"
     )
     s_theirs = steady_seconds_per_round(theirs.clock)
+    away = first_departure(rows)
+    if away is None:
+        print(
+            f"goal met in every round: max rel weight diff <= {GOAL_WEIGHT_DIFF:g}, "
+            f"identical predictions >= {GOAL_IDENTICAL_PCT} %"
+        )
+    else:
+        r = away["round"]
+        cause = (
+            "the differences in kind listed above are its known causes"
+            if mod.QUIRKS
+            else "no difference in kind is known for this code: its cause is not yet named"
+        )
+        print(
+            f"first round outside the goal: {r} (max rel weight diff "
+            f"{away['weight_diff']:.2e} in {worst_entry(ours.weights[r], theirs.weights[r])}, "
+            f"identical predictions {away['identical_pct']:.2f} %); {cause}"
+        )
     if a.json:
         Path(a.json).write_text(
             json.dumps(

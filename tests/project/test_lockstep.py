@@ -198,3 +198,16 @@ def test_recorder_ends_the_round_where_the_observation_begins():
     assert rec.trace.clock[1] == t
     assert rec._excluded > 0  # the observation's time is set aside
     assert rec.trace.accuracy[1] == 50.0
+
+
+def test_first_departure_names_the_round_and_the_entry():
+    rows = [
+        {"round": 1, "weight_diff": 1e-7, "identical_pct": 100.0},
+        {"round": 2, "weight_diff": 5e-5, "identical_pct": 99.0},
+        {"round": 3, "weight_diff": 2e-3, "identical_pct": 100.0},
+    ]
+    assert lockstep.first_departure(rows)["round"] == 2
+    assert lockstep.first_departure(rows[:1]) is None
+    theirs = {"a": np.array([1.0, 2.0]), "b": np.array([10.0])}
+    ours = {"a": np.array([1.0, 2.001]), "b": np.array([10.001])}
+    assert lockstep.worst_entry(ours, theirs) == "a"
