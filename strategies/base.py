@@ -285,6 +285,7 @@ class FederatedStrategy(Strategy):
         rounds: int,
         seed: int = 0,
         weighting: str = "uniform",
+        average_dtype: str = "float64",
         eval_every: int = 1,
         params: dict | None = None,
         evaluate_fn: Callable[[int, list], tuple[float, dict]] | None = None,
@@ -314,6 +315,8 @@ class FederatedStrategy(Strategy):
         self.rounds = rounds
         self.seed = seed
         self.weighting = weighting
+        # server.average_dtype: the average's arithmetic (fedrcl_flwr/server/aggregation.py)
+        self.average_dtype = average_dtype
         self.eval_every = eval_every
         self.evaluate_fn = evaluate_fn
         self.on_record = on_record
@@ -716,10 +719,16 @@ class FederatedStrategy(Strategy):
                         return weights[i][j].reshape(-1)[start:stop]
                     return check.take(j, start, stop)
 
-                average, finite = average_and_screen(weights, coefs, self.kinds, take)
+                average, finite = average_and_screen(
+                    weights, coefs, self.kinds, take, dtype=self.average_dtype
+                )
             else:
                 average, finite = average_and_screen(
-                    weights, coefs, self.kinds, workers=self.average_workers
+                    weights,
+                    coefs,
+                    self.kinds,
+                    workers=self.average_workers,
+                    dtype=self.average_dtype,
                 )
         hashed = []
         for r in kept:
@@ -890,7 +899,7 @@ class FederatedStrategy(Strategy):
                 for a, w in zip(kept[0].weights, self.weights)
             ]
         coefs = client_coefficients([r.num_examples for r in kept], self.weighting)
-        return weighted_average([r.weights for r in kept], coefs, self.kinds)
+        return weighted_average([r.weights for r in kept], coefs, self.kinds, self.average_dtype)
 
     def _client_eval_due(self, rnd: int) -> bool:
         from fedrcl_flwr.client_eval import due

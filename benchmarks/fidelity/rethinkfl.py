@@ -69,9 +69,15 @@ def _resize(img: np.ndarray, size: int) -> np.ndarray:
     return np.asarray(Image.fromarray(img).resize((size, size), Image.BILINEAR))
 
 
-def write_files(root: Path, test_per_domain: int = 60, seed: int = 0) -> dict:
+def write_files(root: Path, test_per_domain: int = 60, seed: int = 0, exact: bool = False) -> dict:
     """The four domains under ``root`` in both layouts (theirs: USPS / SVHN files in the
-    data folder itself; ours: ``usps/``, ``svhn/``). Returns the sizes."""
+    data folder itself; ours: ``usps/``, ``svhn/``). Returns the sizes.
+
+    ``exact`` (the lockstep harness): images both sides bring to 32 px identically — MNIST
+    drawn in a 32-px box (their ``Resize((32, 32))`` and ours leave it as it is) and USPS
+    on 16 grey levels (multiples of 16), for which Pillow's bilinear 16 -> 32 upscaling
+    (two passes, each rounded to 8 bits) and ours (one float pass, rounded once) give the
+    same pixels; on other grey levels they differ by at most one level on some pixels."""
     from PIL import Image
     from scipy.io import savemat
     from sklearn.datasets import load_digits
@@ -88,11 +94,13 @@ def write_files(root: Path, test_per_domain: int = 60, seed: int = 0) -> dict:
         if name == "mnist":
             raw = root / "MNIST" / "raw"
             raw.mkdir(parents=True, exist_ok=True)
+            box = 32 if exact else 28
             for prefix, idx in (("train", tr), ("t10k", te)):
                 imgs = np.stack([_resize(x8[i], 20) for i in idx])
-                imgs = np.pad(imgs, ((0, 0), (4, 4), (4, 4)))  # MNIST's 20 px in a 28 box
+                m = (box - 20) // 2
+                imgs = np.pad(imgs, ((0, 0), (m, m), (m, m)))  # MNIST's 20 px in a 28 box
                 (raw / f"{prefix}-images-idx3-ubyte").write_bytes(
-                    struct.pack(">IIII", 2051, len(idx), 28, 28) + imgs.tobytes()
+                    struct.pack(">IIII", 2051, len(idx), box, box) + imgs.tobytes()
                 )
                 (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(
                     struct.pack(">II", 2049, len(idx)) + y[idx].astype(np.uint8).tobytes()
@@ -102,7 +110,10 @@ def write_files(root: Path, test_per_domain: int = 60, seed: int = 0) -> dict:
             for fname, idx in (("usps.bz2", tr), ("usps.t.bz2", te)):
                 lines = []
                 for i in idx:
-                    v = _resize(x8[i], 16).astype(np.float64) / 255 * 2 - 1
+                    g = _resize(x8[i], 16).astype(np.float64)
+                    if exact:  # 16 levels, written so that torchvision decodes them exactly
+                        g = np.minimum(np.rint(g / 16) * 16, 240) + 0.5
+                    v = g / 255 * 2 - 1
                     feats = " ".join(f"{j + 1}:{a:.6f}" for j, a in enumerate(v.ravel()))
                     lines.append(f"{int(y[i]) + 1} {feats}\n")
                 blob = bz2.compress("".join(lines).encode())
@@ -242,6 +253,7 @@ def experiment(data: Path, method: str, seed: int, a, cache: Path) -> dict:
             "params": params,
             "optimizer": "sgd",
             "lr": a.lr,
+            "lr_decay": 1.0,  # theirs: no schedule (the schema's default is FedRCL's 0.998)
             "momentum": 0.9,
             "weight_decay": 1.0e-5,
             "local_epochs": a.local_epochs,

@@ -90,6 +90,7 @@ def make_strategy(cfg, model, bundle, *, round_offset: int = 0, **callbacks):
         rounds=cfg.federation.rounds,
         seed=cfg.seed,
         weighting=cfg.server.weighting,
+        average_dtype=cfg.server.average_dtype,
         eval_every=cfg.federation.eval_every,
         params=cfg.server.params,
         max_consecutive_failed_rounds=cfg.federation.max_consecutive_failed_rounds,

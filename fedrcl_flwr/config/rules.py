@@ -196,6 +196,7 @@ CONFIG_RULES: dict[str, Rule] = {
     "server.weighting": Rule(
         lambda v: v in ("uniform", "samples"), "must be 'uniform' or 'samples'", ("clients",)
     ),
+    "server.average_dtype": one_of("float64", "float32"),
     "evaluation.ema": between(0, 1, hi_open=True),
     "evaluation.target_rounds": Rule(
         lambda v: all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in v),

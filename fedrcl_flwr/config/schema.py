@@ -260,6 +260,8 @@ class ServerConfig:
 
     strategy: str = "fedavg"
     weighting: str = "uniform"  # uniform | samples
+    # the average's arithmetic: float64 | float32 (the authors' state_dict loop)
+    average_dtype: str = "float64"
     params: dict = field(default_factory=dict)
     # signal exchange for FedCCL / FedProto / FPL (see fedrcl_flwr/server/signal_exchange.py)
     signals: dict = field(default_factory=dict)

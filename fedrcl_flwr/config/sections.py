@@ -210,6 +210,13 @@ def check_privacy_section(cfg: ExperimentConfig, source: str) -> None:
                 f"its privacy accountant ({pip_install('privacy')})"
             )
     p = cfg.privacy
+    if cfg.server.average_dtype != "float64" and (dp is not None or p.secagg):
+        raise ConfigError(
+            f"{source}: 'server.average_dtype: {cfg.server.average_dtype}' (the authors' "
+            "plain average) cannot be combined with "
+            + ("privacy.dp" if dp is not None else "privacy.secagg")
+            + ", which average the updates themselves; set it to float64"
+        )
     if isinstance(p.secagg_threshold, float) and p.secagg_threshold > 1:
         raise ConfigError(
             f"{source}: 'privacy.secagg_threshold' as a proportion must be "

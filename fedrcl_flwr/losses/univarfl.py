@@ -304,7 +304,9 @@ def feduv_uniformity_loss(
             s = s.detach()
     else:
         s = torch.as_tensor(float(sigma), dtype=p.dtype, device=p.device)
-    return torch.exp(-d2 / s).mean()
+    # FedUV's order of operations (``pdist_x.mul(-1 / sigma_unif_x).exp().mean()``): the
+    # same value as exp(-d2 / s) up to rounding, and FedUV's rounding
+    return d2.mul(-1 / s).exp().mean()
 
 
 def _median_of_nonzero(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -89,6 +89,14 @@ def _resnet10_bn(num_classes: int, in_channels: int, image_size: int, **params) 
     )
 
 
+def _feduv_simplecnn(num_classes: int, in_channels: int, image_size: int, **params) -> nn.Module:
+    from fedrcl_flwr.models.feduv_simplecnn import FedUVSimpleCNN
+
+    return FedUVSimpleCNN(
+        num_classes=num_classes, in_channels=in_channels, image_size=image_size, **params
+    )
+
+
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "resnet18_gn": _resnet18_gn,
     "cnn4": _cnn4,
@@ -103,6 +111,8 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     # FPL's (RethinkFL's) ResNet-10 with BatchNorm, the backbone of their Digits /
     # Office-Caltech protocol
     "resnet10_bn": _resnet10_bn,
+    # FedUV's SimpleCNN: eight conv-BN layers and its own BatchNorm projector
+    "feduv_simplecnn": _feduv_simplecnn,
 }
 MODEL_NAMES = frozenset(MODELS)
 

@@ -16,8 +16,10 @@ BatchNorm's running statistics are buffers: the project's FedAvg averages them w
 weights, as their ``aggregate_nets`` averages the whole ``state_dict``.
 
 Feature taps: ``layer1``..``layer4`` = each stage's output after its ReLU, pooled;
-``penultimate`` = pooled ``layer4`` (their ``net.features(x)``, FPL's prototype feature),
-the input of ``fc``. Parameter: ``nf`` (width, 64 as theirs).
+``penultimate`` = pooled ``layer4`` (their ``net.features(x)``, FPL's prototype feature,
+pooled with their ``avg_pool2d`` so that the logits are theirs bit for bit), the input of
+``fc``. Their ``state_dict`` loads into this model with ``linear.* -> fc.*`` and their
+``encoder.*`` left out. Parameter: ``nf`` (width, 64 as theirs).
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ class ResNet10BN(nn.Module):
             out = getattr(self, name)(out)
             if return_features:
                 taps[name] = out.mean((2, 3))
-        z = out.mean((2, 3))
+        # their avg_pool2d(out, out.shape[2]): the same kernel, so the same float sum
+        z = F.avg_pool2d(out, out.shape[2:]).flatten(1)
         logits = self.fc(z)
         if not return_features:
             return logits

@@ -7,6 +7,17 @@ Policy for model entries (``kinds`` from :func:`entry_kinds`):
   the same client weights, never touched by server momentum/Adam.
 * ``"count"``  - integer buffers (e.g. BatchNorm ``num_batches_tracked``): not averaged;
   the largest client value is kept (they only count steps).
+
+The arithmetic of the average (``server.average_dtype``): ``float64`` (the default) sums
+``c_i · w_i`` in float64 and rounds once to the entry's dtype; ``float32`` is the
+authors' own loop over the ``state_dict`` (sonhamin/FedUV @ dd2e3c5 ``train_fl.py``:
+``global_w[key] = net_para[key] * fed_avg_freqs[0]``, then ``+=`` for each next client;
+WenkeHuang/RethinkFL @ 74201b3 ``models/utils/federated_model.py: aggregate_nets``, the
+same): each product ``float32(c_i) · w_i`` and each sum rounded to float32, clients in
+order, and the integer counters summed the same way and truncated towards zero when
+their ``load_state_dict`` copies the float sum into the int64 buffer. Bit for bit the
+numbers of their servers on the same inputs, one float32 rounding per client more than
+the default.
 """
 
 from __future__ import annotations
@@ -48,8 +59,14 @@ def client_coefficients(num_examples: Sequence[int], weighting: str) -> np.ndarr
 CHUNK = 1 << 15  # elements per pass of weighted_average: two float64 buffers of 256 KiB
 
 
+AVERAGE_DTYPES = ("float64", "float32")
+
+
 def weighted_average(
-    client_weights: Sequence[Sequence[np.ndarray]], coefficients: np.ndarray, kinds: Sequence[str]
+    client_weights: Sequence[Sequence[np.ndarray]],
+    coefficients: np.ndarray,
+    kinds: Sequence[str],
+    dtype: str = "float64",
 ) -> list[np.ndarray]:
     """Entry-wise sum_i c_i * w_i for float entries (in float64, clients in the given
     order); max for integer counters. Each product ``c_i * float64(w_i)`` is computed
@@ -57,8 +74,9 @@ def weighted_average(
     as ``c * w.astype(float64)``) and added to the accumulator, :data:`CHUNK` entries at
     a time so that both buffers stay in the CPU's cache: every entry sees exactly the
     operations of the whole-array loop, in the same order (bit-identical), at 0.57x its
-    time (ResNet-18-GN, 5 clients: 43 vs 75 ms on the 2-core development machine)."""
-    return average_and_screen(client_weights, coefficients, kinds)[0]
+    time (ResNet-18-GN, 5 clients: 43 vs 75 ms on the 2-core development machine).
+    ``dtype="float32"``: the authors' float32 arithmetic (module docstring)."""
+    return average_and_screen(client_weights, coefficients, kinds, dtype=dtype)[0]
 
 
 # a piece of one entry's average: the clients' flat arrays, the result, the entry's
@@ -72,6 +90,7 @@ def average_and_screen(
     kinds: Sequence[str],
     take: Callable[[int, int, int, int], np.ndarray] | None = None,
     workers: int = 1,
+    dtype: str = "float64",
 ) -> tuple[list[np.ndarray], bool]:
     """:func:`weighted_average` (the same operations), and whether every float entry of
     every client was finite, in the one pass that reads the clients' arrays.
@@ -91,9 +110,17 @@ def average_and_screen(
     The finiteness comes from the accumulator: with coefficients >= 0, a NaN or an
     infinity in any client makes its sum non-finite (``0 * inf`` is NaN). The converse
     fails only when finite float64 values overflow, so ``False`` means "check each
-    client" (:func:`check_update`), never "drop them all"."""
+    client" (:func:`check_update`), never "drop them all".
+
+    ``dtype="float32"`` (the authors' arithmetic, module docstring): the accumulator and
+    each product are float32 (``np.multiply(w, float32(c), dtype=float32)``, then ``+=``:
+    the same IEEE operations as PyTorch's ``tensor * c`` and ``+=`` on the CPU), and the
+    integer counters are averaged that way too, then truncated."""
+    if dtype not in AVERAGE_DTYPES:
+        raise ValueError(f"average dtype must be one of {', '.join(AVERAGE_DTYPES)}, got {dtype!r}")
+    acc_dtype = np.dtype(dtype)
     out: list[np.ndarray] = []
-    coefs = [np.float64(c) for c in coefficients]
+    coefs = [acc_dtype.type(c) for c in coefficients]
     pieces: list[_Piece] = []
 
     def values(i: int, j: int, flat: list[np.ndarray], start: int, stop: int) -> np.ndarray:
@@ -105,7 +132,7 @@ def average_and_screen(
         n = flat[0].size
         result = np.empty(n, dtype=arrays[0].dtype)
         out.append(result.reshape(arrays[0].shape))
-        if kind == "count":  # the larger counter, element-wise: one piece
+        if kind == "count" and dtype == "float64":  # the larger counter, element-wise: one piece
             pieces.append((flat, result, j, 0, n, True))
             continue
         step = n if workers <= 1 or take is not None else SEGMENT
@@ -118,7 +145,7 @@ def average_and_screen(
             for i in range(1, len(flat)):
                 np.maximum(result, values(i, j, flat, 0, last), out=result)
             return True
-        acc = np.empty(min(last - first, CHUNK), dtype=np.float64)
+        acc = np.empty(min(last - first, CHUNK), dtype=acc_dtype)
         product = np.empty_like(acc)
         finite = True
         for start in range(first, last, CHUNK):
@@ -126,11 +153,12 @@ def average_and_screen(
             acc_part, product_part = acc[: stop - start], product[: stop - start]
             acc_part.fill(0.0)
             for i, c in enumerate(coefs):
-                np.multiply(values(i, j, flat, start, stop), c, out=product_part, dtype=np.float64)
+                np.multiply(values(i, j, flat, start, stop), c, out=product_part, dtype=acc_dtype)
                 acc_part += product_part
             if finite and not np.isfinite(acc_part).all():
                 finite = False
-            result[start:stop] = acc_part
+            # an integer entry (float32 only): the cast truncates, as torch's copy_ does
+            result[start:stop] = acc_part if result.dtype.kind == "f" else np.trunc(acc_part)
         return finite
 
     if workers <= 1 or take is not None or len(pieces) < 2:

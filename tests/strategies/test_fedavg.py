@@ -289,3 +289,77 @@ def test_a_threaded_average_gives_the_same_bytes_for_any_number_of_workers():
         ), workers
     clients[2][0][SEGMENT + 1] = np.nan
     assert not average_and_screen(clients, coefs, kinds, workers=2)[1]
+
+
+def _their_state_dict_average(states: list[dict], sizes: list[int]) -> dict:
+    """FedUV's server (sonhamin/FedUV ``train_fl.py``; RethinkFL's ``aggregate_nets`` is
+    the same loop), transliterated: ``global_w[key] = net_para[key] * freq`` for the first
+    client, ``+=`` for the others, then ``load_state_dict`` into buffers of the model's
+    dtypes (an int64 counter gets the float sum truncated)."""
+    import torch
+
+    total = sum(sizes)
+    freqs = [n / total for n in sizes]
+    global_w: dict = {}
+    for i, net_para in enumerate(states):
+        for key in net_para:
+            if i == 0:
+                global_w[key] = net_para[key] * freqs[i]
+            else:
+                global_w[key] += net_para[key] * freqs[i]
+    out = {}
+    for key, v in global_w.items():
+        buf = torch.empty_like(states[0][key])
+        buf.copy_(v)
+        out[key] = buf.numpy()
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_float32_average_is_the_authors_state_dict_loop_bit_for_bit(workers):
+    import torch
+
+    from fedrcl_flwr.server.aggregation import average_and_screen
+
+    rng = np.random.default_rng(4)
+    sizes = [37, 360, 101, 58]
+    kinds = ["param", "buffer", "count"]
+    clients = [
+        [
+            (rng.normal(size=300_000) * 3).astype(np.float32),  # several threaded pieces
+            rng.uniform(0.5, 2.0, size=7).astype(np.float32),
+            np.array(int(rng.integers(0, 200)), np.int64),
+        ]
+        for _ in sizes
+    ]
+    states = [{f"e{j}": torch.from_numpy(w.copy()) for j, w in enumerate(c)} for c in clients]
+    theirs = _their_state_dict_average(states, sizes)
+    coefs = client_coefficients(sizes, "samples")
+    ours, finite = average_and_screen(clients, coefs, kinds, workers=workers, dtype="float32")
+    assert finite
+    for j in range(3):
+        assert ours[j].dtype == clients[0][j].dtype
+        np.testing.assert_array_equal(ours[j], theirs[f"e{j}"])
+    # the default sums in float64: not their bytes, and the counter is the largest
+    default = weighted_average(clients, coefs, kinds)
+    assert not np.array_equal(default[0], theirs["e0"])
+    np.testing.assert_allclose(default[0], theirs["e0"], rtol=1e-5, atol=1e-5)
+    assert int(default[2]) == max(int(c[2]) for c in clients) != int(theirs["e2"])
+    # through the strategy (server.average_dtype)
+    w0 = [np.zeros_like(w) for w in clients[0]]
+    res = [(FakeProxy(str(i)), fitres(c, n, i)) for i, (c, n) in enumerate(zip(clients, sizes))]
+    st = make(w0, weighting="samples", average_dtype="float32", clients_per_round=4)
+    params, _ = st.aggregate_fit(1, res, [])
+    for j, got in enumerate(parameters_to_ndarrays(params)):
+        np.testing.assert_array_equal(got, theirs[f"e{j}"])
+
+
+def test_float32_average_refused_with_dp_or_secagg(tmp_path):
+    from helpers import tiny_config
+
+    from fedrcl_flwr.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="average_dtype: float32.*privacy.secagg"):
+        tiny_config(tmp_path, server={"average_dtype": "float32"}, privacy={"secagg": True})
+    with pytest.raises(ConfigError, match="server.average_dtype.*must be one of"):
+        tiny_config(tmp_path, server={"average_dtype": "float16"})
