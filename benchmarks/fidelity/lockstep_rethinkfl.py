@@ -286,7 +286,9 @@ def their_side(a, plan, data: Path, work: Path, record) -> None:
             name = ds.data_name
             n = len(ds.imagefolder_obj if name == "syn" else ds.dataset)
             if n != sizes[name]:
-                raise SystemExit(f"lockstep: their {name} has {n} training images, ours {sizes[name]}")
+                raise SystemExit(
+                    f"lockstep: their {name} has {n} training images, ours {sizes[name]}"
+                )
             client_domain.append(name)
             got = np.asarray(dl.sampler.indices, dtype=np.int64) + offset[name]
             # ours keeps a client's indices sorted (its sampler reorders every epoch)
@@ -309,7 +311,11 @@ def their_side(a, plan, data: Path, work: Path, record) -> None:
             # the aliases (_features.*, cls.*) are the same tensors: loaded with them
             own = {k: v for k, v in net.state_dict().items() if k.startswith("encoder.")}
             net.load_state_dict({**own, **initial}, strict=False)
-            missing = [k for k, v in net.state_dict().items() if theirs_to_ours(k) and not torch.equal(v, initial[k])]
+            missing = [
+                k
+                for k, v in net.state_dict().items()
+                if theirs_to_ours(k) and not torch.equal(v, initial[k])
+            ]
             if missing:
                 raise RuntimeError(f"lockstep: the plan's model did not load: {missing[:3]}")
         return nets
@@ -326,7 +332,9 @@ def their_side(a, plan, data: Path, work: Path, record) -> None:
                 raise RuntimeError("lockstep: an unexpected draw from their RandomState")
             rnd = self.model.epoch_index + 1
             if int(size) != len(plan.clients(rnd)):
-                raise RuntimeError(f"lockstep: they take {size} clients, the plan {len(plan.clients(rnd))}")
+                raise RuntimeError(
+                    f"lockstep: they take {size} clients, the plan {len(plan.clients(rnd))}"
+                )
             return np.asarray(plan.clients(rnd))
 
     get_model = their_models.get_model
@@ -361,12 +369,16 @@ def their_side(a, plan, data: Path, work: Path, record) -> None:
             raise RuntimeError("lockstep: a client loader read outside a client's training")
         epochs = plan.epochs(state.round, state.client)
         if state.epoch >= len(epochs) or state.draws:
-            raise RuntimeError(f"lockstep: round {state.round}, client {state.client}: epoch {state.epoch} not planned")
+            raise RuntimeError(
+                f"lockstep: round {state.round}, client {state.client}: epoch {state.epoch} not planned"
+            )
         ep = epochs[state.epoch]
         state.epoch += 1
         local = ep.order - offset[client_domain[state.client]]
         if sorted(local.tolist()) != sorted(np.asarray(sampler.indices).tolist()):
-            raise RuntimeError(f"lockstep: client {state.client}: the plan's order is not its samples")
+            raise RuntimeError(
+                f"lockstep: client {state.client}: the plan's order is not its samples"
+            )
         sizes_ = np.diff(ep.bounds)
         if len(sizes_) and (np.any(sizes_[:-1] != a.batch_size) or sizes_[-1] > a.batch_size):
             raise RuntimeError(f"lockstep: the plan's batches {sizes_.tolist()} are not theirs")
@@ -418,7 +430,9 @@ def their_side(a, plan, data: Path, work: Path, record) -> None:
                 ours = theirs_to_ours(k)
                 if ours is not None:
                     weights[ours] = v.detach().cpu().numpy()
-            record.round(model.epoch_index + 1, weights, float(np.mean(accs)), np.concatenate(preds))
+            record.round(
+                model.epoch_index + 1, weights, float(np.mean(accs)), np.concatenate(preds)
+            )
         return accs
 
     utils.training.global_evaluate = observed_evaluate
