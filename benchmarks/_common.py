@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedrcl_flwr.run.processes import procs_with
+from fedrcl_flwr.launch.processes import procs_with
 
 
 def _pss_bytes(proc_dir: Path) -> int:

@@ -109,7 +109,7 @@ INPROCESS = """
 import sys
 from pathlib import Path
 try:
-    from fedrcl_flwr.run.preflight import load_experiment
+    from fedrcl_flwr.launch.preflight import load_experiment
 except ImportError:  # a checkout (--code) from before the pre-run checks had their module
     from fedrcl_flwr.cli import _load as load_experiment
 from fedrcl_flwr.app.inprocess import run_inprocess
@@ -148,7 +148,7 @@ PROCESS_KINDS = [
     ("runtime_env", "Ray's node"),
     ("log_monitor", "Ray's node"),
     ("monitor.py", "Ray's node"),
-    ("fedrcl_flwr.run.processes", "watchdog"),
+    ("fedrcl_flwr.launch.processes", "watchdog"),
     ("run_inprocess", "in-process runner"),  # before the CLI: its code names the CLI module
     ("fedrcl_flwr.cli", "CLI"),
 ]
@@ -629,7 +629,7 @@ def measure_floor(
     with ``nodes`` SuperNodes (one CPU per client) whose messages carry ``payload`` bytes
     there and back (the model's size: Flower's own cost of moving it); times from the
     SuperLink's launch."""
-    from fedrcl_flwr.run.processes import RUN_VAR, teardown
+    from fedrcl_flwr.launch.processes import RUN_VAR, teardown
     from fedrcl_flwr.runner import free_port
 
     app = work / "floor-app"
@@ -1032,7 +1032,7 @@ def print_table(table: list, repeat: int) -> None:
 def measure_floor_for(
     regime: Regime, rounds: int, env: dict, work: Path, marker: str, exp: Path, extra: list[str]
 ) -> dict:
-    from fedrcl_flwr.run.preflight import load_experiment
+    from fedrcl_flwr.launch.preflight import load_experiment
     from fedrcl_flwr.run.runtime import get_weights, load_bundle, new_model
 
     cfg = load_experiment(str(exp), [f"federation.rounds={rounds}", *regime.sets, *extra], None)

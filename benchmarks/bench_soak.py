@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedrcl_flwr.run.processes import procs_with  # noqa: E402
+from fedrcl_flwr.launch.processes import procs_with  # noqa: E402
 
 EXPERIMENT = ROOT / "experiments" / "quickstart.yaml"
 

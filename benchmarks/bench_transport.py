@@ -40,7 +40,7 @@ from statistics import median
 import numpy as np
 from _common import ROOT  # noqa: F401 - puts the checkout first on the path
 
-from fedrcl_flwr.app import transport
+from fedrcl_flwr.app.wire import transport
 from fedrcl_flwr.models import build_model
 from fedrcl_flwr.server.aggregation import (
     average_and_screen,

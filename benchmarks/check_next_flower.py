@@ -11,7 +11,7 @@ Flower wheel into it (``pip install --no-deps``: it shadows the installed ``flwr
 runs, with the installed Flower ("baseline") and with the candidate:
 
 1. the Flower-facing tests (``tests/app/test_flower_private.py`` — the one door to Flower's
-   non-public API, ``fedrcl_flwr/app/flower_private.py`` —, the privacy tests — Flower's
+   non-public API, ``fedrcl_flwr/app/wire/flower_private.py`` —, the privacy tests — Flower's
    DP wrappers, SecAgg+ workflow and client mods —, and the in-process runs through
    Flower's workflow API), without the tests that start real Flower processes;
 2. the quickstart (``experiments/quickstart.yaml``) for 2 rounds under ``fedrcl-flwr run``

@@ -45,7 +45,7 @@ from flwr.common import (
 
 from fedrcl_flwr import client_eval
 from fedrcl_flwr.accel import use_channels_last
-from fedrcl_flwr.app import transport
+from fedrcl_flwr.app.wire import transport
 from fedrcl_flwr.codec import TENSOR_TYPE, encode_arrays
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.config import ExperimentConfig
@@ -94,7 +94,7 @@ class WireClient(Client):
     and out through :mod:`fedrcl_flwr.codec` (the same ``.npy`` bytes, three copies of
     the model fewer per message; the received weights are read-only views of the
     message), or by reference to the run's weight store (``simulation.transport:
-    shared``: :mod:`fedrcl_flwr.app.transport`; the upload goes back the way the
+    shared``: :mod:`fedrcl_flwr.app.wire.transport`; the upload goes back the way the
     instructions came). Both runners hand every fit to it, the ClientApp and the
     in-process one."""
 
@@ -114,7 +114,7 @@ class WireClient(Client):
 
     def fit(self, ins: FitIns) -> FitRes:
         """The round's training (:meth:`FederatedClient.train_round`, handed the message's
-        weights as :class:`~fedrcl_flwr.app.transport.Received`: read from the weight
+        weights as :class:`~fedrcl_flwr.app.wire.transport.Received`: read from the weight
         store into the model, and checked, when they are used), then its upload
         (:meth:`FederatedClient.upload`: views of the model) written out at once, into
         the message or the weight store, so no copy of the model is made for it."""
@@ -489,7 +489,7 @@ class FederatedClient(NumPyClient):
     def _load_received(self, model: torch.nn.Module, parameters) -> None:
         """Load the received weights into ``model`` and keep them as
         :attr:`global_weights`. Weights by reference
-        (:class:`~fedrcl_flwr.app.transport.Received`) are copied from the weight store
+        (:class:`~fedrcl_flwr.app.wire.transport.Received`) are copied from the weight store
         straight into the model's tensors while they are hashed (one pass; a tensor that
         cannot take them as they are, on a GPU or in another dtype or layout, through
         arrays of the client's own), and :attr:`global_weights` reads the store again

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fedrcl_flwr.config import ExperimentConfig
 from fedrcl_flwr.errors import ConfigError, one_line
-from fedrcl_flwr.run.preflight import (  # noqa: F401 - the checks' one home, re-exported
+from fedrcl_flwr.launch.preflight import (  # noqa: F401 - the checks' one home, re-exported
     check_output_dir,
     check_output_file,
     check_plot_path,
@@ -133,10 +133,10 @@ def _load_resume(args):
 
 def cmd_run(args) -> int:
     """``run EXPERIMENT.yaml`` / ``run --resume DIR``: the config, every check before the
-    run (:func:`fedrcl_flwr.run.preflight.before_run`), the run directory claimed, the
+    run (:func:`fedrcl_flwr.launch.preflight.before_run`), the run directory claimed, the
     simulation, one line of result."""
-    from fedrcl_flwr.run.preflight import before_run
-    from fedrcl_flwr.run.processes import OutputLock
+    from fedrcl_flwr.launch.preflight import before_run
+    from fedrcl_flwr.launch.processes import OutputLock
     from fedrcl_flwr.runner import RunFailed
 
     cfg, out_dir = _run_config(args)
@@ -281,8 +281,8 @@ def cmd_plot(args) -> int:
 
 def cmd_sweep(args) -> int:
     """``sweep SWEEP.yaml``: plan and validate every run, then run those not finished."""
-    from fedrcl_flwr.run.preflight import before_sweep
-    from fedrcl_flwr.run.sweep import format_plan, plan_sweep, run_sweep, take_over_earlier_runs
+    from fedrcl_flwr.launch.preflight import before_sweep
+    from fedrcl_flwr.launch.sweep import format_plan, plan_sweep, run_sweep, take_over_earlier_runs
 
     ncpu = os.cpu_count() or 1
     if not 1 <= args.jobs <= ncpu:
@@ -313,7 +313,7 @@ def cmd_partition(args) -> int:
         format_counts_table,
         plot_counts_heatmap,
     )
-    from fedrcl_flwr.run.preflight import before_partition
+    from fedrcl_flwr.launch.preflight import before_partition
 
     if args.max_rows is not None and args.max_rows < 0:
         raise ConfigError(f"--max-rows must be >= 0, got {args.max_rows}")

@@ -16,8 +16,8 @@ every process it starts:
    one, while printing one line per evaluated round from ``metrics.jsonl``;
 5. tearing the SuperLink, the simulation process and Ray down, whatever happened.
 
-Teardown is one mechanism, the *watchdog* of :mod:`fedrcl_flwr.run.processes` (with the
-output directory's lock, :class:`~fedrcl_flwr.run.processes.OutputLock`), which the CLI
+Teardown is one mechanism, the *watchdog* of :mod:`fedrcl_flwr.launch.processes` (with the
+output directory's lock, :class:`~fedrcl_flwr.launch.processes.OutputLock`), which the CLI
 starts first; it stops every process of the run whatever happened, ``kill -9`` of the CLI
 included.
 """
@@ -39,8 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from fedrcl_flwr.config import ExperimentConfig
-from fedrcl_flwr.run import timers
-from fedrcl_flwr.run.processes import (
+from fedrcl_flwr.launch.processes import (
     HOME_PREFIX,
     RUN_VAR,
     OutputLock,
@@ -48,6 +47,7 @@ from fedrcl_flwr.run.processes import (
     reap_stale_runs,
     teardown,
 )
+from fedrcl_flwr.run import timers
 from fedrcl_flwr.run.results import (
     atomic_write_text,
     format_round_line,
@@ -336,14 +336,14 @@ def run_simulation_via_flower(
     details are in ``run.log``), including when it stays ``pending``/``starting`` longer
     than ``simulation.startup_timeout_s``. ``dataset_entry``: the dataset cache entry the
     CLI prepared (every Flower process then only opens it). The inputs were checked by
-    :func:`fedrcl_flwr.run.preflight.before_run`. The run's start-up, phase by phase, goes to
+    :func:`fedrcl_flwr.launch.preflight.before_run`. The run's start-up, phase by phase, goes to
     ``flower.log`` (``fedrcl-flwr timing:`` lines).
 
     Steps (module docstring): a private SuperLink (:class:`LocalSuperLink`, its watchdog
     first), the run submitted (:func:`_submit`), followed until it finishes
     (:class:`_RunFollower`), its log fetched, everything torn down."""
     from fedrcl_flwr.app.control import ControlClient
-    from fedrcl_flwr.app.transport import fallback_reason
+    from fedrcl_flwr.app.wire.transport import fallback_reason
 
     t0 = time.time()
     app = find_app_dir()
@@ -409,8 +409,8 @@ def run_simulation_via_flower(
 
 def _import_flower_cli() -> None:
     """Import the Flower modules :func:`_submit` and the run's Control API client use
-    (``fedrcl_flwr.app.flower_private``); a failure is left to the real call to report."""
-    from fedrcl_flwr.app import flower_private
+    (``fedrcl_flwr.app.wire.flower_private``); a failure is left to the real call to report."""
+    from fedrcl_flwr.app.wire import flower_private
 
     try:
         flower_private.cli_run()

@@ -1,6 +1,6 @@
 """Model weights by reference inside one node: a store of immutable files, one per blob,
 each named by its content hash (no Flower here; the translation to and from Flower's
-messages is ``fedrcl_flwr/app/transport.py``).
+messages is ``fedrcl_flwr/app/wire/transport.py``).
 
 In a simulation Flower's messages carry the whole model (serialised, copied into the
 SuperLink's object store, handed to a Ray actor, and the same way back). With

@@ -82,8 +82,8 @@ from flwr.common import EvaluateIns, FitIns, FitRes, Parameters
 from flwr.server import ClientManager
 from flwr.server.strategy import Strategy
 
-from fedrcl_flwr.app.flower_private import ClientProxy
-from fedrcl_flwr.app.transport import ServerTransport, arrays_of, open_upload, to_bytes
+from fedrcl_flwr.app.wire.flower_private import ClientProxy
+from fedrcl_flwr.app.wire.transport import ServerTransport, arrays_of, open_upload, to_bytes
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.protocol import (
     LOCAL_REPR_PREFIX,
@@ -333,7 +333,7 @@ class FederatedStrategy(Strategy):
         # factor_combine -> masks -> parameters_mod); the key and share exchange of the
         # protocol's other stages is not counted
         self.secagg_upload_bytes = 8 * (1 + int(sum(np.asarray(w).size for w in self.weights)))
-        # how weights travel (fedrcl_flwr/app/transport.py): Flower's messages unless the
+        # how weights travel (fedrcl_flwr/app/wire/transport.py): Flower's messages unless the
         # app hands the strategy the run's weight store (simulation.transport: shared)
         self.transport = ServerTransport()
         self._init_round_state()

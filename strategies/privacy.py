@@ -39,7 +39,7 @@ from flwr.server.strategy import (
     Strategy,
 )
 
-from fedrcl_flwr.app.transport import is_reference, to_bytes
+from fedrcl_flwr.app.wire.transport import is_reference, to_bytes
 from fedrcl_flwr.privacy import PrivacyAccountant, noise_std
 
 

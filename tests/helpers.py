@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from fedrcl_flwr.config import config_from_dict
-from fedrcl_flwr.run.processes import procs_with
+from fedrcl_flwr.launch.processes import procs_with
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ Run-config keys (declared in ``pyproject.toml`` under ``[tool.flwr.app.config]``
 * ``dataset-cache`` - the dataset cache entry the CLI prepared (``fedrcl-flwr run``): the
   ServerApp and ClientApps only open it (empty: each process opens or builds its entry)
 * ``weight-store`` / ``weight-store-note`` - the run's weight store folder the CLI created
-  (``simulation.transport: shared``), or why none could be (``fedrcl_flwr/app/transport.py``)
+  (``simulation.transport: shared``), or why none could be (``fedrcl_flwr/app/wire/transport.py``)
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ clients. This module makes the same calls in-process:
 Every function takes the run's private ``FLWR_HOME`` (its ``config.toml`` names the
 SuperLink connection) and sets it only for the duration of the call. Flower's non-public
 API (its CLI functions and Control API messages) comes through
-:mod:`fedrcl_flwr.app.flower_private`.
+:mod:`fedrcl_flwr.app.wire.flower_private`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedrcl_flwr.app import flower_private
+from fedrcl_flwr.app.wire import flower_private
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from flwr.server import Grid
 
 from clients import client_class
 from fedrcl_flwr.app.server_app import build_server
-from fedrcl_flwr.app.transport import ServerTransport, fallback_reason
+from fedrcl_flwr.app.wire.transport import ServerTransport, fallback_reason
 from fedrcl_flwr.config import ExperimentConfig
 from fedrcl_flwr.run.run_files import CLIENT_STATE_DIR
 from fedrcl_flwr.weight_store import remove_store, temporary_store
@@ -77,7 +77,7 @@ def run_inprocess(
     instead (:func:`run_workflow_inprocess`; ``client_factory`` and
     ``overlap_evaluation`` do not apply). Weights travel as configured
     (``simulation.transport``: by reference through a weight store of this call's own,
-    removed at the end, or inside the messages; ``fedrcl_flwr/app/transport.py``)."""
+    removed at the end, or inside the messages; ``fedrcl_flwr/app/wire/transport.py``)."""
     dp = cfg.privacy.dp
     if cfg.privacy.secagg or (dp is not None and dp.mode == "client"):
         return run_workflow_inprocess(cfg, out_dir, resume=resume, stop_after=stop_after)
@@ -178,7 +178,7 @@ class InProcessGrid(Grid):
         from flwr.app import Error, Message
 
         from fedrcl_flwr.app.client_app import app as client_app
-        from fedrcl_flwr.app.flower_private import CLIENT_APP_RAISED_EXCEPTION
+        from fedrcl_flwr.app.wire.flower_private import CLIENT_APP_RAISED_EXCEPTION
 
         replies = []
         for msg in messages:
@@ -207,9 +207,9 @@ def run_workflow_inprocess(
     from flwr.server import LegacyContext, ServerConfig
     from flwr.server.workflow import DefaultWorkflow
 
-    from fedrcl_flwr.app.flower_private import task_identity
     from fedrcl_flwr.app.server_app import EagerClientManager
     from fedrcl_flwr.app.validate import secagg_max_weight, secagg_workflow
+    from fedrcl_flwr.app.wire.flower_private import task_identity
     from fedrcl_flwr.run.results import CONFIG_FILE
 
     out_dir = Path(out_dir)

@@ -19,8 +19,8 @@ from flwr.server import (
 )
 
 from fedrcl_flwr.app.common import config_from_run_config, output_dir_from_run_config, quiet
-from fedrcl_flwr.app.flower_private import engine_doorbell, two_messages_per_actor
 from fedrcl_flwr.app.replies import INTERVAL, WIRE_INTERVAL, ReplyCollector
+from fedrcl_flwr.app.wire.flower_private import engine_doorbell, two_messages_per_actor
 from fedrcl_flwr.config import dump_config
 from fedrcl_flwr.config.catalog import reported_metric
 from fedrcl_flwr.errors import ConfigError
@@ -346,7 +346,7 @@ def server_components(context: Context, simulation: bool = True):
         overlap_evaluation=True,
     )
     timers.server_event("serverapp_built")
-    from fedrcl_flwr.app.transport import choose
+    from fedrcl_flwr.app.wire.transport import choose
 
     strategy.transport = choose(
         cfg, context.run_config, simulation=simulation, uploads=strategy.clients_per_round

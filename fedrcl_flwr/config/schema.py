@@ -341,7 +341,7 @@ class SimulationConfig:
     num_supernodes: int | None = None  # default: the clients sampled per round
     startup_timeout_s: float = 300.0
     ray_address: str | None = None
-    # how weights travel in a simulation (issue 30, fedrcl_flwr/app/transport.py): by
+    # how weights travel in a simulation (issue 30, fedrcl_flwr/app/wire/transport.py): by
     # reference to a store in shared memory (shared) or inside Flower's messages (flower)
     transport: str = "shared"
 

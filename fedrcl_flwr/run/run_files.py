@@ -16,7 +16,7 @@ A run directory (``fedrcl-flwr run --out DIR``)::
     client_state/    per-client state across rounds (MOON, FedDyn, ...)
     tensorboard/     TensorBoard event files;  wandb/  W&B's local files
     .fedrcl-flwr-dir the tool's marker (see fedrcl_flwr.run.results.write_marker)
-    .fedrcl-flwr.lock  the live run's lock (fedrcl_flwr.run.processes.OutputLock)
+    .fedrcl-flwr.lock  the live run's lock (fedrcl_flwr.launch.processes.OutputLock)
 
 A sweep's ``--out``: one run directory per run, plus ``_configs/<run>.yaml`` (each planned
 configuration), ``_logs/<run>.log`` (each run's output), ``sweep_status.json``, the marker
@@ -50,7 +50,7 @@ MLRUNS_DIR = "mlruns"  # MLflow's file store (left alone by --overwrite)
 # holding ``fedrcl-flwr <kind>``. Nothing without it is ever removed.
 MARKER_FILE = ".fedrcl-flwr-dir"
 # An output directory's lock: an exclusive flock on this file, which the tool creates
-# (fedrcl_flwr.run.processes.OutputLock)
+# (fedrcl_flwr.launch.processes.OutputLock)
 LOCK_FILE = ".fedrcl-flwr.lock"
 
 # what a run writes into its output directory (``run --overwrite`` removes exactly these,

@@ -1,4 +1,4 @@
-"""Flower's non-public API has one door (fedrcl_flwr/app/flower_private.py): every other
+"""Flower's non-public API has one door (fedrcl_flwr/app/wire/flower_private.py): every other
 module imports only Flower's public API, and each private symbol still has the shape this
 project relies on. When Flower changes one, the failing test names the symbol."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fedrcl_flwr.app import flower_private
-from fedrcl_flwr.app.flower_private import PRIVATE_API, PrivateSymbol, problem
+from fedrcl_flwr.app.wire import flower_private
+from fedrcl_flwr.app.wire.flower_private import PRIVATE_API, PrivateSymbol, problem
 
 ROOT = Path(__file__).resolve().parents[2]
 DOOR = ROOT / "fedrcl_flwr" / "app" / "flower_private.py"

@@ -171,7 +171,7 @@ def _old_path(monkeypatch):
     drawing its own partitions."""
     import strategies.base as sb
     from clients.base import FederatedClient
-    from fedrcl_flwr.app import transport
+    from fedrcl_flwr.app.wire import transport
     from fedrcl_flwr.data import cache
 
     def average(client_weights, coefficients, kinds):
@@ -189,7 +189,7 @@ def _old_path(monkeypatch):
 
     monkeypatch.setattr(FederatedClient, "to_client", NumPyClient.to_client)
     # weights inside the messages as Flower's own functions write them (the run's
-    # simulation.transport is flower: fedrcl_flwr/app/transport.py sends bytes)
+    # simulation.transport is flower: fedrcl_flwr/app/wire/transport.py sends bytes)
     monkeypatch.setattr(transport, "to_bytes", ndarrays_to_parameters)
     monkeypatch.setattr(
         sb,
@@ -442,7 +442,7 @@ def test_ray_workers_import_the_client_app_as_they_start(monkeypatch):
     import ray._private.ray_constants as ray_constants
 
     from fedrcl_flwr.app import worker_warmup
-    from fedrcl_flwr.run.processes import procs_with
+    from fedrcl_flwr.launch.processes import procs_with
     from fedrcl_flwr.runner import LocalSuperLink
 
     monkeypatch.delenv("RAY_RUNTIME_ENV_HOOK", raising=False)
@@ -620,7 +620,7 @@ def test_the_cli_imports_flowers_run_command_while_the_superlink_starts(monkeypa
     import sys
 
     from fedrcl_flwr import runner
-    from fedrcl_flwr.app import flower_private
+    from fedrcl_flwr.app.wire import flower_private
 
     code = (
         "import sys; from fedrcl_flwr import runner\n"
@@ -657,7 +657,7 @@ def test_bench_regimes_counts_each_kind_of_a_runs_processes():
     assert kind(f"{py} /x/bin/flwr-simulation --runtime-api-address 1") == "simulation process"
     assert kind(f"{py} /x/bin/flower-superlink --simulation") == "SuperLink"
     assert kind("/x/ray/core/src/ray/raylet/raylet --node-ip") == "Ray's node"
-    assert kind(f"{py} -m fedrcl_flwr.run.processes watch /tmp/h") == "watchdog"
+    assert kind(f"{py} -m fedrcl_flwr.launch.processes watch /tmp/h") == "watchdog"
     assert kind(f"{py} -m fedrcl_flwr.cli run q.yaml") == "CLI"
     assert kind(f"{py} -c {bench_regimes.INPROCESS} q.yaml") == "in-process runner"
     assert kind("/bin/sh -c true") == "other"
@@ -674,7 +674,7 @@ def _fake_engine_module(monkeypatch, add_messages_to_queue=None, run_api=None):
     import sys
     import types
 
-    from fedrcl_flwr.app import flower_private
+    from fedrcl_flwr.app.wire import flower_private
 
     module = types.ModuleType(flower_private.ENGINE_MODULE)
 
@@ -695,7 +695,7 @@ def test_the_engine_doorbell_replaces_flowers_look_up_only_where_it_can(monkeypa
     import sys
     import threading
 
-    from fedrcl_flwr.app import flower_private
+    from fedrcl_flwr.app.wire import flower_private
 
     # not a simulation process: Flower's look-up is kept, and the log says why
     monkeypatch.delitem(sys.modules, flower_private.ENGINE_MODULE, raising=False)
@@ -748,7 +748,7 @@ def test_a_ring_makes_the_engine_look_up_at_once(monkeypatch):
     import queue
     import threading
 
-    from fedrcl_flwr.app import flower_private
+    from fedrcl_flwr.app.wire import flower_private
 
     monkeypatch.setattr(flower_private, "LOOKUP_INTERVAL", 600.0)
 
@@ -812,7 +812,7 @@ def test_each_actor_is_given_its_next_message_while_it_runs_one(monkeypatch):
     import sys
     import types
 
-    from fedrcl_flwr.app import flower_private
+    from fedrcl_flwr.app.wire import flower_private
 
     flower_private.load("flwr.simulation.ray_transport.ray_actor:BasicActorPool")  # real
 
@@ -902,7 +902,7 @@ def test_an_idle_actor_is_never_passed_over():
     import random
     import threading
 
-    from fedrcl_flwr.app.flower_private import LeastBusyFirst
+    from fedrcl_flwr.app.wire.flower_private import LeastBusyFirst
 
     actors = [f"actor{i}" for i in range(5)]
     rng = random.Random(0)

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from helpers import TINY_SYNTHETIC
 
-from fedrcl_flwr.app import transport
 from fedrcl_flwr.app.inprocess import run_inprocess
+from fedrcl_flwr.app.wire import transport
 from fedrcl_flwr.config import config_from_dict
 from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.run.results import read_metrics
@@ -195,7 +195,7 @@ def test_store_of_a_run_is_its_own_marked_directory_and_goes_with_teardown(tmp_p
     and removed by the run's teardown."""
     import stat
 
-    from fedrcl_flwr.run.processes import HOME_PREFIX, teardown
+    from fedrcl_flwr.launch.processes import HOME_PREFIX, teardown
 
     home = tmp_path / f"{HOME_PREFIX}test{tmp_path.name}"
     home.mkdir()
@@ -215,7 +215,7 @@ def test_a_directory_the_run_did_not_make_is_never_removed(tmp_path, monkeypatch
     by the store's failure path or by teardown; ``remove_store`` removes only a marked
     store (of the home it is told)."""
     from fedrcl_flwr import weight_store
-    from fedrcl_flwr.run.processes import HOME_PREFIX, teardown
+    from fedrcl_flwr.launch.processes import HOME_PREFIX, teardown
 
     home = tmp_path / f"{HOME_PREFIX}planted"
     home.mkdir()

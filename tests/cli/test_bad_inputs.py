@@ -23,8 +23,8 @@ from fedrcl_flwr.cli import main
 from fedrcl_flwr.config import ConfigError, config_from_dict, load_config, read_yaml
 from fedrcl_flwr.data.datasets import DatasetError, load_dataset
 from fedrcl_flwr.errors import CheckpointError
+from fedrcl_flwr.launch.processes import OutputLock
 from fedrcl_flwr.run.checkpoint import load_checkpoint, save_checkpoint
-from fedrcl_flwr.run.processes import OutputLock
 from fedrcl_flwr.run.results import format_round_line
 from fedrcl_flwr.run.run_files import LOCK_FILE
 from fedrcl_flwr.runner import toml_string
@@ -329,7 +329,7 @@ def test_output_dir_held_by_a_live_run_is_refused_naming_its_pid(tmp_path, capsy
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path; "
-            "from fedrcl_flwr.run.processes import OutputLock; l = OutputLock(Path(sys.argv[1])); "
+            "from fedrcl_flwr.launch.processes import OutputLock; l = OutputLock(Path(sys.argv[1])); "
             "l.acquire(); print('ok', flush=True); time.sleep(120)",
             str(out),
         ],

@@ -45,7 +45,7 @@ import fedrcl_flwr.app.client_app, fedrcl_flwr.app.control, fedrcl_flwr.app.serv
 import fedrcl_flwr.runner
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.run.preflight import before_run, load_experiment
+from fedrcl_flwr.launch.preflight import before_run, load_experiment
 
 out = Path(sys.argv[1]).resolve()
 sets = [

@@ -759,7 +759,7 @@ def test_fit_returns_copies_and_the_runners_upload_the_same_weights_as_views(tin
     same bytes."""
     from flwr.common import FitIns
 
-    from fedrcl_flwr.app import transport
+    from fedrcl_flwr.app.wire import transport
     from fedrcl_flwr.codec import decode_arrays
 
     cfg = tiny()

@@ -152,8 +152,8 @@ def test_some_clients_without_a_test_share_note_and_count(tmp_path, capsys, monk
     p = tmp_path / "exp.yaml"
     p.write_text(yaml.safe_dump(cfg))
     monkeypatch.setattr(runner, "run_simulation_via_flower", lambda *a, **k: {})
+    from fedrcl_flwr.launch.preflight import load_experiment
     from fedrcl_flwr.run import runtime
-    from fedrcl_flwr.run.preflight import load_experiment
 
     loaded = load_experiment(
         str(p), ["evaluation.per_client={every: 1, local_test_fraction: 0.02}"], None

@@ -55,7 +55,7 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     ``aggregate_evaluate``) and the availability records (stragglers, none late)."""
     import os
 
-    from fedrcl_flwr.run.preflight import load_experiment
+    from fedrcl_flwr.launch.preflight import load_experiment
     from fedrcl_flwr.run.runtime import prepare_dataset
 
     cfg = load_experiment(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import leftover_procs, stop_process_groups
 
-from fedrcl_flwr.run.processes import procs_with
+from fedrcl_flwr.launch.processes import procs_with
 from fedrcl_flwr.runner import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,10 +210,10 @@ def test_cluster_resources_are_not_this_machines(tiny, monkeypatch):
     """With a cluster, per-client CPUs are not capped by this machine's cores, and the
     private-Ray caps are refused."""
     from fedrcl_flwr.config import ConfigError
-    from fedrcl_flwr.run import preflight
+    from fedrcl_flwr.launch import preflight
 
     monkeypatch.setattr(preflight, "check_ray_address", lambda address: None)  # a live head
-    from fedrcl_flwr.run.preflight import check_resources
+    from fedrcl_flwr.launch.preflight import check_resources
     from fedrcl_flwr.runner import federation_config
 
     cfg = tiny(simulation={"ray_address": "head:6379", "num_cpus": 64})

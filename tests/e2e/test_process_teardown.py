@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from helpers import alive, quickstart_run_args
 
-from fedrcl_flwr.run.processes import OutputLock, procs_with, reap_stale_runs
+from fedrcl_flwr.launch.processes import OutputLock, procs_with, reap_stale_runs
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.run_files import LOCK_FILE
 from fedrcl_flwr.weight_store import stores_of
@@ -145,7 +145,7 @@ def _watchdog(home: str) -> int:
     (pid,) = [
         p
         for p in procs_with(home)
-        if b"fedrcl_flwr.run.processes\0watch" in Path(f"/proc/{p}/cmdline").read_bytes()
+        if b"fedrcl_flwr.launch.processes\0watch" in Path(f"/proc/{p}/cmdline").read_bytes()
     ]
     return pid
 

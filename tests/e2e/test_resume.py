@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import alive, leftover_procs, quickstart_run_args
 
-from fedrcl_flwr.run.processes import OutputLock, procs_with
+from fedrcl_flwr.launch.processes import OutputLock, procs_with
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.run_files import LOCK_FILE
 

@@ -122,7 +122,9 @@ def _randomised(model: nn.Module, seed: int) -> nn.Module:
 def test_feduv_simplecnn_computes_their_logits_features_and_statistics():
     torch.manual_seed(3)
     theirs = _randomised(TheirSimpleCNN(256, 10, 1), 1)
-    ours = _ours_simplecnn()
+    ours = build_model(
+        "feduv_simplecnn", num_classes=10, in_channels=3, image_size=32, params={"out_dim": 256}
+    )
     ours.load_state_dict({feduv_ours_name(k): v for k, v in theirs.state_dict().items()})
     x = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     for train in (True, False):

@@ -160,7 +160,7 @@ def append(path: Path, text: str) -> None:
 def test_the_import_graph_has_no_cycle():
     graph = import_graph(ROOT)
     assert len(graph) > 100
-    assert "fedrcl_flwr.run.processes" in graph["fedrcl_flwr.runner"]  # the walk sees imports
+    assert "fedrcl_flwr.launch.processes" in graph["fedrcl_flwr.runner"]  # the walk sees imports
     assert cycles(graph) == []
 
 
@@ -225,3 +225,77 @@ def test_a_cycle_between_siblings_of_one_layer_is_caught(tmp_path):
     )
     assert upward_imports(root) == []
     assert cycles(import_graph(root)) == [["fedrcl_flwr.run.results", "fedrcl_flwr.run.run_files"]]
+
+
+# ------------------------------------------------------------------ the folders are layers
+
+
+def folder_of(root: Path, mod: str) -> str:
+    """The unit a module belongs to at the folder level: its package (a folder under
+    ``fedrcl_flwr``, or ``clients``/``strategies``), or the module itself where it lies
+    directly in ``fedrcl_flwr`` (``cli``, ``runner``, ``errors``, ...: each its own unit)."""
+    if (root / mod.replace(".", "/")).is_dir():
+        return mod
+    parent = mod.rpartition(".")[0]
+    return mod if parent in ("", "fedrcl_flwr") else parent
+
+
+def folder_graph(root: Path) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for mod, deps in import_graph(root).items():
+        unit = folder_of(root, mod)
+        graph.setdefault(unit, set())
+        for dep in deps:
+            other = folder_of(root, dep)
+            graph.setdefault(other, set())
+            if other != unit:
+                graph[unit].add(other)
+    return graph
+
+
+def folder_layers(root: Path) -> dict[str, set[int]]:
+    """``{folder: the layers (index, top first) its modules sit in}``."""
+    order = layers(root)
+
+    def layer_of(mod: str) -> int | None:
+        best, best_len = None, -1
+        for i, layer in enumerate(order):
+            for name in layer:
+                if (mod == name or mod.startswith(name + ".")) and len(name) > best_len:
+                    best, best_len = i, len(name)
+        return best
+
+    out: dict[str, set[int]] = {}
+    for mod in import_graph(root):
+        if not (root / mod.replace(".", "/")).is_dir():  # a package's __init__ aside
+            out.setdefault(folder_of(root, mod), set()).add(layer_of(mod))  # type: ignore[arg-type]
+    return out
+
+
+def test_every_folder_is_one_layer():
+    """A folder holds the modules of one layer, so with no module importing up a layer
+    no folder imports up either (the folders show the architecture the contract writes)."""
+    mixed = {f: sorted(ls) for f, ls in folder_layers(ROOT).items() if len(ls) > 1}
+    assert mixed == {}, f"folders holding modules of several layers: {mixed}"
+
+
+def test_the_folder_graph_has_no_cycle():
+    graph = folder_graph(ROOT)
+    assert "fedrcl_flwr.app.wire" in graph["clients"]  # the walk sees folders
+    assert cycles(graph) == []
+
+
+def test_a_folder_of_two_layers_is_caught(tmp_path):
+    """A module of the launching layer put back among the run records is named."""
+    root = copy_tree(tmp_path)
+    shutil.move(root / "fedrcl_flwr/launch/plan.py", root / "fedrcl_flwr/run/plan.py")
+    conf = (root / "pyproject.toml").read_text()
+    (root / "pyproject.toml").write_text(
+        conf.replace(
+            '"fedrcl_flwr.runner : fedrcl_flwr.launch"',
+            '"fedrcl_flwr.runner : fedrcl_flwr.launch : fedrcl_flwr.run.plan"',
+        )
+    )
+    mixed = {f: ls for f, ls in folder_layers(root).items() if len(ls) > 1}
+    assert list(mixed) == ["fedrcl_flwr.run"]
+    assert cycles(folder_graph(root)) != []  # launch -> run.plan, run.plan -> launch

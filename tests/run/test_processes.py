@@ -1,4 +1,4 @@
-"""The run's process primitives (``fedrcl_flwr/run/processes.py``): the output
+"""The run's process primitives (``fedrcl_flwr/launch/processes.py``): the output
 directory's lock is created, never opened in place (a link, a hard link, a FIFO at its
 name is refused with one line, at once, and the file it names is left untouched);
 teardown stops only the run's own processes (those carrying its marker), never a shell
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fedrcl_flwr.errors import ConfigError
-from fedrcl_flwr.run.processes import (
+from fedrcl_flwr.launch.processes import (
     HOME_MARKER,
     HOME_PREFIX,
     RUN_VAR,
@@ -188,7 +188,7 @@ def test_a_later_run_reaps_a_run_whose_cli_and_watchdog_were_killed(tmp_path, mo
     shm = tmp_path / "shm"
     shm.mkdir()
     monkeypatch.setattr(weight_store, "SHM", shm)
-    import fedrcl_flwr.run.processes as processes
+    import fedrcl_flwr.launch.processes as processes
 
     monkeypatch.setattr(processes, "SHM", shm)
     gone = subprocess.run(

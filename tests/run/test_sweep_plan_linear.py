@@ -10,7 +10,7 @@ import re
 import yaml
 
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.run import sweep
+from fedrcl_flwr.launch import sweep
 
 BASE = {
     "name": "s",

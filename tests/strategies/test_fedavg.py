@@ -200,7 +200,7 @@ def test_uploads_by_reference_are_hashed_screened_and_averaged_in_one_pass(tmp_p
     the average of the rest, bit for bit."""
     from flwr.common import Code, FitRes, Status
 
-    from fedrcl_flwr.app import transport
+    from fedrcl_flwr.app.wire import transport
     from fedrcl_flwr.protocol import FitReport
     from fedrcl_flwr.server.aggregation import CHUNK
     from fedrcl_flwr.weight_store import Entry, WeightStore

@@ -431,7 +431,7 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     # simulation, Ray, W&B's service) is gone
     import time
 
-    from fedrcl_flwr.run.processes import procs_with
+    from fedrcl_flwr.launch.processes import procs_with
 
     deadline = time.time() + 10
     while procs_with(str(tmp_path)) and time.time() < deadline:

@@ -1,6 +1,6 @@
 """The run's process primitives, below everything that starts processes (the runner, the
 sweep, the pre-run checks): the output directory's lock (:class:`OutputLock`), the one
-teardown mechanism (:class:`Watchdog`, a ``python -m fedrcl_flwr.run.processes watch HOME``
+teardown mechanism (:class:`Watchdog`, a ``python -m fedrcl_flwr.launch.processes watch HOME``
 process), the marker variables every process of a run carries, the private homes' owner
 records and the removal of stale ones (:func:`reap_stale_runs`), and the one ``/proc``
 scan (:func:`procs_with`). Standard library only (and :mod:`fedrcl_flwr.errors`, and the
@@ -63,7 +63,7 @@ HOME_MARKER = ".fedrcl-flwr-home"  # in a private home: JSON {"pids", "namespace
 
 class Watchdog:
     """The one teardown mechanism (module docstring): a ``python -m
-    fedrcl_flwr.run.processes watch HOME`` process in its own session with a pipe from this process on its stdin.
+    fedrcl_flwr.launch.processes watch HOME`` process in its own session with a pipe from this process on its stdin.
     When the pipe closes — :meth:`stop`, or this process dying in any way, ``kill -9``
     included — it SIGKILLs the process groups it was told of (:meth:`watch_group`), then
     every process whose environment carries ``HOME`` as its run's or sweep's marker
@@ -79,7 +79,7 @@ class Watchdog:
         # the watchdog carries none of the markers, so no other watchdog stops it
         wenv = {k: v for k, v in os.environ.items() if k not in MARKER_VARS}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fedrcl_flwr.run.processes", "watch", str(self.home)],
+            [sys.executable, "-m", "fedrcl_flwr.launch.processes", "watch", str(self.home)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -39,7 +39,7 @@ outcome.
 Safety (issue 21): the sweep's ``name``, every ``label`` and every run directory name are
 single safe path components (:func:`run_name_problem`); at most :data:`MAX_SWEEP_RUNS`
 runs; a key set in two places (``set``/grid/variant/``seeds``) is refused; every path the
-sweep will write or remove is checked before anything is (:func:`fedrcl_flwr.run.preflight.check_sweep_dir`); the
+sweep will write or remove is checked before anything is (:func:`fedrcl_flwr.launch.preflight.check_sweep_dir`); the
 sweep holds ``OUT``'s lock and its runs die with it, however it dies (:func:`run_sweep`).
 """
 
@@ -73,8 +73,8 @@ from fedrcl_flwr.config import (
     read_yaml,
 )
 from fedrcl_flwr.errors import ConfigError, shown
-from fedrcl_flwr.run.plan import PlannedRun, _dir_state, earlier_runs, experiment_hash
-from fedrcl_flwr.run.processes import (
+from fedrcl_flwr.launch.plan import PlannedRun, _dir_state, earlier_runs, experiment_hash
+from fedrcl_flwr.launch.processes import (
     HOME_PREFIX,
     SWEEP_VAR,
     OutputLock,
@@ -436,7 +436,7 @@ def _expand(spec: SweepSpec, cli_sets: list, check_components: bool) -> list[Pla
                     where = f"{spec.src}: run {len(runs) + 1} ({what}; base {base.name})"
                     cfg = config_from_dict(data, where)
                     if check_components:
-                        from fedrcl_flwr.run.preflight import check_components as validate
+                        from fedrcl_flwr.launch.preflight import check_components as validate
 
                         validate(cfg, where)
                     point = dict(zip(grid_keys, combo))
@@ -634,9 +634,9 @@ def run_sweep(
 ) -> int:
     """Run every planned run not finished yet; returns 0, or 1 if any failed.
 
-    The sweep holds ``out_dir``'s lock (:class:`fedrcl_flwr.run.processes.OutputLock`: a second
+    The sweep holds ``out_dir``'s lock (:class:`fedrcl_flwr.launch.processes.OutputLock`: a second
     sweep there is one error naming this one's PID) and a watchdog
-    (:class:`fedrcl_flwr.run.processes.Watchdog`, the run command's teardown): every run is
+    (:class:`fedrcl_flwr.launch.processes.Watchdog`, the run command's teardown): every run is
     started with the sweep's private home in ``FEDRCL_FLWR_SWEEP`` and in a process group
     the watchdog knows, so when the sweep ends in any way — ``kill -9`` included — its
     runs are killed, and each run's own watchdog then stops that run's Flower and Ray

@@ -43,7 +43,7 @@ from fedrcl_flwr.run.run_files import (
 )
 
 if TYPE_CHECKING:  # only for annotations (the sweep imports this module)
-    from fedrcl_flwr.run.plan import PlannedRun
+    from fedrcl_flwr.launch.plan import PlannedRun
 
 # ----------------------------------------------------------------------------- the config
 
@@ -426,8 +426,8 @@ def before_sweep(runs: list[PlannedRun], out_dir: Path) -> None:
     """Everything ``sweep`` checks before it writes a file: its directory and every run
     directory (:func:`check_sweep_dir`), then the inputs of every run still to do — not
     finished, and not among the finished runs an earlier version of the sweep left under
-    another name (:func:`fedrcl_flwr.run.plan.earlier_runs`) — (:func:`check_pending_runs`)."""
-    from fedrcl_flwr.run.plan import earlier_runs
+    another name (:func:`fedrcl_flwr.launch.plan.earlier_runs`) — (:func:`check_pending_runs`)."""
+    from fedrcl_flwr.launch.plan import earlier_runs
 
     check_sweep_dir(runs, out_dir)
     check_pending_runs(runs, frozenset(earlier_runs(runs, out_dir)[0]))
@@ -455,10 +455,10 @@ def before_partition(
 
 def check_existing(runs: list[PlannedRun]) -> None:
     """A run directory that holds a different experiment
-    (:func:`fedrcl_flwr.run.plan.experiment_hash`; e.g. edited by hand), or results without
+    (:func:`fedrcl_flwr.launch.plan.experiment_hash`; e.g. edited by hand), or results without
     the configuration that produced them, stops the sweep: nothing is overwritten or
     counted silently."""
-    from fedrcl_flwr.run.plan import experiment_hash
+    from fedrcl_flwr.launch.plan import experiment_hash
     from fedrcl_flwr.run.run_files import CONFIG_FILE
 
     for run in runs:
@@ -495,7 +495,7 @@ def check_sweep_dir(runs: list[PlannedRun], out_dir: Path) -> None:
     (:func:`_check_run_entries`: for a run that will start afresh over an earlier attempt,
     a directory ``run --overwrite`` may clear, carrying the tool's marker; see
     :func:`fedrcl_flwr.run.results.overwrite_problem`)."""
-    from fedrcl_flwr.run.processes import OutputLock
+    from fedrcl_flwr.launch.processes import OutputLock
 
     _check_free_output_dir(out_dir, "sweep directory", "another sweep or run")
     for run in runs:
@@ -601,8 +601,8 @@ def _forget_datasets() -> None:
 
 def _check_free_output_dir(out_dir: Path, what: str, holder_kind: str) -> None:
     """``out_dir`` is a usable output directory (:func:`check_output_dir`) that no live
-    run or sweep holds (its :class:`fedrcl_flwr.run.processes.OutputLock`)."""
-    from fedrcl_flwr.run.processes import OutputLock
+    run or sweep holds (its :class:`fedrcl_flwr.launch.processes.OutputLock`)."""
+    from fedrcl_flwr.launch.processes import OutputLock
 
     check_output_dir(out_dir)
     why = OutputLock.problem(out_dir)  # a link, a FIFO...: never opened, never waited on

@@ -1,5 +1,5 @@
 """A sweep's planned runs and what identifies them, shared by the sweep and the pre-run
-checks (:mod:`fedrcl_flwr.run.sweep` plans and runs them; :mod:`fedrcl_flwr.run.preflight`
+checks (:mod:`fedrcl_flwr.launch.sweep` plans and runs them; :mod:`fedrcl_flwr.launch.preflight`
 checks them): :class:`PlannedRun`, :func:`experiment_hash` (what a run computes) and
 :func:`earlier_runs` (directories of an earlier plan holding a planned experiment)."""
 
@@ -16,7 +16,7 @@ from typing import Any
 from fedrcl_flwr.config import ExperimentConfig, config_from_dict, read_yaml
 from fedrcl_flwr.config import flatten_keys as flat
 from fedrcl_flwr.errors import ConfigError
-from fedrcl_flwr.run.processes import OutputLock
+from fedrcl_flwr.launch.processes import OutputLock
 from fedrcl_flwr.run.run_files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
