@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import yaml
+
+from fedrcl_flwr.config.loading import read_yaml  # the hardened reader
 
 
 def load_runs(root: Path) -> tuple[dict, int]:
@@ -37,7 +38,7 @@ def load_runs(root: Path) -> tuple[dict, int]:
         if not summary_file.is_file():
             unfinished += 1
             continue
-        cfg = yaml.safe_load(cfg_file.read_text())
+        cfg = read_yaml(cfg_file)
         summary = json.loads(summary_file.read_text())
         per = summary.get("last5_per_domain")
         if not per:

@@ -156,10 +156,11 @@ def compose(code: Path, groups: dict, sets: dict) -> Cfg:
     """Their ``configs/config.yaml`` with the groups ``groups`` (group -> file name, as
     hydra's defaults list and command-line group choices select them) and the dotted
     overrides ``sets``."""
-    import yaml
+    from fedrcl_flwr.config.loading import parse_yaml  # the hardened reader
 
     def load(rel: str) -> dict:
-        return yaml.safe_load((code / "configs" / rel).read_text()) or {}
+        path = code / "configs" / rel
+        return parse_yaml(path.read_text(), str(path)) or {}
 
     cfg = _floats(load("config.yaml"))
     cfg.pop("defaults", None)

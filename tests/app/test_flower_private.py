@@ -12,7 +12,7 @@ from fedrcl_flwr.app.wire import flower_private
 from fedrcl_flwr.app.wire.flower_private import PRIVATE_API, PrivateSymbol, problem
 
 ROOT = Path(__file__).resolve().parents[2]
-DOOR = ROOT / "fedrcl_flwr" / "app" / "flower_private.py"
+DOOR = ROOT / "fedrcl_flwr" / "app" / "wire" / "flower_private.py"
 # Flower's documented public API: these modules' __all__
 PUBLIC = (
     "flwr.app",

@@ -166,7 +166,7 @@ def test_worker_cache_is_one_object_with_clear(tiny, tmp_path):
 
 
 def _old_path(monkeypatch):
-    """The message path before issue #24: Flower's NumPyClient wrapper (its encoding),
+    """The message path before the cuts: Flower's NumPyClient wrapper (its encoding),
     Flower's decoding on the server, the unbuffered averaging formula, every process
     drawing its own partitions."""
     import strategies.base as sb
@@ -174,7 +174,8 @@ def _old_path(monkeypatch):
     from fedrcl_flwr.app.wire import transport
     from fedrcl_flwr.data import cache
 
-    def average(client_weights, coefficients, kinds):
+    def average(client_weights, coefficients, kinds, dtype="float64"):
+        assert dtype == "float64"  # the formula before the cuts
         out = []
         for j, kind in enumerate(kinds):
             arrays = [np.asarray(cw[j]) for cw in client_weights]
@@ -206,7 +207,9 @@ def _old_path(monkeypatch):
     monkeypatch.setattr(sb, "weighted_average", average)
     # the screen's NaN/Inf check on each upload, then the formula
     monkeypatch.setattr(
-        sb, "average_and_screen", lambda w, c, k, visit=None, workers=1: (average(w, c, k), False)
+        sb,
+        "average_and_screen",
+        lambda w, c, k, take=None, workers=1, dtype="float64": (average(w, c, k, dtype), False),
     )
     monkeypatch.setattr(cache, "load_partition", lambda entry, s, n, compute: compute())
 
