@@ -100,18 +100,23 @@ def layers(root: Path) -> list[list[str]]:
     return [[m.strip() for m in layer.replace("|", ":").split(":")] for layer in contract["layers"]]
 
 
+def layer_index(order: list[list[str]], mod: str) -> int | None:
+    """The layer (index, top first) of ``mod``: that of its longest listed prefix."""
+    best, best_len = None, -1
+    for i, layer in enumerate(order):
+        for name in layer:
+            if (mod == name or mod.startswith(name + ".")) and len(name) > best_len:
+                best, best_len = i, len(name)
+    return best
+
+
 def upward_imports(root: Path) -> list[str]:
     """Imports from a module to one in a higher layer (the layer of a module is that of
     its longest listed prefix; a module of no layer is not counted)."""
     order = layers(root)
 
     def layer_of(mod: str) -> int | None:
-        best, best_len = None, -1
-        for i, layer in enumerate(order):
-            for name in layer:
-                if (mod == name or mod.startswith(name + ".")) and len(name) > best_len:
-                    best, best_len = i, len(name)
-        return best
+        return layer_index(order, mod)
 
     bad = []
     for mod, deps in import_graph(root).items():  # (cached: copies are fresh paths)
@@ -258,12 +263,7 @@ def folder_layers(root: Path) -> dict[str, set[int]]:
     order = layers(root)
 
     def layer_of(mod: str) -> int | None:
-        best, best_len = None, -1
-        for i, layer in enumerate(order):
-            for name in layer:
-                if (mod == name or mod.startswith(name + ".")) and len(name) > best_len:
-                    best, best_len = i, len(name)
-        return best
+        return layer_index(order, mod)
 
     out: dict[str, set[int]] = {}
     for mod in import_graph(root):
