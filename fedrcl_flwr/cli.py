@@ -246,8 +246,8 @@ def _result_text(cfg: ExperimentConfig, summary: dict) -> str:
 
 
 def cmd_report(args) -> int:
-    """``report DIR...``: mean +- std per method and setting (fedrcl_flwr.report.tables)."""
-    from fedrcl_flwr.report.tables import report
+    """``report DIR...``: mean +- std per method and setting (fedrcl_flwr.report.formats)."""
+    from fedrcl_flwr.report.formats import report
 
     notes: list = []
     print(report(args.dirs, args.format, args.metric, args.vs, notes), end="")
@@ -260,7 +260,7 @@ def cmd_report(args) -> int:
 
 def cmd_plot(args) -> int:
     """``plot DIR...``: accuracy curves per method (mean +- std over seeds), per setting."""
-    from fedrcl_flwr.report.tables import (
+    from fedrcl_flwr.report.figures import (
         client_plot_files,
         default_plot_out,
         domain_plot_files,
@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     ``add_argument`` calls, one per flag; the commands themselves are the ``cmd_*``
     functions."""
     from fedrcl_flwr.config.catalog import METRIC_NAMES
-    from fedrcl_flwr.report.tables import FORMATS
+    from fedrcl_flwr.report.formats import FORMATS
 
     p = _Parser(prog="fedrcl-flwr", description=__doc__.splitlines()[0])
     p.add_argument("--verbose", action="store_true", help="show Flower/Ray logs")
