@@ -14,7 +14,7 @@ from typing import Any
 
 from fedrcl_flwr.report.grouping import Group, domain_heading, group_runs, json_key, setting_title
 from fedrcl_flwr.report.reading import Run, is_number, load_runs
-from fedrcl_flwr.run.results import DOMAIN_AVERAGE, domains_of
+from fedrcl_flwr.run.results import DOMAIN_AVERAGE, domains_of, legend_below, wrap_title
 
 
 def default_plot_out(dirs: list) -> Path:
@@ -43,31 +43,18 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy", subjec
     """The figure of :func:`plot_groups`: one panel per column (setting), one line per
     row (mean over seeds) with a ±std band. Accuracy bands are clipped to [0, 100]; every
     panel shares one y-range (the panels are settings of one study: the same scale lets
-    them be compared at a glance); each row has its own colour, line style and marker
-    (a line hidden under another stays visible at its markers); the title names what
-    the runs share (then ``subject``, what the curves are, when given) and the panels what
-    differs, and says "mean ± std over seeds" only where some line has more than one
-    seed. (Long because matplotlib is set up call by call; every step is one styling
-    decision named above.)"""
+    them be compared at a glance, :func:`_share_y_range`); each row has its own colour,
+    line style and marker (:func:`_row_styles`: a line hidden under another stays visible
+    at its markers); the title names what the runs share (then ``subject``, what the
+    curves are, when given) and the panels what differs, and says "mean ± std over seeds"
+    only where some line has more than one seed (:func:`_figure_title`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.ticker import MaxNLocator
-
-    from fedrcl_flwr.run.results import legend_below, wrap_title
 
     cols = list(dict.fromkeys(g.col for g in groups))
-    rows = list(dict.fromkeys(g.row for g in groups))
-    style = {
-        r: dict(
-            color=plt.cm.tab10(i % 10),
-            linestyle=LINESTYLES[i % len(LINESTYLES)],
-            marker=MARKERS[i % len(MARKERS)],
-        )
-        for i, r in enumerate(rows)
-    }
+    style = _row_styles(list(dict.fromkeys(g.row for g in groups)))
     percent = metric_key.endswith("accuracy")
     ncol = min(len(cols), 3)
     nrow = math.ceil(len(cols) / ncol)
@@ -79,59 +66,106 @@ def curves_figure(groups: list[Group], metric_key: str = "test_accuracy", subjec
         sharey=True,
         layout="constrained",  # room for the wrapped titles and the legends below
     )
-    lows, highs = [], []
+    ranges = []  # (lowest band edge, highest band edge) of every line drawn
     for ax, c in zip(axes.flat, cols):
         for g in (g for g in groups if g.col == c):
-            rounds, mean, std = _mean_curve(g, metric_key, 100.0 if percent else 1.0)
-            if not rounds:
-                continue
-            lo, hi = mean - std, mean + std
-            if percent:
-                lo, hi = np.clip(lo, 0.0, 100.0), np.clip(hi, 0.0, 100.0)
-            lows.append(float(lo.min()))
-            highs.append(float(hi.max()))
-            st = style[g.row]
-            ax.plot(
-                rounds,
-                mean,
-                color=st["color"],
-                linestyle=st["linestyle"],
-                marker=st["marker"],
-                markersize=4,
-                markevery=max(1, len(rounds) // 10),
-                linewidth=1.5,
-                label=f"{g.row} (n={len({json_key(r.config.get('seed')) for r in g.runs})})",
-            )
-            ax.fill_between(rounds, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
-        ax.set_title(wrap_title(c or "", 5.0, 10), fontsize=10)
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            legend_below(ax, len(ax.get_legend_handles_labels()[0]))
+            ranges += _draw_curve(ax, g, style[g.row], metric_key, percent)
+        _finish_panel(ax, c)
     for ax in axes[:, 0]:
         ax.set_ylabel(
             "test accuracy (%)"
             if metric_key == "test_accuracy"
             else metric_key + (" (%)" if percent else "")
         )
-    if lows:
-        pad = 0.03 * max(max(highs) - min(lows), 1.0)
-        y0, y1 = min(lows) - pad, max(highs) + pad
-        if percent:
-            y0, y1 = max(y0, 0.0), min(y1, 100.0)
-        axes.flat[0].set_ylim(y0, y1)  # shared by every panel
+    if ranges:
+        _share_y_range(axes, ranges, percent)
     for ax in list(axes.flat)[len(cols) :]:
         ax.set_visible(False)
+    fig.suptitle(_figure_title(groups, cols, axes, subject), fontsize=11)
+    return fig
+
+
+def _row_styles(rows: list[str]) -> dict:
+    """Row -> its colour, line style and marker (cycled in row order)."""
+    import matplotlib.pyplot as plt
+
+    return {
+        r: dict(
+            color=plt.cm.tab10(i % 10),
+            linestyle=LINESTYLES[i % len(LINESTYLES)],
+            marker=MARKERS[i % len(MARKERS)],
+        )
+        for i, r in enumerate(rows)
+    }
+
+
+def _seed_count(g: Group) -> int:
+    """The distinct seeds of the group's runs (a line's n)."""
+    return len({json_key(r.config.get("seed")) for r in g.runs})
+
+
+def _draw_curve(ax, g: Group, st: dict, metric_key: str, percent: bool) -> list:
+    """The group's mean curve and its ±std band (clipped to [0, 100] for a percentage) on
+    ``ax``; ``[(lowest, highest)]`` edge of the band, ``[]`` when it has no point."""
+    import numpy as np
+
+    rounds, mean, std = _mean_curve(g, metric_key, 100.0 if percent else 1.0)
+    if not rounds:
+        return []
+    lo, hi = mean - std, mean + std
+    if percent:
+        lo, hi = np.clip(lo, 0.0, 100.0), np.clip(hi, 0.0, 100.0)
+    ax.plot(
+        rounds,
+        mean,
+        color=st["color"],
+        linestyle=st["linestyle"],
+        marker=st["marker"],
+        markersize=4,
+        markevery=max(1, len(rounds) // 10),
+        linewidth=1.5,
+        label=f"{g.row} (n={_seed_count(g)})",
+    )
+    ax.fill_between(rounds, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
+    return [(float(lo.min()), float(hi.max()))]
+
+
+def _finish_panel(ax, col: str) -> None:
+    """A panel's title (its setting), round axis with integer ticks, grid and the legend
+    below it."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_title(wrap_title(col or "", 5.0, 10), fontsize=10)
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        legend_below(ax, len(ax.get_legend_handles_labels()[0]))
+
+
+def _share_y_range(axes, ranges: list, percent: bool) -> None:
+    """One y-range for every panel: the bands' extent padded by 3 % (at least 0.03),
+    within [0, 100] for a percentage."""
+    low, high = min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
+    pad = 0.03 * max(high - low, 1.0)
+    y0, y1 = low - pad, high + pad
+    if percent:
+        y0, y1 = max(y0, 0.0), min(y1, 100.0)
+    axes.flat[0].set_ylim(y0, y1)  # shared by every panel
+
+
+def _figure_title(groups: list[Group], cols: list, axes, subject: str) -> str:
+    """The figure's title: what every run shares (:func:`setting_title`; with one panel
+    also its setting, which then leaves the panel's own title), then what the curves are."""
     title = setting_title(groups)
     if len(cols) == 1 and cols[0]:  # one panel: its setting belongs in the one title
         title = f"{title}, {cols[0]}" if title else cols[0]
         axes.flat[0].set_title("")
-    seeds = max((len({json_key(r.config.get("seed")) for r in g.runs}) for g in groups), default=0)
+    seeds = max((_seed_count(g) for g in groups), default=0)
     what = "mean ± std over seeds" if seeds > 1 else "one seed per line (no band)"
     what = f"{subject}, {what}" if subject else what
-    fig.suptitle(wrap_title((title + ": " if title else "") + what, 5.0 * ncol, 11), fontsize=11)
-    return fig
+    ncol = axes.shape[1]
+    return wrap_title((title + ": " if title else "") + what, 5.0 * ncol, 11)
 
 
 def _mean_curve(g: Group, metric_key: str, scale: float) -> tuple[list, Any, Any]:
