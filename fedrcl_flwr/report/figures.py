@@ -155,8 +155,9 @@ def _share_y_range(axes, ranges: list, percent: bool) -> None:
 
 
 def _figure_title(groups: list[Group], cols: list, axes, subject: str) -> str:
-    """The figure's title: what every run shares (:func:`setting_title`; with one panel
-    also its setting, which then leaves the panel's own title), then what the curves are."""
+    """The figure's title: what every run shares
+    (:func:`~fedrcl_flwr.report.grouping.setting_title`; with one panel also its setting,
+    which then leaves the panel's own title), then what the curves are."""
     title = setting_title(groups)
     if len(cols) == 1 and cols[0]:  # one panel: its setting belongs in the one title
         title = f"{title}, {cols[0]}" if title else cols[0]

@@ -156,6 +156,7 @@ def _setting(config: dict, summary: dict) -> dict:
 
 
 def json_key(v: Any) -> str:
+    """``v`` as canonical JSON: equal settings, equal keys."""
     return json.dumps(v, sort_keys=True, default=str)
 
 
@@ -442,6 +443,8 @@ def paired(groups: list[Group], vs: str) -> list[Paired]:
 
 
 def layout(groups: list[Group]):
+    """Rows, columns, the cell of (row, column), the best mean per column and the
+    columns that have a paper's number."""
     rows = list(dict.fromkeys(g.row for g in groups))
     cols = list(dict.fromkeys(g.col for g in groups))
     cell = {(g.row, g.col): g for g in groups}

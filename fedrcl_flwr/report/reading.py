@@ -30,6 +30,8 @@ SKIP_DIRS = NOT_RUN_DIRS
 
 @dataclass
 class Run:
+    """A run directory as read: its config, summary and round records."""
+
     path: Path
     config: dict
     summary: dict
@@ -41,6 +43,9 @@ class Run:
 
 
 def method_label(config: dict, summary: dict | None = None) -> str:
+    """The run's method as a row names it: ``client.method``, prefixed by
+    ``server.strategy`` when that is not ``fedavg`` (``fedacg+fedrcl``); from
+    ``summary.json`` for a run without a config."""
     summary = summary or {}
     method = (config.get("client") or {}).get("method") or summary.get("method") or "?"
     strategy = (config.get("server") or {}).get("strategy") or summary.get("strategy") or "fedavg"
@@ -48,6 +53,7 @@ def method_label(config: dict, summary: dict | None = None) -> str:
 
 
 def is_number(v: Any) -> bool:
+    """A JSON number (``true`` / ``false`` are not)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -259,6 +265,7 @@ def read_records(run_dir: Path) -> Sequence:
 
 
 def has_dp(records: Sequence) -> bool:
+    """A record carries ``dp_delta`` (the run ran with ``privacy.dp``)."""
     if isinstance(records, Records):
         return records.dp
     return any("dp_delta" in x for x in records)
