@@ -246,8 +246,8 @@ def _result_text(cfg: ExperimentConfig, summary: dict) -> str:
 
 
 def cmd_report(args) -> int:
-    """``report DIR...``: mean +- std per method and setting (fedrcl_flwr.report.tables)."""
-    from fedrcl_flwr.report.tables import report
+    """``report DIR...``: mean +- std per method and setting (fedrcl_flwr.report.formats)."""
+    from fedrcl_flwr.report.formats import report
 
     notes: list = []
     print(report(args.dirs, args.format, args.metric, args.vs, notes), end="")
@@ -260,7 +260,7 @@ def cmd_report(args) -> int:
 
 def cmd_plot(args) -> int:
     """``plot DIR...``: accuracy curves per method (mean +- std over seeds), per setting."""
-    from fedrcl_flwr.report.tables import (
+    from fedrcl_flwr.report.figures import (
         client_plot_files,
         default_plot_out,
         domain_plot_files,
@@ -311,6 +311,7 @@ def cmd_partition(args) -> int:
         class_counts,
         client_domains,
         format_counts_table,
+        partition_title,
         plot_counts_heatmap,
     )
     from fedrcl_flwr.launch.preflight import before_partition
@@ -336,49 +337,28 @@ def cmd_partition(args) -> int:
     return 0
 
 
-def partition_title(cfg) -> str:
-    """``name: N clients, <scheme and its parameter>`` for the partition heatmap."""
-    from fedrcl_flwr.config.catalog import PARTITION_SCHEMES
-
-    p = cfg.partition
-    what = PARTITION_SCHEMES.get(p.scheme, p.scheme)
-    what += {
-        "dirichlet": f" α={p.alpha:g}" + ("" if p.balanced else ", unbalanced"),
-        "shards": f" γ={p.shards_per_client}",
-        "pathological": f" k={p.classes_per_client}",
-        "flwr_datasets": _flower_partitioner_words(p.partitioner or {}),
-        "domain": "" if p.balanced else f", imbalanced α={p.alpha:g}",
-        "file": f" {Path(str(p.path)).name}",
-    }.get(p.scheme, "")
-    return f"{cfg.name}: {cfg.federation.num_clients} clients, {what}"
-
-
-def _flower_partitioner_words(spec: dict) -> str:
-    """`` DirichletPartitioner α=0.3``: a Flower Datasets partitioner by name, with its
-    concentration ``alpha`` when it has one (a number, or a list of one per partition)."""
-    words = f" {spec.get('name', '')}"
-    alpha = spec.get("alpha")
-    if isinstance(alpha, (int, float)) and not isinstance(alpha, bool):
-        words += f" α={alpha:g}"
-    elif isinstance(alpha, (list, tuple)) and alpha:
-        words += (
-            f" α=[{', '.join(f'{a:g}' if isinstance(a, (int, float)) else '?' for a in alpha[:4])}"
-        )
-        words += ", ...]" if len(alpha) > 4 else "]"
-    return words
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The command line: every subcommand and flag, declared in one place
-    (``tests/project/test_docs.py`` walks it against docs/cli.md). Long because it is a list of
-    ``add_argument`` calls, one per flag; the commands themselves are the ``cmd_*``
-    functions."""
-    from fedrcl_flwr.config.catalog import METRIC_NAMES
-    from fedrcl_flwr.report.tables import FORMATS
-
+    (``tests/project/test_docs.py`` walks it against docs/cli.md), one ``_add_*_command``
+    per subcommand, in the order ``--help`` lists them; the commands themselves are the
+    ``cmd_*`` functions."""
     p = _Parser(prog="fedrcl-flwr", description=__doc__.splitlines()[0])
     p.add_argument("--verbose", action="store_true", help="show Flower/Ray logs")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    for add_command in (
+        _add_run_command,
+        _add_report_command,
+        _add_plot_command,
+        _add_sweep_command,
+        _add_cache_command,
+        _add_partition_command,
+    ):
+        add_command(sub)
+    return p
+
+
+def _add_run_command(sub) -> None:
+    """``run [EXPERIMENT]``: its arguments (:func:`cmd_run`)."""
     r = sub.add_parser("run", help="run an experiment as a Flower simulation")
     r.add_argument("experiment", nargs="?", help="experiment YAML")
     r.add_argument(
@@ -401,6 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="show Flower/Ray logs and internal tracebacks",
     )
     r.set_defaults(func=cmd_run)
+
+
+def _add_report_command(sub) -> None:
+    """``report DIR...``: its arguments (:func:`cmd_report`)."""
+    from fedrcl_flwr.config.catalog import METRIC_NAMES
+    from fedrcl_flwr.report.formats import FORMATS
+
     rep = sub.add_parser("report", help="table (mean ± std over seeds) from run or sweep dirs")
     rep.add_argument("dirs", nargs="+", help="run directories or a sweep's --out")
     rep.add_argument("--format", default="markdown", choices=list(FORMATS))
@@ -420,6 +407,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(repeat for several baselines: --vs A --vs B)",
     )
     rep.set_defaults(func=cmd_report)
+
+
+def _add_plot_command(sub) -> None:
+    """``plot DIR...``: its arguments (:func:`cmd_plot`)."""
     pl = sub.add_parser(
         "plot",
         help="accuracy curves per method, mean ± std over seeds "
@@ -434,6 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
         "directory, DIR_curves, or accuracy_curves beside several)",
     )
     pl.set_defaults(func=cmd_plot)
+
+
+def _add_sweep_command(sub) -> None:
+    """``sweep SWEEP.yaml``: its arguments (:func:`cmd_sweep`)."""
     sw = sub.add_parser("sweep", help="run a sweep file (settings x methods x seeds)")
     sw.add_argument("sweep", help="sweep YAML (base, grid, seeds, variants, set)")
     sw.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
@@ -447,6 +442,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sw.add_argument("--verbose", action="store_true", help="show Flower/Ray logs in run logs")
     sw.set_defaults(func=cmd_sweep)
+
+
+def _add_cache_command(sub) -> None:
+    """``cache ls|clear``: its arguments (:func:`cmd_cache`)."""
     ca = sub.add_parser("cache", help="list or clear the dataset cache")
     ca.add_argument("action", choices=["ls", "clear"])
     ca.add_argument(
@@ -461,6 +460,10 @@ def build_parser() -> argparse.ArgumentParser:
         ", else $XDG_CACHE_HOME/fedrcl-flwr or ~/.cache/fedrcl-flwr)",
     )
     ca.set_defaults(func=cmd_cache)
+
+
+def _add_partition_command(sub) -> None:
+    """``partition EXPERIMENT``: its arguments (:func:`cmd_partition`)."""
     pa = sub.add_parser("partition", help="print / plot the client split of an experiment")
     pa.add_argument("experiment")
     pa.add_argument("--set", action="append", metavar="KEY=VALUE")
@@ -472,7 +475,6 @@ def build_parser() -> argparse.ArgumentParser:
         help='write {"<client id>": [train indices]} (for partition.scheme: file)',
     )
     pa.set_defaults(func=cmd_partition)
-    return p
 
 
 PIPE_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for a writer whose pipe closed

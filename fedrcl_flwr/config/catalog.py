@@ -1,6 +1,6 @@
 """What the project knows by name, declared once: the datasets, the partition schemes and
 their generators, and the report metrics. The schema (:mod:`fedrcl_flwr.config`), the
-loaders (:mod:`fedrcl_flwr.data`), the CLI and the report (:mod:`fedrcl_flwr.report.tables`) all
+loaders (:mod:`fedrcl_flwr.data`), the CLI and the report (:mod:`fedrcl_flwr.report`) all
 import these tables; nothing else lists the names but the data layer's table of loaders,
 checked against :data:`DATASETS` (standard library only, so every layer can import it).
 

@@ -407,7 +407,7 @@ class PrivacyConfig:
 class ExperimentConfig:
     name: str = "experiment"
     # how `report` and `plot` name this run's row (a sweep sets its variant's label);
-    # null = the method and what tells it apart (fedrcl_flwr.report.tables). Not a setting:
+    # null = the method and what tells it apart (fedrcl_flwr.report.grouping). Not a setting:
     # runs that differ only by label compute the same thing.
     label: str | None = None
     seed: int = 0

@@ -1,4 +1,5 @@
-"""Partition report: per-client class counts as a table and as a heatmap PNG.
+"""Partition report: per-client class counts as a table and as a heatmap PNG, titled by
+the experiment's name and split (:func:`partition_title`).
 
 For inter-domain splits the domains each client holds (:func:`client_domains`) are shown
 as a ``domains`` column in the table and as y tick labels plus a colour strip (one colour
@@ -125,3 +126,35 @@ def counts_heatmap_figure(counts: np.ndarray, title: str = "", domains: list | N
     if not domains:
         fig.tight_layout()
     return fig
+
+
+def partition_title(cfg) -> str:
+    """``name: N clients, <scheme and its parameter>`` for the partition heatmap."""
+    from fedrcl_flwr.config.catalog import PARTITION_SCHEMES
+
+    p = cfg.partition
+    what = PARTITION_SCHEMES.get(p.scheme, p.scheme)
+    what += {
+        "dirichlet": f" α={p.alpha:g}" + ("" if p.balanced else ", unbalanced"),
+        "shards": f" γ={p.shards_per_client}",
+        "pathological": f" k={p.classes_per_client}",
+        "flwr_datasets": _flower_partitioner_words(p.partitioner or {}),
+        "domain": "" if p.balanced else f", imbalanced α={p.alpha:g}",
+        "file": f" {Path(str(p.path)).name}",
+    }.get(p.scheme, "")
+    return f"{cfg.name}: {cfg.federation.num_clients} clients, {what}"
+
+
+def _flower_partitioner_words(spec: dict) -> str:
+    """`` DirichletPartitioner α=0.3``: a Flower Datasets partitioner by name, with its
+    concentration ``alpha`` when it has one (a number, or a list of one per partition)."""
+    words = f" {spec.get('name', '')}"
+    alpha = spec.get("alpha")
+    if isinstance(alpha, (int, float)) and not isinstance(alpha, bool):
+        words += f" α={alpha:g}"
+    elif isinstance(alpha, (list, tuple)) and alpha:
+        words += (
+            f" α=[{', '.join(f'{a:g}' if isinstance(a, (int, float)) else '?' for a in alpha[:4])}"
+        )
+        words += ", ...]" if len(alpha) > 4 else "]"
+    return words

@@ -142,7 +142,7 @@ def run_name(cfg: ExperimentConfig, shown: list | tuple = (), digest: str | None
     the key) by taking them over by hash (:func:`take_over_earlier_runs`), never runs them
     again. A name that would be longer than :data:`MAX_RUN_NAME_BYTES` leaves the grid
     values out."""
-    from fedrcl_flwr.report.tables import method_label
+    from fedrcl_flwr.report.reading import method_label
 
     what = cfg.label or method_label(
         {"client": {"method": cfg.client.method}, "server": {"strategy": cfg.server.strategy}}

@@ -558,7 +558,7 @@ def reported_value(summary: dict, metric: str) -> float | None:
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """The run's round records as far as they are well-formed (progress display and
-    resume bookkeeping; ``fedrcl_flwr.report.tables.read_records`` is the strict reader): stops
+    resume bookkeeping; ``fedrcl_flwr.report.reading.read_records`` is the strict reader): stops
     at a torn last line from a killed run, or at anything that is not a round record."""
     path = Path(run_dir) / METRICS_FILE
     try:

@@ -334,7 +334,9 @@ def test_plot_titles_wrap_and_plot_writes_beside_the_dir(tmp_path, capsys):
     import matplotlib
 
     matplotlib.use("Agg")
-    from fedrcl_flwr.report.tables import curves_figure, group_runs, load_runs
+    from fedrcl_flwr.report.figures import curves_figure
+    from fedrcl_flwr.report.grouping import group_runs
+    from fedrcl_flwr.report.reading import load_runs
 
     sweep = tmp_path / "sweeps" / "study"
     for seed in range(2):
@@ -374,7 +376,8 @@ def test_summary_names_ema_and_test_accuracy_at_and_keeps_accuracy_at(tmp_path):
 
 
 def test_report_counts_distinct_seeds_and_names_duplicates(tmp_path):
-    from fedrcl_flwr.report.tables import build_table, report
+    from fedrcl_flwr.report.formats import report
+    from fedrcl_flwr.report.grouping import build_table
 
     _fake_run(tmp_path / "a", 0, acc=[0.5] * 7)
     _fake_run(tmp_path / "b", 0, acc=[0.7] * 7)  # the same seed again: a duplicate

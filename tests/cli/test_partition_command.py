@@ -149,7 +149,7 @@ def test_bad_override_as_a_process_has_no_traceback():
 def test_flower_partitioner_heatmap_title_names_alpha(tmp_path):
     from helpers import tiny_config
 
-    from fedrcl_flwr.cli import partition_title
+    from fedrcl_flwr.data.report import partition_title
 
     spec = {"name": "DirichletPartitioner", "alpha": 0.3, "partition_by": "label"}
     cfg = tiny_config(tmp_path, partition={"scheme": "flwr_datasets", "partitioner": spec})

@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.report.tables import build_table, load_runs, metric_value
+from fedrcl_flwr.report.grouping import build_table
+from fedrcl_flwr.report.metrics import metric_value
+from fedrcl_flwr.report.reading import load_runs
 
 # per method: domain -> per-seed accuracy of every round (constant over rounds)
 ACC = {
@@ -150,7 +152,8 @@ def test_plot_draws_per_domain_curves(sweep, tmp_path, capsys):
         assert name in written
     from PIL import Image
 
-    from fedrcl_flwr.report.tables import group_runs, plot_domains
+    from fedrcl_flwr.report.figures import plot_domains
+    from fedrcl_flwr.report.grouping import group_runs
 
     # a run without per-domain records draws no per-domain figure
     pooled = _write_run(tmp_path / "pooled", "fedavg", 0)
@@ -164,7 +167,8 @@ def test_plot_draws_per_domain_curves(sweep, tmp_path, capsys):
 
 
 def test_one_seed_plot_is_not_titled_mean_over_seeds(tmp_path):
-    from fedrcl_flwr.report.tables import curves_figure, group_runs
+    from fedrcl_flwr.report.figures import curves_figure
+    from fedrcl_flwr.report.grouping import group_runs
 
     _write_run(tmp_path / "one", "fedavg", 0)
     fig = curves_figure(group_runs(load_runs([tmp_path / "one"])))

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.report import tables
+from fedrcl_flwr.report import grouping, metrics, reading
 
 
 def _run(d, records, text_tail="", summary=True, label=None):
@@ -60,14 +60,14 @@ def test_records_are_parsed_only_when_the_metric_needs_them(tmp_path, capsys):
     only the records have parses them, with the same values."""
     recs = [(r, 0.1 + r / 100) for r in range(1, 41)]
     d = _run(tmp_path / "r", recs)
-    runs = tables.load_runs([str(d)])
-    assert isinstance(runs[0].records, tables.Records)
-    groups, metric = tables.build_table([str(d)])
+    runs = reading.load_runs([str(d)])
+    assert isinstance(runs[0].records, reading.Records)
+    groups, metric = grouping.build_table([str(d)])
     assert metric == "final" and groups[0].mean == pytest.approx(0.5)
     assert groups[0].runs[0].records._parsed is None  # the frame check was enough
-    assert tables._last_round(groups[0].runs[0]) == 40
+    assert metrics._last_round(groups[0].runs[0]) == 40
     (d / "summary.json").write_text("{}")
-    groups, _ = tables.build_table([str(d)], "best")
+    groups, _ = grouping.build_table([str(d)], "best")
     assert groups[0].mean == pytest.approx(0.5)
     assert [r["round"] for r in groups[0].runs[0].records] == list(range(1, 41))
 

@@ -16,7 +16,9 @@ import yaml
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.config import check_reference, load_config
-from fedrcl_flwr.report.tables import build_table, load_runs, method_label, metric_value
+from fedrcl_flwr.report.grouping import build_table
+from fedrcl_flwr.report.metrics import metric_value
+from fedrcl_flwr.report.reading import load_runs, method_label
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -289,7 +291,7 @@ def test_report_resolves_method_defaults_from_the_class_and_only_then(tmp_path):
     _run(tmp_path / "a", "plain", "fedprox", 0.3, 0, final=0.3, reference=plain)
     _run(tmp_path / "b", "default_mu", "fedprox", 0.3, 0, final=0.3, reference=ref)
     code = (
-        "import sys; from fedrcl_flwr.report.tables import build_table\n"
+        "import sys; from fedrcl_flwr.report.grouping import build_table\n"
         "def loaded(): return sorted(m for m in sys.modules if m.split('.')[0] == 'flwr' "
         "or m.startswith('clients.'))\n"
         f"groups, _ = build_table([{str(tmp_path / 'a')!r}]); print(groups[0].paper); "
@@ -392,7 +394,8 @@ def test_every_paper_yaml_is_found():
 
 @pytest.mark.parametrize("path", PAPER_YAMLS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_paper_yaml_has_a_reference_for_its_own_row(path):
-    from fedrcl_flwr.report.tables import Group, Run, paper_value
+    from fedrcl_flwr.report.grouping import Group, paper_value
+    from fedrcl_flwr.report.reading import Run
 
     cfg = load_config(path)
     blocks = check_reference(cfg.reference, str(path))
@@ -533,7 +536,8 @@ def test_plot_clips_bands_shares_the_y_range_and_names_the_setting(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fedrcl_flwr.report.tables import curves_figure, group_runs
+    from fedrcl_flwr.report.figures import curves_figure
+    from fedrcl_flwr.report.grouping import group_runs
 
     out = tmp_path / "s"
     same = [0.5, 0.8, 0.99]  # fedavg and fedprox identical: one would hide the other

@@ -449,7 +449,8 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
     """What --dry-run does (plan + validate every run), and every run of a table sweep
     finds the paper's number for its row and column in its reference."""
     from fedrcl_flwr.config import to_dict
-    from fedrcl_flwr.report.tables import Group, Run, paper_value
+    from fedrcl_flwr.report.grouping import Group, paper_value
+    from fedrcl_flwr.report.reading import Run
 
     assert main(["sweep", str(path), "--dry-run", "--out", "/nonexistent/sweep"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("runs -> /nonexistent/sweep")

@@ -170,7 +170,7 @@ def test_run_records_epsilon_of_the_busiest_client_across_a_resume(tiny, tmp_pat
 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["dp_epsilon"] == recs[-1]["dp_epsilon"] and summary["dp_delta"] == delta
-    from fedrcl_flwr.report.tables import report
+    from fedrcl_flwr.report.formats import report
 
     assert f"ε≤{recs[-1]['dp_epsilon']:.2f}" in report([tmp_path / "run"])
 
