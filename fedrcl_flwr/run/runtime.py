@@ -183,7 +183,7 @@ def _partition(
         from importlib.metadata import version
 
         from fedrcl_flwr.config import partitioners
-        from fedrcl_flwr.data import hf
+        from fedrcl_flwr.data.sources import hf
 
         code = b"".join(Path(str(m.__file__)).read_bytes() for m in (hf, partitioners))
         settings.append([version("flwr-datasets"), hashlib.sha256(code).hexdigest()])

@@ -23,7 +23,8 @@ from torchvision import transforms
 from torchvision.datasets import CIFAR10
 
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.data.partition import load_split_file, partition
+from fedrcl_flwr.data.partition import partition
+from fedrcl_flwr.data.split_file import load_split_file
 from fedrcl_flwr.errors import PartitionError
 
 # ----------------------------------------------------------------------------- the data

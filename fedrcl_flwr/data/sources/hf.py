@@ -24,7 +24,7 @@
   anything is read or fingerprinted (:func:`check_hf_disk`): ``dataset.path`` a folder
   holding ``dataset_dict.json`` with splits ``train`` and ``test``, each split folder's
   ``state.json`` naming at least one data file (an empty split is refused as such); a
-  ``ClassLabel`` of at most :data:`~fedrcl_flwr.data.raw.MAX_CLASSES` classes.
+  ``ClassLabel`` of at most :data:`~fedrcl_flwr.data.sources.raw.MAX_CLASSES` classes.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def _arithmetic_refusal(spec: dict, n: int, num_clients: int, exc: ArithmeticErr
 
 
 def _pick(features: dict, given: str | None, key: str, kind: str, names: tuple, path) -> str:
-    from fedrcl_flwr.data.raw import DatasetError
+    from fedrcl_flwr.data.sources.raw import DatasetError
 
     if given is not None:
         if given not in features:
@@ -173,7 +173,7 @@ def _pixels(values: list, what: str, image_size: int | None = None) -> np.ndarra
     """The images ``values`` as uint8 (N, H, W, C); images of several sizes each resized
     to ``image_size`` (PIL bilinear for PIL images, as an image folder's; antialiased
     bilinear for arrays), or refused without it."""
-    from fedrcl_flwr.data.raw import DatasetError, hwc
+    from fedrcl_flwr.data.sources.raw import DatasetError, hwc
 
     first = values[0] if values else None
     pil = first is not None and hasattr(first, "mode") and hasattr(first, "convert")
@@ -200,7 +200,7 @@ def _pixels(values: list, what: str, image_size: int | None = None) -> np.ndarra
             for im in images
         ]
     elif len(shapes) > 1:
-        from fedrcl_flwr.data.raw import resize_u8
+        from fedrcl_flwr.data.sources.raw import resize_u8
 
         side = int(image_size)  # type: ignore[arg-type]
         resized = [resize_u8(hwc(a[None], what), side) for a in arrays]
@@ -228,7 +228,7 @@ def _small_json(path: Path, what: str, limit: int = MAX_JSON_BYTES) -> Any:
     import os
     import stat
 
-    from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError
+    from fedrcl_flwr.data.sources.raw import MAX_CLASSES, DatasetError
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
@@ -259,7 +259,7 @@ def check_hf_disk(path: str) -> None:
     walked."""
     import errno
 
-    from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError
+    from fedrcl_flwr.data.sources.raw import MAX_CLASSES, DatasetError
 
     p = Path(path).expanduser()
     try:
@@ -321,7 +321,7 @@ def read_hf_disk(
     """(train, test, domain names) of the dataset saved at ``path``: two
     :class:`~fedrcl_flwr.data.datasets.RawSplit` (see the module docstring) and the
     domain names (``[]`` without ``domain_column``; see :func:`_domain_ids`)."""
-    from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError, RawSplit, int_labels
+    from fedrcl_flwr.data.sources.raw import MAX_CLASSES, DatasetError, RawSplit, int_labels
 
     check_hf_disk(path)
     p = Path(path).expanduser()
@@ -389,7 +389,7 @@ def _domain_ids(splits: dict, column: str, feature: Any, p: Path):
     refused: no client could hold that domain); non-negative integers: the ids, named
     ``domain0``, ``domain1``, ... Each domain is resized with the rest to
     ``dataset.image_size`` (images of several sizes: see :func:`_pixels`)."""
-    from fedrcl_flwr.data.raw import DatasetError, int_labels
+    from fedrcl_flwr.data.sources.raw import DatasetError, int_labels
 
     where = f"{p} 'dataset.domain_column' {column!r}"
     train = list(splits["train"][column])
