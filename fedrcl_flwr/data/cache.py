@@ -632,7 +632,7 @@ def load(d, seed: int, *, note=None):
 
 def open_prepared(entry: Path, d):
     """Open an entry prepared by the CLI; any problem is one
-    :class:`~fedrcl_flwr.data.datasets.DatasetError` naming this host and the path (a
+    :class:`~fedrcl_flwr.data.sources.raw.DatasetError` naming this host and the path (a
     process of a run never builds the dataset itself)."""
     from fedrcl_flwr.data.sources.raw import DatasetError
 

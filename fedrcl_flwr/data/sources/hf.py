@@ -80,12 +80,7 @@ def flwr_datasets_split(
         )
     datasets = _datasets(where)
     n = len(labels)
-    cols: dict[str, Any] = {
-        "label": np.asarray(labels, dtype=np.int64),
-        INDEX_COLUMN: np.arange(n, dtype=np.int64),
-    }
-    if domains is not None:
-        cols["domain"] = np.asarray(domains, dtype=np.int64)
+    cols = _label_columns(labels, domains)
     with offline(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         datasets.disable_progress_bars()
@@ -109,11 +104,7 @@ def flwr_datasets_split(
         except Exception as exc:  # noqa: BLE001 - Flower's refusal is one line
             text = " ".join(str(exc).split()) or type(exc).__name__
             raise PartitionError(f"{where} ({spec['name']}): {text}") from None
-    for w in caught:  # the split succeeded: Flower's notes about it are worth seeing
-        if not issubclass(
-            w.category, (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
-        ):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    _replay_warnings(caught)  # the split succeeded: Flower's notes about it are worth seeing
     empty = [i for i, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise PartitionError(
@@ -121,6 +112,30 @@ def flwr_datasets_split(
             "needs at least one (fewer clients, or other arguments)"
         )
     return parts
+
+
+def _label_columns(labels: np.ndarray, domains: np.ndarray | None) -> dict[str, Any]:
+    """The columns of the in-memory dataset a partitioner splits: ``label``, the row
+    number, and ``domain`` where the dataset has domains."""
+    cols: dict[str, Any] = {
+        "label": np.asarray(labels, dtype=np.int64),
+        INDEX_COLUMN: np.arange(len(labels), dtype=np.int64),
+    }
+    if domains is not None:
+        cols["domain"] = np.asarray(domains, dtype=np.int64)
+    return cols
+
+
+def _replay_warnings(caught: list) -> None:
+    """Show the warnings recorded while Flower split, except the library deprecation
+    notices (``DeprecationWarning``, ``PendingDeprecationWarning``, ``FutureWarning``)."""
+    import warnings
+
+    for w in caught:
+        if not issubclass(
+            w.category, (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+        ):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _arithmetic_refusal(spec: dict, n: int, num_clients: int, exc: ArithmeticError) -> str:
@@ -319,29 +334,13 @@ def read_hf_disk(
     domain_column: str | None = None,
 ):
     """(train, test, domain names) of the dataset saved at ``path``: two
-    :class:`~fedrcl_flwr.data.datasets.RawSplit` (see the module docstring) and the
+    :class:`~fedrcl_flwr.data.sources.raw.RawSplit` (see the module docstring) and the
     domain names (``[]`` without ``domain_column``; see :func:`_domain_ids`)."""
     from fedrcl_flwr.data.sources.raw import MAX_CLASSES, DatasetError, RawSplit, int_labels
 
     check_hf_disk(path)
     p = Path(path).expanduser()
-    datasets = _datasets("dataset.name hf_disk")
-    with offline():
-        datasets.disable_progress_bars()
-        try:
-            obj = datasets.load_from_disk(str(p))
-        except Exception as exc:  # noqa: BLE001 - an unreadable folder is one line
-            text = " ".join(str(exc).split())
-            raise DatasetError(
-                f"{p}: not a dataset saved with save_to_disk ({text[:200]})"
-            ) from None
-    if not isinstance(obj, datasets.DatasetDict) or not {"train", "test"} <= set(obj):
-        held = ", ".join(obj) if isinstance(obj, datasets.DatasetDict) else "one Dataset"
-        raise DatasetError(
-            f"{p}: need a DatasetDict with splits train and test (found {held}); save "
-            "DatasetDict({'train': ..., 'test': ...}) with save_to_disk"
-        )
-    splits = {s: obj[s] for s in ("train", "test")}
+    splits = _train_and_test(p)
     features = dict(splits["train"].features)
     dom = None
     if domain_column is not None:
@@ -380,6 +379,31 @@ def read_hf_disk(
         return RawSplit(x, y, classes=classes), RawSplit(xt, yt), []
     d, dt, names = _domain_ids(splits, dom, features[dom], p)
     return RawSplit(x, y, d, classes=classes), RawSplit(xt, yt, dt), names
+
+
+def _train_and_test(p: Path) -> dict:
+    """The ``train`` and ``test`` splits of the ``DatasetDict`` saved at ``p``; anything
+    else (an unreadable folder, one ``Dataset``, a split missing) is one
+    :class:`~fedrcl_flwr.data.sources.raw.DatasetError`."""
+    from fedrcl_flwr.data.sources.raw import DatasetError
+
+    datasets = _datasets("dataset.name hf_disk")
+    with offline():
+        datasets.disable_progress_bars()
+        try:
+            obj = datasets.load_from_disk(str(p))
+        except Exception as exc:  # noqa: BLE001 - an unreadable folder is one line
+            text = " ".join(str(exc).split())
+            raise DatasetError(
+                f"{p}: not a dataset saved with save_to_disk ({text[:200]})"
+            ) from None
+    if not isinstance(obj, datasets.DatasetDict) or not {"train", "test"} <= set(obj):
+        held = ", ".join(obj) if isinstance(obj, datasets.DatasetDict) else "one Dataset"
+        raise DatasetError(
+            f"{p}: need a DatasetDict with splits train and test (found {held}); save "
+            "DatasetDict({'train': ..., 'test': ...}) with save_to_disk"
+        )
+    return {s: obj[s] for s in ("train", "test")}
 
 
 def _domain_ids(splits: dict, column: str, feature: Any, p: Path):
