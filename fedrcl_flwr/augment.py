@@ -4,6 +4,10 @@ Used by the dataset itself (``ImageArrayDataset.get_batch``, on whatever device 
 lives on) and where a method needs a *second* view of a batch (self-supervised contrast)
 without going back to the dataset.
 
+:class:`AugmentSpec` says which of them a dataset's training batches get (each dataset's
+standard one is in :data:`fedrcl_flwr.data.sources.table.SOURCES`; the ``dataset.*``
+keys adjust it: :func:`fedrcl_flwr.data.datasets.augment_spec`).
+
 Each transform is split into its draws and its application, so that for given draws the
 result is that of torchvision's transform on the PIL image (tests/datasets/test_input_pipeline.py):
 
@@ -26,11 +30,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from fedrcl_flwr.accel import to_device
+
+
+@dataclass(frozen=True)
+class AugmentSpec:
+    """The training augmentation, in torchvision's order on the image before
+    ``ToTensor`` / ``Normalize``: random rotation by up to ``rotation`` degrees (0 = off;
+    nearest neighbour, black corners), random crop with padding ``crop_pad`` (0 = off),
+    horizontal flip. ``pad_fill``: ``black`` pads the crop with pixel value 0 before
+    normalisation (torchvision's ``RandomCrop(padding=p)`` on a PIL image); ``mean`` pads
+    the normalised image with 0, i.e. with the normalisation mean colour."""
+
+    crop_pad: int = 0
+    flip: bool = False
+    rotation: float = 0.0
+    pad_fill: str = "mean"
+
+    @property
+    def active(self) -> bool:
+        return self.crop_pad > 0 or self.flip or self.rotation > 0
+
 
 _FIX = 65536.0  # Pillow's 16.16 fixed point
 

@@ -306,7 +306,6 @@ def cmd_sweep(args) -> int:
 def cmd_partition(args) -> int:
     """``partition EXPERIMENT.yaml``: the clients' class counts (and domains) as a table,
     optionally a heatmap (``--plot``) and the split as a file (``--save``)."""
-    from fedrcl_flwr.data.partition import save_split_file
     from fedrcl_flwr.data.report import (
         class_counts,
         client_domains,
@@ -314,6 +313,7 @@ def cmd_partition(args) -> int:
         partition_title,
         plot_counts_heatmap,
     )
+    from fedrcl_flwr.data.split_file import save_split_file
     from fedrcl_flwr.launch.preflight import before_partition
 
     if args.max_rows is not None and args.max_rows < 0:

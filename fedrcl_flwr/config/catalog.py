@@ -6,11 +6,11 @@ checked against :data:`DATASETS` (standard library only, so every layer can impo
 
 Adding a dataset: its entry in :data:`DATASETS` (what the configuration can tell before
 loading: channels, domains, where its images come from) and its entry in
-``fedrcl_flwr/data/datasets.py``'s ``SOURCES`` (its reader, default augmentation,
+``fedrcl_flwr/data/sources/table.py``'s ``SOURCES`` (its reader, default augmentation,
 torchvision layout, what the seed draws), under the same name and in the same order; no
 other code branches on a dataset's name (``tests/registry/test_registries.py`` checks
-both tables). A partition scheme: an entry in :data:`PARTITION_SCHEMES` and its function
-in ``fedrcl_flwr/data/partition.py``.
+both tables). A partition scheme: an entry in :data:`PARTITION_SCHEMES` and its entry in
+``fedrcl_flwr/data/partition.py``'s ``SCHEMES``.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ PARTITION_SCHEMES: dict[str, str] = {
 SCHEME_NAMES = tuple(PARTITION_SCHEMES)
 # ``partition.generator``: whose random draws make a split (fedrcl_flwr/data/partition.py)
 # rethinkfl_*: RethinkFL's (FPL's) domain-skew splits, scheme domain only
-# (fedrcl_flwr/data/rethinkfl.py)
+# (fedrcl_flwr/data/sources/rethinkfl.py)
 RETHINKFL_GENERATORS = ("rethinkfl_digits", "rethinkfl_office")
 GENERATORS = ("project", "fedrcl", "fedrcl_labels", "feduv", *RETHINKFL_GENERATORS)
 # ``dataset.test_split``: ``random`` (a seeded test_fraction per class) or RethinkFL's

@@ -10,7 +10,7 @@ column of labels, ``label``; ``partition_by: domain`` partitions by the domain i
 dataset with domains, e.g. ``NaturalIdPartitioner``: one client per domain); ``seed``,
 where the class takes one and the spec does not give it, is the split's seed
 (``partition.seed``, default the experiment's ``seed``). The split itself is computed by
-:func:`fedrcl_flwr.data.hf.flwr_datasets_split` (labels in, index lists out).
+:func:`fedrcl_flwr.data.sources.hf.flwr_datasets_split` (labels in, index lists out).
 
 :func:`check_spec` runs with the config's checks (one line naming the key and the file,
 exit 2, before any Flower process): flwr-datasets installed, the class known and one

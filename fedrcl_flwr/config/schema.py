@@ -39,7 +39,7 @@ class DatasetConfig:
     datasets / image folders live; ``path`` is the ``.npz`` file for ``npz``, the
     directory a Hugging Face ``DatasetDict`` (splits ``train``, ``test``) was saved to with
     ``save_to_disk`` for ``hf_disk`` (``image_column`` / ``label_column`` name its columns,
-    null = detected; ``fedrcl_flwr/data/hf.py``); ``download`` lets
+    null = detected; ``fedrcl_flwr/data/sources/hf.py``); ``download`` lets
     torchvision fetch missing data (needs a network). ``domains`` names the domain
     sub-folders of an image-folder tree (PACS, Office-10, DomainNet) or a subset of
     Digit-5's domains; ``test_fraction`` is held out for testing from image folders that

@@ -206,27 +206,28 @@ def _source_files(d) -> list[Path]:
     """The files (or roots of file trees) a dataset is read from: none for a generated
     one, ``dataset.path``, torchvision's folder under ``dataset.root``, or the root."""
     from fedrcl_flwr.config.catalog import dataset_info
-    from fedrcl_flwr.data.datasets import SOURCES, _torchvision_files
+    from fedrcl_flwr.data.sources.table import SOURCES
+    from fedrcl_flwr.data.sources.torchvision_files import torchvision_files
 
     root = Path(os.path.expanduser(d.root or "."))
     info = dataset_info(d.name)
     if info.generated:
         return []
     if info.source == "path" and d.name == "hf_disk" and d.path:
-        from fedrcl_flwr.data.hf import check_hf_disk
+        from fedrcl_flwr.data.sources.hf import check_hf_disk
 
         # checked before its folder is walked (``dataset.path: /`` would walk the whole
         # file system); the fingerprint is the folder's, as the entries users hold
         check_hf_disk(d.path)
     if info.source == "path" and d.name == "npz" and d.path:
-        from fedrcl_flwr.data.datasets import check_npz_path
+        from fedrcl_flwr.data.sources.npz import check_npz_path
 
         check_npz_path(Path(os.path.expanduser(d.path)))  # a folder is not walked either
     if info.source == "path":
         return [Path(os.path.expanduser(d.path))] if d.path else []
     source = SOURCES.get(d.name)
     if source is not None and source.torchvision is not None:
-        return [_torchvision_files(d.name, root)[0]]
+        return [torchvision_files(d.name, root)[0]]
     return [root]
 
 
@@ -256,8 +257,8 @@ def seed_shapes_arrays(d) -> bool:
     the ``val_fraction`` hold-out and the test split of an image folder without
     ``train``/``test`` sub-folders; nothing else (an ``npz`` file, torchvision's files)
     depends on it, so those share one entry across seeds (issue #25). Per dataset:
-    :data:`~fedrcl_flwr.data.datasets.SOURCES`' ``seeded``."""
-    from fedrcl_flwr.data.datasets import SOURCES
+    :data:`~fedrcl_flwr.data.sources.table.SOURCES`' ``seeded``."""
+    from fedrcl_flwr.data.sources.table import SOURCES
 
     if float(d.val_fraction) > 0:
         return True
@@ -269,7 +270,7 @@ def entry_settings(d, seed: int) -> dict:
     """Everything that determines a dataset's arrays (see the module docstring): the seed
     only where it does (:func:`seed_shapes_arrays`)."""
     from fedrcl_flwr.config.catalog import dataset_info
-    from fedrcl_flwr.data.datasets import SOURCES
+    from fedrcl_flwr.data.sources.table import SOURCES
 
     root = str(Path(os.path.expanduser(d.root or ".")).resolve())
     settings = {
@@ -631,9 +632,9 @@ def load(d, seed: int, *, note=None):
 
 def open_prepared(entry: Path, d):
     """Open an entry prepared by the CLI; any problem is one
-    :class:`~fedrcl_flwr.data.datasets.DatasetError` naming this host and the path (a
+    :class:`~fedrcl_flwr.data.sources.raw.DatasetError` naming this host and the path (a
     process of a run never builds the dataset itself)."""
-    from fedrcl_flwr.data.datasets import DatasetError
+    from fedrcl_flwr.data.sources.raw import DatasetError
 
     try:
         return open_entry(entry, d)
@@ -650,14 +651,18 @@ def open_prepared(entry: Path, d):
 
 
 def _partition_code() -> list:
-    """What decides a split besides its settings: the partition module's source and the
-    versions of the generators it draws from (a split stored by other code is never read)."""
+    """What decides a split besides its settings: the source of the partition modules
+    (the dispatch, the project's schemes, the authors' generators, the split-file reader)
+    and the versions of the generators they draw from (a split stored by other code is
+    never read)."""
     import torch
 
-    from fedrcl_flwr.data import partition
+    from fedrcl_flwr.data import partition, partition_authors, partition_schemes, split_file
 
-    src = Path(partition.__file__).read_bytes()
-    return [hashlib.sha256(src).hexdigest(), torch.__version__, np.__version__]
+    h = hashlib.sha256()
+    for module in (partition, partition_schemes, partition_authors, split_file):
+        h.update(Path(str(module.__file__)).read_bytes())
+    return [h.hexdigest(), torch.__version__, np.__version__]
 
 
 def _read_partition(path: Path, num_clients: int) -> list | None:

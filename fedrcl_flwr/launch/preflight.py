@@ -403,7 +403,7 @@ def before_run(
     entry = prepare_data(cfg, source)
     parts = check_split(cfg, source)
     if cfg.partition.scheme == "domain":
-        from fedrcl_flwr.data.partition import domain_split_note
+        from fedrcl_flwr.data.partition_schemes import domain_split_note
 
         bundle = load_bundle(cfg, source)
         used = domain_split_note(

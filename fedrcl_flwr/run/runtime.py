@@ -96,7 +96,7 @@ def use_prepared_dataset(cfg: ExperimentConfig, entry: str) -> None:
     """Declare that this process's dataset is the cache entry ``entry`` prepared by the
     CLI before the run (``fedrcl_flwr.data.cache``): :func:`load_bundle` then opens it and
     never builds the dataset; an absent or corrupt entry is one
-    :class:`~fedrcl_flwr.data.datasets.DatasetError` naming the host. Called by the
+    :class:`~fedrcl_flwr.data.sources.raw.DatasetError` naming the host. Called by the
     ServerApp and the ClientApp when the run config carries ``dataset-cache``."""
     WORKER.prepared[(_key(cfg.dataset), cfg.seed)] = str(entry)
 
@@ -183,7 +183,7 @@ def _partition(
         from importlib.metadata import version
 
         from fedrcl_flwr.config import partitioners
-        from fedrcl_flwr.data import hf
+        from fedrcl_flwr.data.sources import hf
 
         code = b"".join(Path(str(m.__file__)).read_bytes() for m in (hf, partitioners))
         settings.append([version("flwr-datasets"), hashlib.sha256(code).hexdigest()])

@@ -23,7 +23,8 @@ from torchvision import transforms
 from torchvision.datasets import CIFAR10
 
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.data.partition import load_split_file, partition
+from fedrcl_flwr.data.partition import partition
+from fedrcl_flwr.data.split_file import load_split_file
 from fedrcl_flwr.errors import PartitionError
 
 # ----------------------------------------------------------------------------- the data
@@ -459,6 +460,13 @@ def test_split_file_json_and_authors_literals_read_the_same(tmp_path):
     assert [sorted(g.tolist()) for g in got] == [[3, 5, 9], [0, 1], [7]]
 
 
+def test_authors_literal_reads_integers_with_leading_zeros(tmp_path):
+    """The authors' format is scanned as digits: ``007`` is 7 (Python's parser refuses it)."""
+    path = _write(tmp_path, "zeros.txt", "{0: [007, 1], 1: (3,), 2: {04}}")
+    got = partition(np.zeros(10, int), 3, "file", path=path)
+    assert [g.tolist() for g in got] == [[7, 1], [3], [4]]
+
+
 @pytest.mark.parametrize(
     "text,msg",
     [
@@ -472,6 +480,10 @@ def test_split_file_json_and_authors_literals_read_the_same(tmp_path):
         ('{0: [1], 1: [__import__("os").getpid()]}', "neither JSON nor a Python dict literal"),
         ("[[1], [2]]", "must map client ids to index lists"),
         ('{"0": [], "1": [3]}', "client 0 has no samples"),
+        # a key given twice (Python's own literal_eval would keep the last list)
+        ("{0: [1], 0: [2], 1: [3]}", "client 0 appears twice"),
+        ('{"0": [1], "0": [2], "1": [3]}', "client '0' appears twice"),
+        ("{0: {1, 1}, 1: {3}}", "client 0: an index is given twice"),
     ],
 )
 def test_split_file_validation_is_one_clear_error(tmp_path, text, msg):

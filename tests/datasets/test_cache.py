@@ -35,7 +35,7 @@ def _arrays(bundle):
 
 
 def _forbid_generator(monkeypatch):
-    import fedrcl_flwr.data.synthetic as synthetic
+    import fedrcl_flwr.data.sources.synthetic as synthetic
 
     def refuse(*a, **kw):
         raise AssertionError("the synthetic generator was called")

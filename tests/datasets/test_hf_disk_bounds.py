@@ -78,7 +78,7 @@ def test_labels_beyond_the_class_bound_are_refused(tmp_path):
     path = _arrays_dict(tmp_path / "hf", label=10**6)
     with pytest.raises(DatasetError, match=r"column label: label 1000000 .*at most 100,000"):
         load_dataset("hf_disk", path=str(path))
-    from fedrcl_flwr.data.raw import MAX_CLASSES, int_labels
+    from fedrcl_flwr.data.sources.raw import MAX_CLASSES, int_labels
 
     assert MAX_CLASSES == 100_000
     with pytest.raises(DatasetError, match=r"label 1000000000 \(labels are class numbers"):

@@ -15,10 +15,10 @@ import yaml
 from PIL import Image
 from torchvision import transforms
 
-from fedrcl_flwr.augment import rotate
+from fedrcl_flwr.augment import AugmentSpec, rotate
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.config import ConfigError, config_from_dict
-from fedrcl_flwr.data.datasets import AugmentSpec, DatasetError, ImageArrayDataset, load_dataset
+from fedrcl_flwr.data.datasets import DatasetError, ImageArrayDataset, load_dataset
 
 CIFAR10_MEAN, CIFAR10_STD = [0.4914, 0.4822, 0.4465], [0.2023, 0.1994, 0.2010]
 

@@ -423,7 +423,7 @@ def test_cli_partition_prints_domains(tmp_path, capsys):
 def test_balanced_domain_split_says_how_many_images_it_used():
     """Domain 0 holds 3 + 5 images of classes 0 / 1, domain 1 holds 4 + 4: one client per
     domain, the balanced split gives each client min(3, 5, 4, 4) = 3 per class, 12 of 16."""
-    from fedrcl_flwr.data.partition import by_domain, domain_split_note
+    from fedrcl_flwr.data.partition_schemes import by_domain, domain_split_note
 
     labels = np.array([0] * 3 + [1] * 5 + [0] * 4 + [1] * 4)
     domains = np.array([0] * 8 + [1] * 8)

@@ -15,7 +15,7 @@ from fedrcl_flwr.data.datasets import (
     iterate_batches,
     load_dataset,
 )
-from fedrcl_flwr.data.synthetic import make_synthetic
+from fedrcl_flwr.data.sources.synthetic import make_synthetic
 from fedrcl_flwr.run.runtime import make_batches, sample_partitions
 
 SMALL = {
@@ -264,7 +264,7 @@ def test_npz_different_sizes_need_image_size(tmp_path):
 
 def test_npz_resize_keeps_content():
     # a constant image stays constant after resizing (antialiased bilinear)
-    from fedrcl_flwr.data.datasets import _resize_u8
+    from fedrcl_flwr.data.sources.raw import resize_u8 as _resize_u8
 
     x = np.full((2, 20, 20, 3), 77, np.uint8)
     assert np.all(_resize_u8(x, 8) == 77)
@@ -566,9 +566,10 @@ def test_augmentation_is_seeded_and_plain_is_not_augmented(small_bundle):
 def test_npz_is_not_augmented_unless_asked(tmp_path):
     """Issue #25: your own arrays (digits, text, ...) get no flip or crop by default; the
     dataset keys opt in. Image folders (natural images) keep their crop + flip."""
+    from fedrcl_flwr.augment import AugmentSpec
     from fedrcl_flwr.config import DatasetConfig
     from fedrcl_flwr.data import cache
-    from fedrcl_flwr.data.datasets import AugmentSpec, augment_spec
+    from fedrcl_flwr.data.datasets import augment_spec
 
     x = np.random.default_rng(0).integers(0, 256, (8, 8, 8), dtype=np.uint8)
     p = _save_npz(
@@ -586,7 +587,7 @@ def test_npz_is_not_augmented_unless_asked(tmp_path):
 
 
 def test_flip_only_augmentation():
-    from fedrcl_flwr.data.datasets import AugmentSpec
+    from fedrcl_flwr.augment import AugmentSpec
 
     imgs = torch.arange(2 * 1 * 2 * 3, dtype=torch.uint8).view(2, 1, 2, 3).repeat(50, 1, 1, 1)
     ds = ImageArrayDataset(imgs, np.zeros(100), [0.0], [1.0], AugmentSpec(0, True))

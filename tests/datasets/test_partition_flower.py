@@ -13,8 +13,9 @@ import yaml
 from helpers import TINY_SYNTHETIC, assert_run_refused, tiny_config
 
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.data.partition import PartitionError, partition, pathological
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.data.partition import partition
+from fedrcl_flwr.data.partition_schemes import pathological
+from fedrcl_flwr.errors import ConfigError, PartitionError
 
 pytest.importorskip("flwr_datasets")
 
@@ -92,7 +93,7 @@ def test_flwr_datasets_by_domain_and_offline_env(monkeypatch):
     monkeypatch.delenv("FLWR_TELEMETRY_ENABLED", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     seen = {}
-    import fedrcl_flwr.data.hf as hf
+    import fedrcl_flwr.data.sources.hf as hf
 
     real = hf.build
 

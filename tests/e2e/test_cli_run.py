@@ -37,7 +37,7 @@ def _run(tmp_path, *sets, rounds=4, env=None):
 # every Python process that starts with this directory on its path (the CLI, the
 # SuperLink, the simulation process, each Ray worker) loses the synthetic generator
 NO_GENERATOR = """
-import fedrcl_flwr.data.synthetic as _s
+import fedrcl_flwr.data.sources.synthetic as _s
 
 def _refuse(*a, **kw):
     raise RuntimeError("the synthetic generator ran in a run's process")

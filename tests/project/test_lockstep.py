@@ -80,7 +80,8 @@ def test_their_client_draw_returns_the_plan_and_refuses_another_call():
 def test_planned_transforms_give_our_augmentation_of_the_same_draws():
     from PIL import Image
 
-    from fedrcl_flwr.data.datasets import AugmentDraws, AugmentSpec, ImageArrayDataset
+    from fedrcl_flwr.augment import AugmentSpec
+    from fedrcl_flwr.data.datasets import AugmentDraws, ImageArrayDataset
 
     u8 = torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8)
     spec = AugmentSpec(crop_pad=4, flip=True, rotation=10, pad_fill="black")

@@ -20,12 +20,14 @@ import pytest
 from helpers import write_saved_dataset_dict
 
 from clients import CLIENTS
+from fedrcl_flwr.augment import AugmentSpec
 from fedrcl_flwr.config.catalog import DATASET_NAMES, DATASETS, SCHEME_NAMES
 from fedrcl_flwr.config.schema import DatasetConfig
 from fedrcl_flwr.data import cache
-from fedrcl_flwr.data import datasets as data_readers
-from fedrcl_flwr.data.datasets import SOURCES, AugmentSpec, DatasetError, DataSource
-from fedrcl_flwr.data.partition import partition
+from fedrcl_flwr.data.datasets import DatasetError, default_augment
+from fedrcl_flwr.data.partition import SCHEMES, partition
+from fedrcl_flwr.data.sources.table import SOURCES, DataSource, read_source
+from fedrcl_flwr.data.sources.torchvision_files import LAYOUTS, torchvision_files
 from fedrcl_flwr.errors import ConfigError, PartitionError
 from fedrcl_flwr.models import MODELS, build_model
 from fedrcl_flwr.models.interface import FeatureModel
@@ -114,11 +116,12 @@ def test_every_dataset_of_the_catalog_is_in_the_data_layer_table(tmp_path):
         assert isinstance(source.augment, AugmentSpec) or (
             source.augment is None and info.channels == 3 and info.torchvision is None
         ), name
-        assert isinstance(data_readers.default_augment(name, 32), AugmentSpec), name
+        assert isinstance(default_augment(name, 32), AugmentSpec), name
         assert (source.torchvision is None) == (info.torchvision is None), name
+        assert source.torchvision is LAYOUTS.get(name), name  # the layouts' one table
         if info.torchvision is not None:
             assert hasattr(tvd, info.torchvision), name
-            folder, files = data_readers._torchvision_files(name, tmp_path)
+            folder, files = torchvision_files(name, tmp_path)
             assert folder.is_relative_to(tmp_path) and files, name
             assert all(isinstance(f, str) and f for f, _ in files), name
         path = tmp_path / "x.npz"
@@ -134,7 +137,7 @@ def test_every_dataset_of_the_catalog_has_a_reader(tmp_path):
     naming where it looked, never "unknown dataset"; the synthetic one is generated."""
     for name in DATASET_NAMES:
         try:
-            tr, te, _, _ = data_readers._read_source(
+            tr, te, _, _ = read_source(
                 name,
                 str(tmp_path / "none"),
                 path=str(tmp_path / "none.npz"),
@@ -166,6 +169,7 @@ def test_every_partition_scheme_has_a_builder(tmp_path):
     domains = np.tile(np.arange(2), 20)
     split = tmp_path / "split.json"
     split.write_text('{"0": [0, 1], "1": [2, 3], "2": [4, 5], "3": [6, 7]}')
+    assert list(SCHEMES) == list(SCHEME_NAMES)  # the data layer's table, the catalog's order
     for scheme in SCHEME_NAMES:
         try:
             parts = partition(
@@ -222,7 +226,7 @@ def test_the_messages_asking_for_domains_name_every_domain_dataset(tmp_path):
     with pytest.raises(PartitionError) as err2:
         partition(np.zeros(40, np.int64), 4, "domain", domains=None)
     messages.append(str(err2.value))
-    from fedrcl_flwr.data.hf import flwr_datasets_split
+    from fedrcl_flwr.data.sources.hf import flwr_datasets_split
 
     with pytest.raises(PartitionError) as err3:
         spec = {"name": "NaturalIdPartitioner", "partition_by": "domain"}

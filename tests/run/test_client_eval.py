@@ -225,7 +225,7 @@ def test_held_out_share_is_the_only_change_to_training(tiny, tmp_path):
     """With a held-out local test share each client trains on its partition minus that
     share (documented); the global metrics are exactly those of a run without per-client
     evaluation whose split file holds those training indices."""
-    from fedrcl_flwr.data.partition import save_split_file
+    from fedrcl_flwr.data.split_file import save_split_file
 
     on = tiny(
         evaluation={"target_rounds": [2], "per_client": {"every": 2, "local_test_fraction": 0.3}},

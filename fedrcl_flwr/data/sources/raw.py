@@ -1,6 +1,7 @@
 """The raw form every dataset source is read into (``uint8`` images, ``int64`` labels) and
-the checks that bring an array to it. A leaf of ``fedrcl_flwr.data``: the loaders
-(``datasets.py``) and the Hugging Face reader (``hf.py``) both build on it.
+the checks that bring an array to it. A leaf of ``fedrcl_flwr.data``: the readers of
+this package (``hf.py`` among them) and the loader (``fedrcl_flwr/data/datasets.py``) all
+build on it.
 """
 
 from __future__ import annotations

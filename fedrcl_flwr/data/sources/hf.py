@@ -24,7 +24,7 @@
   anything is read or fingerprinted (:func:`check_hf_disk`): ``dataset.path`` a folder
   holding ``dataset_dict.json`` with splits ``train`` and ``test``, each split folder's
   ``state.json`` naming at least one data file (an empty split is refused as such); a
-  ``ClassLabel`` of at most :data:`~fedrcl_flwr.data.raw.MAX_CLASSES` classes.
+  ``ClassLabel`` of at most :data:`~fedrcl_flwr.data.sources.raw.MAX_CLASSES` classes.
 """
 
 from __future__ import annotations
@@ -80,12 +80,7 @@ def flwr_datasets_split(
         )
     datasets = _datasets(where)
     n = len(labels)
-    cols: dict[str, Any] = {
-        "label": np.asarray(labels, dtype=np.int64),
-        INDEX_COLUMN: np.arange(n, dtype=np.int64),
-    }
-    if domains is not None:
-        cols["domain"] = np.asarray(domains, dtype=np.int64)
+    cols = _label_columns(labels, domains)
     with offline(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         datasets.disable_progress_bars()
@@ -109,11 +104,7 @@ def flwr_datasets_split(
         except Exception as exc:  # noqa: BLE001 - Flower's refusal is one line
             text = " ".join(str(exc).split()) or type(exc).__name__
             raise PartitionError(f"{where} ({spec['name']}): {text}") from None
-    for w in caught:  # the split succeeded: Flower's notes about it are worth seeing
-        if not issubclass(
-            w.category, (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
-        ):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    _replay_warnings(caught)  # the split succeeded: Flower's notes about it are worth seeing
     empty = [i for i, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise PartitionError(
@@ -121,6 +112,30 @@ def flwr_datasets_split(
             "needs at least one (fewer clients, or other arguments)"
         )
     return parts
+
+
+def _label_columns(labels: np.ndarray, domains: np.ndarray | None) -> dict[str, Any]:
+    """The columns of the in-memory dataset a partitioner splits: ``label``, the row
+    number, and ``domain`` where the dataset has domains."""
+    cols: dict[str, Any] = {
+        "label": np.asarray(labels, dtype=np.int64),
+        INDEX_COLUMN: np.arange(len(labels), dtype=np.int64),
+    }
+    if domains is not None:
+        cols["domain"] = np.asarray(domains, dtype=np.int64)
+    return cols
+
+
+def _replay_warnings(caught: list) -> None:
+    """Show the warnings recorded while Flower split, except the library deprecation
+    notices (``DeprecationWarning``, ``PendingDeprecationWarning``, ``FutureWarning``)."""
+    import warnings
+
+    for w in caught:
+        if not issubclass(
+            w.category, (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+        ):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _arithmetic_refusal(spec: dict, n: int, num_clients: int, exc: ArithmeticError) -> str:
@@ -149,7 +164,7 @@ def _arithmetic_refusal(spec: dict, n: int, num_clients: int, exc: ArithmeticErr
 
 
 def _pick(features: dict, given: str | None, key: str, kind: str, names: tuple, path) -> str:
-    from fedrcl_flwr.data.raw import DatasetError
+    from fedrcl_flwr.data.sources.raw import DatasetError
 
     if given is not None:
         if given not in features:
@@ -173,7 +188,7 @@ def _pixels(values: list, what: str, image_size: int | None = None) -> np.ndarra
     """The images ``values`` as uint8 (N, H, W, C); images of several sizes each resized
     to ``image_size`` (PIL bilinear for PIL images, as an image folder's; antialiased
     bilinear for arrays), or refused without it."""
-    from fedrcl_flwr.data.raw import DatasetError, hwc
+    from fedrcl_flwr.data.sources.raw import DatasetError, hwc
 
     first = values[0] if values else None
     pil = first is not None and hasattr(first, "mode") and hasattr(first, "convert")
@@ -200,7 +215,7 @@ def _pixels(values: list, what: str, image_size: int | None = None) -> np.ndarra
             for im in images
         ]
     elif len(shapes) > 1:
-        from fedrcl_flwr.data.raw import resize_u8
+        from fedrcl_flwr.data.sources.raw import resize_u8
 
         side = int(image_size)  # type: ignore[arg-type]
         resized = [resize_u8(hwc(a[None], what), side) for a in arrays]
@@ -228,7 +243,7 @@ def _small_json(path: Path, what: str, limit: int = MAX_JSON_BYTES) -> Any:
     import os
     import stat
 
-    from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError
+    from fedrcl_flwr.data.sources.raw import MAX_CLASSES, DatasetError
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
@@ -259,7 +274,7 @@ def check_hf_disk(path: str) -> None:
     walked."""
     import errno
 
-    from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError
+    from fedrcl_flwr.data.sources.raw import MAX_CLASSES, DatasetError
 
     p = Path(path).expanduser()
     try:
@@ -319,29 +334,13 @@ def read_hf_disk(
     domain_column: str | None = None,
 ):
     """(train, test, domain names) of the dataset saved at ``path``: two
-    :class:`~fedrcl_flwr.data.datasets.RawSplit` (see the module docstring) and the
+    :class:`~fedrcl_flwr.data.sources.raw.RawSplit` (see the module docstring) and the
     domain names (``[]`` without ``domain_column``; see :func:`_domain_ids`)."""
-    from fedrcl_flwr.data.raw import MAX_CLASSES, DatasetError, RawSplit, int_labels
+    from fedrcl_flwr.data.sources.raw import MAX_CLASSES, DatasetError, RawSplit, int_labels
 
     check_hf_disk(path)
     p = Path(path).expanduser()
-    datasets = _datasets("dataset.name hf_disk")
-    with offline():
-        datasets.disable_progress_bars()
-        try:
-            obj = datasets.load_from_disk(str(p))
-        except Exception as exc:  # noqa: BLE001 - an unreadable folder is one line
-            text = " ".join(str(exc).split())
-            raise DatasetError(
-                f"{p}: not a dataset saved with save_to_disk ({text[:200]})"
-            ) from None
-    if not isinstance(obj, datasets.DatasetDict) or not {"train", "test"} <= set(obj):
-        held = ", ".join(obj) if isinstance(obj, datasets.DatasetDict) else "one Dataset"
-        raise DatasetError(
-            f"{p}: need a DatasetDict with splits train and test (found {held}); save "
-            "DatasetDict({'train': ..., 'test': ...}) with save_to_disk"
-        )
-    splits = {s: obj[s] for s in ("train", "test")}
+    splits = _train_and_test(p)
     features = dict(splits["train"].features)
     dom = None
     if domain_column is not None:
@@ -382,6 +381,31 @@ def read_hf_disk(
     return RawSplit(x, y, d, classes=classes), RawSplit(xt, yt, dt), names
 
 
+def _train_and_test(p: Path) -> dict:
+    """The ``train`` and ``test`` splits of the ``DatasetDict`` saved at ``p``; anything
+    else (an unreadable folder, one ``Dataset``, a split missing) is one
+    :class:`~fedrcl_flwr.data.sources.raw.DatasetError`."""
+    from fedrcl_flwr.data.sources.raw import DatasetError
+
+    datasets = _datasets("dataset.name hf_disk")
+    with offline():
+        datasets.disable_progress_bars()
+        try:
+            obj = datasets.load_from_disk(str(p))
+        except Exception as exc:  # noqa: BLE001 - an unreadable folder is one line
+            text = " ".join(str(exc).split())
+            raise DatasetError(
+                f"{p}: not a dataset saved with save_to_disk ({text[:200]})"
+            ) from None
+    if not isinstance(obj, datasets.DatasetDict) or not {"train", "test"} <= set(obj):
+        held = ", ".join(obj) if isinstance(obj, datasets.DatasetDict) else "one Dataset"
+        raise DatasetError(
+            f"{p}: need a DatasetDict with splits train and test (found {held}); save "
+            "DatasetDict({'train': ..., 'test': ...}) with save_to_disk"
+        )
+    return {s: obj[s] for s in ("train", "test")}
+
+
 def _domain_ids(splits: dict, column: str, feature: Any, p: Path):
     """``dataset.domain_column``: each image's domain id in train and test, and the domain
     names. A ``ClassLabel`` column: its ids and names; strings: the names in sorted
@@ -389,7 +413,7 @@ def _domain_ids(splits: dict, column: str, feature: Any, p: Path):
     refused: no client could hold that domain); non-negative integers: the ids, named
     ``domain0``, ``domain1``, ... Each domain is resized with the rest to
     ``dataset.image_size`` (images of several sizes: see :func:`_pixels`)."""
-    from fedrcl_flwr.data.raw import DatasetError, int_labels
+    from fedrcl_flwr.data.sources.raw import DatasetError, int_labels
 
     where = f"{p} 'dataset.domain_column' {column!r}"
     train = list(splits["train"][column])

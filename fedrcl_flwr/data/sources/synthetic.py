@@ -16,13 +16,17 @@ Structure (so that every method has something real to learn, offline):
 
 Images are generated as ``uint8`` (N, H, W, C) like real datasets, so the rest of the
 pipeline (normalisation, augmentation, partitions) is the same for both.
-20,000 32x32x3 images take a few seconds on two CPU cores.
+20,000 32x32x3 images take a few seconds on two CPU cores. :func:`read_synthetic` is the
+``synthetic`` dataset's reader (memory checked before generating).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from fedrcl_flwr.data.sources.memory import check_fits_memory
+from fedrcl_flwr.data.sources.raw import RawSplit
 
 
 def _smooth_patterns(
@@ -199,3 +203,23 @@ def _draw(
             u = torch.sigmoid(st["contrast"] * x / 1.5) ** st["gamma"]
             out[j] = (255 * u).round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()
     return out, y.astype(np.int64), dom.astype(np.int64)
+
+
+def read_synthetic(sy: dict, seed: int) -> tuple[RawSplit, RawSplit, list]:
+    """The embedded synthetic images (:func:`make_synthetic`),
+    after checking that they fit in memory."""
+    hw = int(sy.get("image_size", 32)) ** 2 * int(sy.get("channels", 3))
+    n_all = int(sy.get("num_train", 20000)) + int(sy.get("num_test", 4000))
+    bank = (int(sy.get("num_classes", 10)) * int(sy.get("subclusters", 3)) + 6) * 25 * hw
+    check_fits_memory(
+        n_all * hw + 12 * bank + 16 * 4096 * hw,
+        "dataset.synthetic",
+        f"{n_all} images of {hw} uint8 values, plus float pattern banks",
+    )
+    xtr, ytr, dtr, xte, yte, dte = make_synthetic(**sy, seed=seed)
+    nd = int(sy.get("num_domains", 1))
+    return (
+        RawSplit(xtr, ytr, dtr),
+        RawSplit(xte, yte, dte),
+        [f"domain{i}" for i in range(nd)] if nd > 1 else [],
+    )
