@@ -172,7 +172,7 @@ def check_secagg_plan(cfg) -> None:
     ``privacy.secagg_threshold`` that Flower's setup (:func:`secagg_setup`) finds
     unreachable even when every sampled client answers. Fewer clients than sampled
     (``federation.availability``) are a run-time matter: such a round fails, recorded
-    with its reason (``strategies/base.py``)."""
+    with its reason (``strategies/round_records.py``)."""
     from fedrcl_flwr.errors import ConfigError
 
     p = cfg.privacy

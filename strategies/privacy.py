@@ -153,7 +153,7 @@ class CentralDP:
         return None
 
     def aggregate(self, server_round: int, kept: list, secagg_active: int = 0) -> list:
-        """The noised average of the round's kept results (``strategies.base.ClientResult``;
+        """The noised average of the round's kept results (``strategies.screening.ClientResult``;
         Flower's wrapper gets their ``FitRes``: clipping in server mode, then
         :class:`AveragingStep`, then noise)."""
         self.step.secagg_active = int(secagg_active)
