@@ -35,10 +35,13 @@ the round's record waits for ``aggregate_evaluate`` (Flower calls it right after
 ``evaluate``), which adds the ``client_acc_*`` statistics and then hands the record on
 as above.
 
-The strategy composes small collaborators: :mod:`strategies.screening` (what a client
-result is and which are unusable), :mod:`strategies.round_records` (the round ledger,
-failed rounds, the round's client statistics), :mod:`strategies.round_end` (evaluate,
-record and checkpoint a round, in line or in the background thread),
+What a server rule declares and overrides is :class:`strategies.server_rule.ServerRule`
+(this class's second base). The round's steps are small collaborators:
+:mod:`strategies.sampling` (who trains, on which node), :mod:`strategies.screening`
+(what a client result is and which are unusable), :mod:`strategies.averaging` (the
+round's average: plain, DP or SecAgg+), :mod:`strategies.round_records` (the round
+ledger, failed rounds, the round's client statistics), :mod:`strategies.round_end`
+(evaluate, record and checkpoint a round, in line or in the background thread),
 :mod:`strategies.state` (buffers and checkpointed state) and
 :mod:`strategies.client_evaluation` (per-client evaluation).
 
@@ -82,7 +85,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from flwr.common import FitIns, Parameters
@@ -91,23 +93,18 @@ from flwr.server.strategy import Strategy
 
 from fedrcl_flwr.app.wire.flower_private import ClientProxy
 from fedrcl_flwr.app.wire.transport import ServerTransport
-from fedrcl_flwr.client_eval import due as client_eval_due
-from fedrcl_flwr.components import resolve_params
-from fedrcl_flwr.protocol import FitInstructions, StrategyParams
+from fedrcl_flwr.privacy import secagg_upload_bytes
+from fedrcl_flwr.protocol import FitInstructions
 from fedrcl_flwr.run import timers
-from fedrcl_flwr.run.runtime import sample_partitions
-from fedrcl_flwr.server.aggregation import (
-    average_workers,
-    client_coefficients,
-    entry_kinds,
-    weighted_average,
-)
+from fedrcl_flwr.server.aggregation import average_workers, entry_kinds
+from strategies.averaging import Averaging, average_kept
 from strategies.client_evaluation import (
     evaluate_instructions,
+    evaluation_due,
     evaluation_partitions,
     read_evaluations,
 )
-from strategies.round_end import BackgroundRoundEnd, RoundEndHooks, finish_round
+from strategies.round_end import RoundEndHooks, RoundEnds
 from strategies.round_records import (
     AllClientsFailed,
     RoundLedger,
@@ -115,40 +112,19 @@ from strategies.round_records import (
     failure_reason,
     weight_store_note,
 )
-from strategies.screening import (
-    Averaging,
-    ClientResult,
-    client_failure,
-    discard_secagg_sum,
-    screen,
-    verify,
-)
+from strategies.sampling import client_slots, draw_round, fit_messages, fit_on_slots
+from strategies.screening import ClientResult, client_failure, usable_results
+from strategies.server_rule import ServerRule
 from strategies.state import load_strategy_state, new_buffer, strategy_state
-
-if TYPE_CHECKING:  # the client-side hook's types (torch)
-    from fedrcl_flwr.training import LossTerm
-
-
-class StrategyClient(Protocol):
-    """What a strategy's client-side hook (:meth:`FedRCLStrategy.client_loss_terms`) may
-    use of the client: ``clients/base.py``'s ``FederatedClient`` provides it. Named here so
-    that the strategies, a layer below the clients, never import them."""
-
-    def received_trainable(self) -> list[Any]: ...
-
-    def distance_to_received_term(self, name: str, weight: float) -> LossTerm: ...
-
 
 log = logging.getLogger("fedrcl_flwr")
 
 
-class FederatedStrategy(Strategy):
-    """FedAvg with deterministic partition sampling, fault filtering and hooks."""
+class FederatedStrategy(Strategy, ServerRule):
+    """FedAvg with deterministic partition sampling, fault filtering and the hooks of
+    :class:`~strategies.server_rule.ServerRule`, run in Flower's rounds."""
 
     name = "fedavg"
-    defaults: dict = {}
-    rules: dict = {}  # parameter name -> fedrcl_flwr.components.Rule (allowed values)
-    buffers: tuple = ()  # names of the declared server-optimizer state (see module doc)
 
     def __init__(
         self,
@@ -181,7 +157,7 @@ class FederatedStrategy(Strategy):
         self.round_timeout_s = round_timeout_s  # federation.round_timeout_s (its messages)
         self.availability = availability  # fedrcl_flwr.availability.Availability or None
         self.per_client = per_client  # (every, "sampled" | "unsampled" | "all") or None
-        self.overlap_evaluation = overlap_evaluation
+        self._ends = RoundEnds(overlap_evaluation)  # in line or in the background
         self.p = self.resolve(params)
         self.num_clients, self.clients_per_round = num_clients, clients_per_round
         self.rounds, self.seed, self.eval_every = rounds, seed, eval_every
@@ -205,12 +181,8 @@ class FederatedStrategy(Strategy):
         self.weights = [np.asarray(w).copy() for w in initial_weights]
         self.kinds = entry_kinds(self.weights, trainable)
         self.model_bytes = int(sum(np.asarray(w).nbytes for w in self.weights))
-        # privacy.secagg: what one client uploads instead, Flower's SecAgg+ masked vector:
-        # every entry of every array quantised, masked and sent as an int64, plus the
-        # int64 weight factor (flwr secaggplus_mod._collect_masked_vectors: quantize ->
-        # factor_combine -> masks -> parameters_mod); the key and share exchange of the
-        # protocol's other stages is not counted
-        self.secagg_upload_bytes = 8 * (1 + int(sum(np.asarray(w).size for w in self.weights)))
+        # privacy.secagg: what one client uploads instead, Flower's SecAgg+ masked vector
+        self.secagg_upload_bytes = secagg_upload_bytes(self.weights)
         # how weights travel (fedrcl_flwr/app/wire/transport.py): Flower's messages unless the
         # app hands the strategy the run's weight store (simulation.transport: shared)
         self.transport = ServerTransport()
@@ -224,8 +196,6 @@ class FederatedStrategy(Strategy):
         self._sampled: list[int] = []  # the round's sampled partitions (all, with availability)
         self._sent: list[int] = []  # those sent the model to train
         self._round_start = time.time()
-        self._deferred: tuple | None = None  # a round end awaiting per-client evaluation
-        self._background = BackgroundRoundEnd()  # overlap_evaluation's round ends
         # threads of the server's average (the same bytes for any number: aggregation.py)
         self.average_workers = average_workers()
 
@@ -233,56 +203,9 @@ class FederatedStrategy(Strategy):
         """``privacy`` (a ``fedrcl_flwr.config.PrivacyConfig``; off by default): central
         DP through Flower's wrappers (``strategies/privacy.py``), SecAgg+ results
         (``fedrcl_flwr/app``)."""
-        self.secagg = bool(privacy is not None and privacy.secagg)
-        self.secagg_params = (
-            (privacy.secagg_num_shares, privacy.secagg_threshold) if self.secagg else None
-        )
-        self.dp = None
-        if privacy is not None and privacy.dp is not None:
-            from strategies.privacy import CentralDP
+        from strategies.privacy import privacy_settings
 
-            self.dp = CentralDP(
-                self, privacy.dp, num_sampled=self.clients_per_round, num_clients=self.num_clients
-            )
-
-    @classmethod
-    def resolve(cls, params: dict | None) -> dict:
-        """``server.params`` merged over :attr:`defaults`, every value checked."""
-        return resolve_params(
-            "server.params", f"strategy '{cls.name}'", cls.defaults, cls.rules, params
-        )
-
-    def buffer_fill(self, name: str) -> float:
-        """Initial value of every entry of the declared buffer ``name`` (default 0)."""
-        return 0.0
-
-    # ------------------------------------------------------------------ hooks
-    def weights_to_send(self, run_round: int) -> list[np.ndarray]:
-        """What clients start from (FedACG overrides: the look-ahead model)."""
-        return self.weights
-
-    def client_params(self, run_round: int) -> StrategyParams | None:
-        """The strategy's values every client receives in its fit instructions (a
-        :class:`~fedrcl_flwr.protocol.StrategyParams` dataclass: FedACG's β, FedDyn's α);
-        ``None``: nothing."""
-        return None
-
-    @classmethod
-    def client_loss_terms(cls, client: StrategyClient, ins: FitInstructions) -> list[LossTerm]:
-        """Runs on the client: the ``LossTerm``s this strategy adds to every method's
-        objective, built from the client (``clients/base.py``: ``received_trainable``,
-        ``distance_to_received_term``) and its fit instructions (FedACG's
-        β·Σ‖w − w̃‖²); default none."""
-        return []
-
-    def server_update(
-        self, run_round: int, average: list[np.ndarray], results: list[ClientResult]
-    ) -> dict | None:
-        """Turn the clients' ``average`` into the new global model ``self.weights``
-        (FedAvg: take it). ``results`` are the round's kept client results (sorted by
-        partition id); return metrics for the round's record (or ``None``)."""
-        self.weights = average
-        return None
+        self.secagg, self.secagg_params, self.dp = privacy_settings(self, privacy)
 
     def state_dict(self) -> dict:
         """The state a checkpoint holds (copies: :func:`strategies.state.strategy_state`)."""
@@ -299,14 +222,6 @@ class FederatedStrategy(Strategy):
     def run_round(self, server_round: int) -> int:
         """The run's round number of Flower's ``server_round`` (shifted on resume)."""
         return server_round + self.round_offset
-
-    def _slots(self, client_manager: ClientManager, k: int) -> list[ClientProxy]:
-        want = min(k, self.expected_nodes) if self.expected_nodes else k
-        client_manager.wait_for(want, timeout=int(self.node_wait_s))
-        nodes = sorted(client_manager.all().items(), key=lambda kv: str(kv[0]))
-        if not nodes:
-            raise RuntimeError("no client nodes connected")
-        return [proxy for _, proxy in nodes]
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -325,115 +240,74 @@ class FederatedStrategy(Strategy):
         """The round's partitions on the connected nodes, each with ``send`` and its fit
         config."""
         rnd = self.run_round(server_round)
-        pids = sample_partitions(self.seed, rnd, self.num_clients, self.clients_per_round)
-        sampled = pids
-        self._outcome, self._round_errors = None, []
-        if self.availability is not None:  # who drops out or would be late: sent nothing
-            outcome = self.availability.round(rnd, pids)
-            self._outcome = outcome
-            self._avail_info = self.availability.record(rnd, outcome)
-            pids = outcome.reporting
-            if not pids:
-                log.warning(
-                    "round %d: every sampled client dropped out or was late; "
-                    "global model unchanged",
-                    rnd,
-                )
-        out = []
+        draw = draw_round(
+            self.seed, rnd, self.num_clients, self.clients_per_round, self.availability
+        )
+        self._outcome, self._round_errors = draw.outcome, []
+        if draw.record is not None:
+            self._avail_info = draw.record
+        pids, out = draw.reporting, []
         if pids:
-            slots = self._slots(client_manager, len(pids))
-            if len(slots) < len(pids):
-                log.warning(
-                    "round %d: only %d client nodes for %d sampled partitions; "
-                    "training the first %d",
-                    rnd,
-                    len(slots),
-                    len(pids),
-                    len(slots),
-                )
-                pids = pids[: len(slots)]
-            out = [
-                (
-                    node,
-                    FitIns(
-                        self.transport.for_client(send, rnd, i),
-                        self.fit_instructions(rnd, pid).to_config(),
-                    ),
-                )
-                for i, (node, pid) in enumerate(zip(slots, pids))
-            ]
+            slots = client_slots(client_manager, len(pids), self.expected_nodes, self.node_wait_s)
+            pids = fit_on_slots(rnd, pids, slots)
+            out = fit_messages(slots, pids, send, rnd, self.transport, self.fit_instructions)
         self._sent = pids  # the clients whose data may enter this round's release
-        self._sampled = pids if self.availability is None else sampled
+        self._sampled = pids if self.availability is None else draw.sampled
         timers.server_event("sent", round=rnd, clients=len(out))
         # the round's record when aggregate_fit is not called (Flower skips it when there
         # are no instructions; SecAgg+ halts below 2 reporting clients): nothing trained
-        self._fit_info = {
-            "num_clients": 0,
-            "failures": 0,
-            "model_bytes_down": self.model_bytes * len(self._sampled),
-            "model_bytes_up": 0,
-            **self._avail_info,
-        }
-        if self.dp is not None:
-            self._fit_info.update(self.dp.accountant.record())
+        self._fit_info = self._round_info(rnd, [], 0, exchange=False)
         return out
 
     def fit_instructions(self, run_round: int, partition_id: int) -> FitInstructions:
         """What one sampled client is told besides the weights: the round, its
         partition, the signal exchange's signals and :meth:`client_params`."""
-        signals = (
-            self.exchange.signals_for_round(run_round)
-            if self.exchange is not None
-            else (None, None)
-        )
+        exchange = self.exchange
+        signals = exchange.signals_for_round(run_round) if exchange is not None else (None, None)
         return FitInstructions.build(
             run_round, partition_id, signals=signals, strategy=self.client_params(run_round)
         )
 
     def aggregate_fit(self, server_round: int, results, failures):
         """The round's new global model from the clients' results, in named steps: screen
-        the results (:func:`~strategies.screening.screen`, :func:`~strategies.screening.verify`),
-        end a round without usable results (:meth:`_empty_round`), average the kept ones
-        (:meth:`_average`), hand the average and the kept results to :meth:`server_update`,
-        and record the round's client statistics (:func:`client_statistics`)."""
+        the results (:func:`~strategies.screening.usable_results`), end a round without
+        usable results (:meth:`_empty_round`), average the kept ones
+        (:func:`~strategies.averaging.average_kept` unless screening averaged them), hand
+        the average and the kept results to :meth:`server_update`, and record the round's
+        client statistics (:func:`client_statistics`)."""
         rnd = self.run_round(server_round)
         timers.server_event("results", round=rnd, results=len(results), failures=len(failures))
         raised = [client_failure(f, self.round_timeout_s) for f in failures]
         reasons = [f"client error: {self.ledger.note_error(line)}" for _, line in raised]
-        kept = screen(results, self.weights, reasons)
-        kept.sort(key=lambda r: r.partition_id)  # order-independent arithmetic
-        how = Averaging(self.kinds, self.weighting, self.average_dtype, self.average_workers)
-        kept, average = verify(kept, reasons, self.weights, how, dp=self.dp, secagg=self.secagg)
-        # the uploads' store entries go now: what screen mapped stays readable
-        self.transport.release(results)
-        if self.secagg and len(kept) < len(results):
-            kept = discard_secagg_sum(rnd, kept, len(results), reasons)
-        for r in reasons:
-            log.warning("round %d: dropped a client result (%s)", rnd, r)
+        kept, average = usable_results(
+            rnd, results, reasons, self.weights, self._averaging(), self.transport.release
+        )
         if reasons:
             self.ledger.note_error(reasons[0])
         self._round_errors = reasons
         self.ledger.count_client_failures(self._sent, results, raised, reasons, kept)
         info = self._round_info(rnd, kept, len(reasons))
-        info.update(weight_store_note(reasons, self.transport.rewritten))
-        self.transport.rewritten = []
+        info.update(weight_store_note(reasons, self.transport))
         if self.secagg:  # every received result is a masked vector inside the sum
             info["model_bytes_up"] = self.secagg_upload_bytes * len(results)
             info["secagg_clients"] = len(kept)
         if not kept:
             return self._empty_round(rnd, info)
         self.ledger.trained()
-        if average is None:
-            average = self._average(server_round, kept, info)
+        if average is None:  # DP, SecAgg+ or a dropped upload: averaged now
+            how = self._averaging()
+            average = average_kept(server_round, kept, self.weights, how, info, self._sent)
         extra = self.server_update(rnd, average, kept) or {}
         info.update(client_statistics(kept))
         info.update(extra)
         self._fit_info = info
         return self.transport.result(self.weights), {}
 
-    def _round_info(self, rnd: int, kept: list[ClientResult], failures: int) -> dict:
-        """The round's record so far: clients kept and failed, bytes moved, ε, and the
-        signal exchange's ingest of the kept uploads."""
+    def _round_info(
+        self, rnd: int, kept: list[ClientResult], failures: int, exchange: bool = True
+    ) -> dict:
+        """The round's record so far: clients kept and failed, bytes moved, ε, and (with
+        ``exchange``) the signal exchange's ingest of the kept uploads."""
         info = {
             "num_clients": len(kept),
             "failures": failures,
@@ -441,9 +315,9 @@ class FederatedStrategy(Strategy):
             "model_bytes_up": self.model_bytes * len(kept),
             **self._avail_info,
         }
-        if self.dp is not None:  # ε so far (updated in _average when this round releases)
+        if self.dp is not None:  # ε so far (updated by average_kept when this round releases)
             info.update(self.dp.accountant.record())
-        if self.exchange is not None:
+        if self.exchange is not None and exchange:
             info["signal_bytes_down"] = self.exchange.bytes_down_per_client(rnd) * len(
                 self._sampled
             )
@@ -473,62 +347,39 @@ class FederatedStrategy(Strategy):
             secagg_params=self.secagg_params if self.secagg else None,
         )
 
-    def _average(self, server_round: int, kept: list[ClientResult], info: dict) -> list:
-        """The clients' average: through Flower's DP wrapper (clip, average, noise; the
-        release is accounted in ``info``), SecAgg+'s unmasked average, or the uniform /
-        sample-weighted average (``server.weighting``)."""
-        if self.dp is not None:  # Flower's wrapper: clip (server mode), average, noise
-            average = self.dp.aggregate(
-                server_round, kept, secagg_active=len(kept) if self.secagg else 0
-            )
-            self.dp.accountant.record_release(self._sent)
-            info.update(self.dp.accountant.record())
-            return average
-        if self.secagg:  # every result holds the same unmasked SecAgg+ average
-            return [
-                np.asarray(a).astype(np.asarray(w).dtype)
-                for a, w in zip(kept[0].weights, self.weights)
-            ]
-        coefs = client_coefficients([r.num_examples for r in kept], self.weighting)
-        return weighted_average([r.weights for r in kept], coefs, self.kinds, self.average_dtype)
+    def _averaging(self) -> Averaging:
+        """How the round's average is taken (``strategies/averaging.py``)."""
+        plain = (self.kinds, self.weighting, self.average_dtype, self.average_workers)
+        return Averaging(*plain, dp=self.dp, secagg=self.secagg)
 
     def _client_eval_due(self, rnd: int) -> bool:
-        return (
-            self.per_client is not None
-            and self.evaluate_fn is not None
-            and client_eval_due(self.per_client[0], rnd, self.rounds)
-        )
+        return evaluation_due(self.per_client, self.evaluate_fn is not None, rnd, self.rounds)
 
     def configure_evaluate(self, server_round, parameters, client_manager):
         """Per-client evaluation when due (``strategies/client_evaluation.py``): the
         round's global model to the round's sampled partitions (or all, or as many
         unsampled), spread over the nodes; otherwise nothing (centralised evaluation only)."""
         rnd = self.run_round(server_round)
-        if self._deferred is None or not self._client_eval_due(rnd):
+        deferred = self._ends.deferred
+        if deferred is None or not self._client_eval_due(rnd):
             return []
         assert self.per_client is not None  # _client_eval_due
-        pids = evaluation_partitions(
-            self.per_client[1],
-            self.seed,
-            rnd,
-            self.num_clients,
-            self.clients_per_round,
-            self._sampled,
-        )
-        slots = self._slots(client_manager, len(pids))
-        send = self.transport.send(self._deferred[2]["weights"])
+        which, n, k = self.per_client[1], self.num_clients, self.clients_per_round
+        pids = evaluation_partitions(which, self.seed, rnd, n, k, self._sampled)
+        slots = client_slots(client_manager, len(pids), self.expected_nodes, self.node_wait_s)
+        send = self.transport.send(deferred[2]["weights"])
         return evaluate_instructions(slots, pids, send, rnd)
 
     def aggregate_evaluate(
         self, server_round: int, results: list, failures: list
     ) -> tuple[float | None, dict]:
         """Adds the per-client statistics to the round's record, then ends the round."""
-        if self._deferred is None:
+        if self._ends.deferred is None:
             return None, {}
         stats, loss = read_evaluations(self.run_round(server_round), results, failures)
-        rnd, due, state, info, start = self._deferred
-        self._deferred = None
-        self._end_round((rnd, due, state, {**info, **stats}, start))
+        rnd, due, state, info, start = self._ends.deferred
+        self._ends.deferred = None
+        self._ends.run(self._round_end_hooks(), (rnd, due, state, {**info, **stats}, start))
         return loss, {k: v for k, v in stats.items() if isinstance(v, (int, float))}
 
     def evaluate(self, server_round: int, parameters: Parameters):
@@ -545,9 +396,9 @@ class FederatedStrategy(Strategy):
             log.warning("round %d failed (model unchanged): %s", rnd, info["failure_reason"])
         job = (rnd, due, state, info, self._round_start)
         if self._client_eval_due(rnd):  # the record waits for aggregate_evaluate
-            self._deferred = job
+            self._ends.deferred = job
             return None
-        record = self._end_round(job)
+        record = self._ends.run(self._round_end_hooks(), job)
         if record is None or "test_loss" not in record:
             return None
         return record["test_loss"], {"accuracy": float(record.get("test_accuracy", 0.0))}
@@ -562,19 +413,7 @@ class FederatedStrategy(Strategy):
             never_trained=self.ledger.never_trained,
         )
 
-    def _end_round(self, job: tuple) -> dict | None:
-        """Run the round end ``job`` (``rnd, due, state, fit_info, round_start``:
-        :func:`~strategies.round_end.finish_round`) now, or in the background thread
-        (overlap; before the last round)."""
-        if self.overlap_evaluation and job[0] < self.rounds:
-            self._background.submit(self._round_end_hooks(), job)
-            return None  # Flower's own history only; the run's record comes from the thread
-        return finish_round(self._round_end_hooks(), *job)
-
     def drain(self) -> None:
         """Wait for the overlapped round end, if any (re-raising its error); a round end
         still waiting for a per-client evaluation that never came is done without it."""
-        self._background.wait()
-        deferred, self._deferred = self._deferred, None
-        if deferred is not None:
-            finish_round(self._round_end_hooks(), *deferred)
+        self._ends.drain(self._round_end_hooks())

@@ -14,7 +14,7 @@ import logging
 
 from flwr.common import EvaluateIns, Parameters
 
-from fedrcl_flwr.client_eval import assign, summarize, unsampled_partitions
+from fedrcl_flwr.client_eval import assign, due, summarize, unsampled_partitions
 from fedrcl_flwr.protocol import EvaluateInstructions, EvaluateReport
 from fedrcl_flwr.run.runtime import sample_partitions
 from strategies.screening import client_error_line
@@ -74,3 +74,11 @@ def read_evaluations(rnd: int, results: list, failures: list) -> tuple[dict, flo
     n = sum(c[1] for c in per.values())
     loss = sum(c[2] for c in per.values()) / n if n else None
     return stats, loss
+
+
+def evaluation_due(
+    per_client: tuple[int, str] | None, centralised: bool, rnd: int, rounds: int
+) -> bool:
+    """Is the per-client evaluation due in round ``rnd`` (``per_client``: ``(every,
+    which)`` or ``None``; only in a run with a centralised evaluation, ``centralised``)?"""
+    return per_client is not None and centralised and due(per_client[0], rnd, rounds)

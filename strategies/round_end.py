@@ -75,27 +75,39 @@ def finish_round(
     return record
 
 
-class BackgroundRoundEnd:
-    """One background thread for round ends (created on first use), one in flight."""
+class RoundEnds:
+    """A strategy's round ends: in line, or with ``overlap`` (before the last round) in
+    one background thread created on first use, one in flight; and the round end that
+    waits for the round's per-client evaluation (:attr:`deferred`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, overlap: bool) -> None:
+        self.overlap = overlap
+        self.deferred: tuple | None = None  # a round end awaiting per-client evaluation
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future | None = None
 
-    def submit(self, hooks: RoundEndHooks, job: tuple) -> None:
-        """Run :func:`finish_round` on ``job`` (``rnd, due, state, fit_info, round_start``)
-        in the thread. The round's time ends here, at the hand-over: its evaluation
+    def run(self, hooks: RoundEndHooks, job: tuple) -> dict | None:
+        """Run :func:`finish_round` on ``job`` (``rnd, due, state, fit_info,
+        round_start``) now, or in the background thread (then ``None``: the run's record
+        comes from the thread). The round's time ends at the hand-over: its evaluation
         overlaps the next round, whose own time already counts those seconds."""
+        rnd, due, state, fit_info, round_start = job
+        if not self.overlap or rnd >= hooks.rounds:
+            return finish_round(hooks, rnd, due, state, fit_info, round_start)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="fedrcl-round-end")
-        rnd, due, state, fit_info, round_start = job
         handed_over = time.time()
         self._pending = self._executor.submit(
             finish_round, hooks, rnd, due, state, fit_info, round_start, handed_over
         )
+        return None
 
-    def wait(self) -> None:
-        """Wait for the round end in flight, if any, re-raising its error."""
+    def drain(self, hooks: RoundEndHooks) -> None:
+        """Wait for the round end in flight, if any (re-raising its error); a round end
+        still waiting for a per-client evaluation that never came is done without it."""
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.result()
+        deferred, self.deferred = self.deferred, None
+        if deferred is not None:
+            finish_round(hooks, *deferred)

@@ -230,12 +230,14 @@ def failure_reason(
     return f"no result came back from the {sent} clients sent the model"
 
 
-def weight_store_note(reasons: list[str], rewritten: list[str]) -> dict:
+def weight_store_note(reasons: list[str], transport: Any) -> dict:
     """``{"weight_store": line}`` when the weight store cost this round something:
     results refused because an entry did not hash to its name (a client refusing the
     model it was sent, or the server refusing an upload), and a slot found damaged
-    when its model was sent again (``rewritten``, the transport's notes: sent in a new
-    slot, the damage costs no more than the round it happened in); else nothing."""
+    when its model was sent again (the ``ServerTransport``'s notes, ``rewritten``, taken:
+    sent in a new slot, the damage costs no more than the round it happened in); else
+    nothing."""
+    rewritten, transport.rewritten = transport.rewritten, []
     notes = []
     refused = sum(1 for r in reasons if "weight store entry" in r)
     if refused:

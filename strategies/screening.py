@@ -11,6 +11,7 @@ upload are :func:`fedrcl_flwr.server.aggregation.check_shapes` / ``check_update`
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,13 +20,9 @@ from flwr.common import FitRes
 
 from fedrcl_flwr.app.wire.transport import arrays_of, open_upload
 from fedrcl_flwr.protocol import FitReport, ProtocolError, untag_partition
-from fedrcl_flwr.server.aggregation import (
-    average_and_screen,
-    check_shapes,
-    check_update,
-    client_coefficients,
-)
+from fedrcl_flwr.server.aggregation import check_shapes, check_update
 from fedrcl_flwr.weight_store import StoreError
+from strategies.averaging import Averaging, checked_average
 
 log = logging.getLogger("fedrcl_flwr")
 
@@ -135,59 +132,22 @@ def screen(results: list, weights: list, reasons: list[str]) -> list[ClientResul
     return kept
 
 
-@dataclass(frozen=True)
-class Averaging:
-    """How the plain average is taken: the entries' kinds
-    (:func:`~fedrcl_flwr.server.aggregation.entry_kinds`), ``server.weighting``,
-    ``server.average_dtype`` and the threads for uploads inside the messages."""
-
-    kinds: list
-    weighting: str
-    dtype: str
-    workers: int
-
-
-def checked_average(kept: list[ClientResult], how: Averaging) -> tuple[list, bool]:
-    """``(average, finite)`` of the screened results, each upload read once for the hash,
-    the NaN/Inf screen and the average (:func:`average_and_screen`): uploads in the
-    weight store on one thread, each piece copied out of the store and hashed by its
-    upload's check as it is averaged; uploads inside the messages (the process's own
-    bytes) by ``how.workers`` threads."""
-    coefs = client_coefficients([r.num_examples for r in kept], how.weighting)
-    weights = [r.weights for r in kept]
-    checks = [r.hash_check for r in kept]
-    if any(c is not None for c in checks):
-
-        def take(i: int, j: int, start: int, stop: int) -> np.ndarray:
-            check = checks[i]
-            if check is None:  # bytes of the message
-                return weights[i][j].reshape(-1)[start:stop]
-            return check.take(j, start, stop)
-
-        return average_and_screen(weights, coefs, how.kinds, take, dtype=how.dtype)
-    return average_and_screen(weights, coefs, how.kinds, workers=how.workers, dtype=how.dtype)
-
-
 def verify(
-    kept: list[ClientResult],
-    reasons: list[str],
-    weights: list,
-    how: Averaging,
-    *,
-    dp: Any = None,
-    secagg: bool = False,
+    kept: list[ClientResult], reasons: list[str], weights: list, how: Averaging
 ) -> tuple[list[ClientResult], list | None]:
     """The screened results whose values are usable: an upload by reference hashes
-    to its name (:class:`~fedrcl_flwr.weight_store.HashCheck`), holds no NaN/Inf and
-    (client-side DP, ``dp`` a ``strategies.privacy.CentralDP``) is clipped; why each other
-    one is not goes to ``reasons``. Every value used is a value checked: with the plain
-    average (no DP, no SecAgg+) the uploads are read once (:func:`checked_average`), and
-    that average is returned when every upload passed (else ``None``). Otherwise (DP,
-    SecAgg+, a dropped upload) each upload in the store is read again as a checked copy
-    of its own (:func:`arrays_of`), which the checks, the DP wrapper and the strategy's
-    average then read."""
+        to its name (:class:`~fedrcl_flwr.weight_store.HashCheck`), holds no NaN/Inf and
+        (client-side DP, ``how.dp``) is clipped; why each other
+        one is not goes to ``reasons``. Every value used is a value checked: with the plain
+        average (no DP, no SecAgg+) the uploads are read once
+    (:func:`~strategies.averaging.checked_average`), and
+        that average is returned when every upload passed (else ``None``). Otherwise (DP,
+        SecAgg+, a dropped upload) each upload in the store is read again as a checked copy
+        of its own (:func:`arrays_of`), which the checks, the DP wrapper and the strategy's
+        average then read."""
     if not kept:
         return kept, None
+    dp, secagg = how.dp, how.secagg
     average, finite = None, False
     if dp is None and not secagg:
         average, finite = checked_average(kept, how)
@@ -234,6 +194,30 @@ def _recheck(
             continue
         good.append(r)
     return good
+
+
+def usable_results(
+    rnd: int,
+    results: list,
+    reasons: list[str],
+    weights: list,
+    how: Averaging,
+    release: Callable[[list], None],
+) -> tuple[list[ClientResult], list | None]:
+    """``(kept, average or None)`` of a round's ``results``, in order: :func:`screen`,
+    sort by partition id (order-independent arithmetic), :func:`verify`, ``release`` the
+    uploads' store entries (what :func:`screen` mapped stays readable), and with SecAgg+
+    :func:`discard_secagg_sum`; why each dropped result was unusable goes to ``reasons``
+    and to the log."""
+    kept = screen(results, weights, reasons)
+    kept.sort(key=lambda r: r.partition_id)  # order-independent arithmetic
+    kept, average = verify(kept, reasons, weights, how)
+    release(results)
+    if how.secagg and len(kept) < len(results):
+        kept = discard_secagg_sum(rnd, kept, len(results), reasons)
+    for r in reasons:
+        log.warning("round %d: dropped a client result (%s)", rnd, r)
+    return kept, average
 
 
 def discard_secagg_sum(
