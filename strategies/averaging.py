@@ -8,7 +8,7 @@ or SecAgg+'s unmasked average (:func:`average_kept`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -17,9 +17,6 @@ from fedrcl_flwr.server.aggregation import (
     client_coefficients,
     weighted_average,
 )
-
-if TYPE_CHECKING:
-    from strategies.screening import ClientResult
 
 
 @dataclass(frozen=True)
@@ -37,10 +34,11 @@ class Averaging:
     secagg: bool = False  # privacy.secagg: every result holds SecAgg+'s unmasked average
 
 
-def checked_average(kept: list[ClientResult], how: Averaging) -> tuple[list, bool]:
-    """``(average, finite)`` of the screened results, each upload read once for the hash,
-    the NaN/Inf screen and the average (:func:`average_and_screen`): uploads in the
-    weight store on one thread, each piece copied out of the store and hashed by its
+def checked_average(kept: list, how: Averaging) -> tuple[list, bool]:
+    """``(average, finite)`` of the screened results (``kept``: ``ClientResult`` s,
+    ``strategies/screening.py``, which imports this module), each upload read once for
+    the hash, the NaN/Inf screen and the average (:func:`average_and_screen`): uploads in
+    the weight store on one thread, each piece copied out of the store and hashed by its
     upload's check as it is averaged; uploads inside the messages (the process's own
     bytes) by ``how.workers`` threads."""
     coefs = client_coefficients([r.num_examples for r in kept], how.weighting)
@@ -60,7 +58,7 @@ def checked_average(kept: list[ClientResult], how: Averaging) -> tuple[list, boo
 
 def average_kept(
     server_round: int,
-    kept: list[ClientResult],
+    kept: list,
     weights: list,
     how: Averaging,
     info: dict,

@@ -10,12 +10,9 @@ an overlapped round end still writes the checkpoint (``strategies/round_end.py``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from strategies.base import FederatedStrategy
 
 
 def copy_arrays(arrays: list) -> list:
@@ -32,9 +29,10 @@ def new_buffer(weights: list, kinds: list, fill: float) -> list:
     ]
 
 
-def strategy_state(strategy: FederatedStrategy) -> dict:
-    """The strategy's state for a checkpoint (copies; partition ids as text, a
-    checkpoint's dict keys)."""
+def strategy_state(strategy: Any) -> dict:
+    """The state of ``strategy`` (a ``strategies.base.FederatedStrategy``, which imports
+    this module) for a checkpoint (copies; partition ids as text, a checkpoint's dict
+    keys)."""
     ledger = strategy.ledger
     state = {
         "weights": copy_arrays(strategy.weights),
@@ -52,7 +50,7 @@ def strategy_state(strategy: FederatedStrategy) -> dict:
     return state
 
 
-def load_strategy_state(strategy: FederatedStrategy, state: dict) -> None:
+def load_strategy_state(strategy: Any, state: dict) -> None:
     """Restore :func:`strategy_state`'s ``state`` into ``strategy``. Checkpoints written
     before a key existed: trained (``rounds_trained`` 1), per-client counts from the
     resumed round on. A run with ``privacy.dp`` refuses a checkpoint without the
