@@ -123,7 +123,7 @@ class WireClient(Client):
         try:
             return self._fit(client, ins)
         except Exception as exc:
-            # the server counts each client's failures (strategies/base.py: client_failure)
+            # the server counts each client's failures (strategies/screening.py: client_failure)
             if client.partition_id >= 0 and not hasattr(exc, "partition_id"):
                 try:
                     exc.partition_id = client.partition_id  # type: ignore[attr-defined]

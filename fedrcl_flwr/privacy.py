@@ -165,6 +165,15 @@ def secagg_setup(num_shares: int | float, threshold: int | float, num_samples: i
     return {"shares": shares, "threshold": thr, "neighbours": neighbours, "reason": reason}
 
 
+def secagg_upload_bytes(weights: list) -> int:
+    """Bytes one client uploads under SecAgg+: Flower's masked vector, every entry of
+    every array quantised, masked and sent as an int64, plus the int64 weight factor (flwr
+    ``secaggplus_mod._collect_masked_vectors``: quantize -> factor_combine -> masks ->
+    parameters_mod); the key and share exchange of the protocol's other stages is not
+    counted."""
+    return 8 * (1 + int(sum(np.asarray(w).size for w in weights)))
+
+
 def check_secagg_plan(cfg) -> None:
     """SecAgg+ parameters that can never run a round with the configured clients per
     round (a ``ConfigError`` naming the key): ``privacy.secagg_num_shares`` above the
@@ -172,7 +181,7 @@ def check_secagg_plan(cfg) -> None:
     ``privacy.secagg_threshold`` that Flower's setup (:func:`secagg_setup`) finds
     unreachable even when every sampled client answers. Fewer clients than sampled
     (``federation.availability``) are a run-time matter: such a round fails, recorded
-    with its reason (``strategies/base.py``)."""
+    with its reason (``strategies/round_records.py``)."""
     from fedrcl_flwr.errors import ConfigError
 
     p = cfg.privacy

@@ -20,7 +20,7 @@ import numpy as np
 
 from fedrcl_flwr.components import between, non_negative
 from fedrcl_flwr.protocol import StrategyParams
-from strategies.base import FederatedStrategy
+from strategies.server_optimizer import ServerOptimizer
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class FedACGParams(StrategyParams):
     acg_beta: float
 
 
-class FedACG(FederatedStrategy):
+class FedACG(ServerOptimizer):
     name = "fedacg"
     defaults = {"lam": 0.85, "beta": 0.001}
     rules = {"lam": between(0, 1, hi_open=True), "beta": non_negative()}
@@ -57,11 +57,11 @@ class FedACG(FederatedStrategy):
         beta = ins.strategy_params(FedACGParams).acg_beta
         return [client.distance_to_received_term("acg", beta)]
 
-    def server_update(self, run_round, average, results):
-        lam = float(self.p["lam"])
-        sent = self.lookahead()
-        for j, kind in enumerate(self.kinds):
-            if kind == "param":
-                delta = average[j].astype(np.float64) - sent[j].astype(np.float64)
-                self.m_buf[j] = lam * self.m_buf[j] + delta
-        self.weights = average
+    def reference(self):
+        """Δ_t is measured from the look-ahead model w̃_t the clients started from."""
+        return self.lookahead()
+
+    def step(self, j, w, a, delta):
+        """M_t = λ·M_{t−1} + Δ_t;  w_t = w_{t−1} + M_t, which is the average itself."""
+        self.m_buf[j] = float(self.p["lam"]) * self.m_buf[j] + delta
+        return a

@@ -20,10 +20,10 @@ from __future__ import annotations
 import numpy as np
 
 from fedrcl_flwr.components import between, positive
-from strategies.base import FederatedStrategy
+from strategies.server_optimizer import ServerOptimizer
 
 
-class FedAdam(FederatedStrategy):
+class FedAdam(ServerOptimizer):
     name = "fedadam"
     defaults = {
         "server_lr": 0.01,
@@ -47,7 +47,8 @@ class FedAdam(FederatedStrategy):
             return float(self.p["tau"]) ** 2
         return 0.0
 
-    def server_update(self, run_round, average, results):
+    def step(self, j, w, a, delta):
+        """m_t, v_t (the module doc) and w_t = w_{t−1} + η·m_t / (sqrt(v_t) + τ)."""
         p = self.p
         b1, b2, tau, lr = (
             float(p["beta1"]),
@@ -55,14 +56,7 @@ class FedAdam(FederatedStrategy):
             float(p["tau"]),
             float(p["server_lr"]),
         )
-        new = []
-        for j, (w, a, kind) in enumerate(zip(self.weights, average, self.kinds)):
-            if kind != "param":
-                new.append(a)
-                continue
-            w64 = w.astype(np.float64)
-            delta = a.astype(np.float64) - w64
-            self.m[j] = b1 * self.m[j] + (1 - b1) * delta
-            self.v[j] = b2 * self.v[j] + (1 - b2) * delta * delta
-            new.append((w64 + lr * self.m[j] / (np.sqrt(self.v[j]) + tau)).astype(w.dtype))
-        self.weights = new
+        self.m[j] = b1 * self.m[j] + (1 - b1) * delta
+        self.v[j] = b2 * self.v[j] + (1 - b2) * delta * delta
+        w64 = w.astype(np.float64)
+        return (w64 + lr * self.m[j] / (np.sqrt(self.v[j]) + tau)).astype(w.dtype)

@@ -13,23 +13,17 @@ from __future__ import annotations
 import numpy as np
 
 from fedrcl_flwr.components import between, positive
-from strategies.base import FederatedStrategy
+from strategies.server_optimizer import ServerOptimizer
 
 
-class FedAvgM(FederatedStrategy):
+class FedAvgM(ServerOptimizer):
     name = "fedavgm"
     defaults = {"momentum": 0.4, "server_lr": 1.0}
     rules = {"momentum": between(0, 1, hi_open=True), "server_lr": positive()}
     buffers = ("m_buf",)
 
-    def server_update(self, run_round, average, results):
+    def step(self, j, w, a, delta):
+        """M_t = m·M_{t−1} + Δ_t;  w_t = w_{t−1} + η·M_t."""
         m, lr = float(self.p["momentum"]), float(self.p["server_lr"])
-        new = []
-        for j, (w, a, kind) in enumerate(zip(self.weights, average, self.kinds)):
-            if kind != "param":
-                new.append(a)
-                continue
-            delta = a.astype(np.float64) - w.astype(np.float64)
-            self.m_buf[j] = m * self.m_buf[j] + delta
-            new.append((w.astype(np.float64) + lr * self.m_buf[j]).astype(w.dtype))
-        self.weights = new
+        self.m_buf[j] = m * self.m_buf[j] + delta
+        return (w.astype(np.float64) + lr * self.m_buf[j]).astype(w.dtype)

@@ -24,7 +24,7 @@ import numpy as np
 
 from fedrcl_flwr.components import positive
 from fedrcl_flwr.protocol import StrategyParams
-from strategies.base import FederatedStrategy
+from strategies.server_optimizer import ServerOptimizer
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class FedDynParams(StrategyParams):
     feddyn_alpha: float
 
 
-class FedDyn(FederatedStrategy):
+class FedDyn(ServerOptimizer):
     name = "feddyn"
     defaults = {"alpha": 0.1}
     rules = {"alpha": positive()}
@@ -46,16 +46,16 @@ class FedDyn(FederatedStrategy):
 
     def server_update(self, run_round, average, results):
         """h and θ^t from the average of the |P_t| = ``len(results)`` kept clients."""
-        prev = self.weights
-        alpha, frac = float(self.p["alpha"]), len(results) / float(self.num_clients)
-        new = []
-        for j, kind in enumerate(self.kinds):
-            if kind != "param":
-                new.append(average[j])
-                continue
-            avg = average[j].astype(np.float64)
-            self.h[j] = self.h[j] - alpha * frac * (avg - prev[j].astype(np.float64))
-            new.append((avg - self.h[j] / alpha).astype(average[j].dtype))
-        self.weights = new
+        self.kept_fraction = len(results) / float(self.num_clients)  # |P_t| / m
+        return super().server_update(run_round, average, results)
+
+    def step(self, j, w, a, delta):
+        """h^t = h^{t−1} − α·(|P_t|/m)·Δ_t;  θ^t = avg − h^t/α (Δ_t = avg − θ^{t−1})."""
+        alpha = float(self.p["alpha"])
+        self.h[j] = self.h[j] - alpha * self.kept_fraction * delta
+        return (a.astype(np.float64) - self.h[j] / alpha).astype(a.dtype)
+
+    def round_metrics(self, results):
+        """``feddyn_h_norm``: ‖h^t‖ over the trainable parameters."""
         h_norm = float(np.sqrt(sum(float((h**2).sum()) for h in self.h if h is not None)))
         return {"feddyn_h_norm": h_norm}

@@ -153,7 +153,7 @@ class CentralDP:
         return None
 
     def aggregate(self, server_round: int, kept: list, secagg_active: int = 0) -> list:
-        """The noised average of the round's kept results (``strategies.base.ClientResult``;
+        """The noised average of the round's kept results (``strategies.screening.ClientResult``;
         Flower's wrapper gets their ``FitRes``: clipping in server mode, then
         :class:`AveragingStep`, then noise)."""
         self.step.secagg_active = int(secagg_active)
@@ -164,3 +164,21 @@ class CentralDP:
         if params is None:
             raise RuntimeError(f"round {server_round}: the DP wrapper aggregated no result")
         return parameters_to_ndarrays(params)
+
+
+def privacy_settings(owner, privacy) -> tuple[bool, tuple[int, int] | None, CentralDP | None]:
+    """``(secagg, secagg_params, dp)`` of a strategy (``owner``) from ``privacy`` (a
+    ``fedrcl_flwr.config.PrivacyConfig`` or ``None``: off): SecAgg+ results (the
+    ServerApp's workflow unmasks them) with ``(num_shares, threshold)``, and central DP
+    through Flower's wrappers (:class:`CentralDP`) or ``None``."""
+    secagg = bool(privacy is not None and privacy.secagg)
+    params = (privacy.secagg_num_shares, privacy.secagg_threshold) if secagg else None
+    dp = None
+    if privacy is not None and privacy.dp is not None:
+        dp = CentralDP(
+            owner,
+            privacy.dp,
+            num_sampled=owner.clients_per_round,
+            num_clients=owner.num_clients,
+        )
+    return secagg, params, dp

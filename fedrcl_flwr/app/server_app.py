@@ -35,7 +35,7 @@ from fedrcl_flwr.run.results import (
     shows_ema,
 )
 from strategies import strategy_class
-from strategies.base import failure_counts
+from strategies.round_records import failure_counts
 
 # when this module (torch, Flower, the project) finished importing: the start-up breakdown
 # of ``benchmarks/bench_regimes.py`` (event ``serverapp_start``)

@@ -207,7 +207,7 @@ def format_round_line(
         parts.append(f"dropped {rec['dropped']}")
     if rec.get("failures"):
         parts.append(f"failures {rec['failures']}")
-    if rec.get("weight_store"):  # strategies/base.py: what the weight store cost the round
+    if rec.get("weight_store"):  # strategies/round_records.py: what the weight store cost the round
         parts.append(f"weight store: {rec['weight_store']}")
     why = rec.get("failure_reason")
     if rec.get("round_failed") or (rec.get("failures") and not rec.get("num_clients")):
@@ -382,7 +382,7 @@ class RunRecorder:
         self.ema_factor = ema_factor  # evaluation.ema, for ema@ROUND_domain_mean
         self.records: list[dict] = []
         # per partition id (text) that failed in some round: {"failed", "rounds",
-        # "first_error"} (strategies/base.py: failure_counts), set before finish()
+        # "first_error"} (strategies/round_records.py: failure_counts), set before finish()
         self.client_failures: dict[str, dict] = {}
 
     @property

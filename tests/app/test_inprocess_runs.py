@@ -76,7 +76,7 @@ def test_faulty_clients_are_dropped_and_counted(tiny, tmp_path, mode):
 
 
 def test_all_failed_round_keeps_model_then_aborts(tiny, tmp_path):
-    from strategies.base import AllClientsFailed
+    from strategies.round_records import AllClientsFailed
 
     cfg = tiny(
         client={"method": "faulty", "params": {"mode": "raise"}},
@@ -195,10 +195,12 @@ def test_round_time_leaves_out_an_evaluation_that_overlaps_the_next_round(
     evaluation is handed to the background thread, so an evaluation counts in the round
     it overlaps, once: the rounds' times add up to the run's."""
     import strategies.base as base
+    import strategies.round_end as round_end
     from fedrcl_flwr.app.server_app import build_server
 
     clock = _JumpingClock()
-    monkeypatch.setattr(base, "time", clock)
+    monkeypatch.setattr(base, "time", clock)  # the round's start
+    monkeypatch.setattr(round_end, "time", clock)  # its end and the hand-over
     cfg = tiny(federation={"rounds": 3})
     build = build_server
 

@@ -169,7 +169,8 @@ def _old_path(monkeypatch):
     """The message path before the cuts: Flower's NumPyClient wrapper (its encoding),
     Flower's decoding on the server, the unbuffered averaging formula, every process
     drawing its own partitions."""
-    import strategies.base as sb
+    import strategies.averaging as averaging
+    import strategies.screening as screening
     from clients.base import FederatedClient
     from fedrcl_flwr.app.wire import transport
     from fedrcl_flwr.data import cache
@@ -193,7 +194,7 @@ def _old_path(monkeypatch):
     # simulation.transport is flower: fedrcl_flwr/app/wire/transport.py sends bytes)
     monkeypatch.setattr(transport, "to_bytes", ndarrays_to_parameters)
     monkeypatch.setattr(
-        sb,
+        screening,
         "open_upload",
         lambda params: (
             parameters_to_ndarrays(
@@ -204,10 +205,10 @@ def _old_path(monkeypatch):
             None,
         ),
     )
-    monkeypatch.setattr(sb, "weighted_average", average)
+    monkeypatch.setattr(averaging, "weighted_average", average)
     # the screen's NaN/Inf check on each upload, then the formula
     monkeypatch.setattr(
-        sb,
+        averaging,
         "average_and_screen",
         lambda w, c, k, take=None, workers=1, dtype="float64": (average(w, c, k, dtype), False),
     )

@@ -173,6 +173,7 @@ def test_a_damaged_upload_is_dropped_with_the_reason(store, tmp_path):
         transport.arrays_of(params)
     res = FitRes(Status(Code.OK, ""), params, 1, {})
     from strategies.base import FederatedStrategy
+    from strategies.screening import screen
 
     st = FederatedStrategy(
         initial_weights=ARRAYS[:1],
@@ -185,7 +186,7 @@ def test_a_damaged_upload_is_dropped_with_the_reason(store, tmp_path):
     from fedrcl_flwr.protocol import FitReport
 
     res.metrics = FitReport(partition_id=0, train_loss=0.1).to_metrics()
-    assert st._screen([(None, res)], reasons) == []
+    assert screen([(None, res)], st.weights, reasons) == []
     assert "undecodable parameters (weight store entry" in reasons[0], reasons
 
 

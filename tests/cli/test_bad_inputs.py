@@ -648,7 +648,7 @@ def test_resume_incompatibility_is_found_before_anything_changes(resumable, caps
 def test_run_where_no_client_ever_trained_fails_with_the_first_client_error(tmp_path):
     from fedrcl_flwr.app.inprocess import run_inprocess
     from fedrcl_flwr.run.results import read_metrics
-    from strategies.base import AllClientsFailed
+    from strategies.round_records import AllClientsFailed
 
     cfg = config_from_dict(
         dict(
@@ -706,7 +706,7 @@ def test_run_where_no_client_ever_trained_fails_with_the_first_client_error(tmp_
     ],
 )
 def test_client_error_line(failure, line):
-    from strategies.base import client_error_line
+    from strategies.screening import client_error_line
 
     assert client_error_line(failure) == line
 

@@ -59,10 +59,6 @@ ALLOWED: dict[str, str] = {
     "method fedccl: docstring: dataset_pixel_stats's": "no equation: it reads (mean, std)",
     # Tested with the authors' split it was added for, not in tests/models/.
     "model resnet10_bn: test:": "tests/datasets/test_authors_rethinkfl.py builds and checks it",
-    # A gap: FedDyn's server rule (Acar et al., Alg. 1: h and the corrected average) has no
-    # hand-computed two-round test; tests/clients/test_baselines.py checks the client side
-    # and that h moves (feddyn_h_norm > 0), tests/strategies/test_privacy.py its inputs.
-    "strategy feddyn: closed-form test:": "no hand-computed server rounds yet",
 }
 
 #: A docstring that cites: a paper's equation / algorithm, or the authors' code.

@@ -135,7 +135,7 @@ def test_malformed_fit_report_drops_the_result_not_the_round():
     out, _ = st.aggregate_fit(1, [bad, good], [])
     np.testing.assert_allclose(parameters_to_ndarrays(out)[0], [2.0, 4.0])
     assert st._fit_info["num_clients"] == 1 and st._fit_info["failures"] == 1
-    assert "malformed fit report" in st.first_client_error
+    assert "malformed fit report" in st.ledger.first_client_error
 
 
 def test_server_update_receives_the_rounds_kept_results():

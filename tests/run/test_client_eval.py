@@ -140,7 +140,7 @@ def test_per_client_accuracy_of_a_constant_model(tiny, tmp_path, source, clients
     strategy.weights = _constant_class0_weights(cfg)
     strategy._sampled = [1, 6]
     strategy._fit_info = {"num_clients": 2}
-    strategy.rounds_trained = 1  # the fits are not this test's: a round trained
+    strategy.ledger.rounds_trained = 1  # the fits are not this test's: a round trained
     assert strategy.evaluate(1, None) is None  # waits for the per-client evaluation
     from clients.fedavg import FedAvgClient
 
@@ -253,7 +253,7 @@ def test_missing_evaluation_replies_do_not_lose_the_record(tiny, tmp_path):
     )
     strategy, _ = build_server(cfg, tmp_path / "run")
     strategy._sampled, strategy._fit_info = [0, 1], {}
-    strategy.rounds_trained = 1  # the fits are not this test's: a round trained
+    strategy.ledger.rounds_trained = 1  # the fits are not this test's: a round trained
     strategy.evaluate(1, None)
     strategy.aggregate_evaluate(1, [], [RuntimeError("gone"), RuntimeError("gone")])
     rec = read_metrics(tmp_path / "run")[0]

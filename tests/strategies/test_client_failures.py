@@ -111,7 +111,7 @@ def test_counts_per_partition_over_rounds():
     it was sampled is named; an unusable result counts like an error."""
     from fedrcl_flwr.run.results import always_failing
     from fedrcl_flwr.run.runtime import sample_partitions
-    from strategies.base import failure_counts
+    from strategies.round_records import failure_counts
 
     w = [np.zeros(3, np.float32)]
     s = make_strategy(w, num_clients=10, clients_per_round=3, rounds=3)
@@ -148,7 +148,7 @@ def test_counts_per_partition_over_rounds():
 def test_a_client_without_a_reply_is_the_partition_without_a_result():
     """Flower's timeout gives ``ValueError("Expected one Message but got: 0")``, no
     partition: the sampled partition that sent nothing back failed, in the run's words."""
-    from strategies.base import failure_counts
+    from strategies.round_records import failure_counts
 
     w = [np.zeros(3, np.float32)]
     s = make_strategy(w, num_clients=3, clients_per_round=3, rounds=2, round_timeout_s=30.0)
@@ -169,7 +169,7 @@ def test_a_client_without_a_reply_is_the_partition_without_a_result():
 
 
 def test_every_client_timed_out_is_said_in_the_runs_words():
-    from strategies.base import failure_counts
+    from strategies.round_records import failure_counts
 
     w = [np.zeros(3, np.float32)]
     s = make_strategy(
@@ -198,7 +198,7 @@ def test_every_client_timed_out_is_said_in_the_runs_words():
     ],
 )
 def test_client_failure_reads_the_partition(make, pid, line):
-    from strategies.base import client_error_line, client_failure
+    from strategies.screening import client_error_line, client_failure
 
     assert client_failure(make()) == (pid, line)
     assert client_error_line(make()) == line  # the round's error line: without the tag

@@ -162,7 +162,7 @@ def test_failed_round_is_recorded_even_when_not_evaluated(tiny, tmp_path):
 
 def test_run_where_every_round_dropped_fails_with_the_reason(tiny, tmp_path):
     from fedrcl_flwr.app.inprocess import run_inprocess
-    from strategies.base import AllClientsFailed
+    from strategies.round_records import AllClientsFailed
 
     cfg = tiny(federation={"rounds": 2, "availability": {"dropout": 0.999}})
     with pytest.raises(AllClientsFailed) as ei:
@@ -227,7 +227,7 @@ def test_secagg_with_dropout_trains_nothing_and_fails_with_reasons(tiny, tmp_pat
     rounds are failed with the reason and the run fails. Before the fix: 'clients 0,
     failures 0' on each line and a finished run."""
     from fedrcl_flwr.app.inprocess import run_inprocess
-    from strategies.base import AllClientsFailed
+    from strategies.round_records import AllClientsFailed
 
     cfg = tiny(federation={"rounds": 2, "availability": {"dropout": 0.9}}, privacy={"secagg": True})
     with pytest.raises(AllClientsFailed) as ei:

@@ -8,7 +8,7 @@ from helpers import make_strategy as make
 
 from fedrcl_flwr.run.runtime import sample_partitions
 from fedrcl_flwr.server.aggregation import client_coefficients, entry_kinds, weighted_average
-from strategies.base import AllClientsFailed
+from strategies.round_records import AllClientsFailed
 
 
 def test_uniform_and_weighted_average_by_hand():

@@ -92,6 +92,23 @@ def test_fedacg_lookahead_and_update():
     np.testing.assert_allclose(parameters_to_ndarrays(ins[0][1].parameters)[0], [2.85])
 
 
+def test_feddyn_two_rounds():
+    """Acar et al. Alg. 1 by hand, α = 0.5, m = 4 clients: h -= α·(|P|/m)·(avg − θ),
+    θ = avg − h/α."""
+    st = make("feddyn", [np.array([1.0, 2.0])], alpha=0.5)
+    # round 1, |P| = 2: avg [2,2], Δ = [1,0], h = -0.5*0.5*[1,0] = [-0.25,0], θ = [2.5,2]
+    w = step(st, 1, [np.array([2.0, 1.0])], [np.array([2.0, 3.0])])
+    np.testing.assert_allclose(w[0], [2.5, 2.0], rtol=1e-12)
+    np.testing.assert_allclose(st.h[0], [-0.25, 0.0], rtol=1e-12)
+    # round 2, |P| = 1: avg [2,4], Δ = [-0.5,2], h = [-0.25,0] - 0.5*0.25*[-0.5,2]
+    # = [-0.1875,-0.25], θ = [2,4] + [0.375,0.5] = [2.375,4.5]
+    st.configure_fit(2, None, FakeManager(4))
+    out, _ = st.aggregate_fit(2, [fit_result([np.array([2.0, 4.0])])], [])
+    np.testing.assert_allclose(parameters_to_ndarrays(out)[0], [2.375, 4.5], rtol=1e-12)
+    # the record's ‖h‖ = sqrt(0.1875² + 0.25²) = 0.3125
+    assert st._fit_info["feddyn_h_norm"] == pytest.approx(0.3125, rel=1e-12)
+
+
 class BNNet(torch.nn.Module):
     def __init__(self):
         super().__init__()
