@@ -1,4 +1,4 @@
-"""The FedRCL authors' protocol constants (issue 13 §3), each a parameter checked by its
+"""The FedRCL authors' protocol constants, each a parameter checked by its
 arithmetic: FedProx weight, FedNTD CE weight, FedAdam's τ² second moment, the rotation
 augmentation, the in-round lr decay and the PyTorch-default initialisation."""
 

@@ -1,5 +1,5 @@
-"""FPL's code (WenkeHuang/RethinkFL @ 74201b3) as its trainer runs it, against ours
-(issue 34): the Digits and Office-Caltech domain-skew splits client for client, the
+"""FPL's code (WenkeHuang/RethinkFL @ 74201b3) as its trainer runs it, against ours:
+the Digits and Office-Caltech domain-skew splits client for client, the
 Office-Caltech train / test rule, FPL's loss and its FINCH server step.
 
 The references are independent transliterations of their files, written the way they

@@ -179,7 +179,7 @@ def test_a_run_whose_cli_and_watchdog_were_killed_is_reaped_by_the_next(tmp_path
 
 
 def test_secagg_run_whose_clients_all_drop_out_exits_1_with_the_reasons(tmp_path):
-    """Issue 31, bad item 2, through the real CLI: SecAgg+ with dropout 0.9 (6 clients, 3
+    """SecAgg+ with dropout 0.9 (6 clients, 3
     sampled per round): no round keeps 2 clients, every round is shown and recorded as
     failed with its reason, and the run that trained nothing exits 1 with one line, however
     Flower's SecAgg+ workflow ends each round (it used to end 'done' with exit 0)."""

@@ -103,7 +103,7 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path):
         timeout=600,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    # issue 33: it says from which round it goes on, and prints exactly those rounds
+    # it says from which round it goes on, and prints exactly those rounds
     resumed = f"resuming {cut.resolve()} from its checkpoint at round {ckpt}: rounds {ckpt + 1}..6"
     assert resumed in res.stdout, res.stdout
     printed = [ln.split()[1] for ln in res.stdout.splitlines() if ln.startswith("round ")]

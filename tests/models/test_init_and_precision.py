@@ -1,4 +1,4 @@
-"""Model initialisation and mixed precision as the FedRCL authors ran (issue 20 §3).
+"""Model initialisation and mixed precision as the FedRCL authors ran.
 
 * Table C: each backbone starts as the authors' ``models/`` start it: VGG9_base's
   ``normal(0, sqrt(2 / (k*k*C_out)))`` convolutions with zero bias (``init: model``), the

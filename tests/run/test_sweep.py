@@ -119,7 +119,7 @@ def test_several_bases_are_a_setting_axis(tmp_path):
 
 
 def test_run_names_are_stable_when_the_sweep_grows(tmp_path):
-    """Issue #25: names came from whatever varied, so adding one setting renamed every
+    """Names came from whatever varied, so adding one setting renamed every
     run and recomputed the finished ones. A name is the label / method, the seed and a
     hash of the run's own experiment: adding a setting, a method or a seed keeps them."""
     from fedrcl_flwr.launch.plan import experiment_hash
@@ -491,7 +491,7 @@ def test_paper_sweep_expands_validates_and_finds_its_paper_values(path, capsys):
         }
         assert {(c.federation.rounds, c.federation.num_clients) for c in by.values()} == {(25, 4)}
         return
-    if path.stem == "research_features":  # issue 22's features on synthetic data, no paper
+    if path.stem == "research_features":  # the features on synthetic data, no paper
         assert all(r.cfg.dataset.name == "synthetic" for r in runs)
         assert {r.cfg.output.tracker_group for r in runs} == {"research_features"}
         by = {r.cfg.label: r.cfg for r in runs}
@@ -542,7 +542,7 @@ def test_resource_errors_stop_the_sweep_up_front(tmp_path):
 
 
 def test_eta_comes_from_rounds_of_the_runs_in_flight():
-    """Issue #25: 16 runs x 30 rounds, 2 at a time, ~20 s start-up and ~1 s rounds: the
+    """16 runs x 30 rounds, 2 at a time, ~20 s start-up and ~1 s rounds: the
     old estimate (elapsed / rounds done x rounds left) said 4 h 17 min after the first
     rounds; from the measured round time and overheads it is the sweep's real length."""
     from fedrcl_flwr.launch.sweep import SweepEta, _fmt_eta

@@ -1,4 +1,4 @@
-"""Issue 31: every run that trains nothing says so. A round in which no client's update
+"""Every run that trains nothing says so. A round in which no client's update
 reached the model is recorded as failed with its reason (evaluated or not), a run in which
 no round trained fails, SecAgg+ parameters that halt every round are refused before the
 run (checked against Flower 1.42's own setup stage), and ``simulation.ray_address: auto``

@@ -353,7 +353,7 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     runs SecAgg+ with client-side DP, the ClientApps' mods mask and clip, the ServerApp
     process logs to MLflow (file store) and W&B (offline); nothing is left running. Round 1
     has one reporting client (the two others drop out): SecAgg+ cannot run it, and the
-    round is recorded and shown as failed with its reason (issue 31); round 2 trains. The
+    round is recorded and shown as failed with its reason; round 2 trains. The
     data are CIFAR-10 files in the distributed on-disk format (tests/datasets/test_real_formats.py
     writes them): the real loader runs inside Flower's worker processes."""
     import json
