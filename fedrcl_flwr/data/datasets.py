@@ -1143,7 +1143,7 @@ SOURCES: dict[str, DataSource] = {
     "digit5": DataSource(_read_digit5, AugmentSpec(2, False)),
     # your own arrays: nothing is assumed about them (digits, text, medical images, ...:
     # a horizontal flip is wrong for most that are not natural photographs); opt in with
-    # dataset.crop_pad / dataset.flip / dataset.rotation (issue #25)
+    # dataset.crop_pad / dataset.flip / dataset.rotation
     "npz": DataSource(_read_npz, AugmentSpec(0, False)),
     # your data, like npz: opt in to augmentation
     "hf_disk": DataSource(_read_hf_disk, AugmentSpec(0, False), key_fields=_hf_columns_key),
