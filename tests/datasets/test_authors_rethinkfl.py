@@ -525,6 +525,7 @@ def test_resnet10_bn_shapes_and_width():
 # ------------------------------------------------------------- FPL's prototype source
 
 
+@pytest.mark.integration
 def test_fpl_last_epoch_prototypes_are_the_last_epochs_features(tiny, tmp_path, monkeypatch):
     """proto_source last_epoch: the class means come from exactly one pass (the last of
     two local epochs) over the client's training samples, training-mode features of the

@@ -64,6 +64,7 @@ def test_table_c_models_start_as_the_authors_models(path):
         assert cfg.model.init == "pytorch"
 
 
+@pytest.mark.integration
 def test_fp16_is_a_fresh_grad_scaler_every_client_round(tiny, tmp_path, monkeypatch):
     import fedrcl_flwr.accel as accel
     from fedrcl_flwr.app.inprocess import run_inprocess
