@@ -1,4 +1,4 @@
-"""Issue 30, item 3: what a private Ray without the processes a simulation does not need
+"""What a private Ray without the processes a simulation does not need
 would save at start-up.
 
 Flower's Ray backend starts the node itself (``ray.init`` with ``include_dashboard=False``;

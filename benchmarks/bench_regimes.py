@@ -1,4 +1,4 @@
-"""Cost of a run against the cost of its training, in three regimes (issues #16, #24).
+"""Cost of a run against the cost of its training, in three regimes.
 
 For each regime, the same experiment runs twice, each as a whole fresh process with the
 dataset cache warm: ``fedrcl-flwr run`` (Flower's runtime: SuperLink, Ray, one one-thread
@@ -17,7 +17,7 @@ from round 3 on (round 2 on for runs of 3-4 rounds): round 1 pays Ray's actor st
 Its *start-up* is process start to round 1's start. One line per (regime, rounds,
 transport) ends in ``steady sim/bare = X.XX``; the quickstart's lines also give the
 whole-run ratio. ``--transport shared|flower|both`` (default both): the Flower run's
-``simulation.transport`` (issue 30: weights by reference to the run's store, or inside
+``simulation.transport`` (weights by reference to the run's store, or inside
 Flower's messages); both are compared with the same in-process run (its weights through
 the codec, as before). A summary table ends the output.
 
@@ -319,7 +319,7 @@ def steady_round(out_dir: Path) -> float:
 def measure_bare(
     regime: Regime, rounds: int, exp: Path, env: dict, work: Path, marker: str, extra: list[str]
 ) -> dict:
-    """The in-process runner (its weights through the codec, as before issue 30:
+    """The in-process runner (its weights through the codec, as with
     ``simulation.transport=flower``; the baseline does not move with the transport)."""
     sets = [f"federation.rounds={rounds}", "output.checkpoint_every=0", *regime.sets, *extra]
     out_a = work / f"{regime.name}-{rounds}-bare"
@@ -815,7 +815,7 @@ def main() -> int:
         "--transport",
         choices=["shared", "flower", "both"],
         default="both",
-        help="simulation.transport of the Flower runs (issue 30): weights by reference "
+        help="simulation.transport of the Flower runs: weights by reference "
         "(shared), inside Flower's messages (flower) or each (both; the same in-process "
         "baseline for both)",
     )

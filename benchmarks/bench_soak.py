@@ -1,4 +1,4 @@
-"""Soak benchmark: one long tiny run, watched for memory and round-time growth (issue 31).
+"""Soak benchmark: one long tiny run, watched for memory and round-time growth.
 
 A real ``fedrcl-flwr run`` (Flower's simulation: SuperLink, simulation process, Ray) of
 ``--rounds`` rounds (default 1,000), 5 of 100 clients per round, evaluated every

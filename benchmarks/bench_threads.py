@@ -1,8 +1,8 @@
-"""Issue 30: how fast one client trains on one thread, on two, and on one thread beside a
+"""How fast one client trains on one thread, on two, and on one thread beside a
 second training process: the yardstick of the cross-device goal.
 
 The goal "cross-device steady round <= 0.80x the in-process runner's" assumed a 5-step
-client trains ~1.5-1.8x faster on two threads than on one (issue 24's figures: ~95 ms
+client trains ~1.5-1.8x faster on two threads than on one (measured: ~95 ms
 against 137-169 ms), so that two one-thread actors would beat the two-thread sequential
 runner by ~25 %. This measures that premise on the machine at hand, with the cross-device
 regime's client (``cnn5``, 32x32x3 images, batch 10, 5 SGD steps, ``bench_regimes.py

@@ -18,7 +18,7 @@ The model: UniVarFL Sec. 4 ("consistent with [MOON], we adopt a two-layer projec
 (batch normalization + ReLU)": 256 wide on its CNN, 512 on ResNet-18), as FedUV's code
 (sonhamin/FedUV ``nets/models.py``: fc1-BN-ReLU, fc2-BN-ReLU, then the classifier, in
 every network; ``--out_dim`` 256). Without it the method is not the paper's and can sit
-at chance for many rounds (issue #25: digits, MNIST), so a config without
+at chance for many rounds (digits, MNIST), so a config without
 ``model.params.projector`` is refused before the run (:meth:`check_config`); set it to
 256 / 512, or to 0 to run without a projector on purpose (an ablation).
 """

@@ -30,10 +30,12 @@ def pytest_configure(config):
         CLIENTS.register(name, target)
 
 
-# markers by place (README, "Tests"): a test marked ``flwr`` starts real Flower processes
-# and is ``slow`` and ``integration``; the directories whose tests drive the CLI, whole runs
-# or Flower's adapters in process are ``integration``; every other test is ``unit`` (the
-# fast subset: ``python -m pytest -m unit``)
+# markers (CONTRIBUTING, "Tests"): a test marked ``flwr`` starts real Flower processes and
+# is ``slow`` and ``integration``; a test that runs a whole experiment (in process or
+# through the CLI) says so with ``integration`` wherever it lives; the directories whose
+# tests drive the CLI or Flower's adapters are ``integration``; every other test is
+# ``unit`` (the fast subset: ``python -m pytest -m unit``), and a ``unit`` test that starts
+# a whole run fails (:func:`_unit_tests_run_no_experiment`)
 INTEGRATION_DIRS = frozenset({"app", "cli", "e2e", "run"})
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -47,10 +49,41 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("flwr") is not None:
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.integration)
+        elif item.get_closest_marker("integration") is not None:
+            continue
         elif place in INTEGRATION_DIRS:
             item.add_marker(pytest.mark.integration)
         else:
             item.add_marker(pytest.mark.unit)
+
+
+# every whole run passes through one of these: the in-process runner builds its server,
+# the CLI's ``run`` (and each run of a sweep) hands the experiment to Flower
+WHOLE_RUN_ENTRIES = (
+    ("fedrcl_flwr.app.inprocess", "build_server"),
+    ("fedrcl_flwr.runner", "run_simulation_via_flower"),
+)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_run_no_experiment(request, monkeypatch):
+    """``unit`` means fast and in process: a ``unit`` test that starts a whole run fails
+    with one line saying how to mark it (``@pytest.mark.integration``)."""
+    import sys
+
+    if request.node.get_closest_marker("integration") is not None:
+        return
+    where = request.node.nodeid
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(
+            f"{where} is a `unit` test but starts a whole run: mark it "
+            "@pytest.mark.integration (or its module: pytestmark = pytest.mark.integration)"
+        )
+
+    for module, name in WHOLE_RUN_ENTRIES:
+        if module in sys.modules:  # (a module first imported inside the test goes unguarded)
+            monkeypatch.setattr(sys.modules[module], name, refuse)
 
 
 def pytest_unconfigure(config):

@@ -1,4 +1,4 @@
-"""Side by side with FPL's code (WenkeHuang/RethinkFL, issue 34): the same small Digits
+"""Side by side with FPL's code (WenkeHuang/RethinkFL): the same small Digits
 files in their on-disk formats, the same protocol, FedAvg and FPL, several seeds; prints
 the accuracy table (mean ± sd over seeds, difference, Welch 95 % interval).
 

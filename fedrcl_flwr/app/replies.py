@@ -1,4 +1,4 @@
-"""One collector of replies for all of a round's clients (issue 30).
+"""One collector of replies for all of a round's clients.
 
 Flower's legacy server loop sends each client's message from a thread of its own
 (``flwr/server/compat/grid_client_proxy.py``: ``grid.send_and_receive([message])``), and

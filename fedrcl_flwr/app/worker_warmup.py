@@ -1,4 +1,4 @@
-"""Ray workers of a simulation import the ClientApp's modules as they start (issue 24).
+"""Ray workers of a simulation import the ClientApp's modules as they start.
 
 Flower's Ray backend loads the ClientApp in an actor only when the actor's first message
 arrives (``flwr.server.superlink.fleet.vce.backend.raybackend``: ``app_fn`` runs inside

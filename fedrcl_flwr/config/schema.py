@@ -324,8 +324,8 @@ class SimulationConfig:
     ``federation.num_clients``) is the number of execution slots
     (:meth:`ExperimentConfig.supernodes`). ``startup_timeout_s``:
     the CLI gives up (exit 1, everything torn down) when the submitted run is still
-    ``pending``/``starting`` after this many seconds without a round recorded (Flower
-    issue #7953: runs that never leave ``pending``). ``ray_address``: join an existing Ray
+    ``pending``/``starting`` after this many seconds without a round recorded
+    (Flower issue #7953: runs that never leave ``pending``). ``ray_address``: join an existing Ray
     cluster (``HOST:PORT`` of its head; ``auto`` is refused: it could join another user's
     Ray on this machine) instead of starting a private local Ray; ``num_cpus`` / ``num_gpus`` are then
     per-client requests against the whole cluster, ``init_num_cpus`` / ``init_num_gpus``
@@ -341,7 +341,7 @@ class SimulationConfig:
     num_supernodes: int | None = None  # default: the clients sampled per round
     startup_timeout_s: float = 300.0
     ray_address: str | None = None
-    # how weights travel in a simulation (issue 30, fedrcl_flwr/app/wire/transport.py): by
+    # how weights travel in a simulation (fedrcl_flwr/app/wire/transport.py): by
     # reference to a store in shared memory (shared) or inside Flower's messages (flower)
     transport: str = "shared"
 

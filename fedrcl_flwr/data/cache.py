@@ -256,7 +256,7 @@ def seed_shapes_arrays(d) -> bool:
     """Whether the experiment's seed changes the arrays: it draws the synthetic images,
     the ``val_fraction`` hold-out and the test split of an image folder without
     ``train``/``test`` sub-folders; nothing else (an ``npz`` file, torchvision's files)
-    depends on it, so those share one entry across seeds (issue #25). Per dataset:
+    depends on it, so those share one entry across seeds. Per dataset:
     :data:`~fedrcl_flwr.data.sources.table.SOURCES`' ``seeded``."""
     from fedrcl_flwr.data.sources.table import SOURCES
 

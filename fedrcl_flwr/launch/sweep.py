@@ -36,7 +36,7 @@ created); sweeps force ``output.checkpoint_every >= 1`` so that any run killed a
 first round continues from a checkpoint. ``OUT/sweep_status.json`` records each run's
 outcome.
 
-Safety (issue 21): the sweep's ``name``, every ``label`` and every run directory name are
+Safety: the sweep's ``name``, every ``label`` and every run directory name are
 single safe path components (:func:`run_name_problem`); at most :data:`MAX_SWEEP_RUNS`
 runs; a key set in two places (``set``/grid/variant/``seeds``) is refused; every path the
 sweep will write or remove is checked before anything is (:func:`fedrcl_flwr.launch.preflight.check_sweep_dir`); the
@@ -546,7 +546,7 @@ def share_resources(cfg: ExperimentConfig, jobs: int, slot: int) -> dict:
 
 
 class SweepEta:
-    """The time a sweep has left, from what this sweep measured itself (issue #25: an
+    """The time a sweep has left, from what this sweep measured itself (an
     estimate from the whole elapsed time over the rounds done counted every run's
     start-up against one round, 4 h 17 min for a 16-minute sweep).
 

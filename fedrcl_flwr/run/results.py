@@ -161,7 +161,7 @@ def shows_ema(report_metric: str) -> bool:
     """Whether progress lines show the EMA accuracy: only for runs that report it
     (``evaluation.report_metric: ema@ROUND``, FedRCL's tables). The EMA trails the
     round's accuracy by about 1 / (1 - evaluation.ema) rounds (10 for 0.9), so beside it
-    on a line of a run that reports something else it only suggested a gap (issue #25);
+    on a line of a run that reports something else it only suggested a gap;
     it is in ``metrics.jsonl`` and ``summary.json`` either way."""
     from fedrcl_flwr.config.catalog import ema_round
 

@@ -1,4 +1,4 @@
-"""Issue #24: the cuts in a message's path change no number. Weights on the wire
+"""The cuts in a message's path change no number. Weights on the wire
 (``fedrcl_flwr.codec``) against Flower's own encoding, the averaging arithmetic against
 its formula, the stored partitions against a fresh computation, the worker cache, the
 stage timers, and whole in-process runs with the cuts against the path they replaced."""
@@ -88,7 +88,7 @@ def test_weighted_average_is_the_formula_bit_for_bit():
     for weighting, n in (("uniform", [1] * 7), ("samples", [3, 50, 7, 11, 2, 9, 30])):
         coefs = client_coefficients(n, weighting)
         got = weighted_average(clients, coefs, kinds)
-        for j in (0, 1, 3):  # the formula as it was written before issue #24
+        for j in (0, 1, 3):  # the formula written out, entry by entry
             acc = np.zeros(clients[0][j].shape, dtype=np.float64)
             for c, cw in zip(coefs, clients):
                 acc += c * cw[j].astype(np.float64)
@@ -404,7 +404,7 @@ def test_records_are_json_lines(tmp_path, monkeypatch):
 def test_defaults_are_one_single_threaded_actor_per_core(tiny, tmp_path):
     """Ray sizes Flower's actor pool as its CPUs / ``client-resources-num-cpus``: with the
     default 1 CPU per client and no cap, one actor per core on any machine; each message
-    runs with one torch thread (issue #24: threads per actor beyond the CPUs it holds
+    runs with one torch thread (threads per actor beyond the CPUs it holds
     only fight the other actors)."""
     import torch
     from flwr.common import Context, RecordDict
@@ -436,7 +436,7 @@ def test_defaults_are_one_single_threaded_actor_per_core(tiny, tmp_path):
 
 
 def test_ray_workers_import_the_client_app_as_they_start(monkeypatch):
-    """Issue 24: the simulation's SuperLink environment names Ray's runtime-env hook, which
+    """The simulation's SuperLink environment names Ray's runtime-env hook, which
     adds the setup hook that imports the ClientApp in every worker (a hook of the user's
     is kept, and so is Flower's own runtime env); the hook resolves and imports the
     ClientApp module."""
@@ -671,7 +671,7 @@ def test_bench_regimes_counts_each_kind_of_a_runs_processes():
     assert bench_regimes.cpu_line({"wall": 1.0, "cpu": {}}) == ""
 
 
-# ------------------------------------------------ the simulation engine's doorbell (issue 30)
+# ------------------------------------------------ the simulation engine's doorbell
 def _fake_engine_module(monkeypatch, add_messages_to_queue=None, run_api=None):
     """A stand-in for Flower's ``vce_api`` in ``sys.modules``: its ``run_api`` reads
     ``add_messages_to_queue`` by name, as Flower's does."""

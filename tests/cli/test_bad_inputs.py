@@ -1,4 +1,4 @@
-"""Issue 11, in process (no Flower process starts): every bad input is one line naming it,
+"""In process (no Flower process starts): every bad input is one line naming it,
 exit code 2, nothing written; data, YAML, checkpoints and paths are read safely."""
 
 from __future__ import annotations
@@ -354,7 +354,7 @@ def test_output_dir_held_by_a_live_run_is_refused_naming_its_pid(tmp_path, capsy
 
 
 def test_a_completed_run_removes_its_lock_file_and_the_lock_still_excludes(tmp_path, monkeypatch):
-    """Issue #25: the lock file stayed behind after a finished run. ``release(remove=True)``
+    """The lock file stayed behind after a finished run. ``release(remove=True)``
     unlinks it while still holding the lock; a newcomer that opened the old file just
     before (and so locks a file no longer at the path) notices and locks the new one, so
     two runs can never both hold the directory."""
@@ -403,7 +403,7 @@ def test_finished_dir_is_not_overwritten_silently(tmp_path, capsys, left):
     line = _one_line_exit2(*_cli(capsys, "run", _yaml(tmp_path), "--out", str(out))[::2])
     assert left in line and "--overwrite" in line and "--resume" in line
     assert (out / left).read_text() == "old"
-    # --overwrite clears only a run directory the tool created (issue 21): refused here
+    # --overwrite clears only a run directory the tool created: refused here
     line = _one_line_exit2(
         *_cli(capsys, "run", _yaml(tmp_path), "--out", str(out), "--overwrite")[::2]
     )

@@ -1,4 +1,4 @@
-"""Issue 33, "the first hour": what a new user meets in the first hour, item by item —
+"""What a new user meets in the first hour, item by item —
 the install (``pip install -e .`` is enough for the quickstart), the start-up and round
 progress lines, the plots, the results files, the logs. All in process (one subprocess
 without the ``[test]`` extra's modules), on tiny synthetic data."""

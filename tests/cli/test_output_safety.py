@@ -1,4 +1,4 @@
-"""Issue 21, through the command line (``main`` in process; the sweep's process handling in
+"""Through the command line (``main`` in process; the sweep's process handling in
 a real subprocess, marked ``flwr``): the tool deletes only what it created and can
 recognise, writes only inside the directory it was given, never executes data, never mixes
 two experiments in one directory, and answers bad input with one line and exit 2 before

@@ -1,4 +1,4 @@
-"""``fedrcl-flwr partition --save`` and ``partition.scheme: file`` (issue 13 §1): the saved
+"""``fedrcl-flwr partition --save`` and ``partition.scheme: file``: the saved
 split reads back identically, an authors'-format file drives a run, and a bad file is one
 line with exit 2 before any Flower process starts."""
 

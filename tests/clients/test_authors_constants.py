@@ -1,4 +1,4 @@
-"""The FedRCL authors' protocol constants (issue 13 §3), each a parameter checked by its
+"""The FedRCL authors' protocol constants, each a parameter checked by its
 arithmetic: FedProx weight, FedNTD CE weight, FedAdam's τ² second moment, the rotation
 augmentation, the in-round lr decay and the PyTorch-default initialisation."""
 
@@ -184,6 +184,7 @@ def test_epoch_lr_decay_sets_lr_per_local_epoch():
     assert float(w.detach()) == pytest.approx(-0.6, rel=1e-6)
 
 
+@pytest.mark.integration
 def test_client_passes_epoch_lr_decay(tiny, tmp_path, monkeypatch):
     import clients.base as base
     from fedrcl_flwr.app.inprocess import run_inprocess
@@ -219,6 +220,7 @@ def test_model_init_pytorch_default_vs_kaiming(tiny):
     assert float(b.fc.bias.abs().max()) <= 1 / math.sqrt(512)
 
 
+@pytest.mark.integration
 def test_local_representation_metrics_on_the_trained_local_models(tiny, tmp_path, monkeypatch):
     import fedrcl_flwr.representation as rep
     from fedrcl_flwr.app.inprocess import run_inprocess

@@ -401,6 +401,7 @@ def _check(recs, st, terms):
     assert all(np.all(np.isfinite(w)) for w in st.weights if w.dtype.kind == "f")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("method", sorted(E2E))
 def test_method_runs_two_rounds_in_process(tiny, tmp_path, method):
     terms, over = E2E[method]
@@ -419,6 +420,7 @@ def test_method_runs_two_rounds_in_process(tiny, tmp_path, method):
         assert recs[-1]["signal_bytes_down"] > 0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "method,strategy", [("fedmlb", "fedacg"), ("fedproto", "fedadam"), ("moon", "fedacg")]
 )

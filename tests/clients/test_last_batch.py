@@ -166,6 +166,7 @@ def _feduv_config(tmp_path, **client):
     )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_feduv_client_with_a_trailing_sample_trains(tmp_path, drop_last):
     """Before, partition 1 raised BatchNorm1d's error in every round and was averaged
@@ -195,6 +196,7 @@ def test_feduv_code_protocol_drops_the_last_batch():
     assert load_config(path).client.drop_last is True
 
 
+@pytest.mark.integration
 def test_a_client_smaller_than_a_batch_takes_no_step_with_drop_last(tmp_path):
     """FedUV's loader gives a client of fewer samples than a batch no batch at all: it
     takes no step and reports no training loss (not 0: the round's mean leaves it out),
@@ -226,6 +228,7 @@ def test_a_client_smaller_than_a_batch_takes_no_step_with_drop_last(tmp_path):
     assert (rec["num_clients"], rec["failures"]) == (2, 0) and np.isfinite(rec["train_loss"])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("drop_last, samples", [(False, 100), (True, 99)])
 def test_fpl_last_epoch_prototypes_follow_the_last_batch(
     tiny, tmp_path, monkeypatch, drop_last, samples

@@ -123,6 +123,7 @@ OVERRIDES = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("method", sorted(m for m in CLIENTS if m != "faulty"))
 def test_every_method_trains_with_adam(tiny, tmp_path, method):
     over = OVERRIDES.get(method, {})

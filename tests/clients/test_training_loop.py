@@ -1,4 +1,4 @@
-"""The GPU-ready hot loop (issue 16): no per-step host synchronisation in any client
+"""The GPU-ready hot loop: no per-step host synchronisation in any client
 method, batches normalised / augmented where they are used, mixed precision, and — with
 ``client.amp: off`` on the CPU — exactly the numbers of the previous host-side loop.
 

@@ -1,5 +1,5 @@
-"""FPL's code (WenkeHuang/RethinkFL @ 74201b3) as its trainer runs it, against ours
-(issue 34): the Digits and Office-Caltech domain-skew splits client for client, the
+"""FPL's code (WenkeHuang/RethinkFL @ 74201b3) as its trainer runs it, against ours:
+the Digits and Office-Caltech domain-skew splits client for client, the
 Office-Caltech train / test rule, FPL's loss and its FINCH server step.
 
 The references are independent transliterations of their files, written the way they
@@ -525,6 +525,7 @@ def test_resnet10_bn_shapes_and_width():
 # ------------------------------------------------------------- FPL's prototype source
 
 
+@pytest.mark.integration
 def test_fpl_last_epoch_prototypes_are_the_last_epochs_features(tiny, tmp_path, monkeypatch):
     """proto_source last_epoch: the class means come from exactly one pass (the last of
     two local epochs) over the client's training samples, training-mode features of the

@@ -1,4 +1,4 @@
-"""The FedRCL authors' splits as their trainer computes them (issues 13 §1 and 20 §1).
+"""The FedRCL authors' splits as their trainer computes them.
 
 The references are independent transliterations of skynbe/FedRCL @ 378beb4
 ``datasets/cifar.py`` (the same file in geehokim/FedACG), written the way the authors

@@ -249,7 +249,7 @@ def test_unwritable_cache_dir_is_an_input_error(tmp_path, capsys):
 
 
 def test_seed_is_in_the_key_only_where_it_draws_the_arrays(tmp_path):
-    """Issue #25: an npz (or torchvision files) gives the same arrays for every seed: one
+    """An npz (or torchvision files) gives the same arrays for every seed: one
     entry for a 3-seed study, not three; the seed still keys what it draws (synthetic
     images, the val_fraction hold-out, an image folder's held-out test split)."""
     from fedrcl_flwr.config import DatasetConfig

@@ -1,4 +1,4 @@
-"""The training input pipeline against torchvision's transforms on PIL images (issue 20 §2).
+"""The training input pipeline against torchvision's transforms on PIL images.
 
 For the same rotation angle, crop offsets and flip, a batch of ``ImageArrayDataset`` is
 what ``RandomRotation`` -> ``RandomCrop(padding)`` -> ``RandomHorizontalFlip`` ->

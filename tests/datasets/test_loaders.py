@@ -564,7 +564,7 @@ def test_augmentation_is_seeded_and_plain_is_not_augmented(small_bundle):
 
 
 def test_npz_is_not_augmented_unless_asked(tmp_path):
-    """Issue #25: your own arrays (digits, text, ...) get no flip or crop by default; the
+    """Your own arrays (digits, text, ...) get no flip or crop by default; the
     dataset keys opt in. Image folders (natural images) keep their crop + flip."""
     from fedrcl_flwr.augment import AugmentSpec
     from fedrcl_flwr.config import DatasetConfig

@@ -1,5 +1,5 @@
 """Real Flower runs through the CLI (each ~30 s of start-up): wiring, files, exit codes,
-the same numbers with weights by reference and inside Flower's messages (issue 30), and
+the same numbers with weights by reference and inside Flower's messages, and
 no SuperLink / simulation / Ray process left behind."""
 
 import json
@@ -50,7 +50,7 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     """Also: no process of the run generates the dataset. It is prepared in the dataset
     cache beforehand; with the generator removed from every process the run still works
     (the CLI checks the entry, the ServerApp and Ray workers memory-map it). And the
-    wiring of issue 22's research features through Flower's runtime: per-client
+    wiring of the research features through Flower's runtime: per-client
     evaluation of every client (Flower's federated evaluation, records completed after
     ``aggregate_evaluate``) and the availability records (stragglers, none late)."""
     import os
@@ -89,7 +89,7 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     ]:
         assert (run / f).exists(), f
     # the README's quickstart list names every file a run leaves; the lock file is gone
-    # once the run has completed (issue #25)
+    # once the run has completed
     assert not (run / ".fedrcl-flwr.lock").exists()
     readme = (ROOT / "README.md").read_text()
     start = readme.index("writes to `runs/quickstart/`:") + len("writes to `runs/quickstart/`:")
@@ -125,7 +125,7 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     assert set(s["accuracy_at"]) == {"2", "4"}
     # one progress line per round on stdout
     assert sum(line.startswith("round ") for line in res.stdout.splitlines()) == 4
-    # issue 33: the start-up phases as they happen, before round 1; an ETA from round 2
+    # the start-up phases as they happen, before round 1; an ETA from round 2
     lines = res.stdout.splitlines()
     first = next(i for i, ln in enumerate(lines) if ln.startswith("round "))
     phases = " / ".join(ln for ln in lines[:first] if ln.startswith("fedrcl-flwr: ["))

@@ -1,10 +1,12 @@
 """Real Flower processes (marked ``flwr``; tiny synthetic runs): nothing of a run survives
-SIGKILL of the CLI, its weight store in ``/dev/shm`` included (SIGTERM: the stopped run of
-``tests/e2e/test_resume.py``); when the CLI and its watchdog are both killed, the next run
-removes what they left; Ctrl-C (SIGINT) stops a run with either transport as SIGTERM does;
+SIGKILL of the CLI, its weight store in ``/dev/shm`` included; when the CLI and its
+watchdog are both killed, the next run removes what they left; Ctrl-C (SIGINT) stops a
+run with either transport as SIGTERM does (``shared``: the stopped run of
+``tests/e2e/test_resume.py``; SIGTERM: the killed sweep of ``tests/run/test_sweep.py``);
 a run stuck before starting times out cleanly.
 (A real run where no client ever trained, exit 1 with the first client error: run ``d`` of
-``tests/run/test_sweep.py``'s real sweep, which starts that run anyway.)
+``tests/run/test_sweep.py``'s real sweep; SecAgg+ rounds that all fail, through Flower's
+workflow and the real ClientApp in process: ``tests/strategies/test_failed_rounds.py``.)
 
 "Of the run" is checked broadly: any process whose environment, command line or working
 directory names the run's private home (read from the output directory's lock file), or
@@ -68,7 +70,8 @@ def _wait_for_round(proc, out: Path, n: int, timeout: float = 240.0):
     assert len(read_metrics(out)) >= n
 
 
-# SIGTERM of the CLI: the stopped run of tests/e2e/test_resume.py (one real run for both)
+# SIGTERM of the CLI: the killed sweep of tests/run/test_sweep.py; SIGINT: the stopped run
+# of tests/e2e/test_resume.py and the test below
 @pytest.mark.parametrize("sig,grace", [(signal.SIGKILL, 40.0)])
 def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
     # a quote, a space and braces in the output path: handed to Flower without pasting
@@ -108,7 +111,8 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
     assert len(read_metrics(out)) == done < 500  # nothing trains on
 
 
-@pytest.mark.parametrize("transport", ["shared", "flower"])
+# SIGINT with the other transport (``shared``): the stopped run of tests/e2e/test_resume.py
+@pytest.mark.parametrize("transport", ["flower"])
 def test_ctrl_c_stops_a_run_as_sigterm_does(tmp_path, transport):
     """SIGINT to the CLI during round 2 stops the run with ``interrupted``, exit 130, and
     nothing of it left running, with either transport; also when the CLI started with
@@ -176,37 +180,6 @@ def test_a_run_whose_cli_and_watchdog_were_killed_is_reaped_by_the_next(tmp_path
     assert Path(home) in reaped
     assert not alive(home, tag, 30.0)
     assert not Path(home).exists() and not store.exists()
-
-
-def test_secagg_run_whose_clients_all_drop_out_exits_1_with_the_reasons(tmp_path):
-    """Issue 31, bad item 2, through the real CLI: SecAgg+ with dropout 0.9 (6 clients, 3
-    sampled per round): no round keeps 2 clients, every round is shown and recorded as
-    failed with its reason, and the run that trained nothing exits 1 with one line, however
-    Flower's SecAgg+ workflow ends each round (it used to end 'done' with exit 0)."""
-    out = tmp_path / "run"
-    tag = uuid.uuid4().hex
-    proc = _start(
-        out,
-        "federation.rounds=2",
-        "federation.num_clients=6",
-        "federation.clients_per_round=3",
-        "simulation.num_supernodes=3",
-        "federation.availability.dropout=0.9",
-        "privacy.secagg=true",
-        tag=tag,
-    )
-    stdout, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 1, stdout + stderr
-    err = [ln for ln in stderr.splitlines() if ln.startswith("fedrcl-flwr: run failed")]
-    assert len(err) == 1 and "no client trained in any of the 2 rounds" in err[0], stderr
-    assert "Traceback" not in stderr, stderr
-    failed = [ln for ln in stdout.splitlines() if "ROUND FAILED (model unchanged)" in ln]
-    assert len(failed) == 2, stdout
-    records = read_metrics(out)
-    assert [r["round"] for r in records] == [1, 2]
-    assert all(r["round_failed"] and r["failure_reason"] for r in records), records
-    assert not (out / "summary.json").exists()
-    assert not alive(_home(out), tag, 30.0)
 
 
 def test_run_that_never_starts_times_out_cleanly(tmp_path, monkeypatch):

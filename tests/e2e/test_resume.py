@@ -1,6 +1,7 @@
-"""Real Flower run (marked ``flwr``): a run stopped by SIGTERM of the CLI after round k
-leaves nothing behind and, resumed with ``--resume``, ends with the same metrics as an
-uninterrupted run. (SIGKILL of the CLI: ``tests/e2e/test_process_teardown.py``.)"""
+"""Real Flower run (marked ``flwr``): a run stopped by Ctrl-C (SIGINT) of the CLI after
+round k leaves nothing behind and, resumed with ``--resume``, ends with the same metrics
+as an uninterrupted run. (SIGKILL of the CLI, and SIGINT with the other transport:
+``tests/e2e/test_process_teardown.py``.)"""
 
 import json
 import os
@@ -46,12 +47,14 @@ def _strip(recs):
 
 
 def test_killed_run_resumes_to_identical_metrics(tmp_path):
-    """The run is stopped by SIGTERM after round 2 and resumed with ``run --resume``; it
+    """The run is stopped by SIGINT after round 2 and resumed with ``run --resume``; it
     ends with the metrics of an uninterrupted run of its configuration, computed in-process
     (the same clients and strategy objects driven round by round: what Flower's apps run).
     Also: SuperNodes are execution slots, not clients: the Flower run has the default (one
     per sampled client, 2 for 6 clients), the reference none, the numbers are the same.
-    And nothing of the stopped run survives SIGTERM of the CLI (exit 130): no process of
+    And nothing of the stopped run survives Ctrl-C of the CLI (``interrupted``, exit 130),
+    also when the CLI started with SIGINT ignored, as a command started in the background
+    of a shell script does (``fedrcl-flwr run ... &``): no process of
     the run (by its private home or a tag every child inherits), the home deleted, the
     output lock free, no summary, nothing trains on; the output path (a quote, a space and
     braces) is handed to Flower without pasting."""
@@ -69,6 +72,7 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "FEDRCL_TEST_TAG": tag},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     deadline = time.time() + 300
     while time.time() < deadline and len(read_metrics(cut)) < 2 and proc.poll() is None:
@@ -78,14 +82,15 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path):
     assert len(lines) >= 2 and "fedrcl-flwr-home-" in lines[1], lines
     home = lines[1]
     assert procs_with(home), "the run's processes should be found while it runs"
-    proc.send_signal(signal.SIGTERM)  # the CLI tears its SuperLink and Ray down
-    proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    proc.send_signal(signal.SIGINT)  # the CLI tears its SuperLink and Ray down
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "fedrcl-flwr: interrupted" in stderr
     done = len(read_metrics(cut))
     assert 2 <= done < 6, done
     assert not (cut / "summary.json").exists()
     left = alive(home, tag, 30.0)
-    assert not left, f"left behind after SIGTERM: {left}"
+    assert not left, f"left behind after SIGINT: {left}"
     assert not Path(home).exists()
     assert OutputLock.holder(cut) is None  # the lock died with the run
     time.sleep(2)
@@ -103,7 +108,7 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path):
         timeout=600,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    # issue 33: it says from which round it goes on, and prints exactly those rounds
+    # it says from which round it goes on, and prints exactly those rounds
     resumed = f"resuming {cut.resolve()} from its checkpoint at round {ckpt}: rounds {ckpt + 1}..6"
     assert resumed in res.stdout, res.stdout
     printed = [ln.split()[1] for ln in res.stdout.splitlines() if ln.startswith("round ")]

@@ -1,4 +1,4 @@
-"""Model initialisation and mixed precision as the FedRCL authors ran (issue 20 §3).
+"""Model initialisation and mixed precision as the FedRCL authors ran.
 
 * Table C: each backbone starts as the authors' ``models/`` start it: VGG9_base's
   ``normal(0, sqrt(2 / (k*k*C_out)))`` convolutions with zero bias (``init: model``), the
@@ -64,6 +64,7 @@ def test_table_c_models_start_as_the_authors_models(path):
         assert cfg.model.init == "pytorch"
 
 
+@pytest.mark.integration
 def test_fp16_is_a_fresh_grad_scaler_every_client_round(tiny, tmp_path, monkeypatch):
     import fedrcl_flwr.accel as accel
     from fedrcl_flwr.app.inprocess import run_inprocess

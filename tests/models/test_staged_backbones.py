@@ -246,6 +246,7 @@ def _tiny_overrides(tmp_path):
     ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("path", TABLE_C, ids=lambda p: p.stem)
 def test_table_c_yaml_runs_fedrcl_two_rounds_multilevel(path, tmp_path):
     cfg = load_config(path, _tiny_overrides(tmp_path))
@@ -262,6 +263,7 @@ def test_table_c_yaml_runs_fedrcl_two_rounds_multilevel(path, tmp_path):
     assert all(np.all(np.isfinite(w)) for w in st.weights if w.dtype.kind == "f")
 
 
+@pytest.mark.integration
 def test_table_c_fedmlb_row_runs(tmp_path):
     """The FedMLB row of a Table C header (the models have FedMLB's block interface)."""
     path = ROOT / "experiments" / "fedrcl" / "tableC_cifar100_vgg9.yaml"

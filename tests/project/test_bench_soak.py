@@ -1,4 +1,4 @@
-"""``benchmarks/bench_soak.py`` (issue 31): its report of a soak run, checked on six rounds
+"""``benchmarks/bench_soak.py``: its report of a soak run, checked on six rounds
 with windows of two: one row per window with the round time and total RSS, every process
 first -> last, the growth of both and the verdict (in process: the round records are
 those a run writes, the RSS that of this test's own process)."""

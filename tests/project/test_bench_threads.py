@@ -1,4 +1,4 @@
-"""``benchmarks/bench_threads.py`` (issue 30): the yardstick of the cross-device goal
+"""``benchmarks/bench_threads.py``: the yardstick of the cross-device goal
 runs end to end (one thread, two threads, two one-thread processes side by side) and
 prints its figures and the floor they imply, computed from the printed times."""
 

@@ -3,8 +3,8 @@
 CLI's parser, and ``docs/configuration.md`` documents every key of the schema, every
 method's and server optimizer's parameters and the signal exchange's. All walked from the
 code, nothing listed here. The pages are references, not a log: the README and
-``docs/performance.md`` stay within 12 KB, and no page speaks of work sessions or issue
-numbers (history lives in git). In-process, well under a second."""
+``docs/performance.md`` stay within 12 KB, and no page, comment or docstring speaks of work sessions or
+issue numbers (history lives in git). In-process, well under a second."""
 
 from __future__ import annotations
 
@@ -99,6 +99,49 @@ def test_the_history_check_catches_each_form():
     )
     assert _history_words(clean) == []
     assert _history_words("```\nx\n```\nissue 9") == ["line 4: 'issue 9'"]
+
+
+# in code, comments and docstrings: "issue 31", "Issue #25", "issues 13 and 20"; an
+# upstream bug named with its project ("Flower issue #7953", "flwr issue #7953") is a fact
+CODE_HISTORY = re.compile(r"(?<!flwr )(?<!flower )(?<!ray )\bissues?\s*#?\d+", re.I)
+CODE_SUFFIXES = (".py", ".yaml", ".yml", ".toml", ".cfg", ".sh")
+
+
+def _code_history_words(text: str) -> list[str]:
+    return [
+        f"line {n}: {m.group(0)!r}"
+        for n, line in enumerate(text.splitlines(), 1)
+        for m in CODE_HISTORY.finditer(line)
+    ]
+
+
+def _project_code_files() -> list[Path]:
+    skip = {".git", ".venv", "build", "runs", "node_modules"}
+    return [
+        p
+        for p in sorted(ROOT.rglob("*"))
+        if p.suffix in CODE_SUFFIXES
+        and p.is_file()
+        and not skip.intersection(p.relative_to(ROOT).parts)
+        and not any(part.endswith(".egg-info") for part in p.relative_to(ROOT).parts)
+        and p != Path(__file__).resolve()
+    ]
+
+
+def test_no_code_comment_or_docstring_speaks_of_issue_numbers():
+    hits = {
+        str(p.relative_to(ROOT)): words
+        for p in _project_code_files()
+        if (words := _code_history_words(p.read_text(encoding="utf-8", errors="replace")))
+    }
+    assert not hits, f"history belongs in git, not in the code: {hits}"
+
+
+def test_the_code_history_check_catches_each_form():
+    for text in ("(issue 31)", "Issue #25: labels", "issues 13 and 20", "# see issue30"):
+        assert _code_history_words(text), text
+    for text in ("Flower issue #7953", "(flwr issue #7953)", "a 5 % issue of the model"):
+        assert _code_history_words(text) == [], text
 
 
 def test_the_reference_pages_exist():

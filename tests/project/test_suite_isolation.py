@@ -1,4 +1,4 @@
-"""The suite judges only the processes it started (issue #25: on a machine where someone
+"""The suite judges only the processes it started (on a machine where someone
 else runs Flower/Ray, the leftover-process check flagged their processes)."""
 
 import subprocess

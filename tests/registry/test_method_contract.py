@@ -208,7 +208,7 @@ def test_ints_are_not_floats_and_floats_become_floats(tiny):
 
 
 def test_univarfl_without_its_projector_is_refused_in_one_line(tmp_path, capsys, no_flower):
-    """UniVarFL's paper model has a two-layer projector (issue #25: without it the method
+    """UniVarFL's paper model has a two-layer projector (without it the method
     sat at chance): a config without ``model.params.projector`` stops the CLI (exit 2,
     one line naming the key and the file, nothing written); 256, or 0 on purpose, pass."""
     data = _config("client.params", "univarfl")

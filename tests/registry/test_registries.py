@@ -1,5 +1,5 @@
-"""Every registry is walked, so that a forgotten registration fails here (issue #23,
-CONTRIBUTING.md): each client file's method and each strategy file's server rule is
+"""Every registry is walked, so that a forgotten registration fails here
+(CONTRIBUTING.md): each client file's method and each strategy file's server rule is
 registered under its own name and documented; each dataset of the catalog has its entry
 in the data layer's table (a reader, its augmentation, torchvision's files where it is
 torchvision's, its cache key), reaches its reader and is documented; each partition scheme

@@ -206,6 +206,7 @@ def test_inter_domain_paper_yamls_report_and_compare_the_domain_mean():
             assert block["metric"] == metric, path
 
 
+@pytest.mark.integration
 def test_tiny_inter_domain_run_reports_its_domain_mean_end_to_end(tiny, tmp_path, capsys):
     """A real run on two synthetic domains (in process, the server's own evaluation and
     recorder): summary.json reports the domain mean of its report_metric, equal to the

@@ -425,7 +425,7 @@ def test_sweep_dir_with_runs_not_started_yet(table_dirs, capsys):
     assert main(["report", str(table_dirs / "fedavg_a0.3_s1")]) == 2
 
 
-# ------------------------------------------- issue #25: labels, titles, paired comparison
+# ------------------------------------------- labels, titles, paired comparison
 
 STUDY = {  # label -> (method, client.params, model.params, per-seed final accuracy by alpha)
     "fedavg": ("fedavg", {}, {}, {0.1: [0.90, 0.92, 0.93], 0.5: [0.95, 0.96, 0.96]}),
@@ -472,7 +472,7 @@ def study(tmp_path):
 
 
 def test_rows_are_sweep_labels_and_say_what_differs(study, capsys):
-    """Issue #25: labels were dropped (univarfl_proj showed as univarfl) and columns read
+    """Labels were dropped (univarfl_proj showed as univarfl) and columns read
     `params={}, projector=None`; the title now names the data and the split."""
     assert main(["report", str(study)]) == 0
     text = capsys.readouterr().out
@@ -529,7 +529,7 @@ def test_report_vs_gives_per_seed_paired_differences_and_a_t_interval(study, cap
 
 
 def test_plot_clips_bands_shares_the_y_range_and_names_the_setting(tmp_path):
-    """Issue #25: bands above 100 %, panels on different scales, FedAvg hidden under
+    """Bands above 100 %, panels on different scales, FedAvg hidden under
     FedProx, a title saying "all runs"; and the partition heatmap's client ticks."""
     import matplotlib
 

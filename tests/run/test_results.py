@@ -86,7 +86,7 @@ def test_report_table_and_cli(tmp_path, capsys):
 
 
 def test_progress_shows_the_ema_only_for_runs_that_report_it(tmp_path, capsys, monkeypatch):
-    """Issue #25: EMA 46 % beside acc 79 % on every line suggested a 40-point gap. The
+    """EMA 46 % beside acc 79 % on every line suggested a 40-point gap. The
     EMA (FedRCL's reported accuracy; the authors' code computes none, their paper says
     "exponential moving average with parameter 0.9") stays in the records; the lines
     show it only for runs whose report metric it is, explained once before them, and
@@ -130,7 +130,7 @@ def test_progress_shows_the_ema_only_for_runs_that_report_it(tmp_path, capsys, m
             ".fedrcl-flwr-dir",
             "config.yaml",
         ]  # a completed run leaves no lock file
-        # (issue #25), only the marker of a run directory the tool created (issue #21)
+        # only the marker of a run directory the tool created
         if note:
             assert note in out and "trails 'acc' by about 10 rounds" in out, out
         else:

@@ -62,7 +62,7 @@ def _plan_text(tmp_path, capsys) -> str:
 
 
 def test_plan_text_and_names_are_unchanged(tmp_path, capsys):
-    """Byte-identical but for the grid values the names now show (issue 33: the grid keys
+    """Byte-identical but for the grid values the names now show (the grid keys
     with more than one value, ``lr-a_method=fedavg_alpha=0.1_seed=0_<hash>``): the same
     hashes, the same plan text."""
     text = _plan_text(tmp_path, capsys)

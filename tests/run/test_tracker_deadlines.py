@@ -1,4 +1,4 @@
-"""Issue 31: every call to a tracker has a deadline (``output.tracker_timeout_s``). A
+"""Every call to a tracker has a deadline (``output.tracker_timeout_s``). A
 tracker server that accepts the connection and never answers (a local TCP server on the
 loopback, started by the test, that stops itself) is dropped with one line and the run goes
 on (the run's tracker writer, in process), W&B leaving no

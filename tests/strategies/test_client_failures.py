@@ -33,6 +33,7 @@ def _always_raising_run(tmp_path):
     return cfg, json.loads((tmp_path / "run" / "summary.json").read_text())
 
 
+@pytest.mark.integration
 def test_a_client_that_always_raises_is_named_in_summary_and_done_line(tmp_path):
     from fedrcl_flwr.cli import _result_text
     from fedrcl_flwr.run.results import read_metrics
@@ -49,6 +50,7 @@ def test_a_client_that_always_raises_is_named_in_summary_and_done_line(tmp_path)
     assert line.endswith("(summary.json: client_failures)")
 
 
+@pytest.mark.integration
 def test_the_counts_survive_a_resume(tmp_path):
     """The counts are part of the strategy's checkpointed state: a run stopped after
     round 1 and resumed counts both rounds."""

@@ -1,4 +1,4 @@
-"""Issue 31: every run that trains nothing says so. A round in which no client's update
+"""Every run that trains nothing says so. A round in which no client's update
 reached the model is recorded as failed with its reason (evaluated or not), a run in which
 no round trained fails, SecAgg+ parameters that halt every round are refused before the
 run (checked against Flower 1.42's own setup stage), and ``simulation.ray_address: auto``
@@ -132,6 +132,7 @@ def test_ray_address_auto_is_refused(tmp_path, capsys, monkeypatch):
 # ------------------------------------------------------------ the failed-round rule
 
 
+@pytest.mark.integration
 def test_failed_round_is_recorded_even_when_not_evaluated(tiny, tmp_path):
     """Round 1: both sampled clients drop out (dropout 0.999 for all but one client,
     not sampled in round 1); evaluation only every 2 rounds: round 1 is still recorded,
@@ -160,6 +161,7 @@ def test_failed_round_is_recorded_even_when_not_evaluated(tiny, tmp_path):
     assert summary["rounds_failed"] == 1 and summary["rounds"] == 2
 
 
+@pytest.mark.integration
 def test_run_where_every_round_dropped_fails_with_the_reason(tiny, tmp_path):
     from fedrcl_flwr.app.inprocess import run_inprocess
     from strategies.round_records import AllClientsFailed
@@ -221,6 +223,7 @@ def test_failure_reason_counts_the_dropped_and_the_late():
     assert s._failure_reason() == "all 3 sampled clients dropped out (1) or were late (2)"
 
 
+@pytest.mark.integration
 def test_secagg_with_dropout_trains_nothing_and_fails_with_reasons(tiny, tmp_path):
     """SecAgg+ (Flower's workflow and the real ClientApp's secaggplus_mod, in process)
     with dropout 0.9: one sampled client is left in each round, Flower halts SecAgg+, both

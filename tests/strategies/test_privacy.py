@@ -144,6 +144,7 @@ def test_epsilon_is_the_accountants_closed_form(sigma, k):
     assert exact <= eps <= 1.1 * exact
 
 
+@pytest.mark.integration
 def test_run_records_epsilon_of_the_busiest_client_across_a_resume(tiny, tmp_path):
     """Per round ε = that of the largest number of rounds any client was sampled in so
     far (public sampling: no amplification), also after a kill and resume; summary.json
@@ -179,6 +180,7 @@ def _weights(strategy):
     return [np.asarray(w, np.float64) for w in strategy.weights]
 
 
+@pytest.mark.integration
 def test_client_clipping_and_secagg_through_the_real_apps(tiny, tmp_path, monkeypatch):
     """One round, 3 clients, through Flower's workflow and the real ClientApp on an
     in-process grid: client-side clipping (fixedclipping_mod) = server-side clipping
@@ -239,6 +241,7 @@ def test_client_clipping_and_secagg_through_the_real_apps(tiny, tmp_path, monkey
     )  # the clients' metrics travel in the clear
 
 
+@pytest.mark.integration
 def test_feddyn_over_secagg_needs_only_the_sum(tiny, tmp_path):
     """FedDyn's server uses the mean and the number of clients only (Acar et al. Alg. 1):
     under SecAgg+ its model and h equal the plain run's within the quantisation step."""
@@ -334,6 +337,7 @@ def test_missing_accountant_is_exit_2(monkeypatch, tmp_path, capsys):
     assert "fedrcl-flwr[privacy]" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_off_by_default_is_the_plain_path(tiny, tmp_path):
     """No privacy section: no wrapper, no accountant, no privacy keys in the records, the
     same numbers as an explicit off."""
@@ -353,7 +357,7 @@ def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     runs SecAgg+ with client-side DP, the ClientApps' mods mask and clip, the ServerApp
     process logs to MLflow (file store) and W&B (offline); nothing is left running. Round 1
     has one reporting client (the two others drop out): SecAgg+ cannot run it, and the
-    round is recorded and shown as failed with its reason (issue 31); round 2 trains. The
+    round is recorded and shown as failed with its reason; round 2 trains. The
     data are CIFAR-10 files in the distributed on-disk format (tests/datasets/test_real_formats.py
     writes them): the real loader runs inside Flower's worker processes."""
     import json
