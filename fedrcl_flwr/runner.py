@@ -211,7 +211,7 @@ class LocalSuperLink:
         # is none
         self.store_root, self.store_note = "", ""
         if weight_store:
-            from fedrcl_flwr.weight_store import create_store
+            from fedrcl_flwr.weights.lifecycle import create_store
 
             try:
                 store = create_store(owners=[self.watchdog.proc.pid], home=self.home)

@@ -107,7 +107,7 @@ from fedrcl_flwr.server.aggregation import (
     entry_kinds,
     weighted_average,
 )
-from fedrcl_flwr.weight_store import StoreError
+from fedrcl_flwr.weights.entries import StoreError
 
 if TYPE_CHECKING:  # the client-side hook's types (torch)
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -693,7 +693,7 @@ class FederatedStrategy(Strategy):
         self, kept: list[ClientResult], reasons: list[str]
     ) -> tuple[list[ClientResult], list | None]:
         """The screened results whose values are usable: an upload by reference hashes
-        to its name (:class:`~fedrcl_flwr.weight_store.HashCheck`), holds no NaN/Inf and
+        to its name (:class:`~fedrcl_flwr.weights.reading.HashCheck`), holds no NaN/Inf and
         (client-side DP) is clipped; why each other one is not goes to ``reasons``.
         Every value used is a value checked: with the plain average (no DP, no SecAgg+)
         the uploads are read once for the hash, the NaN/Inf screen and the average

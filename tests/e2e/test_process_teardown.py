@@ -25,7 +25,7 @@ from helpers import alive, quickstart_run_args
 from fedrcl_flwr.launch.processes import OutputLock, procs_with, reap_stale_runs
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.run_files import LOCK_FILE
-from fedrcl_flwr.weight_store import stores_of
+from fedrcl_flwr.weights.lifecycle import stores_of
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.flwr
