@@ -48,13 +48,8 @@ from fedrcl_flwr.launch.processes import (
     teardown,
 )
 from fedrcl_flwr.run import timers
-from fedrcl_flwr.run.results import (
-    atomic_write_text,
-    format_round_line,
-    read_metrics,
-    round_eta,
-    shows_ema,
-)
+from fedrcl_flwr.run.progress import format_round_line, round_eta, shows_ema
+from fedrcl_flwr.run.results import atomic_write_text, read_metrics
 from fedrcl_flwr.run.run_files import (
     CONFIG_FILE,
     FLOWER_LOG,

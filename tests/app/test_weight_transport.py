@@ -647,7 +647,7 @@ def test_a_slot_damaged_after_a_client_read_it_is_refused_to_every_later_client(
     """The model's slot zeroed during round 2 after its first client read it: the round's
     later clients refuse it (they never train on unchecked bytes), the round's record and
     line say so, and the run goes on (round 3 trains every client on a new slot)."""
-    from fedrcl_flwr.run.results import format_round_line
+    from fedrcl_flwr.run.progress import format_round_line
 
     st, _ = _damaging_run(tiny, tmp_path / "run", monkeypatch, after_first=True)
     recs = read_metrics(tmp_path / "run")
@@ -664,7 +664,7 @@ def test_a_damaged_slot_whose_model_is_sent_again_is_rewritten(tiny, tmp_path, m
     refuses it (the round fails, its line names the store), the model is unchanged, and
     the server, about to send the same model again, finds the slot damaged and writes it
     into a new one: round 3 trains every client; one damage costs one round."""
-    from fedrcl_flwr.run.results import format_round_line
+    from fedrcl_flwr.run.progress import format_round_line
 
     st, ref = _damaging_run(tiny, tmp_path / "run", monkeypatch, after_first=False)
     recs = read_metrics(tmp_path / "run")
