@@ -135,9 +135,9 @@ def cmd_run(args) -> int:
     """``run EXPERIMENT.yaml`` / ``run --resume DIR``: the config, every check before the
     run (:func:`fedrcl_flwr.launch.preflight.before_run`), the run directory claimed, the
     simulation, one line of result."""
+    from fedrcl_flwr.errors import RunFailed
     from fedrcl_flwr.launch.preflight import before_run
     from fedrcl_flwr.launch.processes import OutputLock
-    from fedrcl_flwr.runner import RunFailed
 
     cfg, out_dir = _run_config(args)
     source = args.resume or args.experiment

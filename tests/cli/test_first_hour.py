@@ -185,14 +185,14 @@ def test_start_up_phases_are_printed_as_they_happen(tmp_path, capsys, monkeypatc
     after the first round's record, none starting with ``round `` (the round lines)."""
     import importlib
 
-    from fedrcl_flwr import runner
+    from fedrcl_flwr.launch import follower
     from fedrcl_flwr.run import timers
 
     progress = tmp_path / "progress.jsonl"
     monkeypatch.setenv(timers.PROGRESS_VAR, str(progress))
     importlib.reload(timers)  # as a process started with the variable set
     try:
-        shown = runner.StartupProgress(t0=1000.0, path=progress)
+        shown = follower.StartupProgress(t0=1000.0, path=progress)
         shown.say("starting a private Flower SuperLink", at=1000.5)
         shown.status("starting")
         shown.status("starting")  # unchanged: said once
