@@ -630,7 +630,7 @@ def measure_floor(
     there and back (the model's size: Flower's own cost of moving it); times from the
     SuperLink's launch."""
     from fedrcl_flwr.launch.processes import RUN_VAR, teardown
-    from fedrcl_flwr.runner import free_port
+    from fedrcl_flwr.launch.superlink import free_port
 
     app = work / "floor-app"
     app.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ Timed here, in one process, is only what *our* code does with the weights:
   server decodes the K uploads (views) and averages them as the strategy does
   (``average_and_screen``: the average and the NaN/Inf screen in one pass);
 * ``shared``: the server publishes the model once (hash + one copy into a slot of the
-  store's arena, :class:`fedrcl_flwr.weight_store.Arena`); each client copies it out of
+  store's arena, :class:`fedrcl_flwr.weights.store.Arena`); each client copies it out of
   its process's mapping of the arena into its model, hashing the copy
   (``transport.Received.read_into``), and copies its upload into its slot, hashing as
   it copies; the server averages the K uploads where they lie, each piece copied out
@@ -47,7 +47,8 @@ from fedrcl_flwr.server.aggregation import (
     average_workers,
     client_coefficients,
 )
-from fedrcl_flwr.weight_store import HASH_ALGO, remove_store, temporary_store
+from fedrcl_flwr.weights.entries import HASH_ALGO
+from fedrcl_flwr.weights.lifecycle import remove_store, temporary_store
 
 
 def weights(model: str, num_classes: int) -> list:

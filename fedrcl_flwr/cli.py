@@ -135,9 +135,9 @@ def cmd_run(args) -> int:
     """``run EXPERIMENT.yaml`` / ``run --resume DIR``: the config, every check before the
     run (:func:`fedrcl_flwr.launch.preflight.before_run`), the run directory claimed, the
     simulation, one line of result."""
+    from fedrcl_flwr.errors import RunFailed
     from fedrcl_flwr.launch.preflight import before_run
     from fedrcl_flwr.launch.processes import OutputLock
-    from fedrcl_flwr.runner import RunFailed
 
     cfg, out_dir = _run_config(args)
     source = args.resume or args.experiment
@@ -189,7 +189,8 @@ def _claim_run_dir(cfg: ExperimentConfig, out_dir: Path, *, overwrite: bool) -> 
     """With the lock held: clear an earlier run (``--overwrite``), mark the directory as
     the tool's run directory, write the resolved ``config.yaml``, say what runs."""
     from fedrcl_flwr.config import dump_config
-    from fedrcl_flwr.run.results import clear_run_dir, ema_note, has_marker, shows_ema, write_marker
+    from fedrcl_flwr.run.progress import ema_note, shows_ema
+    from fedrcl_flwr.run.results import clear_run_dir, has_marker, write_marker
     from fedrcl_flwr.run.run_files import CONFIG_FILE
 
     if overwrite:
@@ -225,7 +226,7 @@ def _result_text(cfg: ExperimentConfig, summary: dict) -> str:
     rounds it was sampled: ...``; three at most, the rest counted: all are in
     ``summary.json``'s ``client_failures``)."""
     from fedrcl_flwr.config.catalog import reported_metric
-    from fedrcl_flwr.run.results import always_failing, reported_value
+    from fedrcl_flwr.run.summaries import always_failing, reported_value
 
     acc = summary.get("final_accuracy")
     text = f"final accuracy {100 * acc:.2f}%" if acc is not None else "no evaluated round"

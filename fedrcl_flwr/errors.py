@@ -1,6 +1,7 @@
 """The error every input check raises (standard library only, so that the modules that
 declare checks — :mod:`fedrcl_flwr.components`, :mod:`fedrcl_flwr.config` — need nothing
-else). The CLI turns it into one line on stderr and exit code 2."""
+else). The CLI turns it into one line on stderr and exit code 2. Also the error of a run
+that did not complete (:class:`RunFailed`, exit code 1)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,8 @@ def one_line(text: object, limit: int = 2000) -> str:
         return line
     head, tail = line[: limit - 300], line[-250:]
     return f"{head} ...[{len(line) - len(head) - len(tail):,} characters left out]... {tail}"
+
+
+class RunFailed(RuntimeError):
+    """A run that did not complete: one line saying why (the details are in the run's
+    ``run.log`` / ``flower.log``); the CLI prints it and exits with 1."""

@@ -87,7 +87,7 @@ class EMATracker:
     trails a rising accuracy by about 1 / (1 - factor) evaluations (10 for 0.9): it is
     the number to compare with FedRCL's tables at their target rounds (``ema@ROUND``),
     not a running estimate of the current model (progress lines show it only for runs
-    that report it, :func:`fedrcl_flwr.run.results.shows_ema`).
+    that report it, :func:`fedrcl_flwr.run.progress.shows_ema`).
     """
 
     def __init__(self, factor: float = 0.9, value: float | None = None):

@@ -20,6 +20,10 @@ Teardown is one mechanism, the *watchdog* of :mod:`fedrcl_flwr.launch.processes`
 output directory's lock, :class:`~fedrcl_flwr.launch.processes.OutputLock`), which the CLI
 starts first; it stops every process of the run whatever happened, ``kill -9`` of the CLI
 included.
+
+The SuperLink's lifecycle is :mod:`fedrcl_flwr.launch.superlink`, the following of the run
+and its progress lines :mod:`fedrcl_flwr.launch.follower`; this module submits the run,
+keeps its logs and drives the steps.
 """
 
 from __future__ import annotations
@@ -27,34 +31,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 from fedrcl_flwr.config import ExperimentConfig
-from fedrcl_flwr.launch.processes import (
-    HOME_PREFIX,
-    RUN_VAR,
-    OutputLock,
-    Watchdog,
-    reap_stale_runs,
-    teardown,
-)
-from fedrcl_flwr.run import timers
-from fedrcl_flwr.run.results import (
-    atomic_write_text,
-    format_round_line,
-    read_metrics,
-    round_eta,
-    shows_ema,
-)
+from fedrcl_flwr.errors import RunFailed
+from fedrcl_flwr.launch.follower import RunFollower, StartupProgress
+from fedrcl_flwr.launch.processes import OutputLock
+from fedrcl_flwr.launch.superlink import LocalSuperLink
+from fedrcl_flwr.run.results import atomic_write_text, read_metrics
 from fedrcl_flwr.run.run_files import (
     CONFIG_FILE,
     FLOWER_LOG,
@@ -63,10 +50,6 @@ from fedrcl_flwr.run.run_files import (
     append_file,
     new_file,
 )
-
-
-class RunFailed(RuntimeError):
-    pass
 
 
 def find_app_dir() -> Path:
@@ -78,22 +61,6 @@ def find_app_dir() -> Path:
             "project in editable mode: pip install -e ."
         )
     return root
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _bin(name: str) -> str:
-    exe = Path(sys.executable).parent / name
-    if exe.exists():
-        return str(exe)
-    found = shutil.which(name)
-    if not found:
-        raise RunFailed(f"'{name}' not found: is flwr installed in this environment?")
-    return found
 
 
 def federation_config(cfg: ExperimentConfig) -> str:
@@ -110,166 +77,6 @@ def federation_config(cfg: ExperimentConfig) -> str:
     if s.init_num_gpus is not None:
         items.append(f"init-args-num-gpus={float(s.init_num_gpus)}")
     return " ".join(items)
-
-
-# Ray's sockets are ``<RAY_TMPDIR>/ray/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store``
-# (``ray._private.node``) and an AF_UNIX path has at most 107 bytes
-RAY_SOCKET_TAIL = len("/ray/session_2026-11-28_07-22-05_619201_/sockets/plasma_store")
-AF_UNIX_PATH_MAX = 107
-
-
-def _pid_digits() -> int:
-    try:
-        return len(Path("/proc/sys/kernel/pid_max").read_text().strip())
-    except OSError:
-        return 7  # Linux's largest pid_max, 4194304
-
-
-def ray_sockets_fit(home: Path) -> bool:
-    """Whether a private Ray can keep its session directory under ``home``
-    (``RAY_TMPDIR=home``): its socket paths must fit in an AF_UNIX address."""
-    tail = RAY_SOCKET_TAIL + _pid_digits()
-    return len(os.fsencode(str(home))) + tail <= AF_UNIX_PATH_MAX
-
-
-def ray_session_note(env: dict, home: Path) -> str:
-    """One line for ``flower.log``: where the private Ray keeps its session files."""
-    if env.get("RAY_ADDRESS"):
-        return "Ray: joining the cluster at " + env["RAY_ADDRESS"]
-    if env.get("RAY_TMPDIR") == str(home):
-        return f"Ray's session files: {home}/ray (removed with the run)"
-    where = f"{env['RAY_TMPDIR']}/ray" if env.get("RAY_TMPDIR") else "$TMPDIR/ray or /tmp/ray"
-    return (
-        f"Ray's session files: {where}, kept "
-        "after the run: the run's private home is too long a path for Ray's sockets "
-        f"(at most {AF_UNIX_PATH_MAX - RAY_SOCKET_TAIL - _pid_digits()} bytes; a shorter "
-        "TMPDIR keeps them in the run's home)"
-    )
-
-
-class LocalSuperLink:
-    """A private simulation SuperLink on loopback, stopped by :meth:`stop` (or, if this
-    process dies first, by its watchdog)."""
-
-    def __init__(
-        self,
-        log_path: Path,
-        verbose: bool = False,
-        lock: OutputLock | None = None,
-        ray_address: str | None = None,
-        weight_store: bool = False,
-    ):
-        reap_stale_runs()  # earlier runs whose CLI and watchdog were both killed
-        self.home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
-        self.port = free_port()
-        self.log_path = log_path
-        self.verbose = verbose
-        self.proc: subprocess.Popen | None = None
-        self.env = dict(os.environ)
-        self.env["FLWR_HOME"] = str(self.home)
-        self.env[RUN_VAR] = str(self.home)
-        self.env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
-        self.env.setdefault("RAY_DEDUP_LOGS", "1")
-        self.env.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-        # the SuperLink's executor looks for the submitted run every second by default
-        self.env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.2")
-        # Ray prestarts idle workers for the first driver, but Flower's actors need
-        # workers with the run's runtime env and start their own: those idle workers
-        # only took CPU from the start-up (and so does the usage-stats reporter)
-        self.env.setdefault("RAY_prestart_worker_first_driver", "0")
-        self.env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        if ray_address:  # Flower's ray.init() joins the cluster Ray finds in RAY_ADDRESS
-            self.env["RAY_ADDRESS"] = ray_address
-        else:
-            self.env.pop("RAY_ADDRESS", None)
-            # the actors of a private Ray import the ClientApp while the ServerApp starts,
-            # not on round 1's first message (fedrcl_flwr/app/worker_warmup.py); a cluster's
-            # workers are the cluster's: their start-up is left as the cluster runs it
-            self.env.setdefault(
-                "RAY_RUNTIME_ENV_HOOK", "fedrcl_flwr.app.worker_warmup.add_setup_hook"
-            )
-            # Ray's session files (logs, sockets, spilled objects) inside the home, so the
-            # teardown removes them with it; Ray's default (``$TMPDIR/ray``) kept one
-            # session directory per run forever
-            if ray_sockets_fit(self.home):
-                self.env["RAY_TMPDIR"] = str(self.home)
-        if not verbose:
-            self.env["PYTHONWARNINGS"] = "ignore"
-        # the ServerApp's start-up events, for the CLI's progress lines (run/timers.py)
-        self.progress_path = self.home / "progress.jsonl"
-        self.env[timers.PROGRESS_VAR] = str(self.progress_path)
-        (self.home / "config.toml").write_text(
-            '[superlink]\ndefault = "local"\n\n'
-            f'[superlink.local]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
-        )
-        if lock is not None:
-            lock.note(str(self.home))
-        # the watchdog first: from here on, nothing of the run can outlive this process
-        self.watchdog = Watchdog(self.home, lock)
-        # then the run's weight store (simulation.transport: shared), owned by this
-        # process and the watchdog, whose teardown removes it: its folder, or why there
-        # is none
-        self.store_root, self.store_note = "", ""
-        if weight_store:
-            from fedrcl_flwr.weight_store import create_store
-
-            try:
-                store = create_store(owners=[self.watchdog.proc.pid], home=self.home)
-                self.store_root = str(store.root)
-            except OSError as exc:
-                self.store_note = f"{type(exc).__name__}: {exc}"
-
-    def start(self, timeout: float = 60.0) -> None:
-        self._log = append_file(self.log_path, "ab")
-        self._log.write(f"fedrcl-flwr: {ray_session_note(self.env, self.home)}\n".encode())
-        self._log.flush()
-        timers.server_event("superlink_launch")  # where Flower's own start-up begins
-        self.proc = subprocess.Popen(
-            [
-                _bin("flower-superlink"),
-                "--simulation",
-                "--insecure",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--disable-runtime-dependency-installation",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=self.env,
-            start_new_session=True,
-            cwd=str(self.home),
-        )
-        self.watchdog.watch_group(self.proc.pid)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RunFailed(
-                    f"flower-superlink exited with code {self.proc.returncode}; see {self.log_path}"
-                )
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise RunFailed(
-            f"flower-superlink did not become healthy in {timeout:.0f}s; see {self.log_path}"
-        )
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        """Close the watchdog's pipe and wait while it tears the run down."""
-        clean = self.watchdog.stop()
-        if getattr(self, "_log", None):
-            self._log.close()
-        if not clean:  # should not happen: do it here instead
-            teardown(self.home, [self.proc.pid] if self.proc is not None else [])
 
 
 def toml_string(text: str) -> str:
@@ -332,16 +139,16 @@ def run_simulation_via_flower(
     dataset_entry: Path | None = None,
 ) -> dict:
     """Run the experiment whose resolved config is ``out_dir/config.yaml``; return the
-    summary. Raises :class:`RunFailed` when the run did not complete (one line; the
-    details are in ``run.log``), including when it stays ``pending``/``starting`` longer
-    than ``simulation.startup_timeout_s``. ``dataset_entry``: the dataset cache entry the
-    CLI prepared (every Flower process then only opens it). The inputs were checked by
-    :func:`fedrcl_flwr.launch.preflight.before_run`. The run's start-up, phase by phase, goes to
-    ``flower.log`` (``fedrcl-flwr timing:`` lines).
-
-    Steps (module docstring): a private SuperLink (:class:`LocalSuperLink`, its watchdog
-    first), the run submitted (:func:`_submit`), followed until it finishes
-    (:class:`_RunFollower`), its log fetched, everything torn down."""
+    summary. Raises :class:`~fedrcl_flwr.errors.RunFailed` when the run did not complete
+    (one line; the details are in ``run.log``), including when it stays
+    ``pending``/``starting`` longer than ``simulation.startup_timeout_s``.
+    ``dataset_entry``: the dataset cache entry the CLI prepared (every Flower process then
+    only opens it). The inputs were checked by :func:`fedrcl_flwr.launch.preflight.
+    before_run`. The start-up, phase by phase, goes to ``flower.log`` (``fedrcl-flwr
+    timing:`` lines). Steps (module docstring): a private SuperLink
+    (:class:`LocalSuperLink`, its watchdog first), the run submitted (:func:`_submit`),
+    followed until it finishes (:class:`~fedrcl_flwr.launch.follower.RunFollower`), its
+    log fetched, everything torn down."""
     from fedrcl_flwr.app.control import ControlClient
     from fedrcl_flwr.app.wire.transport import fallback_reason
 
@@ -355,56 +162,82 @@ def run_simulation_via_flower(
         ray_address=cfg.simulation.ray_address,
         weight_store=fallback_reason(cfg) is None,
     )
-    kept: list[dict] = []
-    if resume:  # the records the ServerApp keeps: those up to the checkpoint's round
-        done = checkpoint_round(out_dir, read_metrics(out_dir))
-        kept = [r for r in read_metrics(out_dir) if int(r["round"]) <= done]
-        print(resume_line(out_dir, cfg.federation.rounds, done), flush=True)
-    printed = len(kept)
+    printed = _resume_point(cfg, out_dir) if resume else 0
     control = None
     timing = [("watchdog", time.time() - t0)]
     startup = StartupProgress(t0, link.progress_path)
     try:
-        startup.say("starting a private Flower SuperLink")
-        # Flower's CLI modules (what ``flwr run`` needs, ~0.25 s of imports) load while
-        # this process waits for the SuperLink to answer, not after
-        preload = threading.Thread(target=_import_flower_cli, name="fedrcl-flwr-cli-import")
-        preload.start()
-        link.start()
-        preload.join()
-        timing.append(("superlink healthy", time.time() - t0))
-        startup.say(f"SuperLink up on {link.address}; submitting the run")
+        _start_link(link, startup, timing, t0)
         run_id = _submit(cfg, link, app, out_dir, resume=resume, dataset_entry=dataset_entry)
         control = ControlClient(link.home, link.address)
         timing.append(("run submitted", time.time() - t0))
         startup.say(
             f"run {run_id} submitted; Flower starts the simulation process, Ray and the ServerApp"
         )
-        follower = _RunFollower(cfg, out_dir, link, control, run_id, printed, timing, t0)
+        follower = RunFollower(cfg, out_dir, link, control, run_id, printed, timing, t0)
         follower.startup = startup
-        status = follower.follow(poll_s, status_every_s)
-        follower._print_new_rounds()  # the last rounds' lines, also of a failed run
-        timing.append(("run finished", time.time() - t0))
-        logs = readable_log(control.logs(run_id))
-        atomic_write_text(out_dir / RUN_LOG, logs)  # whole or absent (a full disk)
-        for line in logs.splitlines():  # a tracker dropped by the ServerApp (tracking.py)
-            if line.startswith("[fedrcl-flwr] tracker ") and " is dropped " in line:
-                print(f"fedrcl-flwr: {line.split('] ', 1)[1].strip()}", file=sys.stderr)
+        status = follower.follow_to_end(poll_s, status_every_s)
+        logs = _keep_run_log(control.logs(run_id), out_dir)
         if status != "finished:completed":
             raise RunFailed(
                 f"{_one_line_error(logs)} (status '{status}'; details in {out_dir / RUN_LOG})"
             )
     finally:
-        if control is not None:
-            control.close()
-        link.stop()
-        timing.append(("torn down", time.time() - t0))
-        drop_polling_lines(link.log_path)
-        _log_timing(link.log_path, timing)
+        _tear_down(link, control, timing, t0)
+    return _written_summary(out_dir)
+
+
+def _written_summary(out_dir: Path) -> dict:
+    """The ``summary.json`` the completed run wrote (:class:`~fedrcl_flwr.errors.RunFailed`
+    when there is none)."""
     summary_path = out_dir / SUMMARY_FILE
     if not summary_path.exists():
         raise RunFailed(f"run completed but wrote no {summary_path}")
     return json.loads(summary_path.read_text())
+
+
+def _tear_down(link: LocalSuperLink, control, timing: list, t0: float) -> None:
+    """Close the run's Control API client, tear the run down (:meth:`LocalSuperLink.stop`)
+    and leave ``flower.log`` without the status polling and with the run's phases."""
+    if control is not None:
+        control.close()
+    link.stop()
+    timing.append(("torn down", time.time() - t0))
+    drop_polling_lines(link.log_path)
+    _log_timing(link.log_path, timing)
+
+
+def _resume_point(cfg: ExperimentConfig, out_dir: Path) -> int:
+    """How many round records the resumed run keeps (those the ServerApp keeps: up to the
+    checkpoint's round), after printing what it continues (:func:`resume_line`)."""
+    done = checkpoint_round(out_dir, read_metrics(out_dir))
+    kept = [r for r in read_metrics(out_dir) if int(r["round"]) <= done]
+    print(resume_line(out_dir, cfg.federation.rounds, done), flush=True)
+    return len(kept)
+
+
+def _start_link(link: LocalSuperLink, startup: StartupProgress, timing: list, t0: float) -> None:
+    """Start the SuperLink and wait until it answers; Flower's CLI modules (what ``flwr
+    run`` needs, ~0.25 s of imports) load while this process waits, not after."""
+    startup.say("starting a private Flower SuperLink")
+    preload = threading.Thread(target=_import_flower_cli, name="fedrcl-flwr-cli-import")
+    preload.start()
+    link.start()
+    preload.join()
+    timing.append(("superlink healthy", time.time() - t0))
+    startup.say(f"SuperLink up on {link.address}; submitting the run")
+
+
+def _keep_run_log(flower_logs: str, out_dir: Path) -> str:
+    """The run's log (:func:`readable_log`), written to ``run.log`` whole or not at all (a
+    full disk); a tracker the ServerApp dropped (:mod:`fedrcl_flwr.tracking`) is also said
+    on stderr."""
+    logs = readable_log(flower_logs)
+    atomic_write_text(out_dir / RUN_LOG, logs)
+    for line in logs.splitlines():
+        if line.startswith("[fedrcl-flwr] tracker ") and " is dropped " in line:
+            print(f"fedrcl-flwr: {line.split('] ', 1)[1].strip()}", file=sys.stderr)
+    return logs
 
 
 def _import_flower_cli() -> None:
@@ -466,150 +299,6 @@ def resume_line(out_dir: Path, total_rounds: int, done: int) -> str:
     rounds N+1..R``."""
     todo = f"rounds {done + 1}..{total_rounds}" if done < total_rounds else "no round left"
     return f"fedrcl-flwr: resuming {out_dir} from its checkpoint at round {done}: {todo}"
-
-
-class StartupProgress:
-    """The run's start-up phases as they happen, one line each (``fedrcl-flwr: [  4.1s]
-    ...``, seconds since the runner started): the runner's own steps (:meth:`say`), the
-    run's Flower status as it changes (:meth:`status`), and the ServerApp's start-up events
-    read from the run's progress file (:meth:`poll`; written by
-    :func:`fedrcl_flwr.run.timers.server_event`). Ends at the first round's record."""
-
-    WHAT = {
-        "serverapp_start": "the ServerApp's process is up (Python and the project imported)",
-        "serverapp_built": "the ServerApp built the data, the model and the strategy",
-        "sent": "round {round} sent to {clients} clients: training (the first round also "
-        "starts Ray's client workers)",
-    }
-
-    def __init__(self, t0: float, path: Path | None):
-        self.t0, self.path = t0, path
-        self.seen: set = set()
-        self.last_status = ""
-        self.done = False
-
-    def say(self, text: str, at: float | None = None) -> None:
-        if self.done:
-            return
-        t = (time.time() if at is None else at) - self.t0
-        print(f"fedrcl-flwr: [{t:6.1f}s] {text}", flush=True)
-
-    def status(self, status: str) -> None:
-        if status and status != self.last_status and not status.startswith("finished"):
-            self.last_status = status
-            self.say(f"Flower: the run is {status}")
-
-    def poll(self) -> None:
-        if self.done or self.path is None:
-            return
-        for rec in timers.read_progress(self.path):
-            event = rec["event"]
-            if event in self.seen or event not in self.WHAT:
-                continue
-            self.seen.add(event)
-            try:
-                text = self.WHAT[event].format(**rec)
-            except (KeyError, IndexError, ValueError):
-                text = event
-            self.say(text, at=float(rec.get("t", time.time())))
-
-
-class _RunFollower:
-    """Follows a submitted run until it finishes: prints one line per round recorded in
-    ``metrics.jsonl``, asks the run's status every ``status_every_s`` seconds (``ListRuns``:
-    a failed run can look like a submitted one), gives up on a run that never starts
-    (``simulation.startup_timeout_s``, flwr issue #7953) or a SuperLink that died."""
-
-    def __init__(
-        self,
-        cfg: ExperimentConfig,
-        out_dir: Path,
-        link: LocalSuperLink,
-        control: Any,
-        run_id: int,
-        printed: int,
-        timing: list,
-        t0: float,
-    ):
-        self.cfg, self.out_dir, self.link = cfg, out_dir, link
-        self.control, self.run_id = control, run_id
-        self.printed = printed  # round records printed (or kept from before a resume)
-        self.kept = printed  # records kept from before a resume (not of this process)
-        self.timing, self.t0 = timing, t0
-        self.started = False
-        self.submitted = time.time()
-        self.summary_path = out_dir / SUMMARY_FILE
-        self.summary_before = _mtime(self.summary_path)
-        self.startup: StartupProgress | None = None
-
-    def follow(self, poll_s: float, status_every_s: float) -> str:
-        """The run's final status (``finished:completed`` when it completed)."""
-        status, last_check = "", 0.0
-        while True:
-            self._print_new_rounds()
-            if _mtime(self.summary_path) != self.summary_before:
-                # the ServerApp writes summary.json last, after every other result: the run
-                # is complete; do not wait for Flower to stop its actors and Ray (seconds)
-                status = self.control.status(self.run_id)
-                return status if status.startswith("finished") else "finished:completed"
-            if time.time() - last_check >= status_every_s:
-                status, last_check = self.control.status(self.run_id), time.time()
-                if status.startswith("finished"):
-                    return status
-                if self.startup is not None and not self.started:
-                    self.startup.status(status)
-                self._check_started(status)
-            link_proc = self.link.proc
-            assert link_proc is not None  # started before the run was submitted
-            if link_proc.poll() is not None:
-                raise RunFailed(
-                    f"the SuperLink died (exit {link_proc.returncode}); see {self.link.log_path}"
-                )
-            time.sleep(poll_s)
-
-    def _print_new_rounds(self) -> None:
-        if self.startup is not None:
-            self.startup.poll()
-        recs = read_metrics(self.out_dir)
-        if len(recs) > self.printed and self.startup is not None:
-            self.startup.done = True  # from here on, the round lines say how it goes
-        if len(recs) > self.printed and len(self.timing) < 4:
-            first = recs[self.printed]
-            self.timing.append(
-                (
-                    "first round started",
-                    time.time() - self.t0 - float(first.get("round_time_s", 0.0)),
-                )
-            )
-        for i in range(self.printed, len(recs)):
-            total = self.cfg.federation.rounds
-            eta = round_eta(recs[self.kept : i + 1], total)
-            print(
-                format_round_line(
-                    recs[i], total, shows_ema(self.cfg.evaluation.report_metric), eta_s=eta
-                ),
-                flush=True,
-            )
-        self.started = self.started or len(recs) > self.printed
-        self.printed = max(self.printed, len(recs))
-
-    def _check_started(self, status: str) -> None:
-        self.started = self.started or status == "running"
-        waited = time.time() - self.submitted
-        if not self.started and waited > self.cfg.simulation.startup_timeout_s:
-            raise RunFailed(
-                f"run {self.run_id} did not start: still '{status or 'unknown'}' after "
-                f"{waited:.0f}s (simulation.startup_timeout_s="
-                f"{self.cfg.simulation.startup_timeout_s:g}; a known Flower problem, "
-                f"flwr issue #7953); see {self.link.log_path}"
-            )
-
-
-def _mtime(path: Path) -> int | None:
-    try:
-        return path.stat().st_mtime_ns
-    except OSError:
-        return None
 
 
 # what the CLI's own status polling (ControlClient.status: ListRuns, once a second)

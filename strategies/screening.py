@@ -21,7 +21,7 @@ from flwr.common import FitRes
 from fedrcl_flwr.app.wire.transport import arrays_of, open_upload
 from fedrcl_flwr.protocol import FitReport, ProtocolError, untag_partition
 from fedrcl_flwr.server.aggregation import check_shapes, check_update
-from fedrcl_flwr.weight_store import StoreError
+from fedrcl_flwr.weights.entries import StoreError
 from strategies.averaging import Averaging, checked_average
 
 log = logging.getLogger("fedrcl_flwr")
@@ -136,7 +136,7 @@ def verify(
     kept: list[ClientResult], reasons: list[str], weights: list, how: Averaging
 ) -> tuple[list[ClientResult], list | None]:
     """The screened results whose values are usable: an upload by reference hashes
-        to its name (:class:`~fedrcl_flwr.weight_store.HashCheck`), holds no NaN/Inf and
+        to its name (:class:`~fedrcl_flwr.weights.reading.HashCheck`), holds no NaN/Inf and
         (client-side DP, ``how.dp``) is clipped; why each other
         one is not goes to ``reasons``. Every value used is a value checked: with the plain
         average (no DP, no SecAgg+) the uploads are read once

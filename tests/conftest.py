@@ -141,7 +141,7 @@ def _session_tmpdir(tmp_path_factory):
     — names ``<session dir>/fedrcl-flwr-home-``, and processes of anyone else's runs on
     the machine never do (``helpers.leftover_procs`` judges only ours). The homes under it
     are too long a path for Ray's sockets, so Ray keeps its session files under
-    ``$TMPDIR/ray`` (``fedrcl_flwr.runner.ray_sockets_fit``), removed with the directory. pytest's own temporary directories are fixed
+    ``$TMPDIR/ray`` (``fedrcl_flwr.launch.superlink.ray_sockets_fit``), removed with the directory. pytest's own temporary directories are fixed
     first and stay where they were; the directory is removed at the end."""
     import os
     import shutil

@@ -18,7 +18,7 @@ from fedrcl_flwr.app.server_app import build_server
 from fedrcl_flwr.app.wire.transport import ServerTransport, fallback_reason
 from fedrcl_flwr.config import ExperimentConfig
 from fedrcl_flwr.run.run_files import CLIENT_STATE_DIR
-from fedrcl_flwr.weight_store import remove_store, temporary_store
+from fedrcl_flwr.weights.lifecycle import remove_store, temporary_store
 
 
 class _Slot:

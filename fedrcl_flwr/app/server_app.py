@@ -27,13 +27,9 @@ from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.evaluation import EMATracker, evaluate_model
 from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.run.checkpoint import load_checkpoint, save_checkpoint
-from fedrcl_flwr.run.results import (
-    CONFIG_FILE,
-    RunRecorder,
-    format_round_line,
-    run_title,
-    shows_ema,
-)
+from fedrcl_flwr.run.plots import run_title
+from fedrcl_flwr.run.progress import format_round_line, shows_ema
+from fedrcl_flwr.run.results import CONFIG_FILE, RunRecorder
 from strategies import strategy_class
 from strategies.round_records import failure_counts
 

@@ -10,7 +10,7 @@ actors is while the ServerApp is still building its model and data. Flower's ``r
 passes a ``runtime_env`` of its own (its ``PYTHONPATH``), so the hook is added through
 Ray's ``RAY_RUNTIME_ENV_HOOK``: a function that receives the ``runtime_env`` ``ray.init``
 is about to use and returns the one to use. The runner sets that variable for the
-simulation's processes only, and only with a private Ray (``fedrcl_flwr.runner.LocalSuperLink``):
+simulation's processes only, and only with a private Ray (``fedrcl_flwr.launch.superlink.LocalSuperLink``):
 the workers of a Ray cluster (``simulation.ray_address``) start as the cluster starts them.
 
 Nothing is computed early: the same modules are imported, only sooner, so no number of a

@@ -159,7 +159,7 @@ CLIENT_METRICS = tuple(f"client_{s}" for s in CLIENT_STATS)
 # the papers' "Avg" of an inter-domain table (FedCCL Tables 1-2, RethinkFL's FPL): the
 # unweighted mean over the test set's domains of each domain's accuracy; ``<m>_domain_mean``
 # is metric ``<m>`` taken per domain, then averaged (summary.json's ``<m>_domain_mean``,
-# ``ema_domain_mean_at`` for ``ema@ROUND_domain_mean``; fedrcl_flwr/run/results.py)
+# ``ema_domain_mean_at`` for ``ema@ROUND_domain_mean``; fedrcl_flwr/run/summaries.py)
 DOMAIN_MEAN = "_domain_mean"
 DOMAIN_METRICS = tuple(m + DOMAIN_MEAN for m in (*SUMMARY_METRICS, EMA_METRIC))
 # every name ``report --metric`` takes, in the order the help lists them

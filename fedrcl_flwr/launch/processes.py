@@ -42,7 +42,7 @@ from typing import IO
 
 from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.run.run_files import LOCK_FILE
-from fedrcl_flwr.weight_store import (
+from fedrcl_flwr.weights.lifecycle import (
     SHM,
     owners_gone,
     pid_namespace,
@@ -329,9 +329,9 @@ def reap_stale_runs(parent: Path | None = None) -> list[Path]:
     """The teardown of earlier runs and sweeps whose CLI and watchdog were both killed
     (``kill -9`` of both, an OOM kill): for each private home in ``parent`` (the system's
     temporary directory) that carries an owner record (:data:`HOME_MARKER`) whose
-    processes have all ended (:func:`~fedrcl_flwr.weight_store.owners_gone`), stop the
+    processes have all ended (:func:`~fedrcl_flwr.weights.lifecycle.owners_gone`), stop the
     processes that still carry it as their marker, delete its weight store and the home.
-    Then the stale weight stores in ``/dev/shm`` (:func:`~fedrcl_flwr.weight_store.
+    Then the stale weight stores in ``/dev/shm`` (:func:`~fedrcl_flwr.weights.lifecycle.
     remove_stale_stores`). A home without a valid record (one being made, another
     tool's) or with a live owner is left alone. Returns the homes removed."""
     parent = Path(parent) if parent is not None else Path(tempfile.gettempdir())

@@ -81,13 +81,8 @@ from fedrcl_flwr.launch.processes import (
     Watchdog,
     reap_stale_runs,
 )
-from fedrcl_flwr.run.results import (
-    atomic_write_text,
-    ema_note,
-    read_metrics,
-    reported_value,
-    shows_ema,
-)
+from fedrcl_flwr.run.progress import ema_note, shows_ema
+from fedrcl_flwr.run.results import atomic_write_text, read_metrics
 from fedrcl_flwr.run.run_files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -108,6 +103,7 @@ from fedrcl_flwr.run.run_files import (
 from fedrcl_flwr.run.run_files import (
     SWEEP_STATUS_FILE as STATUS_FILE,
 )
+from fedrcl_flwr.run.summaries import reported_value
 
 SWEEP_KEYS = ("base", "grid", "seeds", "variants", "set", "name")
 # a sweep file may plan at most this many runs (a typo in a grid is refused at once

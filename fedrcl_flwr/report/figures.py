@@ -14,7 +14,8 @@ from typing import Any
 
 from fedrcl_flwr.report.grouping import Group, domain_heading, group_runs, json_key, setting_title
 from fedrcl_flwr.report.reading import Run, is_number, load_runs
-from fedrcl_flwr.run.results import DOMAIN_AVERAGE, domains_of, legend_below, wrap_title
+from fedrcl_flwr.run.plots import legend_below, wrap_title
+from fedrcl_flwr.run.summaries import DOMAIN_AVERAGE, domains_of
 
 
 def default_plot_out(dirs: list) -> Path:

@@ -13,7 +13,7 @@ them). Without ``--metric`` (:func:`default_metric`): the runs' ``summary.json``
 Inter-domain studies (``partition.scheme: domain``): FedCCL (Tables 1-2) and RethinkFL's
 FPL report each domain's test accuracy and "Avg", their unweighted mean over domains.
 ``M_domain_mean`` is metric ``M`` per domain (``domain_accuracy`` of the round records),
-averaged over the domains (:func:`fedrcl_flwr.run.results.per_domain_values`); when every
+averaged over the domains (:func:`fedrcl_flwr.run.summaries.per_domain_values`); when every
 run is inter-domain, a pooled ``report_metric`` is reported as its domain mean (runs
 written before the domain means have it computed from ``metrics.jsonl``).
 """
@@ -31,8 +31,8 @@ from fedrcl_flwr.config.catalog import (
 )
 from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.report.reading import Records, Run, is_number
-from fedrcl_flwr.run.results import LAST_K, domains_of, per_domain_values, reported_value
 from fedrcl_flwr.run.run_files import CONFIG_FILE
+from fedrcl_flwr.run.summaries import LAST_K, domains_of, per_domain_values, reported_value
 
 
 def check_metric(metric: str) -> str:
@@ -61,7 +61,7 @@ def _ema_factor(run: Run) -> float:
 def domain_values(run: Run, metric: str) -> dict:
     """Domain -> the run's value of the pooled metric under ``metric`` on that domain's
     test data: for ``last5`` the summary's ``last5_per_domain``, else computed from
-    ``metrics.jsonl``'s ``domain_accuracy`` (:func:`fedrcl_flwr.run.results.
+    ``metrics.jsonl``'s ``domain_accuracy`` (:func:`fedrcl_flwr.run.summaries.
     per_domain_values`); ``{}`` when the run has none (or never reached ROUND of
     ``ema@ROUND``)."""
     target = ema_round(metric)

@@ -13,7 +13,7 @@ appends one JSON line per event to ``DIR/<role>-<pid>.jsonl``:
   (``sent``), its results handed back (``results``), the background round end
   (``eval_start`` / ``eval_end``);
 * start-up events: the CLI launching the SuperLink (``superlink_launch``, written by
-  :mod:`fedrcl_flwr.runner` after the pre-run checks), the ServerApp called by Flower
+  :mod:`fedrcl_flwr.launch.superlink` after the pre-run checks), the ServerApp called by Flower
   (``serverapp_start``, with its process's start time and the time its module finished
   importing) and set up (``serverapp_built``: data, model, strategy).
 
@@ -21,7 +21,7 @@ Progress (always on under ``fedrcl-flwr run``, independent of ``FEDRCL_TIMERS``)
 runner sets ``FEDRCL_FLWR_PROGRESS`` to a file in the run's private home, and the
 start-up events (``serverapp_start``, ``serverapp_built``, the first ``sent``) are also
 appended there, so that the CLI prints each start-up phase as it happens
-(:func:`read_progress`; :mod:`fedrcl_flwr.runner`).
+(:func:`read_progress`; :mod:`fedrcl_flwr.launch.follower`).
 
 The benchmark turns them into the per-client breakdown (Ray dispatch, decode, client
 construction, model load, training, encode, SuperLink round trip). Timers only read

@@ -447,7 +447,7 @@ def test_ray_workers_import_the_client_app_as_they_start(monkeypatch):
 
     from fedrcl_flwr.app import worker_warmup
     from fedrcl_flwr.launch.processes import procs_with
-    from fedrcl_flwr.runner import LocalSuperLink
+    from fedrcl_flwr.launch.superlink import LocalSuperLink
 
     monkeypatch.delenv("RAY_RUNTIME_ENV_HOOK", raising=False)
     link = LocalSuperLink(log_path=None)  # (its watchdog starts now: stopped below)
@@ -485,29 +485,29 @@ def test_a_private_ray_keeps_its_session_files_in_the_run_home(monkeypatch, tmp_
     the SIGKILL run of ``tests/e2e/test_process_teardown.py``.)"""
     import tempfile
 
-    from fedrcl_flwr import runner
+    from fedrcl_flwr.launch import superlink
 
     monkeypatch.setenv("RAY_TMPDIR", "/somewhere/else")
     short = tmp_path / "short"
     short.mkdir()
-    fit = runner.AF_UNIX_PATH_MAX - runner.RAY_SOCKET_TAIL - runner._pid_digits()
-    assert runner.ray_sockets_fit(Path("/" + "h" * (fit - 1)))
-    assert not runner.ray_sockets_fit(Path("/" + "h" * fit))
+    fit = superlink.AF_UNIX_PATH_MAX - superlink.RAY_SOCKET_TAIL - superlink._pid_digits()
+    assert superlink.ray_sockets_fit(Path("/" + "h" * (fit - 1)))
+    assert not superlink.ray_sockets_fit(Path("/" + "h" * fit))
     # a real session's socket path at the limit, as Ray builds it
-    session = "session_2026-11-28_07-22-05_619201_" + "9" * runner._pid_digits()
+    session = "session_2026-11-28_07-22-05_619201_" + "9" * superlink._pid_digits()
     longest = "/" + "h" * (fit - 1) + f"/ray/{session}/sockets/plasma_store"
-    assert len(longest) == runner.AF_UNIX_PATH_MAX
+    assert len(longest) == superlink.AF_UNIX_PATH_MAX
 
     links = []
     try:
         # a short home (/tmp/fedrcl-flwr-home-XXXXXXXX), then one too long
         monkeypatch.setattr(tempfile, "tempdir", "/tmp")
-        links.append(runner.LocalSuperLink(log_path=tmp_path / "a.log"))
+        links.append(superlink.LocalSuperLink(log_path=tmp_path / "a.log"))
         (tmp_path / ("d" * 80)).mkdir()
         monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / ("d" * 80)))
-        links.append(runner.LocalSuperLink(log_path=tmp_path / "b.log"))
+        links.append(superlink.LocalSuperLink(log_path=tmp_path / "b.log"))
         links.append(
-            runner.LocalSuperLink(log_path=tmp_path / "c.log", ray_address="10.0.0.1:6379")
+            superlink.LocalSuperLink(log_path=tmp_path / "c.log", ray_address="10.0.0.1:6379")
         )
     finally:
         for link in links:
@@ -516,14 +516,14 @@ def test_a_private_ray_keeps_its_session_files_in_the_run_home(monkeypatch, tmp_
     assert home.env["RAY_TMPDIR"] == str(home.home)
     # otherwise the user's choice (here RAY_TMPDIR), as without this tool
     assert long_home.env["RAY_TMPDIR"] == cluster.env["RAY_TMPDIR"] == "/somewhere/else"
-    assert runner.ray_session_note(home.env, home.home) == (
+    assert superlink.ray_session_note(home.env, home.home) == (
         f"Ray's session files: {home.home}/ray (removed with the run)"
     )
-    note = runner.ray_session_note(long_home.env, long_home.home)
+    note = superlink.ray_session_note(long_home.env, long_home.home)
     assert note.startswith("Ray's session files: /somewhere/else/ray, kept after the run")
-    assert "$TMPDIR/ray or /tmp/ray, kept" in runner.ray_session_note({}, long_home.home)
+    assert "$TMPDIR/ray or /tmp/ray, kept" in superlink.ray_session_note({}, long_home.home)
     assert (
-        runner.ray_session_note(cluster.env, cluster.home)
+        superlink.ray_session_note(cluster.env, cluster.home)
         == "Ray: joining the cluster at 10.0.0.1:6379"
     )
     assert not any(link.home.exists() for link in links)

@@ -21,15 +21,10 @@ from fedrcl_flwr.app.wire import transport
 from fedrcl_flwr.config import config_from_dict
 from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.run.results import read_metrics
-from fedrcl_flwr.weight_store import (
-    SHM,
-    StoreError,
-    WeightStore,
-    create_store,
-    load,
-    remove_store,
-    stores_of,
-)
+from fedrcl_flwr.weights.entries import StoreError
+from fedrcl_flwr.weights.lifecycle import SHM, create_store, remove_store, stores_of
+from fedrcl_flwr.weights.reading import load
+from fedrcl_flwr.weights.store import WeightStore
 
 ARRAYS = [
     np.arange(12, dtype=np.float32).reshape(3, 4) / 7,
@@ -79,10 +74,10 @@ def _run(tiny, out: Path, how: str, *, resume=False, stop_after=None, **sections
     if st.transport.shared:  # the run's store was in /dev/shm and is gone
         assert st.transport.store.root.parent == SHM
         assert not st.transport.store.root.exists()
-        from fedrcl_flwr import weight_store  # and this process keeps no handle of it
+        from fedrcl_flwr.weights import mappings  # and this process keeps no handle of it
 
         arena = str(st.transport.store.root / "arena")
-        assert arena not in weight_store._MAPS and arena not in weight_store._WRITERS
+        assert arena not in mappings._MAPS and arena not in mappings._WRITERS
     return st
 
 
@@ -215,8 +210,8 @@ def test_a_directory_the_run_did_not_make_is_never_removed(tmp_path, monkeypatch
     visible in ``/tmp`` and in the watchdog's command line) is neither used nor removed,
     by the store's failure path or by teardown; ``remove_store`` removes only a marked
     store (of the home it is told)."""
-    from fedrcl_flwr import weight_store
     from fedrcl_flwr.launch.processes import HOME_PREFIX, teardown
+    from fedrcl_flwr.weights import lifecycle
 
     home = tmp_path / f"{HOME_PREFIX}planted"
     home.mkdir()
@@ -230,7 +225,7 @@ def test_a_directory_the_run_did_not_make_is_never_removed(tmp_path, monkeypatch
         assert (planted / "user-file").read_text() == "keep me"
         home.mkdir()
         # /dev/shm refuses the store (full): the failure path removes only what it made
-        real = weight_store._write_new
+        real = lifecycle._write_new
         calls = []
 
         def full_once(path, data):
@@ -239,7 +234,7 @@ def test_a_directory_the_run_did_not_make_is_never_removed(tmp_path, monkeypatch
                 raise OSError(28, "No space left on device")
             return real(path, data)
 
-        monkeypatch.setattr(weight_store, "_write_new", full_once)
+        monkeypatch.setattr(lifecycle, "_write_new", full_once)
         store = create_store(home=home)
         assert store.root.parent == home and not calls[0].parent.exists()
         assert not remove_store(planted) and not remove_store(store.root, home=tmp_path)
@@ -491,18 +486,18 @@ def test_no_arena_when_it_would_not_fit_in_memory(tmp_path, monkeypatch):
 def test_a_process_keeps_one_mapping_of_the_arena(tmp_path):
     """Every load of a slot in a process reads through the same mapping (its pages
     fault once), and a new arena at the same path (another run) is mapped afresh."""
-    from fedrcl_flwr import weight_store
+    from fedrcl_flwr.weights import mappings
 
     t, sent = _arena_transport(tmp_path)
     transport.arrays_of(sent)
-    first = weight_store._MAPS[str(tmp_path / "arena")][1]
+    first = mappings._MAPS[str(tmp_path / "arena")][1]
     transport.arrays_of(t.send([np.ones(3, np.float32)]))
-    assert weight_store._MAPS[str(tmp_path / "arena")][1] is first
+    assert mappings._MAPS[str(tmp_path / "arena")][1] is first
     shutil.rmtree(tmp_path)
     tmp_path.mkdir()
     t2, sent2 = _arena_transport(tmp_path)
     assert all(np.array_equal(a, b) for a, b in zip(transport.arrays_of(sent2), ARRAYS))
-    assert weight_store._MAPS[str(tmp_path / "arena")][1] is not first
+    assert mappings._MAPS[str(tmp_path / "arena")][1] is not first
 
 
 def test_a_slot_write_hashes_what_it_copies_as_a_reader_does(tmp_path):
@@ -511,8 +506,8 @@ def test_a_slot_write_hashes_what_it_copies_as_a_reader_does(tmp_path):
     reference names the digest a reader computes over the slot, the same as reading the
     arrays gives, and the arrays come back equal; a writable mapping is kept per arena
     and the same writer is reused."""
-    from fedrcl_flwr import weight_store
-    from fedrcl_flwr.weight_store import PIECE, Entry
+    from fedrcl_flwr.weights import mappings
+    from fedrcl_flwr.weights.entries import PIECE, Entry
 
     big = np.random.default_rng(0).standard_normal(PIECE // 4 * 3 + 5).astype(np.float32)
     arrays = [*ARRAYS, big, np.arange(7, dtype=np.int16)]
@@ -523,9 +518,9 @@ def test_a_slot_write_hashes_what_it_copies_as_a_reader_does(tmp_path):
     ref = t.store.publish_in_slot(fresh, t.arena.upload_offset(1, 0), t.arena.slot_size)
     assert ref["hash"] == Entry(arrays).hash and ref["size"] == Entry(arrays).size
     assert all(np.array_equal(a, b) for a, b in zip(load(ref), arrays))
-    writer = weight_store._WRITERS[str(tmp_path / "arena")][1]
+    writer = mappings._WRITERS[str(tmp_path / "arena")][1]
     t.store.publish_in_slot(Entry(arrays), t.arena.upload_offset(1, 1), t.arena.slot_size)
-    assert weight_store._WRITERS[str(tmp_path / "arena")][1] is writer
+    assert mappings._WRITERS[str(tmp_path / "arena")][1] is writer
     with pytest.raises(StoreError, match="does not fit"):
         t.store.publish_in_slot(Entry([big, big]), 0, PIECE)
 
@@ -534,11 +529,11 @@ def test_a_writer_maps_each_region_of_the_arena_once(tmp_path):
     """The first write of a process into the ring (the server's sends) or into the
     upload slots maps that whole region at once, and only then; the bytes written are
     those read back."""
-    from fedrcl_flwr import weight_store
+    from fedrcl_flwr.weights import entries, mappings
 
     t, sent = _arena_transport(tmp_path)
-    writer = weight_store._WRITERS[str(tmp_path / "arena")][1]
-    ring = weight_store.GLOBAL_SLOTS * t.arena.slot_size
+    writer = mappings._WRITERS[str(tmp_path / "arena")][1]
+    ring = entries.GLOBAL_SLOTS * t.arena.slot_size
     assert writer.populated == {0}  # the server's first send: the ring only
     up = [a * 3 if a.dtype.kind == "f" else a for a in ARRAYS]
     r = transport.reply(up, t.for_client(sent, 1, 1))
@@ -559,9 +554,9 @@ def test_a_killed_processs_store_is_removed_by_the_next_one(tmp_path, monkeypatc
     import subprocess
     import sys
 
-    from fedrcl_flwr import weight_store
+    from fedrcl_flwr.weights import entries, lifecycle
 
-    monkeypatch.setattr(weight_store, "SHM", tmp_path)
+    monkeypatch.setattr(lifecycle, "SHM", tmp_path)
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         capture_output=True,
@@ -569,17 +564,17 @@ def test_a_killed_processs_store_is_removed_by_the_next_one(tmp_path, monkeypatc
         check=True,
     )
     dead_pid = int(dead.stdout)
-    ns = weight_store.pid_namespace()
+    ns = lifecycle.pid_namespace()
     assert ns != "0" and ns.isdigit()
-    me = [os.getpid(), weight_store.process_start(os.getpid())]
+    me = [os.getpid(), lifecycle.process_start(os.getpid())]
 
     def store(name, pids, namespace=ns, marker=True):
         d = tmp_path / f"fedrcl-flwr-store-{name}"
         d.mkdir()
-        (d / weight_store.ARENA).write_bytes(b"x" * 100)
+        (d / entries.ARENA).write_bytes(b"x" * 100)
         if marker:
             record = {"pids": pids, "namespace": namespace, "home": ""}
-            (d / weight_store.STORE_MARKER).write_text(json.dumps(record))
+            (d / lifecycle.STORE_MARKER).write_text(json.dumps(record))
         return d
 
     stale = store("stale", [[dead_pid, 12345]])
@@ -593,15 +588,15 @@ def test_a_killed_processs_store_is_removed_by_the_next_one(tmp_path, monkeypatc
     other = tmp_path / f"bench-transport-{dead_pid}"
     other.mkdir()
     later = store("later", [[os.getpid(), me[1] - 1]])  # our PID, started earlier: reused
-    made, root = weight_store.temporary_store()
+    made, root = lifecycle.temporary_store()
     try:
         assert root.parent == tmp_path and root.name.startswith(f"fedrcl-flwr-store-{os.getpid()}-")
         assert not stale.exists() and not later.exists()
         for kept in (live, reused, elsewhere, unmarked, nested, other):
             assert kept.is_dir(), kept
-        assert weight_store.remove_stale_stores(tmp_path / "absent") == []
+        assert lifecycle.remove_stale_stores(tmp_path / "absent") == []
     finally:
-        assert weight_store.remove_store(root)
+        assert lifecycle.remove_store(root)
     assert not root.exists()
 
 
@@ -653,7 +648,7 @@ def test_a_slot_damaged_after_a_client_read_it_is_refused_to_every_later_client(
     """The model's slot zeroed during round 2 after its first client read it: the round's
     later clients refuse it (they never train on unchecked bytes), the round's record and
     line say so, and the run goes on (round 3 trains every client on a new slot)."""
-    from fedrcl_flwr.run.results import format_round_line
+    from fedrcl_flwr.run.progress import format_round_line
 
     st, _ = _damaging_run(tiny, tmp_path / "run", monkeypatch, after_first=True)
     recs = read_metrics(tmp_path / "run")
@@ -670,7 +665,7 @@ def test_a_damaged_slot_whose_model_is_sent_again_is_rewritten(tiny, tmp_path, m
     refuses it (the round fails, its line names the store), the model is unchanged, and
     the server, about to send the same model again, finds the slot damaged and writes it
     into a new one: round 3 trains every client; one damage costs one round."""
-    from fedrcl_flwr.run.results import format_round_line
+    from fedrcl_flwr.run.progress import format_round_line
 
     st, ref = _damaging_run(tiny, tmp_path / "run", monkeypatch, after_first=False)
     recs = read_metrics(tmp_path / "run")

@@ -25,7 +25,7 @@ from fedrcl_flwr.data.datasets import DatasetError, load_dataset
 from fedrcl_flwr.errors import CheckpointError
 from fedrcl_flwr.launch.processes import OutputLock
 from fedrcl_flwr.run.checkpoint import load_checkpoint, save_checkpoint
-from fedrcl_flwr.run.results import format_round_line
+from fedrcl_flwr.run.progress import format_round_line
 from fedrcl_flwr.run.run_files import LOCK_FILE
 from fedrcl_flwr.runner import toml_string
 

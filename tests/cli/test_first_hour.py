@@ -161,7 +161,7 @@ def test_readme_two_commands_and_the_cpu_route():
 
 
 def test_round_lines_end_in_an_eta_from_round_two():
-    from fedrcl_flwr.run.results import format_round_line, round_eta
+    from fedrcl_flwr.run.progress import format_round_line, round_eta
 
     recs = [{"round": r, "test_accuracy": 0.5, "wall_time_s": t} for r, t in ((1, 30.0),)]
     assert round_eta(recs, 10) is None  # round 1 holds the workers' start: no rate yet
@@ -185,14 +185,14 @@ def test_start_up_phases_are_printed_as_they_happen(tmp_path, capsys, monkeypatc
     after the first round's record, none starting with ``round `` (the round lines)."""
     import importlib
 
-    from fedrcl_flwr import runner
+    from fedrcl_flwr.launch import follower
     from fedrcl_flwr.run import timers
 
     progress = tmp_path / "progress.jsonl"
     monkeypatch.setenv(timers.PROGRESS_VAR, str(progress))
     importlib.reload(timers)  # as a process started with the variable set
     try:
-        shown = runner.StartupProgress(t0=1000.0, path=progress)
+        shown = follower.StartupProgress(t0=1000.0, path=progress)
         shown.say("starting a private Flower SuperLink", at=1000.5)
         shown.status("starting")
         shown.status("starting")  # unchanged: said once
@@ -301,7 +301,7 @@ def test_run_plot_names_its_run_with_integer_ticks_and_the_legend_below(tiny, tm
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fedrcl_flwr.run.results import plot_accuracy, run_title
+    from fedrcl_flwr.run.plots import plot_accuracy, run_title
 
     cfg = tiny(federation={"rounds": 7, "num_clients": 100, "clients_per_round": 5})
     title = run_title(cfg)
@@ -362,7 +362,8 @@ def test_plot_titles_wrap_and_plot_writes_beside_the_dir(tmp_path, capsys):
 
 
 def test_summary_names_ema_and_test_accuracy_at_and_keeps_accuracy_at(tmp_path):
-    from fedrcl_flwr.run.results import RunRecorder, reported_value
+    from fedrcl_flwr.run.results import RunRecorder
+    from fedrcl_flwr.run.summaries import reported_value
 
     rec = RunRecorder(tmp_path, method="fedavg", strategy="fedavg", rounds=4, target_rounds=[2, 4])
     for r, (acc, ema) in enumerate([(0.2, 0.2), (0.6, 0.24), (0.5, 0.27), (0.7, 0.31)], 1):

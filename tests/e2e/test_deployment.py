@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from helpers import stop_process_groups
 
-from fedrcl_flwr.runner import free_port
+from fedrcl_flwr.launch.superlink import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -18,7 +18,7 @@ import pytest
 from helpers import leftover_procs, stop_process_groups
 
 from fedrcl_flwr.launch.processes import procs_with
-from fedrcl_flwr.runner import free_port
+from fedrcl_flwr.launch.superlink import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.flwr

@@ -27,7 +27,7 @@ from helpers import alive, quickstart_run_args
 from fedrcl_flwr.launch.processes import OutputLock, procs_with, reap_stale_runs
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.run_files import LOCK_FILE
-from fedrcl_flwr.weight_store import stores_of
+from fedrcl_flwr.weights.lifecycle import stores_of
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.flwr
@@ -187,6 +187,8 @@ def test_run_that_never_starts_times_out_cleanly(tmp_path, monkeypatch):
     purpose, so the status query is made to answer 'pending' for this real run."""
     import fedrcl_flwr.runner as runner
     from fedrcl_flwr.config import apply_overrides, config_from_dict, dump_config, read_yaml
+    from fedrcl_flwr.errors import RunFailed
+    from fedrcl_flwr.launch.superlink import LocalSuperLink
 
     out = tmp_path / "run"
     out.mkdir()
@@ -197,17 +199,17 @@ def test_run_that_never_starts_times_out_cleanly(tmp_path, monkeypatch):
     cfg = config_from_dict(data)
     dump_config(cfg, out / "config.yaml")
     homes = []
-    real_start = runner.LocalSuperLink.start
+    real_start = LocalSuperLink.start
 
     def start(self, *a, **kw):
         homes.append(str(self.home))
         return real_start(self, *a, **kw)
 
-    monkeypatch.setattr(runner.LocalSuperLink, "start", start)
+    monkeypatch.setattr(LocalSuperLink, "start", start)
     from fedrcl_flwr.app import control
 
     monkeypatch.setattr(control.ControlClient, "status", lambda self, run_id: "pending")
-    with pytest.raises(runner.RunFailed) as ei:
+    with pytest.raises(RunFailed) as ei:
         runner.run_simulation_via_flower(cfg, out, status_every_s=0.5)
     msg = str(ei.value)
     assert "\n" not in msg and "did not start: still 'pending'" in msg

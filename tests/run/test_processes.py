@@ -28,7 +28,7 @@ from fedrcl_flwr.launch.processes import (
     teardown,
 )
 from fedrcl_flwr.run.run_files import LOCK_FILE
-from fedrcl_flwr.weight_store import pid_namespace, process_start
+from fedrcl_flwr.weights.lifecycle import pid_namespace, process_start
 
 
 # ------------------------------------------------------------------------------ the lock
@@ -183,11 +183,11 @@ def test_a_later_run_reaps_a_run_whose_cli_and_watchdog_were_killed(tmp_path, mo
     carrying its marker), its weight store and the home go. A home with a live owner, one
     of another PID namespace and one without a record (another tool's, or one being made)
     stay, and so do their processes."""
-    from fedrcl_flwr import weight_store
+    from fedrcl_flwr.weights import lifecycle
 
     shm = tmp_path / "shm"
     shm.mkdir()
-    monkeypatch.setattr(weight_store, "SHM", shm)
+    monkeypatch.setattr(lifecycle, "SHM", shm)
     import fedrcl_flwr.launch.processes as processes
 
     monkeypatch.setattr(processes, "SHM", shm)
@@ -204,11 +204,11 @@ def test_a_later_run_reaps_a_run_whose_cli_and_watchdog_were_killed(tmp_path, mo
     foreign = _stale_home(tmp_path, "foreign", [dead], namespace="1" + pid_namespace())
     unmarked = tmp_path / f"{HOME_PREFIX}unmarked"
     unmarked.mkdir()
-    store = weight_store.create_store(home=stale)
+    store = lifecycle.create_store(home=stale)
     # the store's owners are this process: make them the dead run's, as the CLI's were
-    record = json.loads((store.root / weight_store.STORE_MARKER).read_text())
+    record = json.loads((store.root / lifecycle.STORE_MARKER).read_text())
     record["pids"] = [dead]
-    (store.root / weight_store.STORE_MARKER).write_text(json.dumps(record))
+    (store.root / lifecycle.STORE_MARKER).write_text(json.dumps(record))
     orphan = _sleeper(env_home=stale)
     kept = _sleeper(env_home=live)
     try:

@@ -94,7 +94,8 @@ def test_progress_shows_the_ema_only_for_runs_that_report_it(tmp_path, capsys, m
     import yaml
 
     from fedrcl_flwr import runner
-    from fedrcl_flwr.run.results import format_round_line, reported_value, shows_ema
+    from fedrcl_flwr.run.progress import format_round_line, shows_ema
+    from fedrcl_flwr.run.summaries import reported_value
 
     rec = {"round": 30, "test_accuracy": 0.79, "ema_accuracy": 0.46, "num_clients": 5}
     assert "ema" not in format_round_line(rec, 30)

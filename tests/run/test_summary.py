@@ -153,7 +153,7 @@ def test_no_domain_means_without_domains(tmp_path):
 
 
 def test_reported_value_of_domain_metrics():
-    from fedrcl_flwr.run.results import reported_value
+    from fedrcl_flwr.run.summaries import reported_value
 
     s = {"last5": 0.5, "last5_domain_mean": 0.4, "ema_domain_mean_at": {"10": 0.3}}
     assert reported_value(s, "last5") == 0.5

@@ -111,8 +111,8 @@ def _proxied(pid, line):
 def test_counts_per_partition_over_rounds():
     """A client failing in some rounds is counted, not named; one failing in every round
     it was sampled is named; an unusable result counts like an error."""
-    from fedrcl_flwr.run.results import always_failing
     from fedrcl_flwr.run.runtime import sample_partitions
+    from fedrcl_flwr.run.summaries import always_failing
     from strategies.round_records import failure_counts
 
     w = [np.zeros(3, np.float32)]

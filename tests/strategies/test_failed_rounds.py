@@ -11,7 +11,8 @@ import pytest
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.privacy import secagg_setup
-from fedrcl_flwr.run.results import format_round_line, read_metrics
+from fedrcl_flwr.run.progress import format_round_line
+from fedrcl_flwr.run.results import read_metrics
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.yaml"
 

@@ -203,7 +203,8 @@ def test_uploads_by_reference_are_hashed_screened_and_averaged_in_one_pass(tmp_p
     from fedrcl_flwr.app.wire import transport
     from fedrcl_flwr.protocol import FitReport
     from fedrcl_flwr.server.aggregation import CHUNK
-    from fedrcl_flwr.weight_store import Entry, WeightStore
+    from fedrcl_flwr.weights.entries import Entry
+    from fedrcl_flwr.weights.store import WeightStore
     from strategies.base import FederatedStrategy
 
     rng = np.random.default_rng(5)

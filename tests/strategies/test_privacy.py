@@ -191,7 +191,7 @@ def test_client_clipping_and_secagg_through_the_real_apps(tiny, tmp_path, monkey
     from flwr.common import bytes_to_ndarray
 
     from fedrcl_flwr.app.inprocess import InProcessGrid
-    from fedrcl_flwr.run.results import format_round_line
+    from fedrcl_flwr.run.progress import format_round_line
 
     masked: list = []  # (run dir, bytes of the arrays of one masked upload)
     real = InProcessGrid.send_and_receive

@@ -1,6 +1,6 @@
 """How weights travel between the strategy and the clients: inside Flower's messages
 (``.npy`` bytes, :mod:`fedrcl_flwr.codec`) or by reference to the run's weight store
-(:mod:`fedrcl_flwr.weight_store`, ``simulation.transport: shared``).
+(:mod:`fedrcl_flwr.weights`, ``simulation.transport: shared``).
 
 The one place that translates between Flower's ``Parameters`` and arrays. Both kinds are
 self-describing (``Parameters.tensor_type``): :data:`REF_TYPE` with one tensor, the JSON
@@ -11,7 +11,7 @@ reference; otherwise ``.npy`` bytes. So a receiver needs no setting:
   that message, with one warning) and reads every upload with :func:`open_upload` (the
   arrays' shapes, and the entry's hash check, through which the average copies out and
   hashes every piece it averages) or :func:`arrays_of` (a checked copy). On its
-  first send it makes the store's arena of slots (:class:`~fedrcl_flwr.weight_store.
+  first send it makes the store's arena of slots (:class:`~fedrcl_flwr.weights.store.
   Arena`: a ring for its sends, one slot per client of a round for the uploads) and
   tells each sampled client its upload slot inside that client's reference
   (:meth:`ServerTransport.for_client`). Without an arena (too big for the free memory)
@@ -41,18 +41,9 @@ import numpy as np
 from flwr.common import Parameters
 
 from fedrcl_flwr.codec import TENSOR_TYPE, decode_arrays, encode_arrays
-from fedrcl_flwr.weight_store import (
-    GLOBAL_SLOTS,
-    Arena,
-    Entry,
-    HashCheck,
-    StoreError,
-    WeightStore,
-    check_reference,
-    intact,
-    open_entry,
-    read_entry,
-)
+from fedrcl_flwr.weights.entries import GLOBAL_SLOTS, Entry, StoreError, check_reference
+from fedrcl_flwr.weights.reading import HashCheck, intact, open_entry, read_entry
+from fedrcl_flwr.weights.store import Arena, WeightStore
 
 REF_TYPE = "fedrcl.weight-ref"  # Parameters.tensor_type of a reference
 RUN_CONFIG_KEY = "weight-store"  # run config: the store's folder ("" = none)
@@ -86,7 +77,7 @@ def _as_parameters(ref: dict) -> Parameters:
 def arrays_of(parameters: Parameters) -> list[np.ndarray]:
     """The arrays a message carries: read-only views of the message's bytes (this
     process's own), or a copy of the store entry the message names, hashed as it was
-    copied (:func:`~fedrcl_flwr.weight_store.read_entry`: the arrays are the bytes that
+    copied (:func:`~fedrcl_flwr.weights.reading.read_entry`: the arrays are the bytes that
     hashed to the entry's name). Every call reads the store again."""
     if not is_reference(parameters):
         return decode_arrays(parameters.tensors)
@@ -99,7 +90,7 @@ class Received:
     (one pass, no copy of its own), :meth:`arrays` gives them as arrays of this object's
     own (read, and checked, once; a method that keeps the received model, FedProx's
     anchor or MOON's global model). Both read the store again: a slot damaged between
-    them is refused by the second (:class:`~fedrcl_flwr.weight_store.StoreError`)."""
+    them is refused by the second (:class:`~fedrcl_flwr.weights.entries.StoreError`)."""
 
     def __init__(self, parameters: Parameters):
         self.parameters = parameters
@@ -123,7 +114,7 @@ class Received:
         """The arrays, each copied straight into ``destinations[i]`` where that is a
         writable C-contiguous array of its dtype and shape (returned as is), else into an
         array of its own; bytes in the message are returned as views (nothing to copy).
-        Raises :class:`~fedrcl_flwr.weight_store.StoreError` when the entry does not hash
+        Raises :class:`~fedrcl_flwr.weights.entries.StoreError` when the entry does not hash
         to its name (what was written into ``destinations`` must then not be used)."""
         if not self.by_reference:
             return self.arrays()
@@ -137,7 +128,7 @@ class Received:
 
 def open_upload(parameters: Parameters) -> tuple[list[np.ndarray], HashCheck | None]:
     """The server's read of an upload: the arrays and, for a reference, the entry's
-    :class:`~fedrcl_flwr.weight_store.HashCheck`. For a reference the arrays are views
+    :class:`~fedrcl_flwr.weights.reading.HashCheck`. For a reference the arrays are views
     of the store, for their shapes only: every value is read through the check
     (``HashCheck.take``, the server's average) or with :func:`arrays_of`; bytes inside
     the message are the process's own and need none (``None``)."""
