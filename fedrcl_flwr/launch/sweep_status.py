@@ -14,7 +14,7 @@ from fedrcl_flwr.run.run_files import SUMMARY_FILE
 
 
 class SweepEta:
-    """The time a sweep has left, from what this sweep measured itself (issue #25: an
+    """The time a sweep has left, from what this sweep measured itself (an
     estimate from the whole elapsed time over the rounds done counted every run's
     start-up against one round, 4 h 17 min for a 16-minute sweep).
 
