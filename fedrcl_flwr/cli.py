@@ -282,8 +282,10 @@ def cmd_plot(args) -> int:
 
 def cmd_sweep(args) -> int:
     """``sweep SWEEP.yaml``: plan and validate every run, then run those not finished."""
-    from fedrcl_flwr.launch.preflight import before_sweep
-    from fedrcl_flwr.launch.sweep import format_plan, plan_sweep, run_sweep, take_over_earlier_runs
+    from fedrcl_flwr.launch.plan import format_plan, take_over_earlier_runs
+    from fedrcl_flwr.launch.preflight_sweep import before_sweep
+    from fedrcl_flwr.launch.sweep import run_sweep
+    from fedrcl_flwr.launch.sweep_spec import plan_sweep
 
     ncpu = os.cpu_count() or 1
     if not 1 <= args.jobs <= ncpu:

@@ -28,6 +28,7 @@ effective rank and VCI). ``between="uniform"`` instead uses Papyan et al.'s clas
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -211,15 +212,7 @@ def deviation_bound(
     """
     z, y = _z(z), _y(y)
     n = z.shape[0]
-    if probs is None and logits is not None:
-        probs = torch.softmax(_z(logits), dim=1)
-    if probs is not None:
-        probs = _z(probs)
-        c = probs.shape[1]
-    else:
-        c = int(num_classes) if num_classes is not None else int(y.max()) + 1
-    if int(y.max()) >= c or int(y.min()) < 0:
-        raise ValueError("labels must lie in [0, num_classes)")
+    probs, c = _predictions_and_classes(y, probs, logits, num_classes)
     onehot = torch.zeros(n, c, dtype=torch.float64)
     onehot[torch.arange(n), y] = 1.0
     counts = onehot.sum(dim=0)  # |O_y|
@@ -243,6 +236,24 @@ def deviation_bound(
     p_rr = p_mat[y, y]
     numer = (1.0 - p_rr) * phi[y] * counts[y] * s.gather(1, y[:, None]).squeeze(1)
     return numer / denom
+
+
+def _predictions_and_classes(
+    y: torch.Tensor, probs: Any, logits: Any, num_classes: int | None
+) -> tuple[torch.Tensor | None, int]:
+    """:func:`deviation_bound`'s predicted probabilities (``probs``, else
+    ``softmax(logits)``, else ``None``: uniform) and the number of classes C (their
+    width, else ``num_classes``, else max(y) + 1); every label must lie in [0, C)."""
+    if probs is None and logits is not None:
+        probs = torch.softmax(_z(logits), dim=1)
+    if probs is not None:
+        probs = _z(probs)
+        c = probs.shape[1]
+    else:
+        c = int(num_classes) if num_classes is not None else int(y.max()) + 1
+    if int(y.max()) >= c or int(y.min()) < 0:
+        raise ValueError("labels must lie in [0, num_classes)")
+    return probs, c
 
 
 def _similarity_features(z: torch.Tensor, norms: torch.Tensor, similarity: str) -> torch.Tensor:

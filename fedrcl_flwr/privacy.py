@@ -92,30 +92,38 @@ def check_privacy(cfg, method_cls, exchange: dict | None, get_model) -> None:
     if secagg and model is not None:
         check_secagg_range(cfg, model)
     if dp is not None:
-        if cfg.server.strategy == "feddyn" or method_cls.method == "feddyn":
-            raise ConfigError(
-                "'privacy.dp' cannot be combined with FedDyn: FedDyn's server state h must "
-                "track the clients' own correction terms ∇L_k, which each client updates "
-                "from its unclipped, noise-free model (Acar et al. 2021, Alg. 1); clipping "
-                "and noising the uploads breaks that identity"
-            )
-        if cfg.server.weighting != "uniform":
-            raise ConfigError(
-                "'privacy.dp' needs server.weighting: uniform: Flower's noise std σ·C/n "
-                "covers an equally weighted average of n clipped updates; a sample-weighted "
-                f"one has a larger sensitivity (got server.weighting={cfg.server.weighting})"
-            )
-        if secagg and dp.mode == "server":
-            raise ConfigError(
-                "'privacy.dp.mode' server clips each client's update on the server, which "
-                "SecAgg+ hides (the server sees only the sum); use mode: client (each client "
-                "clips with fixedclipping_mod) with privacy.secagg"
-            )
+        _check_dp(cfg, method_cls, dp, secagg)
     if secagg and cfg.federation.sampled_per_round() < 2:
         raise ConfigError(
             "'privacy.secagg' needs at least 2 clients per round (SecAgg+ "
             "masks each upload with its neighbours'; got "
             f"{cfg.federation.sampled_per_round()})"
+        )
+
+
+def _check_dp(cfg, method_cls, dp, secagg: bool) -> None:
+    """:func:`check_privacy`'s rules for ``privacy.dp``: not with FedDyn, a uniform
+    weighting, and with SecAgg+ clipping on the clients."""
+    from fedrcl_flwr.errors import ConfigError
+
+    if cfg.server.strategy == "feddyn" or method_cls.method == "feddyn":
+        raise ConfigError(
+            "'privacy.dp' cannot be combined with FedDyn: FedDyn's server state h must "
+            "track the clients' own correction terms ∇L_k, which each client updates "
+            "from its unclipped, noise-free model (Acar et al. 2021, Alg. 1); clipping "
+            "and noising the uploads breaks that identity"
+        )
+    if cfg.server.weighting != "uniform":
+        raise ConfigError(
+            "'privacy.dp' needs server.weighting: uniform: Flower's noise std σ·C/n "
+            "covers an equally weighted average of n clipped updates; a sample-weighted "
+            f"one has a larger sensitivity (got server.weighting={cfg.server.weighting})"
+        )
+    if secagg and dp.mode == "server":
+        raise ConfigError(
+            "'privacy.dp.mode' server clips each client's update on the server, which "
+            "SecAgg+ hides (the server sees only the sum); use mode: client (each client "
+            "clips with fixedclipping_mod) with privacy.secagg"
         )
 
 

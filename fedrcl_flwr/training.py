@@ -25,7 +25,7 @@ autocast with the loss terms in float32; ``channels_last`` feeds NHWC batches.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -264,16 +264,14 @@ def train_local(
     available the scaler reads that flag on the host once per step (PyTorch's own
     ``GradScaler.step``).
 
-    Steps per mini-batch: :func:`_forward_pass`, the loss terms (kept here: the one call
-    site of every term, which ``tests/clients/test_training_loop.py`` names when a term reads back),
+    Steps per mini-batch (:func:`_scheduled_batches`): :func:`_forward_pass`, the loss
+    terms (kept here: the one call site of every term, which
+    ``tests/clients/test_training_loop.py`` names when a term reads back),
     :func:`_optimiser_step`; the sums stay on the device (:class:`_DeviceSums`).
     """
-    active = [t for t in terms if t.weight != 0.0]
-    if not active:
-        raise ValueError("no active loss terms: every term has weight 0")
+    active = _active_terms(terms)
     need_feats = any(t.needs_features for t in active)
-    if params is None:
-        params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad] if params is None else params
     dev = torch.device(device)
     amp_dtype = accel.amp_dtype(settings.amp, dev)
     scaler = accel.grad_scaler(settings.amp, dev)
@@ -281,26 +279,42 @@ def train_local(
     model.train()
     sums = _DeviceSums(dev, [t.name for t in active])
     step = 0
+    for x, y in _scheduled_batches(batches, settings, opt):
+        batch = _forward_pass(model, x, y, settings, dev, amp_dtype, need_feats, transform, forward)
+        total = None
+        with accel.loss_precision(dev, amp_dtype):
+            for t in active:
+                value = t.fn(batch)
+                sums.terms[t.name] += value.detach().double().reshape(())
+                total = t.weight * value if total is None else total + t.weight * value
+        assert total is not None  # active holds at least one term
+        _optimiser_step(total, opt, scaler, params, settings.grad_clip, sums)
+        sums.loss += total.detach().double().reshape(())
+        step += 1
+    return sums.stats(step, per_finite_norm=scaler is not None)
+
+
+def _active_terms(terms: list[LossTerm]) -> list[LossTerm]:
+    """The terms of weight other than 0 (at least one)."""
+    active = [t for t in terms if t.weight != 0.0]
+    if not active:
+        raise ValueError("no active loss terms: every term has weight 0")
+    return active
+
+
+def _scheduled_batches(
+    batches: Callable[[int], Iterable], settings: LocalTrainSettings, opt: torch.optim.Optimizer
+) -> Iterator[tuple]:
+    """Every epoch's mini-batches for :func:`train_local`, at most
+    ``settings.iterations_per_epoch`` of each, the optimiser's learning rate set to
+    ``lr * epoch_lr_decay**epoch`` before an epoch's first batch is read."""
     for epoch in range(settings.epochs):
         for group in opt.param_groups:
             group["lr"] = settings.lr * settings.epoch_lr_decay**epoch
         for i, (x, y) in enumerate(batches(epoch)):
             if settings.iterations_per_epoch and i >= settings.iterations_per_epoch:
                 break
-            batch = _forward_pass(
-                model, x, y, settings, dev, amp_dtype, need_feats, transform, forward
-            )
-            total = None
-            with accel.loss_precision(dev, amp_dtype):
-                for t in active:
-                    value = t.fn(batch)
-                    sums.terms[t.name] += value.detach().double().reshape(())
-                    total = t.weight * value if total is None else total + t.weight * value
-            assert total is not None  # active holds at least one term
-            _optimiser_step(total, opt, scaler, params, settings.grad_clip, sums)
-            sums.loss += total.detach().double().reshape(())
-            step += 1
-    return sums.stats(step, per_finite_norm=scaler is not None)
+            yield x, y
 
 
 class _DeviceSums:

@@ -258,28 +258,9 @@ def normalize_constants(value: Any, where: str, channels: int | None) -> tuple |
             f"{where}: '{key}' must be true, false or {{mean: [...], std: "
             f"[...]}} (one value per channel), got {shown(value)}"
         )
-    out = []
-    for part in ("mean", "std"):
-        v = value[part]
-        ok = (
-            isinstance(v, list)
-            and len(v) > 0
-            and all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-                for x in v
-            )
-        )
-        if not ok:
-            raise ConfigError(
-                f"{where}: '{key}.{part}' must be a list of numbers, one per channel, got {shown(v)}"
-            )
-        if channels is not None and len(v) != channels:
-            raise ConfigError(
-                f"{where}: '{key}.{part}' has {len(v)} values but the images "
-                f"have {channels} channel(s), got {shown(v)}"
-            )
-        out.append([float(x) for x in v])
-    mean, std = out
+    mean, std = (
+        _channel_values(value[part], f"{key}.{part}", where, channels) for part in ("mean", "std")
+    )
     if len(mean) != len(std):
         raise ConfigError(
             f"{where}: '{key}.mean' has {len(mean)} values and '{key}.std' "
@@ -293,6 +274,28 @@ def normalize_constants(value: Any, where: str, channels: int | None) -> tuple |
             f"[0, 1] by less overflows the input), got {std}"
         )
     return mean, std
+
+
+def _channel_values(v: Any, key: str, where: str, channels: int | None) -> list[float]:
+    """``v`` of :func:`normalize_constants` as floats: a non-empty list of finite
+    numbers, ``channels`` of them when given."""
+    ok = (
+        isinstance(v, list)
+        and len(v) > 0
+        and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v
+        )
+    )
+    if not ok:
+        raise ConfigError(
+            f"{where}: '{key}' must be a list of numbers, one per channel, got {shown(v)}"
+        )
+    if channels is not None and len(v) != channels:
+        raise ConfigError(
+            f"{where}: '{key}' has {len(v)} values but the images "
+            f"have {channels} channel(s), got {shown(v)}"
+        )
+    return [float(x) for x in v]
 
 
 def check_normalize(d: DatasetConfig, source: str) -> None:

@@ -132,19 +132,8 @@ def constructor_args(spec: Any, num_clients: int, seed: int, where: str) -> tupl
         raise ConfigError(f"{where}: '{KEY}.name' {shown(name)} is not one of {', '.join(known)}")
     cls = getattr(module, name)
     params = _parameters(cls)
-    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in spec.items() if k != "name"}
-    for k in kwargs:
-        if k in PROJECT_ARGS:
-            raise ConfigError(
-                f"{where}: '{KEY}.{k}' is set by the project (federation.num_clients); remove it"
-            )
-        if k not in params and not takes_kwargs:
-            accepted = [p for p in params if p not in PROJECT_ARGS]
-            raise ConfigError(
-                f"{where}: '{KEY}.{k}' is not an argument of {name} "
-                f"(it takes {', '.join(accepted) or 'nothing else'})"
-            )
+    _check_argument_names(kwargs, params, name, where)
     if "partition_by" in params:
         kwargs.setdefault("partition_by", "label")
         if kwargs["partition_by"] not in COLUMNS:
@@ -176,6 +165,23 @@ def constructor_args(spec: Any, num_clients: int, seed: int, where: str) -> tupl
     if missing:
         raise ConfigError(f"{where}: '{KEY}' for {name} needs {', '.join(missing)}")
     return cls, kwargs
+
+
+def _check_argument_names(kwargs: dict, params: dict, name: str, where: str) -> None:
+    """Every key of ``kwargs`` is an argument of partitioner ``name`` (whose parameters
+    are ``params``; any key when it takes ``**kwargs``) that the project does not set."""
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for k in kwargs:
+        if k in PROJECT_ARGS:
+            raise ConfigError(
+                f"{where}: '{KEY}.{k}' is set by the project (federation.num_clients); remove it"
+            )
+        if k not in params and not takes_kwargs:
+            accepted = [p for p in params if p not in PROJECT_ARGS]
+            raise ConfigError(
+                f"{where}: '{KEY}.{k}' is not an argument of {name} "
+                f"(it takes {', '.join(accepted) or 'nothing else'})"
+            )
 
 
 def _number_table(value: Any, key: str, where: str) -> Any:

@@ -1,7 +1,13 @@
 """A sweep's planned runs and what identifies them, shared by the sweep and the pre-run
-checks (:mod:`fedrcl_flwr.launch.sweep` plans and runs them; :mod:`fedrcl_flwr.launch.preflight`
-checks them): :class:`PlannedRun`, :func:`experiment_hash` (what a run computes) and
-:func:`earlier_runs` (directories of an earlier plan holding a planned experiment)."""
+checks (:mod:`fedrcl_flwr.launch.sweep_spec` plans them, :mod:`fedrcl_flwr.launch.sweep`
+runs them; :mod:`fedrcl_flwr.launch.preflight` checks them): :class:`PlannedRun` and its
+state, :func:`experiment_hash` (what a run computes), :func:`earlier_runs` (directories of
+an earlier plan holding a planned experiment) and their take-over
+(:func:`take_over_earlier_runs`: directories of an earlier version's names, the hash-only
+``fedprox_seed=0_1f3a9c2e`` or ``method=fedavg_alpha=0.05_seed=0``, or of a sweep that grew
+a grid key, are renamed to the planned name when finished or checkpointed, so nothing
+finished runs again; others are left untouched, with a note), the rounds a resume keeps
+(:func:`_rounds_done`) and the dry run's listing (:func:`format_plan`)."""
 
 from __future__ import annotations
 
@@ -9,24 +15,32 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedrcl_flwr.config import ExperimentConfig, config_from_dict, read_yaml
+import yaml
+
+from fedrcl_flwr.config import ExperimentConfig, config_from_dict, dump_config, read_yaml
 from fedrcl_flwr.config import flatten_keys as flat
 from fedrcl_flwr.errors import ConfigError
 from fedrcl_flwr.launch.processes import OutputLock
+from fedrcl_flwr.run.results import atomic_write_text, read_metrics
 from fedrcl_flwr.run.run_files import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
     SUMMARY_FILE,
+    sweep_log_path,
 )
 from fedrcl_flwr.run.run_files import (
     SWEEP_CONFIGS_DIR as CONFIGS_DIR,
 )
 from fedrcl_flwr.run.run_files import (
     SWEEP_LOGS_DIR as LOGS_DIR,
+)
+from fedrcl_flwr.run.run_files import (
+    SWEEP_STATUS_FILE as STATUS_FILE,
 )
 
 
@@ -183,3 +197,104 @@ def earlier_runs(runs: list[PlannedRun], out_dir: Path) -> tuple[dict, list]:
         else:
             found[run.index] = d
     return found, others
+
+
+def take_over_earlier_runs(
+    runs: list[PlannedRun], out_dir: Path, *, dry_run: bool = False
+) -> list[str]:
+    """Move each directory :func:`earlier_runs` matched to its planned name (a rename in
+    ``out_dir``: nothing is deleted or recomputed), with its log, and its ``config.yaml``
+    rewritten as planned (the same experiment: only its name, label and paths change).
+    Returns the lines to print (what would be done, with ``dry_run``)."""
+    found, others = earlier_runs(runs, out_dir)
+    lines = []
+    for index, d in sorted(found.items()):
+        run = runs[index]
+        lines.append(
+            f"{d.name}: holds run {index + 1} ({_dir_state(d)}), "
+            f"{'to be ' if dry_run else ''}renamed {run.name}"
+        )
+        if dry_run:
+            continue
+        os.rename(d, run.out_dir)
+        dump_config(run.cfg, run.out_dir / CONFIG_FILE)
+        old_log, new_log = sweep_log_path(out_dir, d.name), sweep_log_path(out_dir, run.name)
+        if old_log.exists() and not new_log.exists():
+            os.rename(old_log, new_log)
+        status_path = out_dir / STATUS_FILE
+        try:
+            status = json.loads(status_path.read_text())
+        except (OSError, ValueError):
+            status = None
+        if isinstance(status, dict) and d.name in status:
+            status.pop(d.name)
+            atomic_write_text(status_path, json.dumps(status, indent=2) + "\n")
+    if others:
+        lines.append(
+            f"{len(others)} other run director{'y' if len(others) == 1 else 'ies'} "
+            f"in {out_dir} left untouched (not planned by this sweep, e.g. "
+            f"{others[0].name}); `fedrcl-flwr report {out_dir}` reads them too: "
+            "move them elsewhere if they are not part of this study"
+        )
+    return lines
+
+
+def _rounds_done(run: PlannedRun) -> int:
+    """What a resume keeps: the rounds up to the checkpoint (read through the one safe
+    loader, :func:`fedrcl_flwr.run.checkpoint.load_checkpoint`: data only, never code)."""
+    from fedrcl_flwr.errors import CheckpointError
+    from fedrcl_flwr.run.checkpoint import load_checkpoint
+
+    if not read_metrics(run.out_dir) or not (run.out_dir / CHECKPOINT_FILE).is_file():
+        return 0
+    try:
+        done = load_checkpoint(run.out_dir)["round"]
+    except CheckpointError:  # unreadable checkpoint: `run --resume` will say why
+        return 0
+    return done if isinstance(done, int) and not isinstance(done, bool) and done >= 0 else 0
+
+
+_FLOW_TEXT: dict[str, str] = {}  # repr of a value -> its flow YAML (format_plan)
+
+
+def _flow(v: Any) -> str:
+    """``v`` as one line of flow YAML; memoised by ``repr`` (equal reprs of plain YAML
+    values are equal values), so a plan of thousands of runs dumps each value once."""
+    key = repr(v)
+    text = _FLOW_TEXT.get(key)
+    if text is None:
+        if len(_FLOW_TEXT) > 100_000:
+            _FLOW_TEXT.clear()
+        text = _FLOW_TEXT[key] = (
+            yaml.safe_dump(v, default_flow_style=True, width=10**6)
+            .strip()
+            .removesuffix("\n...")
+            .strip()
+        )
+    return text
+
+
+def format_plan(runs: list[PlannedRun], out_dir: Path) -> str:
+    lines = [f"{len(runs)} runs -> {out_dir}"]
+    common = (
+        [
+            kv
+            for kv in runs[0].overrides
+            if all(any(_flow(kv) == _flow(o) for o in r.overrides) for r in runs)
+        ]
+        if len(runs) > 1
+        else []
+    )
+    if common:
+        lines.append("every run: " + ", ".join(f"{k}={_flow(v)}" for k, v in common))
+    for run in runs:
+        st = run.state()
+        if st == "resume":
+            st = f"resume after round {_rounds_done(run)}"
+        ov = ", ".join(
+            f"{k}={_flow(v)}"
+            for k, v in run.overrides
+            if not any(_flow((k, v)) == _flow(c) for c in common)
+        )
+        lines.append(f"{run.index + 1:>4}. {run.name}  [{st}]  {run.base.name}: {ov}")
+    return "\n".join(lines)

@@ -119,13 +119,28 @@ def average_and_screen(
     if dtype not in AVERAGE_DTYPES:
         raise ValueError(f"average dtype must be one of {', '.join(AVERAGE_DTYPES)}, got {dtype!r}")
     acc_dtype = np.dtype(dtype)
-    out: list[np.ndarray] = []
     coefs = [acc_dtype.type(c) for c in coefficients]
+    out, pieces = _cut_into_pieces(client_weights, kinds, dtype, split=workers > 1 and take is None)
+
+    def average_piece(piece: _Piece) -> bool:
+        return _average_piece(piece, coefs, acc_dtype, take)
+
+    if workers <= 1 or take is not None or len(pieces) < 2:
+        flags = [average_piece(piece) for piece in pieces]
+    else:
+        flags = list(thread_pool(workers).map(average_piece, pieces))
+    return out, all(flags)
+
+
+def _cut_into_pieces(
+    client_weights: Sequence[Sequence[np.ndarray]], kinds: Sequence[str], dtype: str, split: bool
+) -> tuple[list[np.ndarray], list[_Piece]]:
+    """The results of :func:`average_and_screen` (empty, each shaped as its entry) and the
+    pieces that fill them: each entry whole or, with ``split``, in pieces of
+    :data:`SEGMENT` elements; a counter averaged in float64 (the larger value,
+    element-wise) always whole."""
+    out: list[np.ndarray] = []
     pieces: list[_Piece] = []
-
-    def values(i: int, j: int, flat: list[np.ndarray], start: int, stop: int) -> np.ndarray:
-        return flat[i][start:stop] if take is None else take(i, j, start, stop)
-
     for j, kind in enumerate(kinds):
         arrays = [np.asarray(cw[j]) for cw in client_weights]
         flat = [a.reshape(-1) for a in arrays]
@@ -135,37 +150,45 @@ def average_and_screen(
         if kind == "count" and dtype == "float64":  # the larger counter, element-wise: one piece
             pieces.append((flat, result, j, 0, n, True))
             continue
-        step = n if workers <= 1 or take is not None else SEGMENT
+        step = SEGMENT if split else n
         pieces += [(flat, result, j, a, min(n, a + step), False) for a in range(0, n, max(step, 1))]
+    return out, pieces
 
-    def average_piece(piece: _Piece) -> bool:
-        flat, result, j, first, last, count = piece
-        if count:
-            result[:] = values(0, j, flat, 0, last)
-            for i in range(1, len(flat)):
-                np.maximum(result, values(i, j, flat, 0, last), out=result)
-            return True
-        acc = np.empty(min(last - first, CHUNK), dtype=acc_dtype)
-        product = np.empty_like(acc)
-        finite = True
-        for start in range(first, last, CHUNK):
-            stop = min(last, start + CHUNK)
-            acc_part, product_part = acc[: stop - start], product[: stop - start]
-            acc_part.fill(0.0)
-            for i, c in enumerate(coefs):
-                np.multiply(values(i, j, flat, start, stop), c, out=product_part, dtype=acc_dtype)
-                acc_part += product_part
-            if finite and not np.isfinite(acc_part).all():
-                finite = False
-            # an integer entry (float32 only): the cast truncates, as torch's copy_ does
-            result[start:stop] = acc_part if result.dtype.kind == "f" else np.trunc(acc_part)
-        return finite
 
-    if workers <= 1 or take is not None or len(pieces) < 2:
-        flags = [average_piece(piece) for piece in pieces]
-    else:
-        flags = list(thread_pool(workers).map(average_piece, pieces))
-    return out, all(flags)
+def _average_piece(
+    piece: _Piece,
+    coefs: list,
+    acc_dtype: np.dtype,
+    take: Callable[[int, int, int, int], np.ndarray] | None,
+) -> bool:
+    """Fill one piece of :func:`average_and_screen`'s result (``sum_i coefs[i] * w_i``
+    in ``acc_dtype``, :data:`CHUNK` elements at a time; a counter: the largest value);
+    whether its sum was finite."""
+    flat, result, j, first, last, count = piece
+
+    def values(i: int, start: int, stop: int) -> np.ndarray:
+        return flat[i][start:stop] if take is None else take(i, j, start, stop)
+
+    if count:
+        result[:] = values(0, 0, last)
+        for i in range(1, len(flat)):
+            np.maximum(result, values(i, 0, last), out=result)
+        return True
+    acc = np.empty(min(last - first, CHUNK), dtype=acc_dtype)
+    product = np.empty_like(acc)
+    finite = True
+    for start in range(first, last, CHUNK):
+        stop = min(last, start + CHUNK)
+        acc_part, product_part = acc[: stop - start], product[: stop - start]
+        acc_part.fill(0.0)
+        for i, c in enumerate(coefs):
+            np.multiply(values(i, start, stop), c, out=product_part, dtype=acc_dtype)
+            acc_part += product_part
+        if finite and not np.isfinite(acc_part).all():
+            finite = False
+        # an integer entry (float32 only): the cast truncates, as torch's copy_ does
+        result[start:stop] = acc_part if result.dtype.kind == "f" else np.trunc(acc_part)
+    return finite
 
 
 SEGMENT = 8 * CHUNK  # elements per piece of a threaded average

@@ -30,7 +30,7 @@ from helpers import TINY, alive
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.launch.processes import OutputLock, procs_with
-from fedrcl_flwr.launch.sweep import plan_sweep
+from fedrcl_flwr.launch.sweep_spec import plan_sweep
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.run_files import LOCK_FILE
 
@@ -701,7 +701,7 @@ def test_ray_address_of_something_else_is_refused_at_once(tmp_path, capsys, flow
 
 
 def test_huge_grids_and_more_jobs_than_cpus_are_refused(tmp_path, capsys):
-    from fedrcl_flwr.launch.sweep import MAX_SWEEP_RUNS
+    from fedrcl_flwr.launch.sweep_spec import MAX_SWEEP_RUNS
 
     sw = _sweep(
         tmp_path,

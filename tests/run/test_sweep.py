@@ -18,7 +18,7 @@ from helpers import leftover_procs, tiny_experiment
 
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.launch.processes import procs_with
-from fedrcl_flwr.launch.sweep import plan_sweep
+from fedrcl_flwr.launch.sweep_spec import plan_sweep
 from fedrcl_flwr.run.results import read_metrics
 from fedrcl_flwr.run.run_files import LOCK_FILE, sweep_log_path
 
@@ -147,7 +147,7 @@ def test_run_names_are_stable_when_the_sweep_grows(tmp_path):
         b.replace("_seed", "_alpha=0.5_seed") for b in before
     }
     from fedrcl_flwr.config import dump_config
-    from fedrcl_flwr.launch.sweep import take_over_earlier_runs
+    from fedrcl_flwr.launch.plan import take_over_earlier_runs
 
     out = tmp_path / "o"
     for r in plan_sweep(small, out)[0]:  # finished under the hash-only names
@@ -199,7 +199,7 @@ def test_a_regrown_sweep_takes_over_runs_named_the_old_way(tmp_path, capsys):
     text = capsys.readouterr().out
     assert f"method=fedavg_seed=0: holds run 1 (done), to be renamed {runs[0].name}" in text
     assert "2 other run directories" in text and old.exists()  # a dry run changes nothing
-    from fedrcl_flwr.launch.sweep import take_over_earlier_runs
+    from fedrcl_flwr.launch.plan import take_over_earlier_runs
 
     lines = take_over_earlier_runs(runs, out)
     assert lines[0] == f"method=fedavg_seed=0: holds run 1 (done), renamed {runs[0].name}"
@@ -208,7 +208,7 @@ def test_a_regrown_sweep_takes_over_runs_named_the_old_way(tmp_path, capsys):
     assert (runs[0].out_dir / "metrics.jsonl").read_text().startswith('{"round": 3')
     assert (out / "_logs" / f"{runs[0].name}.log").read_text() == "the old log\n"
     assert stranger.exists() and unfinished.exists() and runs[1].state() == "new"
-    from fedrcl_flwr.launch.preflight import check_existing
+    from fedrcl_flwr.launch.preflight_sweep import check_existing
 
     check_existing(runs)  # the renamed directory holds the planned experiment
 
@@ -546,7 +546,7 @@ def test_eta_comes_from_rounds_of_the_runs_in_flight():
     """16 runs x 30 rounds, 2 at a time, ~20 s start-up and ~1 s rounds: the
     old estimate (elapsed / rounds done x rounds left) said 4 h 17 min after the first
     rounds; from the measured round time and overheads it is the sweep's real length."""
-    from fedrcl_flwr.launch.sweep import SweepEta, _fmt_eta
+    from fedrcl_flwr.launch.sweep_status import SweepEta, _fmt_eta
 
     timer = SweepEta(jobs=2)
     assert timer.eta([30, 30], [30] * 14) is None  # nothing measured yet: "?"

@@ -10,7 +10,7 @@ import re
 import yaml
 
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.launch import sweep
+from fedrcl_flwr.launch import sweep_spec
 
 BASE = {
     "name": "s",
@@ -75,8 +75,8 @@ def test_each_run_is_hashed_once(tmp_path, monkeypatch):
     sw = tmp_path / "sweep.yaml"
     sw.write_text(yaml.safe_dump(SPEC))
     calls = []
-    real = sweep.experiment_hash
-    monkeypatch.setattr(sweep, "experiment_hash", lambda cfg: calls.append(1) or real(cfg))
-    runs, _ = sweep.plan_sweep(sw, tmp_path / "out")
+    real = sweep_spec.experiment_hash
+    monkeypatch.setattr(sweep_spec, "experiment_hash", lambda cfg: calls.append(1) or real(cfg))
+    runs, _ = sweep_spec.plan_sweep(sw, tmp_path / "out")
     assert len(runs) == 16 and len(calls) == 16
     assert all(r.name.endswith("_" + real(r.cfg)) for r in runs)

@@ -3,7 +3,7 @@
 
 import json
 
-from fedrcl_flwr.launch.sweep import _reported
+from fedrcl_flwr.launch.sweep_status import _reported
 
 
 def test_done_line_value_is_the_reported_metric(tmp_path):

@@ -221,7 +221,7 @@ def _asdict(cfg):
 
 def test_sweep_groups_its_runs(tiny, tmp_path, offline):
     """A sweep's runs: W&B group = the sweep's name; MLflow children of one parent run."""
-    from fedrcl_flwr.launch.sweep import plan_sweep
+    from fedrcl_flwr.launch.sweep_spec import plan_sweep
 
     base = tmp_path / "base.yaml"
     base.write_text(QUICKSTART.read_text())
