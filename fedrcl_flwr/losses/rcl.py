@@ -50,8 +50,11 @@ the normalisation open; this implementation chooses:
   ``P(i)`` is empty), which shifts the value but not the gradient.
 
 Features are L2-normalised inside. A (B, D) tensor or a list of them (one per level, same
-batch) is accepted; a list gives the mean over levels. Everything is vectorised: one
-similarity matmul per level, then all levels are stacked and masked / mined at once.
+batch) is accepted; a list gives the mean over levels. ``"paper"`` is vectorised (one
+similarity matmul per level, then all levels stacked and masked at once). ``"official"``
+repeats the released code's operations in their order, level by level and term by term
+(:func:`_official_level`), so that its gradients equal theirs bit for bit in float32: on
+this hard-mined loss a rounding difference alone moves a run (see there).
 """
 
 from __future__ import annotations
@@ -69,19 +72,25 @@ Features = torch.Tensor | Sequence[torch.Tensor]
 _VARIANTS = ("official", "paper")
 
 
-def _similarities(features: Features) -> torch.Tensor:
-    """Stack of cosine-similarity matrices, shape (L, B, B)."""
+def _levels(features: Features) -> list[torch.Tensor]:
+    """The feature levels, each checked to be (B, D) with one B."""
     if isinstance(features, torch.Tensor):
         features = [features]
     feats = list(features)
     if not feats:
         raise ValueError("rcl_loss: no feature levels given")
-    sims = []
     for f in feats:
         if f.dim() != 2:
             raise ValueError(f"rcl_loss: features must be (B, D) tensors, got {tuple(f.shape)}")
         if f.shape[0] != feats[0].shape[0]:
             raise ValueError("rcl_loss: all levels must have the same batch size")
+    return feats
+
+
+def _similarities(features: Features) -> torch.Tensor:
+    """Stack of cosine-similarity matrices, shape (L, B, B)."""
+    sims = []
+    for f in _levels(features):
         z = F.normalize(f, p=2, dim=1)
         sims.append(z @ z.t())
     dtype = torch.promote_types(sims[0].dtype, torch.float32)
@@ -108,15 +117,16 @@ def _check(variant: str, tau: float) -> None:
         raise ValueError(f"rcl_loss: tau must be > 0, got {tau}")
 
 
-def _smallest(x: torch.Tensor, k: int) -> torch.Tensor:
-    """The k smallest entries of the last dim (min when k == 1, no sort)."""
-    if k == 1:
-        return x.amin(-1, keepdim=True)
-    return torch.topk(x, k, dim=-1, largest=False, sorted=False).values
+def _row_loss(logits: torch.Tensor) -> torch.Tensor:
+    """``−log softmax(row)[0]`` of each row of the last dim; a row whose value is not finite
+    (a missing positive, ``−inf``) counts 0. Their ``MultiLabelCrossEntropyLoss`` with a
+    one-hot target on column 0 (``utils/loss.py``), the same operations in the same order."""
+    row = -F.log_softmax(logits, dim=-1)[..., 0]
+    return torch.where(torch.isfinite(row), row, torch.zeros_like(row))
 
 
-def _official(
-    sim: torch.Tensor,
+def _official_level(
+    f: torch.Tensor,
     same: torch.Tensor,
     eye: torch.Tensor,
     tau: float,
@@ -125,56 +135,54 @@ def _official(
     kp: int,
     kn: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-anchor SCL and penalty of the released FedRCL code, shape (L, B) each.
+    """Per-anchor SCL and penalty of the released FedRCL code at one level, shape (B,) each.
 
-    How many negatives a row keeps depends on the labels of the batch (``n_other``, the
-    fewest negatives any anchor has): the ``kn`` hardest when every anchor has more than
-    ``kn``, otherwise all of them (none for a single-class batch). That count is a device
-    tensor here, never read on the host: both candidate rows are computed and
-    ``torch.where`` keeps the right one (the same numbers as a branch on the host; the
-    other candidate only adds exact zeros to the gradient)."""
-    L, B, _ = sim.shape
-    inv_t = 1.0 / tau
+    The operations and their order are those of their ``CLLoss.forward`` (one call per
+    term, as ``RCLClient._algorithm_rcl`` makes them): each term normalises the features
+    and builds its own similarity matrix, takes the ``k_p`` least similar positives and
+    its negatives with ``torch.topk`` (missing ones ``±inf``), concatenates them, divides
+    by τ, and ``−log softmax`` keeps column 0; rows with a missing positive count 0, the
+    anchor's rows are averaged. Computing both terms from one similarity matrix, scaling by
+    ``1/τ`` or using ``logsumexp − p`` gives the same value up to float32 rounding, but on
+    their hard-mined loss such rounding moves the whole run: after a few SGD steps of a
+    ResNet-18 the weights differ by 1e-3 relative, while the same rounding in float64
+    stays at 1e-15 (the ``topk`` / threshold selections flip). The same operations give
+    their gradients bit for bit."""
+    B = f.shape[0]
     inf = float("inf")
-
-    # --- SCL: k_p hardest positives (self included) vs k_n hardest negatives ---
     kp_eff = min(kp, B)
-    pos = _smallest(sim.masked_fill(~same, inf), kp_eff)  # (L, B, kp')
-    n_other = B - same.sum(1).min()  # fewest negatives of a row
-    keep_top = n_other > kn  # else: every negative kept
-    negatives = sim.masked_fill(same, -inf)  # -inf: not a negative
-    candidates = [negatives * inv_t]  # all: (L, B, B)
-    if min(kn, B - 1) >= 1:  # (B = 1: never hard-mined)
-        top = torch.topk(negatives, min(kn, B - 1), dim=-1, largest=True, sorted=False)
-        candidates.append(top.values * inv_t)  # hardest: (L, B, kn)
-    if kp_eff == 1:  # self is always a positive
-        p = pos * inv_t  # (L, B, 1)
-        # a single-class batch has no negative: lse([p, -inf, ...]) - p = 0, as p - p
-        per_neg = [torch.logsumexp(torch.cat([p, neg], -1), -1) - p[..., 0] for neg in candidates]
-        rows = per_neg[0] if len(per_neg) == 1 else torch.where(keep_top, per_neg[1], per_neg[0])
-        scl = rows / kp
-    else:
-        valid = torch.isfinite(pos)
-        p = torch.where(valid, pos, torch.zeros_like(pos)) * inv_t  # (L, B, kp')
-        per_neg = []
-        for neg in candidates:
-            z = torch.cat(
-                [p.unsqueeze(-1), neg.unsqueeze(-2).expand(L, B, kp_eff, neg.shape[-1])], -1
-            )
-            per_neg.append(torch.logsumexp(z, -1) - p)
-        rows = per_neg[0] if len(per_neg) == 1 else torch.where(keep_top, per_neg[1], per_neg[0])
-        scl = (rows * valid).sum(-1) / kp
 
+    def similarity() -> torch.Tensor:
+        x = f.reshape(B, -1)
+        if x.dtype in (torch.float16, torch.bfloat16):  # (AMP) similarities in float32
+            x = x.float()
+        z = F.normalize(x, p=2, dim=1)
+        return torch.mm(z, z.t())
+
+    def rows(pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
+        if kp_eff > 1:  # a missing positive: their inf -> -inf
+            pos = pos.masked_fill(pos == inf, -inf)
+        logits = torch.cat([pos.unsqueeze(2), neg.unsqueeze(1).expand(B, kp_eff, -1)], 2) / tau
+        if kp_eff > 1:  # a row of -inf only (no positive, no negative) stays out of the graph
+            empty = torch.isneginf(logits).all(-1, keepdim=True)
+            logits = torch.where(empty, torch.zeros_like(logits), logits)
+            return _row_loss(logits).masked_fill(empty[..., 0], 0.0).sum(1) / kp
+        return _row_loss(logits).sum(1) / kp
+
+    # --- SCL: k_p least similar classmates (self included) vs k_n most similar others ---
+    sim = similarity()
+    pos = torch.topk(sim.masked_fill(~same, inf), kp_eff, dim=1, largest=False)[0]
+    neg = torch.topk(sim.masked_fill(same, -inf), min(kn, B), dim=1, largest=True)[0]
+    scl = rows(pos, neg)
     if beta == 0:
         return scl, None
 
     # --- divergence penalty: self vs the k_p least similar classmates kept if >= λ ---
-    o = _smallest(sim.masked_fill(~same | eye, inf), kp_eff)
-    keep = torch.isfinite(o) & (o >= lam)
-    o = torch.where(keep, o, torch.full_like(o, -1.0)) * inv_t
-    s_ii = torch.diagonal(sim, dim1=-2, dim2=-1).unsqueeze(-1) * inv_t  # (L, B, 1)
-    pen = (torch.logsumexp(torch.cat([s_ii, o], -1), -1) - s_ii[..., 0]) / kp
-    return scl, pen
+    sim = similarity()
+    pos = torch.topk(sim.masked_fill(~eye, inf), kp_eff, dim=1, largest=False)[0]
+    o = torch.topk(sim.masked_fill(~same | eye, inf), kp_eff, dim=1, largest=False)[0]
+    o = torch.where(torch.isfinite(o) & (o >= lam), o, torch.full_like(o, -1.0))
+    return scl, rows(pos, o)
 
 
 def _paper(
@@ -231,15 +239,25 @@ def rcl_loss(
     _check(variant, tau)
     if topk_pos < 1 or topk_neg < 1:
         raise ValueError("rcl_loss: topk_pos and topk_neg must be >= 1")
-    sim = _similarities(features)
-    same, eye = _label_masks(labels, sim.shape[-1], sim.device)
     beta = float(beta)
     if variant == "official":
-        scl, pen = _official(sim, same, eye, tau, lam, beta, int(topk_pos), int(topk_neg))
-        valid = torch.ones(sim.shape[-1], dtype=torch.bool, device=sim.device)
-        scl_mean = scl.mean()
-        pen_mean = pen.mean() if pen is not None else None
+        levels = _levels(features)
+        same, eye = _label_masks(labels, levels[0].shape[0], levels[0].device)
+        per_level = [
+            _official_level(f, same, eye, tau, lam, beta, int(topk_pos), int(topk_neg))
+            for f in levels
+        ]
+        # their order: the mean over anchors per level, then the mean over levels
+        scl = torch.stack([s for s, _ in per_level])
+        scl_mean = torch.mean(torch.stack([s.mean() for s, _ in per_level]))
+        pen, pen_mean = None, None
+        if beta != 0:
+            pen = torch.stack([p for _, p in per_level])  # type: ignore[misc]
+            pen_mean = torch.mean(torch.stack([p.mean() for _, p in per_level]))  # type: ignore[union-attr]
+        valid = torch.ones(levels[0].shape[0], dtype=torch.bool, device=levels[0].device)
     else:
+        sim = _similarities(features)
+        same, eye = _label_masks(labels, sim.shape[-1], sim.device)
         scl, pen, valid = _paper(sim, same, eye, tau, lam, beta)
         denom = (valid.sum() * sim.shape[0]).clamp(min=1)  # on the device
         scl_mean = scl.sum() / denom

@@ -249,3 +249,75 @@ def test_bad_arguments():
         rcl_loss(f, torch.tensor([0, 1]))
     with pytest.raises(ValueError):
         rcl_loss(torch.randn(4, 3, 2, 2), y)
+
+
+def _their_term_transliterated(f, y, *, supervised, tau, lam, kp, kn):
+    """One call of skynbe/FedRCL's ``CLLoss.forward`` (``utils/loss.py``) as
+    ``RCLClient`` makes it, re-written from the released code with its in-place index
+    assignments: ``supervised`` = the ``scl`` pair, otherwise the ``penalty`` pair
+    (``loss_type: unsupervised``, ``neg_sample_type: intra_class_thresholding``)."""
+    B = f.shape[0]
+    feat = F.normalize(f.squeeze(-1).squeeze(-1), p=2, dim=1)
+    sim = torch.mm(feat, feat.t())
+    classwise = y.expand(B, B).eq(y.expand(B, B).T)
+    pos_mask = classwise if supervised else torch.eye(B, dtype=torch.bool)
+    sim_pos = sim.clone()
+    sim_pos[pos_mask == 0] = np.inf
+    sim_pos = torch.topk(sim_pos, kp, dim=1, largest=False)[0]
+    sim_neg = sim.clone()
+    if supervised:
+        sim_neg[classwise == 1] = -np.inf
+        sim_neg = torch.topk(sim_neg, min(kn, B), dim=1, largest=True)[0]
+    else:
+        sim_neg[~classwise] = np.inf
+        sim_neg[torch.eye(B) == 1] = np.inf
+        sim_neg = torch.topk(sim_neg, min(kp, B), dim=1, largest=False)[0]
+        sim_neg[sim_neg < lam] = -1
+        sim_neg[sim_neg == np.inf] = -1
+    pair_all = torch.cat((sim_pos.unsqueeze(2), sim_neg.unsqueeze(1).repeat(1, kp, 1)), 2)
+    targets = torch.zeros_like(pair_all)
+    targets[:, :, 0] = 1
+    inp = pair_all.reshape(-1, pair_all.size(2)) / tau
+    inp[inp == np.inf] = -np.inf
+    loss_ = -targets.reshape(-1, pair_all.size(2)) * F.log_softmax(inp, dim=1)
+    loss_[loss_ == np.inf] = 0.0
+    loss_[loss_ == -np.inf] = 0.0
+    loss_[loss_.isnan()] = 0.0
+    return loss_.sum(dim=1).reshape(B, -1).mean(1)
+
+
+def test_official_float32_gradients_are_theirs_bit_for_bit():
+    """In float32 the official loss and its gradient equal, bit for bit, a transliteration
+    of the released code's operations (per level: the scl call, then the penalty call,
+    each on the pooled (B, C, 1, 1) features; means over anchors, then over levels). A
+    rounding difference there moves a FedRCL run (the hard mining flips), so this is
+    what makes a run of ours repeat theirs."""
+    g = torch.Generator().manual_seed(11)
+    y = torch.tensor([3] * 24 + [5] * 12 + [7] * 3 + [1])[torch.randperm(40, generator=g)]
+    centres = torch.randn(10, 48, generator=g)
+    maps = [
+        (centres[y] + s * torch.randn(40, 48, generator=g))[..., None, None]
+        for s in (0.2, 0.5, 1.0, 2.0)
+    ]
+    kw = dict(tau=0.05, lam=0.7, kp=1, kn=2)
+    theirs = [m.clone().requires_grad_() for m in maps]
+    scl = torch.mean(
+        torch.stack(
+            [_their_term_transliterated(f, y, supervised=True, **kw).mean() for f in theirs]
+        )
+    )
+    pen = torch.mean(
+        torch.stack(
+            [_their_term_transliterated(f, y, supervised=False, **kw).mean() for f in theirs]
+        )
+    )
+    (scl + pen).backward()
+    ours = [m.clone().requires_grad_() for m in maps]
+    total, info = rcl_loss(
+        [f.mean((2, 3)) for f in ours], y, tau=0.05, lam=0.7, return_per_anchor=True
+    )
+    total.backward()
+    assert 0 < pen.item() and 0 < scl.item()  # both terms active on these features
+    assert torch.equal(info["scl_mean"], scl) and torch.equal(info["penalty_mean"], pen)
+    for a, b in zip(theirs, ours, strict=True):
+        assert torch.equal(a.grad, b.grad)
