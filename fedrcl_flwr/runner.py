@@ -387,7 +387,7 @@ def run_simulation_via_flower(
         timing.append(("run finished", time.time() - t0))
         logs = readable_log(control.logs(run_id))
         atomic_write_text(out_dir / RUN_LOG, logs)  # whole or absent (a full disk)
-        for line in logs.splitlines():  # a tracker dropped by the ServerApp (tracking.py)
+        for line in logs.splitlines():  # a tracker dropped by the ServerApp (tracking/)
             if line.startswith("[fedrcl-flwr] tracker ") and " is dropped " in line:
                 print(f"fedrcl-flwr: {line.split('] ', 1)[1].strip()}", file=sys.stderr)
         if status != "finished:completed":

@@ -300,9 +300,9 @@ def test_report_and_plot_read_client_metrics(tmp_path, capsys):
 
 
 def test_tracker_tags(tiny, tmp_path):
-    """The client statistics reach every tracker (one writer: fedrcl_flwr/tracking.py)
+    """The client statistics reach every tracker (one writer: fedrcl_flwr/tracking/)
     under ``client_accuracy/...``; the per-client mapping stays in metrics.jsonl."""
-    from fedrcl_flwr.tracking import scalars
+    from fedrcl_flwr.tracking.records import scalars
 
     rec = {
         "round": 2,
