@@ -357,7 +357,7 @@ def test_bad_values_stop_before_the_run(tmp_path, capsys, override, message):
 def test_a_device_holds_out_and_evaluates_its_own_data(tiny):
     """A real device (fixed local data) ignores the partitions the server names: it holds
     out its own share (seeded by its partition-id), trains on the rest and reports itself."""
-    from clients.base import LocalData
+    from clients.client_data import LocalData
     from clients.fedavg import FedAvgClient
 
     cfg = tiny(

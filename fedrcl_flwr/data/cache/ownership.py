@@ -73,16 +73,17 @@ def _own_meta(entry: Path, arrays: bool) -> bool:
 
 
 def is_own_entry(path: Path) -> bool:
-    """``path`` is provably the cache's own, by its name *and* its content: a real
-    directory (not a link) named by a key (or a temporary / discarded entry's name) that
-    holds only regular files with the cache's names (``meta.json``, ``meta.sha256``,
+    """``path`` is provably the cache's own, by its name *and* its content: a real directory
+    (not a link) named by a key (or a temporary / discarded entry's name) that holds only
+    regular files with the cache's names (``meta.json``, ``meta.sha256``,
     ``<split>_<x|y|d>.npy``, the client splits of
-    :func:`~fedrcl_flwr.data.cache.splits.load_partition`, ``split-<key>.npz``), each with the cache's content: every ``.npy`` starts with
-    NumPy's magic and every split with the zip magic (or is empty: a write cut short),
-    and a metadata pair is the cache's (:func:`_own_meta`). A key directory needs the
-    metadata pair; a temporary one (an entry being built) may lack it, or be empty. A
-    user's ``meta.json`` in a 32-hex-named directory, or user files in a ``.tmp-<key>-…``
-    directory, are therefore never the cache's."""
+    :func:`~fedrcl_flwr.data.cache.splits.load_partition`, ``split-<key>.npz``), each with
+    the cache's content: every ``.npy`` starts with NumPy's magic and every split with the
+    zip magic (or is empty: a write cut short), and a metadata pair is the cache's
+    (:func:`_own_meta`). A key directory needs the metadata pair; a temporary one (an entry
+    being built) may lack it, or be empty. A user's ``meta.json`` in a 32-hex-named
+    directory, or user files in a ``.tmp-<key>-…`` directory, are therefore never the
+    cache's."""
     p = Path(path)
     temp = bool(TEMP_RE.fullmatch(p.name))
     if not (KEY_RE.fullmatch(p.name) or temp):
