@@ -12,6 +12,14 @@ parameters (:meth:`trainable_parameters`) and report or upload after training
 (:meth:`on_round_end`). The training loop itself lives in ``fedrcl_flwr.training`` and is
 shared by all methods.
 
+The client composes small collaborators, one module each: :mod:`clients.client_data`
+(which data: :class:`~clients.client_data.LocalData`, the round's partition),
+:mod:`clients.received` (received weights copied into the model, the received trainable
+values as tensors), :mod:`clients.local_round` (the round's start, the training loop on
+its batches, the fit report), :mod:`clients.client_evaluation` (per-client evaluation,
+the local representation) and :mod:`clients.wire_client` (the Flower ``Client`` it runs
+as).
+
 Which data a client trains on: in simulation the server assigns a partition id per
 round (``partition_id`` in the fit instructions, ``fedrcl_flwr/protocol.py``; sampling
 depends only on the seed and round); on a real device the node's own data (node-config
@@ -23,35 +31,26 @@ through its ``client_loss_terms`` hook (:meth:`FederatedClient.strategy_terms`).
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
-from flwr.client import Client, NumPyClient
-from flwr.common import (
-    Code,
-    EvaluateIns,
-    EvaluateRes,
-    FitIns,
-    FitRes,
-    GetParametersIns,
-    GetParametersRes,
-    Parameters,
-    Status,
-)
+from flwr.client import NumPyClient
 
-from fedrcl_flwr import client_eval
-from fedrcl_flwr.accel import use_channels_last
+from clients.client_data import (
+    LocalData,
+    model_shapes,
+    partition_of,
+    without_local_test,
+)
+from clients.client_evaluation import evaluate_client, local_representation
+from clients.local_round import fit_report, start_round, train_on_round_data
+from clients.received import copy_into_model, trainable_tensors
+from clients.wire_client import WireClient
 from fedrcl_flwr.app.wire import transport
-from fedrcl_flwr.codec import TENSOR_TYPE, encode_arrays
 from fedrcl_flwr.components import resolve_params
 from fedrcl_flwr.config import ExperimentConfig
 from fedrcl_flwr.protocol import (
-    EvaluateInstructions,
-    EvaluateReport,
     FitInstructions,
     FitReport,
     upload_weight,
@@ -64,134 +63,9 @@ from fedrcl_flwr.training import (
     batch_size_for,
     cross_entropy_term,
     last_batch_rule,
-    local_train_settings,
     steps_per_epoch,
-    train_local,
 )
 from strategies import strategy_class
-
-
-@dataclass
-class LocalData:
-    """A client's view of its training data: the shared dataset plus its indices."""
-
-    dataset: Any
-    indices: np.ndarray
-    labels: np.ndarray
-    num_classes: int
-
-    @property
-    def size(self) -> int:
-        return int(len(self.indices))
-
-    def class_counts(self) -> np.ndarray:
-        return np.bincount(self.labels[self.indices], minlength=self.num_classes)
-
-
-class WireClient(Client):
-    """A :class:`FederatedClient` as the Flower ``Client`` its :meth:`~FederatedClient.
-    to_client` returns: what Flower's ``NumPyClient`` wrapper does, with the weights in
-    and out through :mod:`fedrcl_flwr.codec` (the same ``.npy`` bytes, three copies of
-    the model fewer per message; the received weights are read-only views of the
-    message), or by reference to the run's weight store (``simulation.transport:
-    shared``: :mod:`fedrcl_flwr.app.wire.transport`; the upload goes back the way the
-    instructions came). Both runners hand every fit to it, the ClientApp and the
-    in-process one."""
-
-    def __init__(self, numpy_client: FederatedClient):
-        self.numpy_client = numpy_client
-
-    @staticmethod
-    def _ok() -> Status:
-        return Status(code=Code.OK, message="Success")
-
-    def get_parameters(self, ins: GetParametersIns) -> GetParametersRes:
-        arrays = self.numpy_client.get_parameters(config=ins.config)
-        return GetParametersRes(
-            status=self._ok(),
-            parameters=Parameters(tensors=encode_arrays(arrays), tensor_type=TENSOR_TYPE),
-        )
-
-    def fit(self, ins: FitIns) -> FitRes:
-        """The round's training (:meth:`FederatedClient.train_round`, handed the message's
-        weights as :class:`~fedrcl_flwr.app.wire.transport.Received`: read from the weight
-        store into the model, and checked, when they are used), then its upload
-        (:meth:`FederatedClient.upload`: views of the model) written out at once, into
-        the message or the weight store, so no copy of the model is made for it."""
-        client = self.numpy_client
-        client.partition_id = -1  # set by the round's start (FederatedClient._start_round)
-        try:
-            return self._fit(client, ins)
-        except Exception as exc:
-            # the server counts each client's failures (strategies/screening.py: client_failure)
-            if client.partition_id >= 0 and not hasattr(exc, "partition_id"):
-                try:
-                    exc.partition_id = client.partition_id  # type: ignore[attr-defined]
-                except AttributeError:  # an exception type without attributes
-                    pass
-            raise
-
-    def _fit(self, client: FederatedClient, ins: FitIns) -> FitRes:
-        out = client.train_round(transport.Received(ins.parameters), ins.config)
-        if not (len(out) == 2 and isinstance(out[0], int) and isinstance(out[1], dict)):
-            raise TypeError(f"{type(client).__name__}.train_round must return (int, dict)")
-        num_examples, metrics = out
-        weights = client.upload()
-        if not isinstance(weights, list):
-            raise TypeError(f"{type(client).__name__}.upload must return a list of arrays")
-        with timers.stage("encode"):  # after t_fit_end: inside its "encode" share
-            parameters = transport.reply(weights, ins.parameters)
-        return FitRes(
-            status=self._ok(),
-            parameters=parameters,
-            num_examples=num_examples,
-            metrics=metrics,
-        )
-
-    def evaluate(self, ins: EvaluateIns) -> EvaluateRes:
-        out = self.numpy_client.evaluate(transport.arrays_of(ins.parameters), ins.config)
-        if not (
-            len(out) == 3
-            and isinstance(out[0], float)
-            and isinstance(out[1], int)
-            and isinstance(out[2], dict)
-        ):
-            raise TypeError(
-                f"{type(self.numpy_client).__name__}.evaluate must return (float, int, dict)"
-            )
-        loss, num_examples, metrics = out
-        return EvaluateRes(status=self._ok(), loss=loss, num_examples=num_examples, metrics=metrics)
-
-
-def _writable_view(tensor: torch.Tensor) -> np.ndarray | None:
-    """A NumPy view of ``tensor``'s memory that received weights can be copied into
-    directly (a contiguous CPU tensor of a NumPy dtype), else ``None``."""
-    if tensor.device.type != "cpu" or not tensor.is_contiguous():
-        return None
-    try:
-        return tensor.detach().numpy()
-    except (TypeError, RuntimeError):  # bfloat16 and the like
-        return None
-
-
-def _check_shapes(state: dict, shapes: list[tuple]) -> None:
-    """The received arrays' shapes against the model's (``runtime.set_weights``'s
-    errors), before anything is copied into it."""
-    if len(shapes) != len(state):
-        raise ValueError(f"expected {len(state)} arrays for the model, got {len(shapes)}")
-    for (k, v), shape in zip(state.items(), shapes):
-        if tuple(v.shape) != tuple(shape):
-            raise ValueError(
-                f"shape mismatch for '{k}': model {tuple(v.shape)} vs received {tuple(shape)}"
-            )
-
-
-def _shares_memory(tensor: torch.Tensor, array: np.ndarray) -> bool:
-    return (
-        tensor.device.type == "cpu"
-        and array.ctypes.data == tensor.data_ptr()
-        and array.nbytes == tensor.numel() * tensor.element_size()
-    )
 
 
 class FederatedClient(NumPyClient):
@@ -220,7 +94,7 @@ class FederatedClient(NumPyClient):
     ):
         self.cfg = cfg
         self.p = self.resolve(cfg)
-        self._fixed_data = local_data
+        self.fixed_data = local_data
         self.default_partition_id = partition_id
         self.state_dir = state_dir
         self._state_store = None
@@ -334,13 +208,7 @@ class FederatedClient(NumPyClient):
                 raise RuntimeError(
                     f"{type(self).__name__}: no received weights (train_round() stores them)"
                 )
-            keys = list(model.state_dict().keys())
-            by_key = dict(zip(keys, received))
-            tensors = [
-                runtime.constant_tensor(by_key[n], device=self.device)
-                for n, p in model.named_parameters()
-                if p.requires_grad
-            ]
+            tensors = trainable_tensors(model, received, self.device)
             self._received = (id(self.global_weights), tensors)
         return self._received[1]
 
@@ -358,46 +226,26 @@ class FederatedClient(NumPyClient):
     # --------------------------------------------------------------- plumbing
     def partition_data(self, partition_id: int) -> LocalData:
         """The client's whole data: the node's own (real device) or its partition."""
-        if self._fixed_data is not None:
-            return self._fixed_data
-        bundle = runtime.load_bundle(self.cfg)
-        parts = runtime.client_partitions(self.cfg)
-        if not 0 <= partition_id < len(parts):
-            raise ValueError(f"partition id {partition_id} out of range (num_clients={len(parts)})")
-        return LocalData(bundle.train, parts[partition_id], bundle.train_labels, bundle.num_classes)
+        if self.fixed_data is not None:
+            return self.fixed_data
+        return partition_of(self.cfg, partition_id)
 
     def local_data(self, partition_id: int) -> LocalData:
         """What the client trains on: :meth:`partition_data`, minus the local test share
         while per-client evaluation holds one out (``fedrcl_flwr/client_eval.py``)."""
         data = self.partition_data(partition_id)
-        if client_eval.holds_out(self.cfg):
-            data = dataclasses.replace(
-                data,
-                indices=client_eval.training_indices(
-                    self.cfg, self._data_id(partition_id), data.indices
-                ),
-            )
-        return data
+        return without_local_test(self.cfg, data, self.data_id(partition_id))
 
-    def _data_id(self, partition_id: int) -> int:
+    def data_id(self, partition_id: int) -> int:
         """The id that seeds the client's hold-out: its partition id (a real device: its
         node-config ``partition-id``, else 0)."""
-        if self._fixed_data is not None:
+        if self.fixed_data is not None:
             return self.default_partition_id if self.default_partition_id is not None else 0
         return int(partition_id)
 
     def _model(self, slot: str = "local") -> torch.nn.Module:
-        bundle = runtime.load_bundle(self.cfg) if self._fixed_data is None else None
-        if bundle is None:
-            from types import SimpleNamespace
-
-            d = self._fixed_data
-            assert d is not None  # the bundle is None only for a client with fixed data
-            x0, _ = d.dataset[int(d.indices[0])]
-            bundle = SimpleNamespace(
-                num_classes=d.num_classes, in_channels=x0.shape[0], image_size=x0.shape[-1]
-            )
-        return runtime.worker_model(self.cfg, bundle, self.device, slot=slot)
+        shapes = model_shapes(self.cfg, self.fixed_data)
+        return runtime.worker_model(self.cfg, shapes, self.device, slot=slot)
 
     def get_parameters(self, config):
         return runtime.get_weights(self._model())
@@ -420,21 +268,9 @@ class FederatedClient(NumPyClient):
         timers.mark("t_fit")
         t0 = time.time()
         ins = FitInstructions.from_config(config)
-        seed = self._start_round(ins, parameters)
-        stats = self._train(ins, seed)
-        report = FitReport(
-            partition_id=self.partition_id,
-            # a client that took no step (client.drop_last, fewer samples than a batch)
-            # has no training loss
-            train_loss=stats.loss if stats.steps else None,
-            steps=stats.steps,
-            fit_time_s=time.time() - t0,
-            node=runtime.node_name(),
-            term_losses=dict(stats.terms) if stats.steps else {},
-        )
-        every = self.cfg.evaluation.local_representation_every
-        if every and self.run_round % every == 0:
-            report.local_repr = self.local_representation()
+        seed = start_round(self, ins, parameters)
+        stats = train_on_round_data(self, ins, seed)
+        report = fit_report(self, stats, t0)
         self.on_round_end(report)
         weight = upload_weight(
             self.round_data().size,
@@ -451,28 +287,6 @@ class FederatedClient(NumPyClient):
         whose pooled model it is); :meth:`fit` copies them."""
         return runtime.weight_views(self.round_model())
 
-    def _start_round(self, ins: FitInstructions, parameters: list) -> int:
-        """The round's partition, data, RNG seeds and model (loaded with ``parameters``),
-        then :meth:`on_round_start`; returns the client's seed for the round."""
-        self.run_round = ins.run_round
-        pid: int | None
-        if self._fixed_data is not None:  # a real device: its own data, its own id
-            pid = self.default_partition_id if self.default_partition_id is not None else 0
-        else:  # simulation: the partition the server assigned this round
-            pid = ins.partition_id if ins.partition_id is not None else self.default_partition_id
-        self.partition_id = int(pid) if pid is not None else -1
-        timers.note(round=self.run_round, partition=self.partition_id)
-        with timers.stage("data"):
-            self.data = self.local_data(self.partition_id)
-        seed = runtime.client_seed(self.cfg.seed, self.run_round, self.partition_id)
-        torch.manual_seed(seed)
-        np.random.seed(seed % (2**32))
-        with timers.stage("load"):
-            self.model = self._model()
-            self._load_received(self.model, parameters)
-        self.on_round_start(ins)
-        return seed
-
     def last_batch(self) -> str:
         """What the round's local epochs do with their last, incomplete batch: keep, drop
         (``client.drop_last``) or fold it (a model with BatchNorm;
@@ -481,67 +295,26 @@ class FederatedClient(NumPyClient):
 
     def epoch_steps(self) -> int:
         """Optimisation steps of one local epoch of the round in progress, as
-        :meth:`_train` runs them (:func:`fedrcl_flwr.training.steps_per_epoch`)."""
+        :func:`~clients.local_round.train_on_round_data` runs them
+        (:func:`fedrcl_flwr.training.steps_per_epoch`)."""
         c, size = self.cfg.client, self.round_data().size
         bs = batch_size_for(size, c.batch_size, c.iterations_per_epoch)
         return steps_per_epoch(size, bs, c.iterations_per_epoch, self.last_batch())
 
     def _load_received(self, model: torch.nn.Module, parameters) -> None:
         """Load the received weights into ``model`` and keep them as
-        :attr:`global_weights`. Weights by reference
-        (:class:`~fedrcl_flwr.app.wire.transport.Received`) are copied from the weight store
-        straight into the model's tensors while they are hashed (one pass; a tensor that
-        cannot take them as they are, on a GPU or in another dtype or layout, through
-        arrays of the client's own), and :attr:`global_weights` reads the store again
-        only if a method uses it."""
+        :attr:`global_weights`; weights by reference are copied from the weight store
+        straight into the model (:func:`~clients.received.copy_into_model`) and
+        :attr:`global_weights` reads the store again only if a method uses it."""
         received = parameters if isinstance(parameters, transport.Received) else None
         if received is None or not received.by_reference:
             arrays = received.arrays() if received is not None else parameters
             runtime.set_weights(model, arrays)
             self.global_weights = arrays
             return
-        state = model.state_dict()
-        _check_shapes(state, received.shapes())
-        tensors = list(state.values())
-        got = received.read_into([_writable_view(t) for t in tensors])
-        with torch.no_grad():
-            for tensor, array in zip(tensors, got):
-                if not _shares_memory(tensor, array):
-                    tensor.copy_(runtime.constant_tensor(array))
+        copy_into_model(model, received)
         self.global_weights = None
         self._global_source = received
-
-    def _train(self, ins: FitInstructions, seed: int):
-        """The shared training loop on the round's batches (``fedrcl_flwr.training``)."""
-        c = self.cfg.client
-        model, data = self.round_model(), self.round_data()
-        bs = batch_size_for(data.size, c.batch_size, c.iterations_per_epoch)
-        batches = runtime.make_batches(
-            data.dataset,
-            data.indices,
-            bs,
-            seed,
-            device=self.device,
-            last_batch=self.last_batch(),
-        )
-        channels_last = use_channels_last(c.channels_last, self.device, model)
-        if channels_last:  # the pooled model keeps it; set_weights preserves the layout
-            model.to(memory_format=torch.channels_last)
-        settings = local_train_settings(
-            c, self.run_round, rounds=self.cfg.federation.rounds, channels_last=channels_last
-        )
-        terms = self.loss_terms() + self.strategy_terms(ins)
-        with timers.stage("train"):
-            return train_local(
-                model,
-                batches,
-                terms,
-                settings,
-                self.device,
-                transform=self.batch_transform(),
-                forward=self.forward(),
-                params=self.trainable_parameters(),
-            )
 
     def strategy_terms(self, ins: FitInstructions) -> list[LossTerm]:
         """Loss terms the configured server strategy adds to every method's objective,
@@ -554,18 +327,7 @@ class FederatedClient(NumPyClient):
         Figs. 2-3 measure local models), the report's ``local_repr`` (``local_repr_*``
         fit metrics): on the test set in simulation, on the client's own (un-augmented)
         data for a client with fixed local data."""
-        from torch.utils.data import Subset
-
-        from fedrcl_flwr.representation import representation_record
-
-        if self._fixed_data is None:
-            data = runtime.load_bundle(self.cfg).test
-        else:
-            local = self.round_data()
-            plain = local.dataset.plain() if hasattr(local.dataset, "plain") else local.dataset
-            data = Subset(plain, local.indices.tolist())
-        rec = representation_record(self.round_model(), data, self.device)
-        return {k[len("repr_") :]: v for k, v in rec.items()}
+        return local_representation(self)
 
     def evaluate(self, parameters, config):
         """Per-client evaluation (``evaluation.per_client``, ``fedrcl_flwr/client_eval.py``):
@@ -574,61 +336,7 @@ class FederatedClient(NumPyClient):
         several partitions (``partition_ids``); a real device evaluates its own data.
         Returns the mean loss, the number of test samples and ``client_eval`` (JSON:
         partition id -> [correct, samples, loss sum])."""
-        ins = EvaluateInstructions.from_config(config)
-        bundle = runtime.load_bundle(self.cfg) if self._fixed_data is None else None
-        model = self._model()
-        report = EvaluateReport(
-            {
-                self._data_id(pid): self._evaluate_partition(
-                    model, bundle, parameters, pid, ins.run_round
-                )
-                for pid in self._evaluated_partitions(ins)
-            }
-        )
-        return float(report.mean_loss), int(report.num_samples), report.to_metrics()
-
-    def _evaluated_partitions(self, ins: EvaluateInstructions) -> list[int]:
-        """A real device: its own data; simulation: the partitions the server named."""
-        if self._fixed_data is not None:
-            return [self._data_id(0)]
-        if ins.partition_ids is not None:
-            return list(ins.partition_ids)
-        pid = ins.partition_id if ins.partition_id is not None else self.default_partition_id
-        return [int(pid) if pid is not None else -1]
-
-    def _evaluate_partition(
-        self, model: torch.nn.Module, bundle, parameters, pid: int, run_round: int
-    ) -> tuple[int, int, float]:
-        """``(correct, samples, loss sum)`` of the global model ``parameters`` (fine-tuned
-        first when ``finetune_steps``) on partition ``pid``'s local test data."""
-        from fedrcl_flwr.evaluation import evaluate_model
-
-        steps = self.cfg.evaluation.per_client.finetune_steps
-        whole = self.partition_data(pid)
-        dataset, test_idx = client_eval.local_test(
-            self.cfg, self._data_id(pid), whole.indices, whole.dataset, bundle
-        )
-        runtime.set_weights(model, parameters)
-        if steps:
-            train = self.local_data(pid)
-            client_eval.finetune(
-                model,
-                train.dataset,
-                train.indices,
-                self.cfg,
-                run_round,
-                self._data_id(pid),
-                steps,
-                self.device,
-            )
-        res = evaluate_model(
-            model, dataset, self.device, indices=test_idx, batch_size=self.cfg.evaluation.batch_size
-        )
-        return (
-            int(round(res.accuracy * res.num_samples)),
-            res.num_samples,
-            res.loss * res.num_samples,
-        )
+        return evaluate_client(self, parameters, config)
 
     def frozen_model(self, weights=None, slot: str = "global") -> torch.nn.Module:
         """A second model instance from the process's model pool (one per ``slot``, see

@@ -36,21 +36,22 @@ class _Parser(argparse.ArgumentParser):
 
 def cmd_cache(args) -> int:
     """``cache ls`` / ``cache clear [KEY_PREFIX...]`` on the dataset cache."""
-    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.data.cache.layout import KEY_LEN, KEY_PREFIX_RE, default_cache_dir
+    from fedrcl_flwr.data.cache.manage import clear, list_entries
 
     if args.cache_dir is not None and not args.cache_dir.strip():
         raise ConfigError("--cache-dir must be a directory path, got an empty string")
     root = (
         Path(args.cache_dir).expanduser().resolve()
         if args.cache_dir
-        else cache.default_cache_dir().resolve()
+        else default_cache_dir().resolve()
     )
     if root.exists() and not root.is_dir():
         raise ConfigError(f"--cache-dir {root} is not a directory")
     if args.action == "ls":
         if args.keys:
             raise ConfigError("cache ls takes no keys")
-        rows = cache.list_entries(root)
+        rows = list_entries(root)
         ours = [r for r in rows if r["status"] != "foreign"]
         print(
             f"dataset cache {root}: {len(ours)} entr{'y' if len(ours) == 1 else 'ies'}, "
@@ -76,13 +77,13 @@ def cmd_cache(args) -> int:
         return 0
     keys = [k.lower() for k in args.keys or []]
     for k in keys:
-        if not cache.KEY_PREFIX_RE.fullmatch(k):
+        if not KEY_PREFIX_RE.fullmatch(k):
             raise ConfigError(
                 f"cache clear: {k!r} is not a key prefix (1 to "
-                f"{cache.KEY_LEN} hexadecimal digits, as 'cache ls' shows; "
+                f"{KEY_LEN} hexadecimal digits, as 'cache ls' shows; "
                 "no prefix at all clears every entry)"
             )
-    removed, foreign = cache.clear(root, keys)
+    removed, foreign = clear(root, keys)
     print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} from {root}")
     if foreign:
         print(

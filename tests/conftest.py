@@ -103,7 +103,7 @@ def _dataset_cache_dir(tmp_path_factory):
     `fedrcl-flwr run` subprocesses inherit the variable)."""
     import os
 
-    from fedrcl_flwr.data.cache import ENV_VAR
+    from fedrcl_flwr.data.cache.layout import ENV_VAR
 
     before = os.environ.get(ENV_VAR)
     os.environ[ENV_VAR] = str(tmp_path_factory.mktemp("dataset-cache"))

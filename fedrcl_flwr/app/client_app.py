@@ -14,7 +14,7 @@ from flwr.client import ClientApp
 from flwr.common import Context
 
 from clients import client_class
-from clients.base import LocalData
+from clients.client_data import LocalData
 from fedrcl_flwr.app.common import (
     config_from_run_config,
     output_dir_from_run_config,

@@ -193,7 +193,7 @@ def open_run_outputs(cfg, out_dir, ckpt, ema: EMATracker):
     records and the EMA of the checkpoint, else a fresh ``metrics.jsonl``), its
     ``config.yaml`` and its tracker (``output.tracker``: TensorBoard / W&B / MLflow, fed
     from the same records as ``metrics.jsonl``; ``None`` when off)."""
-    from fedrcl_flwr.tracking import open_tracker
+    from fedrcl_flwr.tracking.run_tracker import open_tracker
 
     done = int(ckpt["round"]) if ckpt else 0
     recorder = RunRecorder(

@@ -90,7 +90,7 @@ class DatasetConfig:
     test_split: str = "random"
     verify_md5: bool = True
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
-    # where prepared arrays are kept (fedrcl_flwr/data/cache.py); null = $FEDRCL_FLWR_CACHE_DIR,
+    # where prepared arrays are kept (fedrcl_flwr/data/cache/); null = $FEDRCL_FLWR_CACHE_DIR,
     # else $XDG_CACHE_HOME/fedrcl-flwr or ~/.cache/fedrcl-flwr. Must be the same path on
     # every node of a Ray cluster (a shared filesystem).
     cache_dir: str | None = None
@@ -358,7 +358,7 @@ class OutputConfig:
     # TensorBoard event files in <dir>/tensorboard (needs the `tensorboard` extra); an
     # alias of `tensorboard` in `tracker`
     tensorboard: bool = False
-    # experiment trackers fed from the records of metrics.jsonl (fedrcl_flwr/tracking.py):
+    # experiment trackers fed from the records of metrics.jsonl (fedrcl_flwr/tracking/):
     # any of tensorboard, wandb, mlflow (extras of the same names)
     tracker: list = field(default_factory=list)
     # the W&B project / MLflow experiment the runs go to

@@ -203,7 +203,7 @@ def check_resources(cfg: ExperimentConfig) -> None:
     """Input checks on resources (a :class:`ConfigError`, exit 2, before anything is
     written): GPUs requested but absent, ``client.device: cuda`` without CUDA, a client
     wanting more CPUs than Ray gets (instead of Ray's 'ActorPool is empty'), a tracker's
-    environment (:func:`fedrcl_flwr.tracking.check_tracker_environment`), a Ray cluster
+    environment (:func:`fedrcl_flwr.tracking.environment.check_tracker_environment`), a Ray cluster
     that does not answer (:func:`check_ray_address`)."""
     import torch
 
@@ -228,7 +228,7 @@ def check_resources(cfg: ExperimentConfig) -> None:
             "client.amp is fp16 but no CUDA device is visible on this "
             "machine (fp16 training needs CUDA); use client.amp=bf16 or off"
         )
-    from fedrcl_flwr.tracking import check_tracker_environment
+    from fedrcl_flwr.tracking.environment import check_tracker_environment
 
     check_tracker_environment(cfg)  # W&B's API key, the MLflow server answering
     if cfg.simulation.ray_address:  # the cluster's resources count, not this machine's
@@ -310,11 +310,11 @@ def _ray_gcs_problem(address: str, timeout: float) -> str | None:
 def prepare_data(cfg: ExperimentConfig, source: str) -> Path:
     """Build (or check) the experiment's dataset cache entry (``fedrcl_flwr.data.cache``);
     returns its path. Input problems are one :class:`ConfigError` naming ``source``."""
-    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.data.cache.layout import CacheForeign, cache_dir, check_cache_dir
     from fedrcl_flwr.run.runtime import prepare_dataset, use_prepared_dataset
 
-    root = cache.cache_dir(cfg.dataset)
-    why = cache.check_cache_dir(root)
+    root = cache_dir(cfg.dataset)
+    why = check_cache_dir(root)
     if why:
         raise ConfigError(f"{source}: dataset.cache_dir {root}: {why}")
     try:
@@ -323,7 +323,7 @@ def prepare_data(cfg: ExperimentConfig, source: str) -> Path:
         entry = prepare_dataset(cfg, note=lambda m: print(f"fedrcl-flwr: {m}", flush=True))
         use_prepared_dataset(cfg, str(entry))
         return entry
-    except cache.CacheForeign as exc:
+    except CacheForeign as exc:
         raise ConfigError(f"{source}: dataset.cache_dir: {exc}") from None
     except MemoryError:
         raise ConfigError(
@@ -364,12 +364,12 @@ def load_bundle(cfg: ExperimentConfig, label: str):
     """The experiment's dataset (:func:`fedrcl_flwr.run.runtime.load_bundle`); a cache
     entry's path holding something the cache did not write (a link, other files) is one
     :class:`ConfigError` starting with ``label``, the item left in place."""
-    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.data.cache.layout import CacheForeign
     from fedrcl_flwr.run import runtime
 
     try:
         return runtime.load_bundle(cfg)
-    except cache.CacheForeign as exc:
+    except CacheForeign as exc:
         raise ConfigError(f"{label}: dataset.cache_dir: {exc}") from None
 
 

@@ -208,7 +208,7 @@ class _SweepSession:
         (self.out_dir / CONFIGS_DIR).mkdir(exist_ok=True)
         (self.out_dir / LOGS_DIR).mkdir(exist_ok=True)
         self.status = _read_status(self.status_path)
-        from fedrcl_flwr.tracking import prepare_sweep_group
+        from fedrcl_flwr.tracking.mlflow_backend import prepare_sweep_group
 
         self.group_env = prepare_sweep_group([r.cfg for r in self.runs], self.out_dir)
         for run in self.runs:

@@ -104,9 +104,9 @@ def use_prepared_dataset(cfg: ExperimentConfig, entry: str) -> None:
 def prepare_dataset(cfg: ExperimentConfig, note=None):
     """Build (or check) the dataset's cache entry; returns its path. The CLI's step
     before any Flower process; ``note`` hears why an existing entry was rebuilt."""
-    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.data.cache import store
 
-    bundle, entry = cache.load(cfg.dataset, cfg.seed, note=note)
+    bundle, entry = store.load(cfg.dataset, cfg.seed, note=note)
     WORKER.clear_datasets()
     return entry
 
@@ -114,14 +114,15 @@ def prepare_dataset(cfg: ExperimentConfig, note=None):
 def _open_dataset(dataset_key: str, seed: int):
     """(bundle, cache entry) of a dataset section given as JSON."""
     from fedrcl_flwr.config import DatasetConfig, SyntheticConfig
-    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.data.cache import store
+    from fedrcl_flwr.data.cache.entries import open_prepared
 
     fields = json.loads(dataset_key)  # the (already validated) dataset section
     d = DatasetConfig(**{**fields, "synthetic": SyntheticConfig(**fields["synthetic"])})
     prepared = WORKER.prepared.get((dataset_key, seed))
     if prepared is not None:
-        return cache.open_prepared(prepared, d), Path(prepared)
-    return cache.load(d, seed)
+        return open_prepared(prepared, d), Path(prepared)
+    return store.load(d, seed)
 
 
 def _dataset(cfg: ExperimentConfig):
@@ -138,7 +139,7 @@ def load_bundle(cfg: ExperimentConfig):
 
 def client_partitions(cfg: ExperimentConfig) -> list:
     """Index arrays of every client: computed once and stored beside the dataset's cache
-    entry (:func:`fedrcl_flwr.data.cache.load_partition`), so that the CLI's check and
+    entry (:func:`fedrcl_flwr.data.cache.splits.load_partition`), so that the CLI's check and
     every process of the run after it only read them; kept per process."""
     dataset_key, partition_key = _key(cfg.dataset), _key(cfg.partition)
     key = (dataset_key, partition_key, cfg.federation.num_clients, cfg.seed)
@@ -148,7 +149,7 @@ def client_partitions(cfg: ExperimentConfig) -> list:
 def _partition(
     cfg: ExperimentConfig, dataset_key: str, partition_key: str, num_clients: int, seed: int
 ) -> list:
-    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.data.cache import splits
     from fedrcl_flwr.data.partition import partition
 
     bundle, entry = _dataset(cfg)
@@ -187,7 +188,7 @@ def _partition(
 
         code = b"".join(Path(str(m.__file__)).read_bytes() for m in (hf, partitioners))
         settings.append([version("flwr-datasets"), hashlib.sha256(code).hexdigest()])
-    return cache.load_partition(entry, settings, num_clients, compute)
+    return splits.load_partition(entry, settings, num_clients, compute)
 
 
 def set_node_name(name: str) -> None:

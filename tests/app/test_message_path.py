@@ -98,7 +98,9 @@ def test_weighted_average_is_the_formula_bit_for_bit():
 
 
 def test_partitions_are_stored_beside_the_dataset_and_read_back(tiny, tmp_path, monkeypatch):
-    from fedrcl_flwr.data import cache, partition
+    from fedrcl_flwr.data import partition
+    from fedrcl_flwr.data.cache import splits
+    from fedrcl_flwr.data.cache.ownership import is_own_entry
 
     cfg = tiny(federation={"num_clients": 20})
     runtime.WORKER.clear()
@@ -111,7 +113,7 @@ def test_partitions_are_stored_beside_the_dataset_and_read_back(tiny, tmp_path, 
         before = set(entry.glob("split-*.npz"))
         first = runtime.client_partitions(cfg)
         stored = sorted(set(entry.glob("split-*.npz")) - before)
-        assert calls and len(stored) == 1 and cache.is_own_entry(entry)  # cleared with it
+        assert calls and len(stored) == 1 and is_own_entry(entry)  # cleared with it
         runtime.WORKER.clear()
         calls.clear()
         again = runtime.client_partitions(cfg)  # a new process: read, not drawn
@@ -130,7 +132,7 @@ def test_partitions_are_stored_beside_the_dataset_and_read_back(tiny, tmp_path, 
         # other partition code (or torch / NumPy) is another key: drawn again
         runtime.WORKER.clear()
         calls.clear()
-        monkeypatch.setattr(cache, "_partition_code", lambda: ["other code"])
+        monkeypatch.setattr(splits, "_partition_code", lambda: ["other code"])
         runtime.client_partitions(cfg)
         assert calls
     finally:
@@ -173,7 +175,7 @@ def _old_path(monkeypatch):
     import strategies.screening as screening
     from clients.base import FederatedClient
     from fedrcl_flwr.app.wire import transport
-    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.data.cache import splits
 
     def average(client_weights, coefficients, kinds, dtype="float64"):
         assert dtype == "float64"  # the formula before the cuts
@@ -212,7 +214,7 @@ def _old_path(monkeypatch):
         "average_and_screen",
         lambda w, c, k, take=None, workers=1, dtype="float64": (average(w, c, k, dtype), False),
     )
-    monkeypatch.setattr(cache, "load_partition", lambda entry, s, n, compute: compute())
+    monkeypatch.setattr(splits, "load_partition", lambda entry, s, n, compute: compute())
 
 
 @pytest.mark.parametrize("method,strategy", [("fedprox", "fedadam"), ("feddyn", "feddyn")])

@@ -248,10 +248,10 @@ def test_sweep_never_removes_a_run_directory_it_cannot_recognise(tmp_path, capsy
 
 def _cache_entry(tmp_path) -> Path:
     from fedrcl_flwr.config import load_config
-    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.data.cache import store
 
     cfg = load_config(_exp(tmp_path, "c.yaml", dataset={"cache_dir": str(tmp_path / "cache")}))
-    return cache.load(cfg.dataset, cfg.seed)[1]
+    return store.load(cfg.dataset, cfg.seed)[1]
 
 
 def test_cache_clear_removes_only_entries_proven_ours(tmp_path, capsys):

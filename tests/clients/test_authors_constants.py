@@ -186,17 +186,17 @@ def test_epoch_lr_decay_sets_lr_per_local_epoch():
 
 @pytest.mark.integration
 def test_client_passes_epoch_lr_decay(tiny, tmp_path, monkeypatch):
-    import clients.base as base
+    import clients.local_round as local_round
     from fedrcl_flwr.app.inprocess import run_inprocess
 
     seen = []
-    real = base.train_local
+    real = local_round.train_local
 
     def spy(model, batches, terms, settings, device, **kw):
         seen.append((settings.lr, settings.epoch_lr_decay))
         return real(model, batches, terms, settings, device, **kw)
 
-    monkeypatch.setattr(base, "train_local", spy)
+    monkeypatch.setattr(local_round, "train_local", spy)
     cfg = tiny(federation={"rounds": 2}, client={"epoch_lr_decay": 0.9, "lr_decay": 0.5})
     run_inprocess(cfg, tmp_path / "run")
     # 2 clients per round; the round lr 0.05 · 0.5^(t−1), the in-round decay on top

@@ -1,4 +1,4 @@
-"""The dataset cache (fedrcl_flwr/data/cache.py): keyed entries, built once, memory-mapped,
+"""The dataset cache (fedrcl_flwr/data/cache/): keyed entries, built once, memory-mapped,
 atomic under races, corrupt entries rebuilt, prepared entries only opened, `cache ls|clear`.
 The real-run proof that no Flower process builds the data is in tests/e2e/test_cli_run.py."""
 
@@ -12,7 +12,9 @@ import pytest
 from helpers import write_saved_dataset_dict
 
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.data import cache
+from fedrcl_flwr.data.cache import store
+from fedrcl_flwr.data.cache.keys import entry_key, entry_settings
+from fedrcl_flwr.data.cache.manage import list_entries
 from fedrcl_flwr.data.datasets import DatasetError
 from fedrcl_flwr.run import runtime
 
@@ -44,15 +46,15 @@ def _forbid_generator(monkeypatch):
 
 
 def test_key_follows_the_arrays_not_the_augmentation(cfg):
-    base = cache.entry_key(cfg.dataset, cfg.seed)
-    assert cache.entry_key(cfg.dataset, cfg.seed + 1) != base
+    base = entry_key(cfg.dataset, cfg.seed)
+    assert entry_key(cfg.dataset, cfg.seed + 1) != base
     for field, value in [("image_size", 8), ("val_fraction", 0.1), ("normalize", False)]:
         d = dataclasses.replace(cfg.dataset, **{field: value})
-        assert cache.entry_key(d, cfg.seed) != base, field
+        assert entry_key(d, cfg.seed) != base, field
     d = dataclasses.replace(
         cfg.dataset, synthetic=dataclasses.replace(cfg.dataset.synthetic, num_train=801)
     )
-    assert cache.entry_key(d, cfg.seed) != base
+    assert entry_key(d, cfg.seed) != base
     for field, value in [
         ("augment", False),
         ("rotation", 10.0),
@@ -61,7 +63,7 @@ def test_key_follows_the_arrays_not_the_augmentation(cfg):
         ("verify_md5", False),
     ]:
         d = dataclasses.replace(cfg.dataset, **{field: value})
-        assert cache.entry_key(d, cfg.seed) == base, field
+        assert entry_key(d, cfg.seed) == base, field
 
 
 def test_npz_source_change_is_a_new_entry(tmp_path):
@@ -77,7 +79,7 @@ def test_npz_source_change_is_a_new_entry(tmp_path):
         y_test=np.arange(4) % 2,
     )
     d = DatasetConfig(name="npz", path=str(f))
-    before = cache.entry_key(d, 0)
+    before = entry_key(d, 0)
     np.savez(
         f,
         x_train=np.zeros((11, 8, 8, 3), np.uint8),
@@ -85,13 +87,13 @@ def test_npz_source_change_is_a_new_entry(tmp_path):
         x_test=np.zeros((4, 8, 8, 3), np.uint8),
         y_test=np.arange(4) % 2,
     )
-    assert cache.entry_key(d, 0) != before
+    assert entry_key(d, 0) != before
 
 
 def test_second_load_maps_the_entry_and_never_generates(cfg, monkeypatch):
-    first, entry = cache.load(cfg.dataset, cfg.seed)
+    first, entry = store.load(cfg.dataset, cfg.seed)
     _forbid_generator(monkeypatch)
-    again, entry2 = cache.load(cfg.dataset, cfg.seed)
+    again, entry2 = store.load(cfg.dataset, cfg.seed)
     assert entry2 == entry
     a, b = _arrays(first), _arrays(again)
     assert all(np.array_equal(a[k], b[k]) for k in a)
@@ -108,7 +110,7 @@ def test_matches_a_fresh_build_without_the_cache(cfg):
 
     d = cfg.dataset
     fresh = load_dataset(d.name, synthetic=dataclasses.asdict(d.synthetic), seed=cfg.seed)
-    cached, _ = cache.load(d, cfg.seed)
+    cached, _ = store.load(d, cfg.seed)
     a, b = _arrays(fresh), _arrays(cached)
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert np.allclose(fresh.train.mean, cached.train.mean)
@@ -117,7 +119,7 @@ def test_matches_a_fresh_build_without_the_cache(cfg):
 
 @pytest.mark.parametrize("damage", ["truncate", "meta", "missing"])
 def test_corrupt_entry_is_rebuilt_never_used(cfg, damage):
-    first, entry = cache.load(cfg.dataset, cfg.seed)
+    first, entry = store.load(cfg.dataset, cfg.seed)
     ref = {k: v.copy() for k, v in _arrays(first).items()}  # before the damage
     del first
     if damage == "truncate":
@@ -130,11 +132,11 @@ def test_corrupt_entry_is_rebuilt_never_used(cfg, damage):
     else:
         (entry / "test_y.npy").unlink()
     notes = []
-    rebuilt, entry2 = cache.load(cfg.dataset, cfg.seed, note=notes.append)
+    rebuilt, entry2 = store.load(cfg.dataset, cfg.seed, note=notes.append)
     assert entry2 == entry and len(notes) == 1 and "rebuilding" in notes[0]
     got = _arrays(rebuilt)
     assert all(np.array_equal(ref[k], got[k]) for k in ref)
-    assert [r["status"] for r in cache.list_entries(entry.parent)] == ["ok"]
+    assert [r["status"] for r in list_entries(entry.parent)] == ["ok"]
 
 
 def test_prepared_entry_is_only_opened(cfg, tmp_path, monkeypatch):
@@ -162,10 +164,10 @@ def test_prepared_entry_is_only_opened(cfg, tmp_path, monkeypatch):
 RACE = """
 import sys
 from fedrcl_flwr.config import DatasetConfig, SyntheticConfig
-from fedrcl_flwr.data import cache
+from fedrcl_flwr.data.cache import store
 d = DatasetConfig(cache_dir=sys.argv[1], synthetic=SyntheticConfig(
     num_train=3000, num_test=500, num_classes=4, image_size=16))
-b, entry = cache.load(d, 0)
+b, entry = store.load(d, 0)
 print(entry.name, int(b.train.images.sum()))
 """
 
@@ -190,9 +192,9 @@ def test_two_processes_racing_for_one_entry(tmp_path):
 
 
 def test_cache_ls_and_clear(cfg, tmp_path, capsys):
-    _, entry = cache.load(cfg.dataset, cfg.seed)
+    _, entry = store.load(cfg.dataset, cfg.seed)
     other = dataclasses.replace(cfg.dataset, image_size=8)
-    _, entry2 = cache.load(other, cfg.seed)
+    _, entry2 = store.load(other, cfg.seed)
     (entry.parent / f".tmp-{entry.name}-stale_1").mkdir()  # a build that was killed
     (entry2 / "meta.sha256").write_text("0\n")
     root = str(entry.parent)
@@ -258,21 +260,21 @@ def test_seed_is_in_the_key_only_where_it_draws_the_arrays(tmp_path):
     x = np.random.default_rng(0).integers(0, 255, (20, 8, 8), dtype=np.uint8)
     np.savez(f, x_train=x, y_train=np.arange(20) % 2, x_test=x[:6], y_test=np.arange(6) % 2)
     d = DatasetConfig(name="npz", path=str(f), cache_dir=str(tmp_path / "cache"))
-    assert len({cache.entry_key(d, s) for s in (0, 1, 2)}) == 1
+    assert len({entry_key(d, s) for s in (0, 1, 2)}) == 1
     for s in (0, 1, 2):
-        cache.load(d, s)
-    assert len(cache.list_entries(tmp_path / "cache")) == 1
+        store.load(d, s)
+    assert len(list_entries(tmp_path / "cache")) == 1
     held = dataclasses.replace(d, val_fraction=0.25)
-    assert cache.entry_key(held, 0) != cache.entry_key(held, 1)
-    assert cache.entry_key(DatasetConfig(), 0) != cache.entry_key(DatasetConfig(), 1)
+    assert entry_key(held, 0) != entry_key(held, 1)
+    assert entry_key(DatasetConfig(), 0) != entry_key(DatasetConfig(), 1)
     tree = tmp_path / "folder"
     for cls in ("a", "b"):
         (tree / cls).mkdir(parents=True)
     flat = DatasetConfig(name="imagefolder", root=str(tree))
-    assert cache.entry_key(flat, 0) != cache.entry_key(flat, 1)  # seeded test split
+    assert entry_key(flat, 0) != entry_key(flat, 1)  # seeded test split
     for split in ("train", "test"):
         (tree / split).mkdir()
-    assert cache.entry_key(flat, 0) == cache.entry_key(flat, 1)
+    assert entry_key(flat, 0) == entry_key(flat, 1)
 
 
 def _settings(**differs):
@@ -314,15 +316,15 @@ def test_entry_keys_are_those_users_caches_hold(tmp_path):
         seed=0,
         synthetic=dataclasses.asdict(synth.synthetic),
     )
-    assert cache.entry_settings(synth, 0) == want
-    assert cache.entry_key(synth, 0) == "72fcce1e86c244deeb5903890d111005"
+    assert entry_settings(synth, 0) == want
+    assert entry_key(synth, 0) == "72fcce1e86c244deeb5903890d111005"
 
     f = tmp_path / "d.npz"
     f.write_bytes(b"12345")
     os.utime(f, ns=(10**18, 10**18))
     npz = DatasetConfig(name="npz", path=str(f), root=str(tmp_path / "r"))
     want = _settings(name="npz", path=str(f.resolve()), sources=[[str(f.resolve()), 5, 10**18]])
-    assert cache.entry_settings(npz, 7) == want and cache.entry_key(npz, 7) == key_of(want)
+    assert entry_settings(npz, 7) == want and entry_key(npz, 7) == key_of(want)
 
     # hf_disk: the saved folder's files, relative to it, in the order of a sorted walk
     saved = tmp_path / "hf"
@@ -345,7 +347,7 @@ def test_entry_keys_are_those_users_caches_hold(tmp_path):
             ],
         ],
     )
-    assert cache.entry_settings(hf, 7) == want and cache.entry_key(hf, 7) == key_of(want)
+    assert entry_settings(hf, 7) == want and entry_key(hf, 7) == key_of(want)
 
     batches = tmp_path / "r" / "cifar-10-batches-py"
     batches.mkdir(parents=True)
@@ -358,4 +360,4 @@ def test_entry_keys_are_those_users_caches_hold(tmp_path):
         image_size=16,
         sources=[["data_batch_1", 2, 10**18]],
     )
-    assert cache.entry_settings(cifar, 3) == want and cache.entry_key(cifar, 3) == key_of(want)
+    assert entry_settings(cifar, 3) == want and entry_key(cifar, 3) == key_of(want)

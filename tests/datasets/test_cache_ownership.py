@@ -10,14 +10,14 @@ import pytest
 import yaml
 
 from fedrcl_flwr.cli import main
-from fedrcl_flwr.data import cache
+from fedrcl_flwr.data.cache import store
 
 
 @pytest.fixture
 def entry(tiny, tmp_path):
     c = tiny(dataset={"synthetic": {"num_train": 64, "num_test": 16, "image_size": 8}})
     c.dataset.cache_dir = str(tmp_path / "cache")
-    return c, cache.load(c.dataset, c.seed)[1]
+    return c, store.load(c.dataset, c.seed)[1]
 
 
 def _clear(capsys, root):

@@ -178,7 +178,7 @@ def test_bad_normalize_and_pad_fill_exit_2_before_any_work(tmp_path, capsys):
 
 
 def test_cache_key_holds_the_constants_not_the_augmentation(tmp_path):
-    from fedrcl_flwr.data.cache import entry_key
+    from fedrcl_flwr.data.cache.keys import entry_key
 
     cfg = config_from_dict(_cfg(root=str(tmp_path)), "x")
     base = entry_key(cfg.dataset, 0)

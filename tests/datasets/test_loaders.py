@@ -568,7 +568,7 @@ def test_npz_is_not_augmented_unless_asked(tmp_path):
     dataset keys opt in. Image folders (natural images) keep their crop + flip."""
     from fedrcl_flwr.augment import AugmentSpec
     from fedrcl_flwr.config import DatasetConfig
-    from fedrcl_flwr.data import cache
+    from fedrcl_flwr.data.cache import store
     from fedrcl_flwr.data.datasets import augment_spec
 
     x = np.random.default_rng(0).integers(0, 256, (8, 8, 8), dtype=np.uint8)
@@ -576,7 +576,7 @@ def test_npz_is_not_augmented_unless_asked(tmp_path):
         tmp_path / "d.npz", x_train=x, y_train=np.arange(8) % 2, x_test=x, y_test=np.arange(8) % 2
     )
     assert load_dataset("npz", path=p).train.augment is None
-    bundle, _ = cache.load(DatasetConfig(name="npz", path=p, cache_dir=str(tmp_path / "c")), 0)
+    bundle, _ = store.load(DatasetConfig(name="npz", path=p, cache_dir=str(tmp_path / "c")), 0)
     assert bundle.train.augment is None  # what a run trains on
     opted = load_dataset("npz", path=p, crop_pad=2, flip=True)
     assert opted.train.augment == AugmentSpec(2, True)

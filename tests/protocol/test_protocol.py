@@ -183,16 +183,16 @@ def test_server_update_receives_the_rounds_kept_results():
 
 
 def _spy_terms(monkeypatch):
-    import clients.base as base
+    import clients.local_round as local_round
 
     seen = []
-    real = base.train_local
+    real = local_round.train_local
 
     def spy(model, batches, terms, settings, device, **kw):
         seen.append([(t.name, t.weight) for t in terms])
         return real(model, batches, terms, settings, device, **kw)
 
-    monkeypatch.setattr(base, "train_local", spy)
+    monkeypatch.setattr(local_round, "train_local", spy)
     return seen
 
 

@@ -23,7 +23,8 @@ from clients import CLIENTS
 from fedrcl_flwr.augment import AugmentSpec
 from fedrcl_flwr.config.catalog import DATASET_NAMES, DATASETS, SCHEME_NAMES
 from fedrcl_flwr.config.schema import DatasetConfig
-from fedrcl_flwr.data import cache
+from fedrcl_flwr.data.cache.keys import entry_key
+from fedrcl_flwr.data.cache.layout import KEY_LEN
 from fedrcl_flwr.data.datasets import DatasetError, default_augment
 from fedrcl_flwr.data.partition import SCHEMES, partition
 from fedrcl_flwr.data.sources.table import SOURCES, DataSource, read_source
@@ -129,7 +130,7 @@ def test_every_dataset_of_the_catalog_is_in_the_data_layer_table(tmp_path):
             path = tmp_path / "saved"
             write_saved_dataset_dict(path)
         d = DatasetConfig(name=name, root=str(tmp_path), path=str(path))
-        assert len(cache.entry_key(d, 0)) == cache.KEY_LEN, name
+        assert len(entry_key(d, 0)) == KEY_LEN, name
 
 
 def test_every_dataset_of_the_catalog_has_a_reader(tmp_path):

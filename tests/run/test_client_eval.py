@@ -300,9 +300,9 @@ def test_report_and_plot_read_client_metrics(tmp_path, capsys):
 
 
 def test_tracker_tags(tiny, tmp_path):
-    """The client statistics reach every tracker (one writer: fedrcl_flwr/tracking.py)
+    """The client statistics reach every tracker (one writer: fedrcl_flwr/tracking/)
     under ``client_accuracy/...``; the per-client mapping stays in metrics.jsonl."""
-    from fedrcl_flwr.tracking import scalars
+    from fedrcl_flwr.tracking.records import scalars
 
     rec = {
         "round": 2,
@@ -357,7 +357,7 @@ def test_bad_values_stop_before_the_run(tmp_path, capsys, override, message):
 def test_a_device_holds_out_and_evaluates_its_own_data(tiny):
     """A real device (fixed local data) ignores the partitions the server names: it holds
     out its own share (seeded by its partition-id), trains on the rest and reports itself."""
-    from clients.base import LocalData
+    from clients.client_data import LocalData
     from clients.fedavg import FedAvgClient
 
     cfg = tiny(

@@ -12,7 +12,8 @@ from helpers import TINY_SYNTHETIC
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.run.results import read_metrics
-from fedrcl_flwr.tracking import TB_DIR, scalars
+from fedrcl_flwr.tracking.records import scalars
+from fedrcl_flwr.tracking.tensorboard_backend import TB_DIR
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402 - after importorskip

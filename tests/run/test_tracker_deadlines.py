@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from fedrcl_flwr.config import dump_config
-from fedrcl_flwr.tracking import Backend, RunTracker, call_with_deadline, open_tracker
+from fedrcl_flwr.tracking.backend import Backend
+from fedrcl_flwr.tracking.deadlines import call_with_deadline
+from fedrcl_flwr.tracking.run_tracker import RunTracker, open_tracker
 
 
 @contextlib.contextmanager

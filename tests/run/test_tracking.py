@@ -15,14 +15,9 @@ import pytest
 from fedrcl_flwr.app.inprocess import run_inprocess
 from fedrcl_flwr.cli import main
 from fedrcl_flwr.run.results import read_metrics
-from fedrcl_flwr.tracking import (
-    STATE_FILE,
-    flat_params,
-    mlflow_key,
-    prepare_sweep_group,
-    scalars,
-    summary_scalars,
-)
+from fedrcl_flwr.tracking.mlflow_backend import mlflow_key, prepare_sweep_group
+from fedrcl_flwr.tracking.records import flat_params, scalars, summary_scalars
+from fedrcl_flwr.tracking.run_tracker import STATE_FILE
 
 pytest.importorskip("wandb")
 pytest.importorskip("mlflow")

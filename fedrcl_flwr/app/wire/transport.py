@@ -17,7 +17,7 @@ reference; otherwise ``.npy`` bytes. So a receiver needs no setting:
   (:meth:`ServerTransport.for_client`). Without an arena (too big for the free memory)
   each entry is a file: it then deletes the round's uploads after averaging
   (:meth:`ServerTransport.release`) and keeps only the last two entries it published;
-* a client (``clients/base.py``: ``WireClient``) reads what it got through
+* a client (``clients/wire_client.py``: ``WireClient``) reads what it got through
   :class:`Received`, on every use: copied out of the store into its model and hashed in
   the same pass, or (the received weights a method keeps) into arrays of its own; and
   answers the same way it was addressed (:func:`reply`): into its upload slot, or a file

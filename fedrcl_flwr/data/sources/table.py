@@ -67,7 +67,7 @@ class DataSource:
     papers' code uses (``None``: natural images of any size, scaled to the image size:
     :func:`fedrcl_flwr.data.datasets.default_augment`); ``torchvision``: how
     torchvision's class reads it; ``seeded(d)``: the experiment's seed draws its arrays
-    (beyond ``dataset.val_fraction``: :func:`fedrcl_flwr.data.cache.seed_shapes_arrays`);
+    (beyond ``dataset.val_fraction``: :func:`fedrcl_flwr.data.cache.keys.seed_shapes_arrays`);
     ``key_fields(d)``: settings of the dataset config ``d`` only this dataset reads, added to its cache key."""
 
     read: Callable[[SourceArgs], SourceRead]
