@@ -33,11 +33,24 @@ DEFAULTS = {
     "lr": 0.1,
     "alpha": 0.3,
 }
-QUIRKS: tuple[Quirk, ...] = ()
+QUIRKS: tuple[Quirk, ...] = (
+    Quirk(
+        "FedACG's server arithmetic: theirs is float32 throughout (look-ahead w + λ·M, each "
+        "client's delta against it, sum / C, M = λ·M + Δ); ours by default keeps M in "
+        "float64 and measures Δ from the average (the same formulas, one rounding fewer), "
+        "which training amplifies after round 1: set here",
+        "server.params.arithmetic: float32",
+    ),
+)
 
 # method -> (their client group, their server group, their extra overrides, our server)
 METHOD_MAP = {
-    "fedacg": ("ACG", "FedACG", {}, {"strategy": "fedacg", "params": {"lam": 0.85, "beta": 0.001}}),
+    "fedacg": (
+        "ACG",
+        "FedACG",
+        {},
+        {"strategy": "fedacg", "params": {"lam": 0.85, "beta": 0.001, "arithmetic": "float32"}},
+    ),
     "fedavg": ("base", "base", {}, {"strategy": "fedavg"}),
     "fedavgm": ("base", "FedAvgM", {}, {"strategy": "fedavgm", "params": {"momentum": 0.4}}),
     "fedadam": (

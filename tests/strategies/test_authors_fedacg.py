@@ -228,3 +228,57 @@ def test_beta_zero_is_fedrcls_code_path():
         params={"beta": 0.0},
     )
     assert st.client_params(1).acg_beta == 0.0
+
+
+def test_fedacg_float32_arithmetic_is_theirs_bit_for_bit():
+    """``arithmetic: float32``: their server's float32 order (look-ahead, each client's
+    delta against it, ``sum / C`` of the deltas and of the models, the momentum), on three
+    clients over four rounds: what the clients receive, the new model and the momentum
+    equal theirs to the bit. The default (float64) differs from theirs by rounding only."""
+    g = torch.Generator().manual_seed(3)
+    keys = list(SHAPES)
+    w0 = {k: torch.randn(s, generator=g) for k, s in SHAPES.items()}  # float32
+    moves = [
+        [{k: 0.1 * (r + 1) * torch.randn(s, generator=g) for k, s in SHAPES.items()} for _ in "abc"]
+        for r in range(4)
+    ]
+
+    def run(arithmetic):
+        ours = strategy_class("fedacg")(
+            initial_weights=[w0[k].numpy().copy() for k in keys],
+            trainable=[True] * len(keys),
+            num_clients=4,
+            clients_per_round=3,
+            rounds=4,
+            params={"arithmetic": arithmetic},
+        )
+        theirs = _TheirServer("m", momentum=0.85, fedacg=True)
+        theirs.set_momentum(w0)
+        model, exact = copy.deepcopy(w0), True
+        for r in range(4):
+            sent_theirs, model = _their_round(
+                theirs,
+                model,
+                lambda sent, mv=moves[r]: [{k: sent[k] + m[k] for k in sent} for m in mv],
+            )
+            ins = ours.configure_fit(r + 1, None, _Mgr())
+            sent_ours = parameters_to_ndarrays(ins[0][1].parameters)
+            results = [
+                _fit([sent_ours[j] + moves[r][i][k].numpy() for j, k in enumerate(keys)], i)
+                for i in range(3)
+            ]
+            new_ours = parameters_to_ndarrays(ours.aggregate_fit(r + 1, results, [])[0])
+            for j, k in enumerate(keys):
+                assert new_ours[j].dtype == np.float32
+                same = (
+                    np.array_equal(sent_ours[j], sent_theirs[k].numpy())
+                    and np.array_equal(new_ours[j], model[k].numpy())
+                    and np.array_equal(ours.m_buf[j], theirs.global_momentum[k].numpy())
+                )
+                exact = exact and same
+                if arithmetic == "float64":  # the same formulas: equal to rounding
+                    np.testing.assert_allclose(new_ours[j], model[k].numpy(), rtol=1e-5, atol=1e-6)
+        return exact
+
+    assert run("float32")
+    assert not run("float64")  # the default rounds otherwise (so the check can fail)
