@@ -234,8 +234,7 @@ def rcl_loss(
     Returns the scalar loss ``SCL + β·penalty``. With ``return_per_anchor=True`` returns
     ``(loss, info)`` where ``info`` has ``"scl"`` and ``"penalty"`` (per-level, per-anchor
     (L, B) tensors; ``penalty`` is ``None`` when β = 0), their level/anchor means
-    ``"scl_mean"`` / ``"penalty_mean"`` and ``"valid"`` (anchors that count in the mean).
-    """
+    ``"scl_mean"`` / ``"penalty_mean"`` and ``"valid"`` (anchors that count in the mean)."""
     _check(variant, tau)
     if topk_pos < 1 or topk_neg < 1:
         raise ValueError("rcl_loss: topk_pos and topk_neg must be >= 1")
