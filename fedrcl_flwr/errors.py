@@ -5,6 +5,8 @@ that did not complete (:class:`RunFailed`, exit code 1)."""
 
 from __future__ import annotations
 
+import stat
+
 
 class ConfigError(ValueError):
     """Raised for any invalid experiment configuration (bad key, type or value)."""
@@ -41,3 +43,20 @@ def one_line(text: object, limit: int = 2000) -> str:
 class RunFailed(RuntimeError):
     """A run that did not complete: one line saying why (the details are in the run's
     ``run.log`` / ``flower.log``); the CLI prints it and exits with 1."""
+
+
+def file_mode_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, for a message about a path that should be a
+    regular file: ``a FIFO``, ``a directory``, ``a symbolic link`` (from ``lstat``), ...;
+    ``not a regular file`` for any other kind."""
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"

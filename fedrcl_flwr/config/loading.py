@@ -32,7 +32,7 @@ import yaml
 
 from fedrcl_flwr.config.checks import check_config
 from fedrcl_flwr.config.schema import ExperimentConfig
-from fedrcl_flwr.errors import ConfigError, shown
+from fedrcl_flwr.errors import ConfigError, file_mode_kind, shown
 
 MAX_YAML_BYTES = 1 << 20  # an experiment file is a few KB; refuse anything over 1 MiB
 MAX_YAML_NODES = 100_000  # nodes after alias expansion (a config has a few hundred)
@@ -349,20 +349,11 @@ def read_text_file(
 def file_kind(path: Path) -> str | None:
     """What ``path`` is when it is not a regular file: ``a directory``, ``a FIFO``, ...;
     ``None`` when nothing is there."""
-    import stat
-
     try:
         mode = path.stat().st_mode
     except OSError:
         return "a broken link" if path.is_symlink() else None
-    kinds = (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
+    return file_mode_kind(mode)
 
 
 def read_yaml(path: str | Path) -> dict:

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from fedrcl_flwr.errors import ConfigError
+from fedrcl_flwr.errors import ConfigError, file_mode_kind
 from fedrcl_flwr.run.run_files import LOCK_FILE
 from fedrcl_flwr.weights.lifecycle import (
     SHM,
@@ -160,7 +160,7 @@ class OutputLock:
         if stat.S_ISLNK(st.st_mode):
             what = "a symbolic link"
         elif not stat.S_ISREG(st.st_mode):
-            what = _file_kind(st.st_mode)
+            what = file_mode_kind(st.st_mode)
         elif st.st_nlink > 1:
             what = f"a file with {st.st_nlink} hard links"
         else:
@@ -288,19 +288,6 @@ def _names(path: Path, fd: int) -> bool:
     except OSError:
         return False
     return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISDIR, "a directory"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 # ------------------------------------------------------------ private homes: owners, reaping

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedrcl_flwr.errors import file_mode_kind
+
 try:  # XXH3-128: ~20x faster than SHA-256; a soft dependency
     import xxhash
 
@@ -173,22 +175,8 @@ def open_regular(path: Path | str, flags: int, what: str) -> int:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise StoreError(f"{what}: {path} is {_kind(mode)}, not a regular file")
+        raise StoreError(f"{what}: {path} is {file_mode_kind(mode)}, not a regular file")
     return fd
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISLNK, "a symbolic link"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def map_file(path: Path, short: str, size: int | None = None) -> mmap.mmap:
