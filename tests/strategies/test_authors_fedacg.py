@@ -125,48 +125,57 @@ def _fit(arrays, pid):
 SHAPES = {"conv.weight": (3, 2, 3, 3), "gn.weight": (3,), "fc.weight": (4, 5), "fc.bias": (4,)}
 
 
-def _run_both(name, params, their_server, rounds=4, clients=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    w0 = {k: torch.randn(s, generator=g, dtype=torch.float64) for k, s in SHAPES.items()}
-    # each client's update: a fixed random move from what it received (step sizes vary)
-    moves = [
-        [
-            {
-                k: 0.1 * (r + 1) * torch.randn(s, generator=g, dtype=torch.float64)
-                for k, s in SHAPES.items()
-            }
-            for _ in range(clients)
-        ]
-        for r in range(rounds)
-    ]
-    keys = list(SHAPES)
+def _rounds(name, params, their_server, w0, moves):
+    """Both servers driven round by round on the same client moves (``moves[r][i]``: client
+    i's fixed move from what it received in round r); yields, per round, ``(sent_ours,
+    sent_theirs, new_ours, new_theirs, ours)`` with ours as arrays in ``SHAPES`` order."""
+    keys, clients = list(SHAPES), len(moves[0])
     ours = strategy_class(name)(
         initial_weights=[w0[k].numpy().copy() for k in keys],
         trainable=[True] * len(keys),
         num_clients=4,
         clients_per_round=clients,
-        rounds=rounds,
+        rounds=len(moves),
         params=params,
     )
     their_server.set_momentum(w0)
     model = copy.deepcopy(w0)
-    for r in range(rounds):
+    for r, mv in enumerate(moves):
         sent_theirs, model = _their_round(
-            their_server,
-            model,
-            lambda sent, mv=moves[r]: [{k: sent[k] + m[k] for k in sent} for m in mv],
+            their_server, model, lambda sent, mv=mv: [{k: sent[k] + m[k] for k in sent} for m in mv]
         )
         ins = ours.configure_fit(r + 1, None, _Mgr())
         sent_ours = parameters_to_ndarrays(ins[0][1].parameters)
-        for j, k in enumerate(keys):
-            np.testing.assert_allclose(sent_ours[j], sent_theirs[k].numpy(), rtol=1e-12, atol=1e-12)
         results = [
-            _fit([sent_ours[j] + moves[r][i][k].numpy() for j, k in enumerate(keys)], i)
+            _fit([sent_ours[j] + mv[i][k].numpy() for j, k in enumerate(keys)], i)
             for i in range(clients)
         ]
         out, _ = ours.aggregate_fit(r + 1, results, [])
-        new_ours = parameters_to_ndarrays(out)
+        yield sent_ours, sent_theirs, parameters_to_ndarrays(out), model, ours
+
+
+def _moves(g, rounds, clients, dtype):
+    """Each client's update: a fixed random move from what it received (step sizes vary)."""
+    return [
+        [
+            {k: 0.1 * (r + 1) * torch.randn(s, generator=g, dtype=dtype) for k, s in SHAPES.items()}
+            for _ in range(clients)
+        ]
+        for r in range(rounds)
+    ]
+
+
+def _run_both(name, params, their_server, rounds=4, clients=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w0 = {k: torch.randn(s, generator=g, dtype=torch.float64) for k, s in SHAPES.items()}
+    moves = _moves(g, rounds, clients, torch.float64)
+    keys = list(SHAPES)
+    model = w0
+    for sent_ours, sent_theirs, new_ours, model, _ in _rounds(
+        name, params, their_server, w0, moves
+    ):
         for j, k in enumerate(keys):
+            np.testing.assert_allclose(sent_ours[j], sent_theirs[k].numpy(), rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(new_ours[j], model[k].numpy(), rtol=1e-10, atol=1e-12)
     return model, w0
 
@@ -238,36 +247,14 @@ def test_fedacg_float32_arithmetic_is_theirs_bit_for_bit():
     g = torch.Generator().manual_seed(3)
     keys = list(SHAPES)
     w0 = {k: torch.randn(s, generator=g) for k, s in SHAPES.items()}  # float32
-    moves = [
-        [{k: 0.1 * (r + 1) * torch.randn(s, generator=g) for k, s in SHAPES.items()} for _ in "abc"]
-        for r in range(4)
-    ]
+    moves = _moves(g, 4, 3, torch.float32)
 
     def run(arithmetic):
-        ours = strategy_class("fedacg")(
-            initial_weights=[w0[k].numpy().copy() for k in keys],
-            trainable=[True] * len(keys),
-            num_clients=4,
-            clients_per_round=3,
-            rounds=4,
-            params={"arithmetic": arithmetic},
-        )
-        theirs = _TheirServer("m", momentum=0.85, fedacg=True)
-        theirs.set_momentum(w0)
-        model, exact = copy.deepcopy(w0), True
-        for r in range(4):
-            sent_theirs, model = _their_round(
-                theirs,
-                model,
-                lambda sent, mv=moves[r]: [{k: sent[k] + m[k] for k in sent} for m in mv],
-            )
-            ins = ours.configure_fit(r + 1, None, _Mgr())
-            sent_ours = parameters_to_ndarrays(ins[0][1].parameters)
-            results = [
-                _fit([sent_ours[j] + moves[r][i][k].numpy() for j, k in enumerate(keys)], i)
-                for i in range(3)
-            ]
-            new_ours = parameters_to_ndarrays(ours.aggregate_fit(r + 1, results, [])[0])
+        theirs, exact = _TheirServer("m", momentum=0.85, fedacg=True), True
+        params = {"arithmetic": arithmetic}
+        for sent_ours, sent_theirs, new_ours, model, ours in _rounds(
+            "fedacg", params, theirs, w0, moves
+        ):
             for j, k in enumerate(keys):
                 assert new_ours[j].dtype == np.float32
                 same = (
