@@ -388,7 +388,9 @@ def run_processes(home: str | Path, sessions: set[int] | None = None) -> list[in
     carries it (Ray renames its agents with ``setproctitle``, which overwrites the
     memory ``/proc/PID/environ`` shows; they stay in the session Flower's SuperExec
     started). ``sessions`` (optional) collects those sessions across calls, so that one
-    whose leader was killed in an earlier pass is still known. Never a process only
+    whose leader was killed in an earlier pass is still known. A zombie (ended, not yet
+    reaped by its parent) is never listed: it cannot be stopped, and a teardown waiting
+    for it to vanish would wait out its time-out. Never a process only
     because its command line, working directory or open files name the home: a shell
     ``cd``-ed there or a ``tail -f`` of a file there is in a session of its own, led by
     a process without the marker."""
@@ -396,11 +398,15 @@ def run_processes(home: str | Path, sessions: set[int] | None = None) -> list[in
     me = os.getpid()
     session_of: dict[int, int] = {}
     marked: set[int] = set()
+    zombies: set[int] = set()
     for pid_dir in Path("/proc").glob("[0-9]*"):
         pid = int(pid_dir.name)
         try:
             fields = (pid_dir / "stat").read_bytes().rsplit(b")", 1)[1].split()
             session_of[pid] = int(fields[3])
+            if fields[0] == b"Z":  # ended, not yet reaped: nothing left to stop
+                zombies.add(pid)
+                continue
             environ = b"\0" + (pid_dir / "environ").read_bytes() + b"\0"
         except (OSError, IndexError, ValueError):
             continue
@@ -409,10 +415,11 @@ def run_processes(home: str | Path, sessions: set[int] | None = None) -> list[in
     known = sessions if sessions is not None else set()
     for pid in marked:
         leader = session_of.get(pid)
-        if leader is not None and (leader in marked or leader not in session_of):
+        gone = leader not in session_of or leader in zombies
+        if leader is not None and (leader in marked or gone):
             known.add(leader)
     pids = marked | {pid for pid, sid in session_of.items() if sid in known}
-    return sorted(pids - {me})
+    return sorted(pids - zombies - {me})
 
 
 def procs_with(marker: str) -> list[int]:

@@ -170,6 +170,32 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def test_a_zombie_of_the_run_is_not_waited_for(tmp_path):
+    """A process of the run that ended but was not reaped yet (its parent has not waited
+    for it) is no longer listed: it cannot be stopped, and a teardown that waited for it
+    to vanish would wait out its whole time-out."""
+    from fedrcl_flwr.launch.processes import run_processes
+
+    home = tmp_path / f"{HOME_PREFIX}zombie"
+    home.mkdir()
+    proc = _sleeper(env_home=home, session=True)  # a session the run started
+    sessions: set[int] = set()  # remembered from pass to pass, as the teardown does
+    try:
+        deadline = time.time() + 30
+        while proc.pid not in run_processes(home, sessions) and time.time() < deadline:
+            time.sleep(0.05)
+        assert proc.pid in run_processes(home, sessions) and proc.pid in sessions
+        os.kill(proc.pid, signal.SIGKILL)  # not waited for: a zombie of this process
+        deadline = time.time() + 30
+        while not _zombie(proc.pid) and time.time() < deadline:
+            time.sleep(0.05)
+        assert _zombie(proc.pid) and Path(f"/proc/{proc.pid}").exists()
+        assert proc.pid not in run_processes(home, sessions)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def _stale_home(parent: Path, name: str, pids: list, namespace: str | None = None) -> Path:
     home = parent / f"{HOME_PREFIX}{name}"
     home.mkdir()
