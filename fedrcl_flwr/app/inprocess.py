@@ -210,7 +210,7 @@ def run_workflow_inprocess(
     from fedrcl_flwr.app.server_app import EagerClientManager
     from fedrcl_flwr.app.validate import secagg_max_weight, secagg_workflow
     from fedrcl_flwr.app.wire.flower_private import task_identity
-    from fedrcl_flwr.run.results import CONFIG_FILE
+    from fedrcl_flwr.run.run_files import CONFIG_FILE
 
     out_dir = Path(out_dir)
     strategy, rounds_left = build_server(cfg, out_dir, resume=resume)

@@ -29,7 +29,8 @@ from fedrcl_flwr.run import runtime, timers
 from fedrcl_flwr.run.checkpoint import load_checkpoint, save_checkpoint
 from fedrcl_flwr.run.plots import run_title
 from fedrcl_flwr.run.progress import format_round_line, shows_ema
-from fedrcl_flwr.run.results import CONFIG_FILE, RunRecorder
+from fedrcl_flwr.run.results import RunRecorder
+from fedrcl_flwr.run.run_files import CONFIG_FILE
 from strategies import strategy_class
 from strategies.round_records import failure_counts
 

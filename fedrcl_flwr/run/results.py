@@ -33,15 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from fedrcl_flwr.run.plots import plot_accuracy
-from fedrcl_flwr.run.run_files import (  # noqa: F401 - the names' one home, re-exported
-    CHECKPOINT_FILE,
-    CONFIG_FILE,
+from fedrcl_flwr.run.run_files import (
     MARKER_FILE,
     METRICS_FILE,
     MODEL_FILE,
     PLOT_FILE,
     PLOT_TMP,
-    RESULT_FILES,
     RUN_FILES,
     RUN_SUBDIRS,
     SUMMARY_FILE,

@@ -114,6 +114,16 @@ class Entry:
         self._hash: str | None = None
 
     @property
+    def hashed(self) -> bool:
+        """Whether :attr:`hash` is known already (computed, or recorded by a copy)."""
+        return self._hash is not None
+
+    def record_hash(self, digest: str) -> None:
+        """The hash of this entry's bytes, computed by whoever copied them (the slot copy
+        of :meth:`WeightStore.publish_in_slot`): the one read of the arrays."""
+        self._hash = digest
+
+    @property
     def hash(self) -> str:
         if self._hash is None:
             h = new_hasher()

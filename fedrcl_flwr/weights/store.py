@@ -78,7 +78,7 @@ class WeightStore:
         if offset + capacity > len(mm):
             raise StoreError("the slot lies outside the arena")
         writer.populate_once(offset, capacity)
-        h = new_hasher() if entry._hash is None else None
+        h = None if entry.hashed else new_hasher()
         slot = np.frombuffer(mm, dtype=np.uint8, count=entry.size, offset=offset)
         try:
             pos = 0
@@ -94,7 +94,7 @@ class WeightStore:
         finally:
             del slot
         if h is not None:
-            entry._hash = h.hexdigest()
+            entry.record_hash(h.hexdigest())
         return entry.reference(self.root, offset)
 
     def remove(self, ref: dict) -> None:
