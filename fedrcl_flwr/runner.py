@@ -114,17 +114,40 @@ def readable_log(text: str) -> str:
     return "".join(r for r in lines if not any(h in r for h in _FLOWER_SIZE_HINTS))
 
 
+# failures whose cause lies outside the experiment, as Ray or Flower word them, and what
+# they mean for the user (appended to the one-line error)
+RAY_NODE_START_TIMEOUT = "The current node timed out during startup"
+
+
+def _known_cause(text: str) -> str:
+    """What a failure of the runtime in ``text`` means, or ``""``. Ray waits a fixed 30 s
+    (not configurable, ``ray._private.node``) for its node to register; on a machine busy
+    with other work that start-up can take longer, and the run fails before any of the
+    experiment ran."""
+    if RAY_NODE_START_TIMEOUT in text:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        return (
+            f" -- Ray's node did not start within Ray's fixed 30 s (load average now "
+            f"{load:.1f} on {os.cpu_count()} CPUs): nothing of the experiment ran; start it "
+            "again when the machine is less busy"
+        )
+    return ""
+
+
 def _one_line_error(text: str) -> str:
     """The final line of the last traceback in a log (``Type: message``), or the last
-    non-empty line."""
+    non-empty line; followed by what it means when the runtime failed for a known reason
+    outside the experiment (:func:`_known_cause`)."""
     rows = [r for r in text.splitlines() if r.strip()]
     starts = [i for i, r in enumerate(rows) if "Traceback" in r]
+    line = " ".join(rows[-1].split())[:600] if rows else "(no log)"
     if starts:
         block = rows[starts[-1] + 1 :]
         for r in block:
             if not r.startswith((" ", "\t")) and ":" in r:
-                return " ".join(r.split())[:600]
-    return " ".join(rows[-1].split())[:600] if rows else "(no log)"
+                line = " ".join(r.split())[:600]
+                break
+    return line + _known_cause(text)
 
 
 def run_simulation_via_flower(
