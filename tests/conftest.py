@@ -31,8 +31,9 @@ def pytest_configure(config):
 
 
 # markers (CONTRIBUTING, "Tests"): a test marked ``flwr`` starts real Flower processes and
-# is ``slow`` and ``integration``; a test that runs a whole experiment (in process or
-# through the CLI) says so with ``integration`` wherever it lives; the directories whose
+# is ``integration``; ``slow`` (set by the test itself) puts a ``flwr`` test in the
+# extended tier the default run leaves out (pyproject's addopts: ``-m "not slow"``); a test
+# that runs a whole experiment (in process or through the CLI) says so with ``integration`` wherever it lives; the directories whose
 # tests drive the CLI or Flower's adapters are ``integration``; every other test is
 # ``unit`` (the fast subset: ``python -m pytest -m unit``), and a ``unit`` test that starts
 # a whole run fails (:func:`_unit_tests_run_no_experiment`)
@@ -46,8 +47,12 @@ def pytest_collection_modifyitems(config, items):
             place = Path(str(item.path)).resolve().relative_to(TESTS_DIR).parts[0]
         except ValueError:
             place = ""
+        if item.get_closest_marker("slow") is not None:
+            if item.get_closest_marker("flwr") is None:
+                raise pytest.UsageError(
+                    f"{item.nodeid}: only a test that starts real Flower processes (flwr) is slow"
+                )
         if item.get_closest_marker("flwr") is not None:
-            item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.integration)
         elif item.get_closest_marker("integration") is not None:
             continue

@@ -882,6 +882,7 @@ def _sweep_home(tag: str) -> str:
     return ""
 
 
+@pytest.mark.slow
 @pytest.mark.flwr
 def test_kill_9_of_a_sweep_takes_its_runs_with_it(tmp_path, capsys):
     """A sweep holds its --out (a second sweep there: exit 2 naming its PID) and its runs

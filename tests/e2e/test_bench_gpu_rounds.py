@@ -13,6 +13,7 @@ from helpers import leftover_procs
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 @pytest.mark.flwr
 def test_bench_gpu_rounds_tiny_runs_the_bare_loop_and_flower():
     res = subprocess.run(

@@ -46,13 +46,19 @@ _s.make_synthetic = _refuse
 """
 
 
-def test_cli_runs_fedavg_end_to_end(tmp_path):
-    """Also: no process of the run generates the dataset. It is prepared in the dataset
-    cache beforehand; with the generator removed from every process the run still works
-    (the CLI checks the entry, the ServerApp and Ray workers memory-map it). And the
-    wiring of the research features through Flower's runtime: per-client
-    evaluation of every client (Flower's federated evaluation, records completed after
-    ``aggregate_evaluate``) and the availability records (stragglers, none late)."""
+# the wiring of the research features through Flower's runtime: per-client evaluation of
+# every client (Flower's federated evaluation, records completed after
+# ``aggregate_evaluate``) and the availability records (stragglers, none late)
+RESEARCH = [
+    "evaluation.per_client={every: 2, clients: all}",
+    "federation.availability.stragglers={speed: 1.0, deadline: 2.0}",
+]
+
+
+def _env_without_generator(tmp_path):
+    """The dataset prepared in the cache, and an environment in which every process loses
+    the synthetic generator (the CLI checks the entry, the ServerApp and Ray workers
+    memory-map it)."""
     import os
 
     from fedrcl_flwr.launch.preflight import load_experiment
@@ -67,11 +73,14 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     (hook / "sitecustomize.py").write_text(NO_GENERATOR)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(hook), str(ROOT), env.get("PYTHONPATH", "")])
-    research = [
-        "evaluation.per_client={every: 2, clients: all}",
-        "federation.availability.stragglers={speed: 1.0, deadline: 2.0}",
-    ]
-    res = _run(tmp_path, *research, env=env)
+    return env
+
+
+def test_cli_runs_fedavg_end_to_end(tmp_path):
+    """Also: no process of the run generates the dataset, and the research features'
+    records come through Flower's runtime (:data:`RESEARCH`)."""
+    env = _env_without_generator(tmp_path)
+    res = _run(tmp_path, *RESEARCH, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     # the hook was active: a dataset not prepared yet fails in the CLI, before Flower
     (tmp_path / "b").mkdir()
@@ -139,8 +148,7 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     assert "ControlServicer.ListRuns" not in flog and "/v1/control/list-runs" not in flog
     assert "lines of the CLI's run-status polling (ListRuns) left out" in flog
     assert "fedrcl-flwr timing:" in flog
-    # the run above carried the weights by reference (simulation.transport's
-    # default); the same run inside Flower's messages gives the same numbers and model
+    # the run carried the weights by reference (simulation.transport's default)
     store = re.search(
         r"weights travel by reference through (\S+) \(10 slots of [0-9.]+ MiB in one file\)",
         (run / "run.log").read_text(),
@@ -152,8 +160,22 @@ def test_cli_runs_fedavg_end_to_end(tmp_path):
     assert "engine picks up messages when the ServerApp sends them" in log
     assert re.search(r"each of the \d+ Ray actors holds its next message while it runs one", log)
     assert not Path(store[1]).exists()  # removed with the run
+    left = leftover_procs()
+    assert not left, f"left processes behind: {left}"
+
+
+@pytest.mark.slow
+def test_weights_inside_flowers_messages_give_the_same_run(tmp_path):
+    """The run of the test above carries the weights by reference (``simulation.transport``'s
+    default); the same run inside Flower's messages gives the same numbers and model. (In
+    process, for every method and server rule: ``tests/app/test_weight_transport.py``.)"""
+    env = _env_without_generator(tmp_path)
+    res = _run(tmp_path, *RESEARCH, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = tmp_path / "run"
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     (tmp_path / "f").mkdir()
-    flower = _run(tmp_path / "f", *research, "simulation.transport=flower", env=env)
+    flower = _run(tmp_path / "f", *RESEARCH, "simulation.transport=flower", env=env)
     assert flower.returncode == 0, flower.stdout + flower.stderr
     frun = tmp_path / "f" / "run"
     assert (

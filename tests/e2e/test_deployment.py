@@ -1,6 +1,7 @@
 """Flower Deployment Engine on loopback: a SuperLink and two SuperNodes (real processes,
-real wire), two rounds of FedRCL and of FedCCL. Every process is torn down, even on
-failure. Marked ``flwr`` (slow: each round starts fresh ClientApp processes)."""
+real wire): FedCCL's signals over the wire, and (the ``slow`` tier) TLS with SuperNode
+authentication, SecAgg+ and a hanging device. Every process is torn down, even on
+failure. Marked ``flwr`` (each round starts fresh ClientApp processes)."""
 
 import json
 import os
@@ -269,6 +270,20 @@ client: {{method: {method}, params: {params}, lr: 0.05, local_epochs: 1, batch_s
     return recs
 
 
+def test_fedccl_signals_travel_between_supernodes(loopback):
+    """The Deployment Engine's wiring on loopback (no TLS; TLS, SuperNode authentication,
+    SecAgg+ and a hanging device: the test below): FedCCL's signals travel over the wire:
+    round 1 uploads them, round 2's clients receive and use them; both nodes train, one a
+    partition the server assigns, the other its own data file."""
+    recs = _run(loopback, "fedccl")
+    assert all(r["num_clients"] == 2 and r["failures"] == 0 for r in recs), recs
+    assert recs[0]["signals_accepted"] == 2
+    assert recs[1]["signal_bytes_down"] > 0
+    assert "train_loss_local" in recs[1] and "train_loss_global" in recs[1]
+    assert all(np.isfinite(r["test_accuracy"]) for r in recs)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("loopback", ["secure"], indirect=True)
 def test_over_tls_with_node_auth(loopback):
     """One TLS deployment with SuperNode authentication (both nodes registered with ``flwr

@@ -131,6 +131,7 @@ def two_node_cluster(tmp_path):
         assert not left, f"cluster processes left after SIGTERM: {left}"
 
 
+@pytest.mark.slow
 def test_simulation_joins_a_two_node_cluster(tmp_path, two_node_cluster):
     address, marker = two_node_cluster
     out = tmp_path / "run"

@@ -72,6 +72,7 @@ def _wait_for_round(proc, out: Path, n: int, timeout: float = 240.0):
 
 # SIGTERM of the CLI: the killed sweep of tests/run/test_sweep.py; SIGINT: the stopped run
 # of tests/e2e/test_resume.py and the test below
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,grace", [(signal.SIGKILL, 40.0)])
 def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
     # a quote, a space and braces in the output path: handed to Flower without pasting
@@ -112,6 +113,7 @@ def test_nothing_of_the_run_survives_the_cli(tmp_path, sig, grace):
 
 
 # SIGINT with the other transport (``shared``): the stopped run of tests/e2e/test_resume.py
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["flower"])
 def test_ctrl_c_stops_a_run_as_sigterm_does(tmp_path, transport):
     """SIGINT to the CLI during round 2 stops the run with ``interrupted``, exit 130, and
@@ -154,6 +156,7 @@ def _watchdog(home: str) -> int:
     return pid
 
 
+@pytest.mark.slow
 def test_a_run_whose_cli_and_watchdog_were_killed_is_reaped_by_the_next(tmp_path):
     """``kill -9`` of the CLI and of its watchdog (an OOM kill, a broad ``pkill``) leaves
     the run's processes, its private home and its weight store: the next run or sweep

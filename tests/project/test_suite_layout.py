@@ -53,7 +53,39 @@ def test_markers_are_set_by_place(request):
 
 
 @pytest.mark.flwr
-def test_a_flwr_test_is_slow_and_integration(request):
+def test_a_flwr_test_is_integration_and_slow_only_when_marked(request):
     """(Starts nothing: only the markers the hook adds to a ``flwr`` test are read.)"""
     marks = {m.name for m in request.node.iter_markers()}
-    assert {"slow", "integration"} <= marks and "unit" not in marks
+    assert "integration" in marks and "unit" not in marks and "slow" not in marks
+
+
+def test_the_default_run_leaves_out_the_slow_tier_only():
+    import tomllib
+
+    ini = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["tool"]["pytest"]
+    assert ini["ini_options"]["addopts"] == ["-m", "not slow"]
+
+
+class _Item:
+    def __init__(self, path: Path, marks: set[str]):
+        self.path, self.nodeid, self.marks = path, f"{path.name}::test_x", set(marks)
+
+    def get_closest_marker(self, name):
+        return name if name in self.marks else None
+
+    def add_marker(self, mark):
+        self.marks.add(mark.name)
+
+
+def test_slow_is_refused_on_a_test_that_starts_no_flower(request):
+    (hook,) = [
+        p
+        for p in request.config.pluginmanager.get_plugins()
+        if getattr(p, "__file__", None) == str(TESTS / "conftest.py")
+    ]
+    flwr = _Item(TESTS / "e2e" / "test_x.py", {"flwr", "slow"})
+    hook.pytest_collection_modifyitems(request.config, [flwr])
+    assert flwr.marks == {"flwr", "slow", "integration"}
+    plain = _Item(TESTS / "losses" / "test_x.py", {"slow"})
+    with pytest.raises(pytest.UsageError, match="test_x.py::test_x: only a test that starts"):
+        hook.pytest_collection_modifyitems(request.config, [plain])

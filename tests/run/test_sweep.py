@@ -277,6 +277,7 @@ def _strip(recs):
     return [{k: v for k, v in r.items() if k not in ("wall_time_s", "round_time_s")} for r in recs]
 
 
+@pytest.mark.slow
 @pytest.mark.flwr
 def test_sweep_killed_by_sigterm_and_rerun_equals_uninterrupted(tmp_path):
     """Three runs, one at a time: ``a`` finished already (its directory made by hand, as a

@@ -351,6 +351,7 @@ def test_off_by_default_is_the_plain_path(tiny, tmp_path):
     assert not any(k.startswith("dp_") for k in read_metrics(tmp_path / "a")[0])
 
 
+@pytest.mark.slow
 @pytest.mark.flwr
 def test_simulation_with_secagg_client_dp_and_trackers(tmp_path, monkeypatch):
     """The real wiring, through ``fedrcl-flwr run`` (Flower's simulation): the ServerApp
