@@ -33,10 +33,11 @@ def pytest_configure(config):
 # markers (CONTRIBUTING, "Tests"): a test marked ``flwr`` starts real Flower processes and
 # is ``integration``; ``slow`` (set by the test itself) puts a ``flwr`` test in the
 # extended tier the default run leaves out (pyproject's addopts: ``-m "not slow"``); a test
-# that runs a whole experiment (in process or through the CLI) says so with ``integration`` wherever it lives; the directories whose
-# tests drive the CLI or Flower's adapters are ``integration``; every other test is
-# ``unit`` (the fast subset: ``python -m pytest -m unit``), and a ``unit`` test that starts
-# a whole run fails (:func:`_unit_tests_run_no_experiment`)
+# that runs a whole experiment (in process or through the CLI) says so with
+# ``integration`` wherever it lives; the directories whose tests drive the CLI or Flower's
+# adapters are ``integration``; every other test is ``unit`` (the fast subset:
+# ``python -m pytest -m unit``), and a ``unit`` test that starts a whole run fails
+# (:func:`_unit_tests_run_no_experiment`)
 INTEGRATION_DIRS = frozenset({"app", "cli", "e2e", "run"})
 TESTS_DIR = Path(__file__).resolve().parent
 
