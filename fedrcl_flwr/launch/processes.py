@@ -344,13 +344,17 @@ def teardown(home: Path, pgids: list[int]) -> None:
     ``home``) and the home. Nothing is waited for gracefully: the SuperLink's state lives
     in the home that is deleted, and the run's own files are written atomically
     (``metrics.jsonl`` tolerates a torn last line), so a run stopped mid-round leaves its
-    directory resumable and never goes on to write results after it was stopped."""
+    directory resumable and never goes on to write results after it was stopped. The
+    run's sessions are looked up once before anything is killed, so that a session whose
+    leader the group kill ends is still known as the run's."""
+    sessions: set[int] = set()
+    run_processes(home, sessions)  # before the kill: the sessions whose leaders it ends
     for pgid in pgids:
         try:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    _kill_run(home)
+    _kill_run(home, sessions)
     if Path(home).name.startswith(HOME_PREFIX):  # only a private home the tool created
         remove_stores_of(home)
         shutil.rmtree(home, ignore_errors=True)
@@ -387,8 +391,14 @@ def run_processes(home: str | Path, sessions: set[int] | None = None) -> list[in
     session whose leader carries the marker, or whose leader is gone while a member
     carries it (Ray renames its agents with ``setproctitle``, which overwrites the
     memory ``/proc/PID/environ`` shows; they stay in the session Flower's SuperExec
-    started). ``sessions`` (optional) collects those sessions across calls, so that one
-    whose leader was killed in an earlier pass is still known. A zombie (ended, not yet
+    started). A session whose leader is gone counts only when none of its live members
+    started before the earliest process of the run: a session the run started holds
+    nothing older than the run, while the session the run was started *from* (a
+    terminal whose shell exited, ``nohup``, a CI job whose launcher left, a container
+    whose session leader is outside its PID namespace: session 0) holds the CLI, its
+    shell, the test runner, which are older; such a session is never the run's.
+    ``sessions`` (optional) collects the run's sessions across calls, so that one whose
+    leader was killed in an earlier pass is still known. A zombie (ended, not yet
     reaped by its parent) is never listed: it cannot be stopped, and a teardown waiting
     for it to vanish would wait out its time-out. Never a process only
     because its command line, working directory or open files name the home: a shell
@@ -397,6 +407,7 @@ def run_processes(home: str | Path, sessions: set[int] | None = None) -> list[in
     entries = [f"\0{var}={home}\0".encode() for var in MARKER_VARS]
     me = os.getpid()
     session_of: dict[int, int] = {}
+    started: dict[int, int] = {}  # clock ticks after boot, live processes only
     marked: set[int] = set()
     zombies: set[int] = set()
     for pid_dir in Path("/proc").glob("[0-9]*"):
@@ -407,17 +418,26 @@ def run_processes(home: str | Path, sessions: set[int] | None = None) -> list[in
             if fields[0] == b"Z":  # ended, not yet reaped: nothing left to stop
                 zombies.add(pid)
                 continue
+            started[pid] = int(fields[19])
             environ = b"\0" + (pid_dir / "environ").read_bytes() + b"\0"
         except (OSError, IndexError, ValueError):
             continue
         if any(e in environ for e in entries):
             marked.add(pid)
     known = sessions if sessions is not None else set()
-    for pid in marked:
-        leader = session_of.get(pid)
-        gone = leader not in session_of or leader in zombies
-        if leader is not None and (leader in marked or gone):
-            known.add(leader)
+    if marked:
+        run_began = min(started[pid] for pid in marked)
+        for sid in {session_of[pid] for pid in marked} - known:
+            leader_alive = sid in session_of and sid not in zombies
+            if leader_alive:
+                if sid in marked:
+                    known.add(sid)
+            elif sid > 0 and all(
+                started.get(pid, run_began) >= run_began
+                for pid, s in session_of.items()
+                if s == sid
+            ):
+                known.add(sid)
     pids = marked | {pid for pid, sid in session_of.items() if sid in known}
     return sorted(pids - zombies - {me})
 
@@ -445,14 +465,13 @@ def procs_with(marker: str) -> list[int]:
     return pids
 
 
-def _kill_run(home: Path, timeout: float = 20.0) -> None:
+def _kill_run(home: Path, sessions: set[int], timeout: float = 20.0) -> None:
     """Ray may daemonise (own session) and its raylet may still be spawning workers while
     we kill: SIGKILL every process of the run (:func:`run_processes`, the run's sessions
-    remembered from pass to pass), and repeat until none has been seen for half a second
-    (or ``timeout`` passes)."""
+    remembered from pass to pass in ``sessions``), and repeat until none has been seen for
+    half a second (or ``timeout`` passes)."""
     deadline = time.time() + timeout
     quiet_since = None
-    sessions: set[int] = set()
     while time.time() < deadline:
         pids = run_processes(home, sessions)
         if not pids:

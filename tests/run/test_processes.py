@@ -163,6 +163,73 @@ def test_teardown_stops_the_runs_processes_and_no_one_elses(tmp_path):
                 p.wait()
 
 
+# A launcher in a session of its own starts two processes (each writes its PID), then
+# exits: the session's leader is gone, as when a CI job's or a terminal's shell exited
+# and left the tool running in its session.
+_LEAVE_A_SESSION = """
+import os, subprocess, sys, time
+first, second, out = sys.argv[1], sys.argv[2], sys.argv[3]
+marked = {**os.environ, "FEDRCL_FLWR_RUN": sys.argv[4]}
+plain = {k: v for k, v in os.environ.items() if k != "FEDRCL_FLWR_RUN"}
+sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+pids = []
+for kind in (first, second):
+    pids.append(subprocess.Popen(sleep, env=marked if kind == "marked" else plain).pid)
+    time.sleep(0.1)  # a later start, tick for tick
+open(out, "w").write(" ".join(map(str, pids)))
+"""
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and not _zombie(pid)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "second_is_the_runs"),
+    [
+        # the session the run was started from: its shell is older than the run
+        ("plain", "marked", False),
+        # a session the run started, whose leader died: Ray's renamed agents in it
+        ("marked", "plain", True),
+    ],
+)
+def test_a_session_without_its_leader_is_the_runs_only_if_nothing_in_it_is_older(
+    tmp_path, first, second, second_is_the_runs
+):
+    """A session whose leader is gone is the run's only when none of its processes
+    started before the run's earliest process. The session a run was started from holds
+    older processes (the shell, the test runner, the CI job); teardown once killed them
+    all whenever that session's leader had exited."""
+    home = tmp_path / f"{HOME_PREFIX}leaderless"
+    home.mkdir()
+    out = tmp_path / "pids"
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", _LEAVE_A_SESSION, first, second, str(out), str(home)],
+        start_new_session=True,
+        env={k: v for k, v in os.environ.items() if k != RUN_VAR},
+    )
+    launcher.wait(30)  # the leader is gone (reaped)
+    older, younger = (int(x) for x in out.read_text().split())
+    marked, plain = (older, younger) if first == "marked" else (younger, older)
+    try:
+        time.sleep(0.3)  # both environments are in /proc
+        teardown(home, [])
+        deadline = time.time() + 10
+        while _alive(marked) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not _alive(marked), "the run's marked process survived its teardown"
+        if second_is_the_runs:
+            assert not _alive(plain), "a process of a session the run started survived"
+        else:
+            assert _alive(plain), "teardown killed a process older than the run"
+    finally:
+        for pid in (older, younger):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def _zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
