@@ -47,6 +47,10 @@ class PrototypeClient(SignalClient):
     def exchange_settings(cls, p: dict) -> dict:
         return {"global_mode": cls.global_mode, "send_local": cls.send_local, "max_age": 1}
 
+    def prototype_class_order(self) -> str:
+        """The order of the classes in an upload (``class_cluster_signals``)."""
+        return "sorted"
+
     def on_round_start(self, ins):
         self.global_protos = self.load_signals(ins.signals_global)
         self.local_protos = self.load_signals(ins.signals_local) if self.send_local else None
@@ -55,7 +59,10 @@ class PrototypeClient(SignalClient):
         feats, labels = self.embed_local_data()
         if self.normalize_protos:
             feats = feats / np.maximum(np.linalg.norm(feats, axis=1, keepdims=True), 1e-12)
-        self.upload_signals(report, class_cluster_signals(feats, labels, mode="mean"))
+        order = self.prototype_class_order()
+        self.upload_signals(
+            report, class_cluster_signals(feats, labels, mode="mean", class_order=order)
+        )
         report.method_metrics["used_global_signals"] = (
             0 if self.global_protos is None else int(self.global_protos[0].shape[0])
         )

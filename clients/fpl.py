@@ -25,7 +25,15 @@ weight 1); ``feature`` = ``penultimate``; ``embed_batch`` = 500;
 (class means of the un-augmented data under the trained model, eval mode) or
 ``last_epoch`` (FPL's code, WenkeHuang/RethinkFL ``models/fpl.py: _train_net``: the class
 means of the training-mode features of every augmented sample of the LAST local epoch,
-each taken in the forward pass before that batch's optimiser step).
+each taken in the forward pass before that batch's optimiser step); ``variant`` =
+``batched`` (:func:`~fedrcl_flwr.losses.baselines.fpl_loss`, the batch at once) or
+``official`` (:func:`~fedrcl_flwr.losses.baselines.fpl_loss_official`: the same formula in
+their code's float32 operation order, their per-sample loop, with the prototypes in their
+order: each client uploads its classes in order of first appearance, and the server lists
+the global clusters class by class in that order, ``server.signals.class_order:
+first_seen``). The two differ only in rounding; ``official`` is slower and reproduces a
+run of their code to the bit (``benchmarks/fidelity/lockstep.py --code rethinkfl --method
+fpl``).
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ class FPLClient(PrototypeClient):
         "embed_batch": 500,
         "mean_over": "valid",
         "proto_source": "after_training",
+        "variant": "batched",
     }
     rules = {
         "tau": positive(),
@@ -57,30 +66,34 @@ class FPLClient(PrototypeClient):
         "embed_batch": at_least(1),
         "mean_over": one_of("valid", "batch"),
         "proto_source": one_of("after_training", "last_epoch"),
+        "variant": one_of("batched", "official"),
     }
 
     @classmethod
     def exchange_settings(cls, p: dict) -> dict:
         # RethinkFL's proto_aggregation: FINCH(cosine, ensure_early_exit=False), last level
-        return {**super().exchange_settings(p), "finch_early_exit": False}
+        order = "first_seen" if p.get("variant") == "official" else "sorted"
+        return {**super().exchange_settings(p), "finch_early_exit": False, "class_order": order}
 
     def loss_terms(self):
         terms = [self._ce_term()]
         if self.global_protos is None:
             return terms
-        from fedrcl_flwr.losses.baselines import fpl_loss
+        from fedrcl_flwr.losses.baselines import fpl_loss, fpl_loss_official
 
         pv, pl = self.global_protos
         feat, tau, c = self.p["feature"], float(self.p["tau"]), self.data.num_classes
         over = str(self.p["mean_over"])
-        terms.append(
-            LossTerm(
-                "fpl",
-                lambda b: fpl_loss(b.feats[feat], b.y, pv, pl, c, tau, mean_over=over),
-                weight=float(self.p["lam"]),
-                needs_features=True,
-            )
-        )
+        if self.p["variant"] == "official":
+
+            def fpl(b):
+                return fpl_loss_official(b.feats[feat], b.y, pv, pl, tau, mean_over=over)
+        else:
+
+            def fpl(b):
+                return fpl_loss(b.feats[feat], b.y, pv, pl, c, tau, mean_over=over)
+
+        terms.append(LossTerm("fpl", fpl, weight=float(self.p["lam"]), needs_features=True))
         return terms
 
     def _ce_term(self) -> LossTerm:
@@ -105,6 +118,10 @@ class FPLClient(PrototypeClient):
 
         return LossTerm("ce", ce, needs_features=True)
 
+    def prototype_class_order(self) -> str:
+        # their _train_net fills its dict of classes sample by sample
+        return "first_seen" if self.p["variant"] == "official" else "sorted"
+
     def on_round_end(self, report):
         kept = getattr(self, "_last_epoch", None)
         if self.p["proto_source"] != "last_epoch" or not kept:
@@ -112,7 +129,9 @@ class FPLClient(PrototypeClient):
         feats = np.concatenate([f.float().cpu().numpy() for f, _ in kept])
         labels = np.concatenate([y.cpu().numpy() for _, y in kept])
         self._last_epoch = []
-        self.upload_signals(report, class_cluster_signals(feats, labels, mode="mean"))
+        order = self.prototype_class_order()
+        protos = class_cluster_signals(feats, labels, mode="mean", class_order=order)
+        self.upload_signals(report, protos)
         report.method_metrics["used_global_signals"] = (
             0 if self.global_protos is None else int(self.global_protos[0].shape[0])
         )

@@ -96,6 +96,7 @@ def class_cluster_signals(
     mode: str = "cluster",
     distance: str = "cosine",
     early_exit: bool = True,
+    class_order: str = "sorted",
 ) -> SignalSet:
     """Per-class signals of a set of embeddings.
 
@@ -105,12 +106,13 @@ def class_cluster_signals(
     which prunes links longer than the first level's and so stops the hierarchy earlier).
     ``mode="mean"``: one class-mean prototype per
     class (the averaged-signal ablation, and the prototypes of FedProto, FedProc, FPL and
-    FedPCL; FINCH is not imported for it).
+    FedPCL; FINCH is not imported for it). ``class_order``: the classes ``sorted`` or in
+    order of ``first_seen`` in ``labels`` (FPL's code builds its prototype dict so).
     """
     if mode not in ("cluster", "mean"):
         raise ValueError(f"class_cluster_signals: mode must be cluster or mean, got {mode!r}")
     vecs, labs, cnts = [], [], []
-    for c in np.unique(labels):
+    for c in classes_in_order(labels, class_order):
         f = features[labels == c]
         if mode == "mean" or len(f) < 3:
             vecs.append(f.mean(0, keepdims=True))
@@ -139,3 +141,14 @@ def class_cluster_signals(
         np.asarray(labs, np.int64),
         np.asarray(cnts, np.int64),
     )
+
+
+CLASS_ORDERS = ("sorted", "first_seen")
+
+
+def classes_in_order(labels: np.ndarray, order: str = "sorted") -> np.ndarray:
+    """The distinct ``labels``, ``sorted`` or in order of ``first_seen``."""
+    if order not in CLASS_ORDERS:
+        raise ValueError(f"class order must be one of {CLASS_ORDERS}, got {order!r}")
+    classes, first = np.unique(labels, return_index=True)
+    return classes if order == "sorted" else classes[np.argsort(first, kind="stable")]

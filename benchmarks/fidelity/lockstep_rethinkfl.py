@@ -2,8 +2,8 @@
 their unmodified ``main.py`` (``main.main()`` with their own argparse: ``--dataset
 fl_digits``) with their ``resnet10`` at their width 64, ``FedAvG`` / ``FPL`` and their
 ``aggregate_nets``, against our ``fedavg`` / ``fpl`` clients (``mean_over: batch``,
-``proto_source: last_epoch``, τ 0.02), the ``fedavg`` strategy weighted by samples and
-``resnet10_bn`` (nf 64).
+``proto_source: last_epoch``, ``variant: official``, τ 0.02), the ``fedavg`` strategy
+weighted by samples and ``resnet10_bn`` (nf 64).
 
 Protocol (defaults; the command line changes them): the Digits files of
 ``benchmarks/fidelity/rethinkfl.py`` (scikit-learn's digits drawn as MNIST idx, USPS bz2,
@@ -116,6 +116,13 @@ QUIRKS: tuple[Quirk, ...] = (
         "server.average_dtype: float32",
     ),
     Quirk(
+        "FPL's loss (--method fpl): theirs a per-sample loop in float32 (exp, a masked sum, "
+        "-log of the ratio) against the cluster prototypes in the order their classes "
+        "first appear; ours by default the batch at once (log-sum-exp), classes sorted: "
+        "the same formula, another rounding, which 1/tau = 50 amplifies over an epoch",
+        "client.params.variant: official",
+    ),
+    Quirk(
         "MNIST / USPS resized to 32 px: theirs Pillow's bilinear per image, ours PyTorch's "
         "antialiased bilinear once at load (at most one grey level apart on some pixels); "
         "this protocol's files avoid it (MNIST at 32 px, USPS on 16 grey levels)",
@@ -149,7 +156,13 @@ def write_data(a, data: Path) -> None:
 
 def our_experiment(a, data: Path, work: Path) -> dict:
     params = (
-        {"tau": 0.02, "lam": 1.0, "mean_over": "batch", "proto_source": "last_epoch"}
+        {
+            "tau": 0.02,
+            "lam": 1.0,
+            "mean_over": "batch",
+            "proto_source": "last_epoch",
+            "variant": "official",
+        }
         if a.method == "fpl"
         else {}
     )

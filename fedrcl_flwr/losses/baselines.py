@@ -15,6 +15,8 @@ size is only known on the device). Selections are gathers or fixed-shape views, 
 mean over "the samples that have a prototype" is a sum with zeros in place of the others
 divided by their count on the device. That sum is the same number up to the rounding
 order of float addition when some samples are left out (bit-identical when none are).
+The one exception is :func:`fpl_loss_official`, FPL's per-sample loop as released, which
+reads the batch's labels once (as that loop does).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
     "fedproc_loss",
     "fedproto_loss",
     "fpl_loss",
+    "fpl_loss_official",
     "fedpcl_loss",
     "feddyn_penalty",
 ]
@@ -295,6 +298,65 @@ def fpl_loss(
     if mean_over == "batch":
         return _where_valid(valid, info + mse).sum() / z.shape[0]
     return _mean_valid(valid, info + mse)
+
+
+def fpl_loss_official(
+    z: torch.Tensor,
+    y: torch.Tensor,
+    cluster_protos: torch.Tensor,
+    cluster_labels: torch.Tensor,
+    tau: float = 0.02,
+    mean_over: str = "batch",
+) -> torch.Tensor:
+    """:func:`fpl_loss`, the same formula, computed as the authors' official code computes
+    it, operation for operation in float32 (WenkeHuang/RethinkFL @ 74201b3 ``models/fpl.py``:
+    the per-sample loop of ``_train_net``, ``hierarchical_info_loss`` and
+    ``calculate_infonce``), so that a run gives their numbers to the bit:
+
+    * the classes are the distinct ``cluster_labels`` in order of first appearance (their
+      ``global_protos`` dict, built in that order); a class's prototypes are its rows in
+      the order given; its unbiased prototype is ``torch.mean`` of them over dim 0;
+    * for each sample, in batch order, whose class has prototypes: the cosine similarity of
+      ``z[i]`` to its class's prototypes followed by every other class's, classes in that
+      order, divided by τ; ``exp``; the positives kept by a 0/1 mask product; ``−log`` of
+      the ratio of the two sums (no log-sum-exp); plus the MSE to the unbiased prototype;
+    * the per-sample terms summed in batch order, then divided by the batch size
+      (``mean_over: batch``, their ``loss_InfoNCE / i``) or by the number of samples whose
+      class has prototypes (``valid``).
+
+    The float32 result differs from :func:`fpl_loss` only in rounding (about 1e-6
+    relative); the order is what makes it theirs. Where theirs fails this one does not: a
+    class with a single prototype (theirs keeps it 1-d and ``torch.cat`` raises) is one
+    row here, and a batch without any sample of a known class (theirs divides ``None``)
+    gives 0. Slower than :func:`fpl_loss` (a Python loop over the batch)."""
+    classes: list[int] = list(dict.fromkeys(int(c) for c in cluster_labels.tolist()))
+    protos = {c: cluster_protos[cluster_labels == c] for c in classes}
+    means = {c: torch.mean(protos[c], dim=0).view(1, -1) for c in classes}
+    ordered = {
+        c: torch.cat([protos[c]] + [protos[o] for o in classes if o != c], dim=0) for c in classes
+    }
+    masks = {
+        c: torch.tensor(
+            [1.0] * protos[c].shape[0] + [0.0] * (ordered[c].shape[0] - protos[c].shape[0]),
+            dtype=torch.float,
+            device=z.device,
+        ).view(1, -1)
+        for c in classes
+    }
+    total: torch.Tensor | None = None
+    used = 0
+    for i, label in enumerate(y.tolist()):
+        if label not in protos:
+            continue
+        f_now = z[i].unsqueeze(0)
+        exp_l = torch.exp(torch.cosine_similarity(f_now, ordered[label], dim=1) / tau).view(1, -1)
+        info = -torch.log((exp_l * masks[label]).sum(1) / exp_l.sum(1))
+        term = info + F.mse_loss(f_now, means[label])
+        total = term if total is None else total + term
+        used += 1
+    if total is None:
+        return z.sum() * 0.0
+    return (total / (z.shape[0] if mean_over == "batch" else used)).reshape(())
 
 
 def fedpcl_loss(

@@ -22,6 +22,10 @@ Attached to *any* server-optimizer strategy (it does not touch the model update)
    FINCH runs with its early exit on by default; ``finch_early_exit: false`` keeps every
    level down to the last merge, as FPL's code (RethinkFL ``proto_aggregation``:
    ``FINCH(..., distance='cosine', ensure_early_exit=False)``, last partition) does;
+   the global signals come class by class, classes ``sorted`` (``class_order``, the
+   default) or in order of ``first_seen`` in the bank (clients by partition id, each
+   client's signals in the order it sent them: FPL's code, whose dict of classes grows
+   in that order when its clients come in id order);
 4. sends every sampled client the banked local signals (``signals_local``) and the
    global signals (``signals_global``) in its fit instructions;
 5. logs the bytes of signals uploaded / downloaded per round next to the model bytes
@@ -37,7 +41,14 @@ import numpy as np
 from fedrcl_flwr.clustering import DISTANCES
 from fedrcl_flwr.components import at_least, one_of, resolve_params
 from fedrcl_flwr.protocol import FitReport
-from fedrcl_flwr.signals import SignalError, SignalSet, decode_signals, encode_signals
+from fedrcl_flwr.signals import (
+    CLASS_ORDERS,
+    SignalError,
+    SignalSet,
+    classes_in_order,
+    decode_signals,
+    encode_signals,
+)
 
 log = logging.getLogger("fedrcl_flwr")
 
@@ -53,6 +64,7 @@ class SignalExchange:
         "send_local": True,
         "mean_weighting": "samples",
         "finch_early_exit": True,
+        "class_order": "sorted",
     }
     rules = {
         "max_age": at_least(1),
@@ -60,6 +72,7 @@ class SignalExchange:
         "distance": one_of(*DISTANCES),
         "max_signals_per_client": at_least(1),
         "mean_weighting": one_of("samples", "uniform"),
+        "class_order": one_of(*CLASS_ORDERS),
     }
 
     def __init__(self, params: dict | None = None, num_classes: int | None = None):
@@ -79,7 +92,7 @@ class SignalExchange:
             return SignalSet.empty(local.vectors.shape[1] if local.vectors.ndim == 2 else 0)
         mode = self.p["global_mode"]
         vecs, labs, cnts = [], [], []
-        for c in np.unique(local.labels):
+        for c in classes_in_order(local.labels, self.p["class_order"]):
             m = local.labels == c
             v, n = local.vectors[m], local.counts[m]
             if mode == "mean":

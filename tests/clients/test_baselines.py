@@ -143,6 +143,16 @@ def test_fpl_cluster_contrast_plus_unbiased_prototype():
     # a sample without prototypes is left out of the mean
     got2 = B.fpl_loss(T([[1.0, 0.0], [5.0, 5.0]]), T([0, 3]), protos, labels, 4, tau=1.0)
     assert float(got2) == close(info + mse, rel=1e-6)
+    # the authors' per-sample loop: the same closed form, over the batch or the valid ones
+    official = B.fpl_loss_official(z, T([0]), protos, labels, tau=1.0)
+    assert float(official) == close(info + mse, rel=1e-6)
+    two = T([[1.0, 0.0], [5.0, 5.0]])
+    assert float(B.fpl_loss_official(two, T([0, 3]), protos, labels, 1.0, "valid")) == close(
+        info + mse, rel=1e-6
+    )
+    assert float(B.fpl_loss_official(two, T([0, 3]), protos, labels, 1.0, "batch")) == close(
+        (info + mse) / 2, rel=1e-6
+    )
 
 
 def test_fedpcl_global_and_local_prototype_contrast():

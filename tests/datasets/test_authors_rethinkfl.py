@@ -505,6 +505,120 @@ def test_fpl_server_step_equals_their_proto_aggregation():
         assert np.allclose(ours, want, atol=1e-6, rtol=0)
 
 
+def _their_agg_func(agg_protos_label: dict) -> dict:
+    """models/fpl.py ``agg_func`` over ``_train_net``'s dict of a client's features: a
+    class's features summed one by one onto ``0 * first``, divided by their number."""
+    out = {}
+    for label, proto_list in agg_protos_label.items():
+        if len(proto_list) > 1:
+            proto = 0 * proto_list[0].data
+            for i in proto_list:
+                proto += i.data
+            out[label] = proto / len(proto_list)
+        else:
+            out[label] = proto_list[0]
+    return out
+
+
+def test_fpl_official_prototypes_come_in_their_order_and_bits():
+    """``variant: official``: a client's class means in order of first appearance (their
+    ``agg_protos_label`` dict, filled sample by sample), equal to ``agg_func``'s bits;
+    the server's global clusters class by class in order of first appearance over the
+    clients in id order (their ``proto_aggregation`` over ``online_clients``), each
+    cluster's mean equal to theirs to the bit."""
+    from finch import FINCH
+
+    from fedrcl_flwr.server.signal_exchange import SignalExchange
+    from fedrcl_flwr.signals import SignalSet, class_cluster_signals
+
+    g = torch.Generator().manual_seed(11)
+    d, n_clients, n = 24, 6, 40
+    feats = {i: torch.randn(n, d, generator=g) + i % 3 for i in range(n_clients)}
+    labels = {i: torch.randint(0, 5, (n,), generator=g) for i in range(n_clients)}
+    local_theirs, uploads = {}, []
+    for i in range(n_clients):
+        agg: dict = {}
+        for f, y in zip(feats[i], labels[i]):
+            agg.setdefault(y.item(), []).append(f)
+        local_theirs[i] = _their_agg_func(agg)
+        up = class_cluster_signals(
+            feats[i].numpy(), labels[i].numpy(), mode="mean", class_order="first_seen"
+        )
+        assert up.labels.tolist() == list(local_theirs[i])  # their dict's order
+        want = np.stack([local_theirs[i][c].numpy() for c in local_theirs[i]])
+        assert np.array_equal(up.vectors, want)  # agg_func's bits
+        uploads.append(up)
+    theirs: dict = {}
+    for i in range(n_clients):  # online_clients in id order
+        for label, proto in local_theirs[i].items():
+            theirs.setdefault(label, []).append(proto)
+    for label, proto_list in theirs.items():
+        arr = np.array([t.numpy().reshape(-1) for t in proto_list])
+        c, _, _ = FINCH(arr, None, None, "cosine", ensure_early_exit=False, verbose=False)
+        cl = np.array([c[j, -1] for j in range(c.shape[0])])
+        theirs[label] = [
+            np.mean(arr[np.where(cl == u)], axis=0, keepdims=True) for u in np.unique(cl).tolist()
+        ]
+    ex = SignalExchange(
+        {"global_mode": "finch_clusters", "finch_early_exit": False, "class_order": "first_seen"}
+    )
+    out = ex.compute_global(SignalSet.concat(uploads))
+    assert out.labels.tolist() == [k for k, v in theirs.items() for _ in v]
+    assert list(theirs) != sorted(theirs)  # the order is not the sorted one
+    assert np.array_equal(out.vectors, np.concatenate([p for v in theirs.values() for p in v]))
+
+
+@pytest.mark.parametrize("mean_over", ["batch", "valid"])
+def test_fpl_official_loss_is_their_per_sample_loop_to_the_bit(mean_over):
+    """``fpl_loss_official`` in float32: the loss and the features' gradient equal to
+    the bit those of their loop (``_TheirFPL``, keys in their dict's order, not sorted),
+    a class held by one client and a class without prototypes included."""
+    from fedrcl_flwr.losses.baselines import fpl_loss, fpl_loss_official
+
+    g = torch.Generator().manual_seed(5)
+    d, b = 64, 48
+    order, counts = [3, 0, 7, 5, 1, 6, 2, 8, 4], [2, 3, 1, 2, 4, 2, 3, 1, 2]  # no class 9
+    protos = {c: [torch.randn(1, d, generator=g) for _ in range(m)] for c, m in zip(order, counts)}
+    y = torch.randint(0, 10, (b,), generator=g)
+    y[:2] = 9
+    z = torch.randn(b, d, generator=g, requires_grad=True)
+    z2 = z.detach().clone().requires_grad_(True)
+    vecs = torch.cat([torch.cat(v) for v in protos.values()])
+    labs = torch.tensor([c for c, v in protos.items() for _ in v])
+    ours = fpl_loss_official(z, y, vecs, labs, tau=0.02, mean_over=mean_over)
+    theirs = _TheirFPL(protos, 0.02).loss(z2, y)
+    if mean_over == "valid":
+        theirs = theirs * b / int((y != 9).sum())
+        assert abs(ours.item() - theirs.item()) < 1e-5 * abs(theirs.item())
+        return
+    assert ours.shape == () and torch.equal(ours, theirs.reshape(()))
+    ours.backward()
+    theirs.backward()
+    assert torch.equal(z.grad, z2.grad)
+    batched = fpl_loss(z.detach(), y, vecs, labs, 10, tau=0.02, mean_over="batch")
+    assert abs(batched.item() - ours.item()) < 1e-5 * ours.item()  # one formula
+
+
+def test_fpl_official_loss_without_a_known_class_is_zero():
+    from fedrcl_flwr.losses.baselines import fpl_loss_official
+
+    z = torch.randn(4, 8, requires_grad=True)
+    out = fpl_loss_official(
+        z, torch.tensor([5, 5, 6, 6]), torch.randn(3, 8), torch.tensor([0, 1, 1])
+    )
+    assert out.item() == 0.0
+    out.backward()
+    assert torch.equal(z.grad, torch.zeros_like(z))
+
+
+def test_fpl_official_variant_asks_the_server_for_their_order():
+    from clients.fpl import FPLClient
+
+    assert FPLClient.exchange_settings({"variant": "official"})["class_order"] == "first_seen"
+    assert FPLClient.exchange_settings({})["class_order"] == "sorted"
+    assert "official" in FPLClient.rules["variant"].text
+
+
 # ---------------------------------------------------------------------------- ResNet-10
 
 
