@@ -65,6 +65,7 @@ def test_feduv_experiment_is_valid_with_their_loader_and_arithmetic(method, alph
     data = feduv.our_experiment(_args(feduv, method=method, alpha=alpha), tmp_path, tmp_path)
     cfg = config_from_dict(data)
     assert cfg.server.average_dtype == "float32" and cfg.client.drop_last is True
+    assert cfg.client.grad_clip is None  # their fedavg / feduv clients do not clip
     assert cfg.client.method == ("univarfl" if method == "feduv" else "fedavg")
     assert cfg.partition.generator == "feduv"
     assert cfg.partition.scheme == ("iid" if alpha == 0 else "dirichlet")
@@ -78,6 +79,11 @@ def test_rethinkfl_experiment_is_valid_at_their_width(method, augment, tmp_path)
     assert cfg.model.params == {"nf": rethinkfl.NF} and cfg.client.lr_decay == 1.0
     assert cfg.dataset.domains == rethinkfl.DOMAINS and cfg.partition.scheme == "domain"
     assert cfg.client.method == method
+    # their _train_net never clips the gradient; FPL's contrast exceeds our default 10
+    assert cfg.client.grad_clip is None
+    if method == "fpl":  # their loop, their order, their mean over the batch
+        assert cfg.client.params["variant"] == "official"
+        assert cfg.client.params["mean_over"] == "batch"
 
 
 def test_fpl_numpy_keeps_a_list_of_tensors_as_an_object_array():
