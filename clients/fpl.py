@@ -72,7 +72,7 @@ class FPLClient(PrototypeClient):
     @classmethod
     def exchange_settings(cls, p: dict) -> dict:
         # RethinkFL's proto_aggregation: FINCH(cosine, ensure_early_exit=False), last level
-        order = "first_seen" if p.get("variant") == "official" else "sorted"
+        order = _class_order(p)
         return {**super().exchange_settings(p), "finch_early_exit": False, "class_order": order}
 
     def loss_terms(self):
@@ -119,8 +119,7 @@ class FPLClient(PrototypeClient):
         return LossTerm("ce", ce, needs_features=True)
 
     def prototype_class_order(self) -> str:
-        # their _train_net fills its dict of classes sample by sample
-        return "first_seen" if self.p["variant"] == "official" else "sorted"
+        return _class_order(self.p)
 
     def on_round_end(self, report):
         kept = getattr(self, "_last_epoch", None)
@@ -135,3 +134,10 @@ class FPLClient(PrototypeClient):
         report.method_metrics["used_global_signals"] = (
             0 if self.global_protos is None else int(self.global_protos[0].shape[0])
         )
+
+
+def _class_order(p: dict) -> str:
+    """The order of the classes in uploads and in the relayed clusters: ``official``
+    follows their code, whose dicts of classes fill sample by sample and client by client
+    (``_train_net``, ``proto_aggregation``)."""
+    return "first_seen" if p.get("variant") == "official" else "sorted"
